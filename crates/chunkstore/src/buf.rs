@@ -1,0 +1,104 @@
+//! Aligned byte buffers for O_DIRECT I/O.
+//!
+//! O_DIRECT needs the buffer address, the file offset and the length to be multiples of the
+//! device's alignment. Every buffer here is aligned to [`BUF_ALIGN`] (a page), which satisfies
+//! every device alignment up to 4 KiB; lengths are the caller's business.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// Memory alignment of every [`AlignedBuf`]. Devices report ≤ 4096 (`stx_dio_mem_align`).
+pub const BUF_ALIGN: usize = 4096;
+
+/// A zero-initialised, page-aligned, fixed-length heap buffer.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Box<[u8]>.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out &[u8].
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `len` bytes (`len` may be 0).
+    ///
+    /// # Panics
+    /// If the allocation fails or `len` overflows a `Layout`.
+    pub fn zeroed(len: usize) -> Self {
+        if len == 0 {
+            return Self { ptr: NonNull::<u8>::dangling(), len: 0 };
+        }
+        let layout = Layout::from_size_align(len, BUF_ALIGN).expect("buffer layout");
+        // SAFETY: layout has non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Self { ptr, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            let layout = Layout::from_size_align(self.len, BUF_ALIGN).expect("buffer layout");
+            // SAFETY: allocated in `zeroed` with this exact layout.
+            unsafe { dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialised bytes (or dangling with len 0).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and we hold &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Clone for AlignedBuf {
+    fn clone(&self) -> Self {
+        let mut b = Self::zeroed(self.len);
+        b.copy_from_slice(self);
+        b
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_and_zeroed() {
+        for len in [0, 1, 512, 4096, 1 << 20] {
+            let b = AlignedBuf::zeroed(len);
+            assert_eq!(b.len(), len);
+            if len > 0 {
+                assert_eq!(b.as_ptr() as usize % BUF_ALIGN, 0);
+                assert!(b.iter().all(|&x| x == 0));
+            }
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! The device under a chunk store.
+//!
+//! The store talks to its device only through [`Disk`]: positioned reads and writes of aligned
+//! buffers, batches of writes, and a flush. [`FileDisk`] is the real one (O_DIRECT, io_uring
+//! batches, fdatasync); [`FaultDisk`] is an in-memory twin that can lose unsynced writes, tear a
+//! write at any byte, flip bits, fail with EIO and add latency, for the tests.
+
+mod fault;
+mod file;
+
+pub use fault::{CrashPolicy, FaultConfig, FaultDisk};
+pub use file::FileDisk;
+
+use std::io;
+
+/// A block device seen by the chunk store.
+///
+/// Offsets, lengths and buffer addresses passed in are multiples of [`Disk::alignment`].
+/// Implementations are shared between the device thread (writes, syncs) and reader threads.
+pub trait Disk: Send + Sync + 'static {
+    /// Usable bytes.
+    fn capacity(&self) -> u64;
+    /// The O_DIRECT offset alignment the device reports.
+    fn alignment(&self) -> usize;
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`. Not durable until [`Disk::sync`] returns.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes several buffers, possibly in parallel; one result per write, in order.
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
+        writes.iter().map(|(off, buf)| self.write_at(buf, *off)).collect()
+    }
+    /// Makes every completed write durable (a device cache flush).
+    fn sync(&self) -> io::Result<()>;
+}
+
+impl<D: Disk + ?Sized> Disk for std::sync::Arc<D> {
+    fn capacity(&self) -> u64 {
+        (**self).capacity()
+    }
+    fn alignment(&self) -> usize {
+        (**self).alignment()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        (**self).write_at(buf, offset)
+    }
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
+        (**self).write_batch(writes)
+    }
+    fn sync(&self) -> io::Result<()> {
+        (**self).sync()
+    }
+}

@@ -1,0 +1,91 @@
+//! The read path: map logical bytes to units, read them with O_DIRECT, verify, copy out.
+//!
+//! Readers do not go through the device thread. They copy the chunk's extent list under the
+//! index's read lock, then read without any lock. A tail unit may be rewritten while it is
+//! read; that is safe for the same reason it is crash-safe: the acknowledged bytes and the
+//! footer describing them are rewritten with identical contents.
+
+use crate::buf::AlignedBuf;
+use crate::error::{ChunkId, CorruptionKind, Error, Result};
+use crate::format::footer;
+use crate::store::Shared;
+use std::cell::RefCell;
+
+thread_local! {
+    static READ_BUF: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
+}
+
+pub(crate) fn read_into(shared: &Shared, chunk_id: ChunkId, offset: u64, out: &mut [u8]) -> Result<()> {
+    let geo = &shared.geo;
+    let len = out.len() as u64;
+    let (epoch, extents) = {
+        let index = shared.index.read();
+        let c = index.chunks.get(&chunk_id).ok_or(Error::NotFound { chunk_id })?;
+        if offset.checked_add(len).is_none_or(|e| e > c.length) {
+            return Err(Error::OutOfRange { chunk_id, offset, len, length: c.length });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let first = (geo.unit_of(offset) / geo.units_per_extent) as usize;
+        let last = (geo.unit_of(offset + len - 1) / geo.units_per_extent) as usize;
+        (c.epoch, c.extents[first..=last].to_vec())
+    };
+    let (s, d, upe) = (geo.unit, geo.data as u64, geo.units_per_extent);
+    let (u0, u1) = (geo.unit_of(offset), geo.unit_of(offset + len - 1));
+    let first_extent = u0 / upe;
+    let mut written = 0usize;
+    let mut ua = u0;
+    while ua <= u1 {
+        let ub = u1.min((ua / upe + 1) * upe - 1);
+        let run = (ub - ua + 1) as usize * s;
+        let extent = extents[(ua / upe - first_extent) as usize];
+        with_buf(run, |buf| -> Result<()> {
+            shared.disk.read_at(buf, geo.unit_offset(extent, ua)).map_err(|e| Error::io("chunk read", e))?;
+            for u in ua..=ub {
+                let unit = &buf[(u - ua) as usize * s..][..s];
+                let ustart = u as u64 * d;
+                let from = (offset.max(ustart) - ustart) as usize;
+                let to = ((offset + len).min(ustart + d) - ustart) as usize;
+                let st = footer::unit_state(geo.salt, unit, chunk_id, epoch, u, 0);
+                let ok = st.and_then(|st| {
+                    if st.best.valid_len as usize >= to {
+                        Some(())
+                    } else {
+                        st.other.filter(|o| o.valid_len as usize >= to).map(|_| ())
+                    }
+                });
+                if ok.is_none() {
+                    return Err(missing_or_corrupt(shared, chunk_id, epoch, ustart));
+                }
+                out[written..written + (to - from)].copy_from_slice(&unit[from..to]);
+                written += to - from;
+            }
+            Ok(())
+        })?;
+        ua = ub + 1;
+    }
+    debug_assert_eq!(written, out.len());
+    Ok(())
+}
+
+/// A unit did not verify: either the chunk was deleted (and its extent reused) while we read,
+/// or the device returned bad bytes.
+fn missing_or_corrupt(shared: &Shared, chunk_id: ChunkId, epoch: u64, offset: u64) -> Error {
+    match shared.index.read().chunks.get(&chunk_id) {
+        Some(c) if c.epoch == epoch => Error::Corruption { chunk_id, offset, kind: CorruptionKind::NoValidFooter },
+        _ => Error::NotFound { chunk_id },
+    }
+}
+
+/// Runs `f` with a thread-local aligned buffer of at least `len` bytes (reused across reads).
+fn with_buf<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    READ_BUF.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_none_or(|b| b.len() < len) {
+            *slot = Some(AlignedBuf::zeroed(len.next_power_of_two()));
+        }
+        let buf = slot.as_mut().expect("just set");
+        f(&mut buf[..len])
+    })
+}

@@ -1,0 +1,402 @@
+//! Opening a store: rebuild the index from the newest checkpoint, the operation log, and the
+//! self-contained units on the device (docs/formats/chunk-store.md §6).
+
+use crate::buf::AlignedBuf;
+use crate::checksum;
+use crate::disk::Disk;
+use crate::error::{ChunkId, Error, Result};
+use crate::format::checkpoint::Checkpoint;
+use crate::format::footer::{self, Footer};
+use crate::format::log::{self, LogEntry};
+use crate::format::superblock::{SUPERBLOCK_BYTES, Superblock};
+use crate::index::{Allocator, ChunkEntry, Index};
+use crate::layout::Geometry;
+use crate::writer::{self, Tail};
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+/// What recovery found and did.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryReport {
+    pub checkpoint_seq: u64,
+    pub log_blocks_replayed: u64,
+    pub chunks: usize,
+    /// Chunks whose units were read (every chunk not sealed in the checkpoint).
+    pub chunks_scanned: usize,
+    pub units_read: u64,
+    /// First units of free extents read to find extents allocated after the checkpoint.
+    pub candidate_extents_read: u64,
+    /// Bytes found beyond the checkpointed lengths.
+    pub bytes_after_checkpoint: u64,
+    /// Chunks whose checkpointed or sealed bytes did not verify. They can be read up to the
+    /// damage (reads there return `Corruption`) and sealed, but not appended to.
+    pub damaged_chunks: Vec<ChunkId>,
+    pub mount_gen: u32,
+    pub duration: Duration,
+}
+
+/// The state recovery hands to the device thread.
+pub(crate) struct Recovered {
+    pub index: Index,
+    pub alloc: Allocator,
+    pub tails: HashMap<ChunkId, Tail>,
+    pub damaged: HashSet<ChunkId>,
+    pub mount_gen: u32,
+    pub next_epoch: u64,
+    pub next_lsn: u64,
+    pub ckpt_seq: u64,
+    pub ckpt_lsn: u64,
+}
+
+fn read_aligned(disk: &dyn Disk, offset: u64, len: usize) -> Result<AlignedBuf> {
+    let a = disk.alignment().max(1);
+    let mut buf = AlignedBuf::zeroed(len.div_ceil(a) * a);
+    disk.read_at(&mut buf, offset).map_err(|e| Error::io("recovery read", e))?;
+    Ok(buf)
+}
+
+/// Reads and checks the superblock.
+pub(crate) fn read_superblock(disk: &dyn Disk) -> Result<Geometry> {
+    let buf = read_aligned(disk, 0, SUPERBLOCK_BYTES)?;
+    let sb = Superblock::decode(&buf).map_err(|source| Error::Format { what: "superblock", source })?;
+    if sb.device_bytes > disk.capacity() {
+        return Err(Error::Config("the device is smaller than the store formatted on it"));
+    }
+    if sb.unit_bytes as usize % disk.alignment() != 0 {
+        return Err(Error::Config("the device's O_DIRECT alignment does not divide the store's unit size"));
+    }
+    Ok(Geometry::new(sb))
+}
+
+fn load_checkpoint(disk: &dyn Disk, geo: &Geometry) -> Result<Checkpoint> {
+    let mut best: Option<Checkpoint> = None;
+    let mut last_err = None;
+    for &off in &geo.sb.ckpt_offsets {
+        let head = read_aligned(disk, off, 4096)?;
+        let total = match Checkpoint::decode_header(geo.salt, &head) {
+            Ok((_, total)) if total <= geo.sb.ckpt_slot_bytes => total,
+            Ok(_) => continue,
+            Err(e) => {
+                last_err = Some(e);
+                continue;
+            }
+        };
+        let whole = read_aligned(disk, off, total as usize)?;
+        match Checkpoint::decode(geo.salt, &whole, geo.sb.extent_count) {
+            Ok(c) if best.as_ref().is_none_or(|b| c.seq > b.seq) => best = Some(c),
+            Ok(_) => {}
+            Err(e) => last_err = Some(e),
+        }
+    }
+    best.ok_or_else(|| Error::Format { what: "checkpoint", source: last_err.unwrap_or(crate::format::DecodeError::BadMagic) })
+}
+
+/// Per-chunk state during recovery.
+struct Rec {
+    entry: ChunkEntry,
+    /// Sealed in the checkpoint: nothing to scan.
+    settled: bool,
+    /// Sealed by a log record: (length, crc).
+    log_seal: Option<(u64, u32)>,
+}
+
+/// Recovers the store on `disk`, then makes the new mount generation durable.
+pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryReport)> {
+    let t0 = Instant::now();
+    let geo = read_superblock(disk)?;
+    let ckpt = load_checkpoint(disk, &geo)?;
+    let mut report = RecoveryReport { checkpoint_seq: ckpt.seq, ..Default::default() };
+    let mut chunks: HashMap<ChunkId, Rec> = HashMap::with_capacity(ckpt.chunks.len());
+    for c in &ckpt.chunks {
+        let entry = ChunkEntry { epoch: c.epoch, version: c.version, length: c.length, crc: c.crc, sealed: c.sealed, extents: c.extents.clone() };
+        chunks.insert(c.chunk_id, Rec { entry, settled: c.sealed, log_seal: None });
+    }
+    let mut next_epoch = ckpt.next_epoch;
+
+    // The operation log, from the checkpoint on.
+    let mut lsn = ckpt.lsn;
+    while lsn - ckpt.lsn < geo.log_blocks {
+        let block = read_aligned(disk, geo.log_block_offset(lsn), geo.unit)?;
+        let Ok(entries) = log::decode_block(geo.salt, lsn, &block) else { break };
+        for e in entries {
+            apply_log(&mut chunks, &mut next_epoch, e);
+        }
+        lsn += 1;
+    }
+    report.log_blocks_replayed = lsn - ckpt.lsn;
+
+    // Extents that a chunk may have grown into since the checkpoint.
+    let owned: HashSet<u32> = chunks.values().flat_map(|r| r.entry.extents.iter().copied()).collect();
+    let scanning: HashSet<(ChunkId, u64)> = chunks.iter().filter(|(_, r)| !r.settled).map(|(&id, r)| (id, r.entry.epoch)).collect();
+    let mut candidates: HashMap<(ChunkId, u64, u32), Vec<u32>> = HashMap::new();
+    if !scanning.is_empty() {
+        for e in (0..geo.sb.extent_count).filter(|e| !owned.contains(e)) {
+            let unit = read_aligned(disk, geo.extent_offset(e), geo.unit)?;
+            report.candidate_extents_read += 1;
+            for slot in 0..footer::SLOTS {
+                let off = footer::slot_offset(geo.unit, slot);
+                if let Ok(f) = Footer::decode(geo.salt, &unit[off..off + footer::FOOTER_BYTES]) {
+                    if f.unit_index % geo.units_per_extent == 0 && scanning.contains(&(f.chunk_id, f.epoch)) {
+                        let v = candidates.entry((f.chunk_id, f.epoch, f.unit_index)).or_default();
+                        if !v.contains(&e) {
+                            v.push(e);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // Follow every open chunk's units.
+    let mut ids: Vec<ChunkId> = chunks.keys().copied().collect();
+    ids.sort_unstable();
+    let mut claimed: HashSet<u32> = owned;
+    let mut tails = HashMap::new();
+    let mut damaged = HashSet::new();
+    for id in ids {
+        let r = chunks.get_mut(&id).expect("listed");
+        if r.settled {
+            continue;
+        }
+        report.chunks_scanned += 1;
+        let start = r.entry.length;
+        let scan = scan_chunk(disk, &geo, id, &r.entry, ckpt.mount_gen, &candidates, &mut claimed)?;
+        report.units_read += scan.units_read;
+        let mut entry = r.entry.clone();
+        entry.length = scan.length;
+        entry.crc = scan.crc;
+        entry.extents = scan.extents;
+        let mut bad = scan.damaged;
+        if let Some((len, crc)) = r.log_seal {
+            if scan.length < len {
+                bad = true;
+            } else {
+                entry.length = len;
+                entry.crc = crc;
+                entry.extents.truncate(geo.extents_for(len));
+            }
+            entry.sealed = true;
+        } else if let Some(t) = scan.tail {
+            tails.insert(id, t);
+        } else if entry.length % geo.data as u64 != 0 {
+            // A partial last unit with no footer that describes exactly its bytes.
+            bad = true;
+        }
+        for &e in &entry.extents[geo.extents_for(start).min(entry.extents.len())..] {
+            claimed.insert(e);
+        }
+        report.bytes_after_checkpoint += entry.length.saturating_sub(start);
+        if bad {
+            tracing::error!(chunk_id = id, length = entry.length, "chunk damaged on the device");
+            damaged.insert(id);
+            report.damaged_chunks.push(id);
+        }
+        r.entry = entry;
+    }
+
+    // Free space is everything no chunk owns.
+    let mut alloc = Allocator::new(geo.sb.extent_count);
+    let mut index = Index::default();
+    for (id, r) in chunks {
+        for &e in &r.entry.extents {
+            if !alloc.take(e) {
+                tracing::error!(chunk_id = id, extent = e, "extent owned twice");
+                damaged.insert(id);
+                report.damaged_chunks.push(id);
+            }
+        }
+        index.chunks.insert(id, r.entry);
+    }
+    report.chunks = index.chunks.len();
+
+    // A new mount generation, durable before the first append: every footer written from now
+    // on outranks the units of earlier mounts that recovery just cut off.
+    // (The newest checkpoint always carries the newest generation: each open writes one.)
+    let mount_gen = ckpt.mount_gen.checked_add(1).ok_or(Error::Config("mount generation exhausted"))?;
+    let new_ckpt = Checkpoint {
+        seq: ckpt.seq + 1,
+        lsn,
+        next_epoch,
+        mount_gen,
+        chunks: {
+            let mut v: Vec<_> = index
+                .chunks
+                .iter()
+                .map(|(&chunk_id, c)| crate::format::checkpoint::ChunkRecord {
+                    chunk_id,
+                    epoch: c.epoch,
+                    version: c.version,
+                    length: c.length,
+                    crc: c.crc,
+                    sealed: c.sealed,
+                    extents: c.extents.clone(),
+                })
+                .collect();
+            v.sort_by_key(|c| c.chunk_id);
+            v
+        },
+    };
+    writer::write_checkpoint(disk, &geo, &new_ckpt)?;
+    report.mount_gen = mount_gen;
+    report.damaged_chunks.sort_unstable();
+    report.damaged_chunks.dedup();
+    report.duration = t0.elapsed();
+    let rec = Recovered {
+        index,
+        alloc,
+        tails,
+        damaged,
+        mount_gen,
+        next_epoch,
+        next_lsn: lsn,
+        ckpt_seq: new_ckpt.seq,
+        ckpt_lsn: lsn,
+    };
+    Ok((geo, rec, report))
+}
+
+fn apply_log(chunks: &mut HashMap<ChunkId, Rec>, next_epoch: &mut u64, e: LogEntry) {
+    match e {
+        LogEntry::Create { chunk_id, epoch, version } => {
+            let entry = ChunkEntry { epoch, version, length: 0, crc: 0, sealed: false, extents: Vec::new() };
+            chunks.insert(chunk_id, Rec { entry, settled: false, log_seal: None });
+            *next_epoch = (*next_epoch).max(epoch + 1);
+        }
+        LogEntry::Seal { chunk_id, epoch, length, crc } => {
+            if let Some(r) = chunks.get_mut(&chunk_id).filter(|r| r.entry.epoch == epoch) {
+                r.log_seal = Some((length, crc));
+            }
+        }
+        LogEntry::Delete { chunk_id, epoch } => {
+            if chunks.get(&chunk_id).is_some_and(|r| r.entry.epoch == epoch) {
+                chunks.remove(&chunk_id);
+            }
+        }
+    }
+}
+
+struct Scan {
+    length: u64,
+    crc: u32,
+    extents: Vec<u32>,
+    tail: Option<Tail>,
+    damaged: bool,
+    units_read: u64,
+}
+
+/// Follows a chunk's units from its checkpointed length while they are valid and full, and
+/// returns the length at the last `APPEND_END` reached.
+///
+/// `gen_floor` starts at the checkpoint's mount generation: any footer that extends the chunk
+/// past its checkpointed length was written in that mount or later. The footer that describes
+/// exactly the checkpointed bytes of a partial unit is trusted whatever its generation.
+fn scan_chunk(
+    disk: &dyn Disk,
+    geo: &Geometry,
+    id: ChunkId,
+    entry: &ChunkEntry,
+    ckpt_gen: u32,
+    candidates: &HashMap<(ChunkId, u64, u32), Vec<u32>>,
+    claimed: &mut HashSet<u32>,
+) -> Result<Scan> {
+    let (s, d, upe) = (geo.unit, geo.data as u64, geo.units_per_extent);
+    let max_units = geo.sb.max_chunk_bytes.div_ceil(d) as u32;
+    let mut extents = entry.extents.clone();
+    let (mut len, mut crc) = (entry.length, entry.crc);
+    let (mut end, mut end_crc) = (len, crc);
+    let mut end_tail: Option<Tail> = None;
+    let mut gen_floor = ckpt_gen;
+    let mut damaged = false;
+    let mut units_read = 0u64;
+    let mut u = geo.unit_of(len);
+    'chain: while u < max_units {
+        let ext_i = (u / upe) as usize;
+        if ext_i >= extents.len() {
+            if u % upe != 0 {
+                break;
+            }
+            let Some(e) = pick_candidate(disk, geo, id, entry.epoch, u, gen_floor, candidates, claimed)? else { break };
+            extents.push(e);
+        }
+        let run = (upe - u % upe).min(max_units - u);
+        let buf = read_aligned(disk, geo.unit_offset(extents[ext_i], u), run as usize * s)?;
+        for k in 0..run {
+            let uu = u + k;
+            let unit = &buf[k as usize * s..][..s];
+            units_read += 1;
+            let ustart = uu as u64 * d;
+            let floor = (len - ustart.min(len)) as usize;
+            let mut slots: Vec<(usize, Footer)> = (0..footer::SLOTS)
+                .filter_map(|slot| footer::unit_slot_valid(geo.salt, unit, slot, id, entry.epoch, uu).map(|f| (slot, f)))
+                .filter(|(_, f)| {
+                    let v = f.valid_len as usize;
+                    (v == floor && floor > 0) || (v > floor && f.mount_gen >= gen_floor)
+                })
+                .collect();
+            if slots.is_empty() {
+                damaged = floor > 0;
+                break 'chain;
+            }
+            slots.sort_by_key(|(_, f)| f.valid_len);
+            for &(slot, f) in &slots {
+                let v = f.valid_len as usize;
+                if v == floor && (v as u64) < d && end == len {
+                    // The trusted partial unit of the checkpoint: the tail unless we go further.
+                    end_tail = Some(Tail { unit: uu, buf: copy(unit), cur_slot: slot });
+                }
+                if f.append_end() && ustart + v as u64 > end {
+                    end = ustart + v as u64;
+                    end_crc = checksum::crc32c_append(crc, &unit[floor..v]);
+                    end_tail = ((v as u64) < d).then(|| Tail { unit: uu, buf: copy(unit), cur_slot: slot });
+                }
+            }
+            let best = slots.iter().map(|(_, f)| *f).max_by_key(|f| (f.mount_gen, f.valid_len)).expect("non-empty");
+            if best.valid_len as u64 == d {
+                crc = checksum::crc32c_append(crc, &unit[floor..]);
+                len = ustart + d;
+                gen_floor = gen_floor.max(best.mount_gen);
+            } else {
+                break 'chain;
+            }
+        }
+        u += run;
+    }
+    extents.truncate(geo.extents_for(end));
+    let tail = if end % d == 0 { None } else { end_tail.filter(|t| t.unit == geo.unit_of(end)) };
+    Ok(Scan { length: end, crc: end_crc, extents, tail, damaged, units_read })
+}
+
+/// Among the free extents whose first unit names `(id, epoch, u)`, the one with the newest
+/// valid footer at or above `gen_floor`.
+#[allow(clippy::too_many_arguments)]
+fn pick_candidate(
+    disk: &dyn Disk,
+    geo: &Geometry,
+    id: ChunkId,
+    epoch: u64,
+    u: u32,
+    gen_floor: u32,
+    candidates: &HashMap<(ChunkId, u64, u32), Vec<u32>>,
+    claimed: &mut HashSet<u32>,
+) -> Result<Option<u32>> {
+    let Some(list) = candidates.get(&(id, epoch, u)) else { return Ok(None) };
+    let mut best: Option<(u32, u32)> = None;
+    for &e in list.iter().filter(|e| !claimed.contains(e)) {
+        let unit = read_aligned(disk, geo.extent_offset(e), geo.unit)?;
+        if let Some(st) = footer::unit_state(geo.salt, &unit, id, epoch, u, gen_floor) {
+            if best.is_none_or(|(_, g)| st.best.mount_gen > g) {
+                best = Some((e, st.best.mount_gen));
+            }
+        }
+    }
+    if let Some((e, _)) = best {
+        claimed.insert(e);
+    }
+    Ok(best.map(|(e, _)| e))
+}
+
+fn copy(unit: &[u8]) -> AlignedBuf {
+    let mut b = AlignedBuf::zeroed(unit.len());
+    b.copy_from_slice(unit);
+    b
+}

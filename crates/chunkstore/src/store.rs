@@ -1,0 +1,352 @@
+//! The public face of a chunk store: format, open (recover), and the chunk operations.
+
+use crate::disk::Disk;
+use crate::error::{ChunkId, Error, Result};
+use crate::format::checkpoint::Checkpoint;
+use crate::index::{ChunkEntry, Index};
+use crate::layout::{self, FormatOptions, Geometry};
+use crate::recovery::{self, RecoveryReport};
+use crate::writer::{self, Limits, Request, Writer};
+use parking_lot::RwLock;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use tokio::sync::{mpsc, oneshot};
+
+/// When an acknowledged write is durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Every batch is flushed (`fdatasync`) before any of it is acknowledged. The default.
+    #[default]
+    Sync,
+    /// Writes are O_DIRECT but never flushed: a power cut can lose acknowledged appends.
+    /// **For benchmarks only** (it measures the store without the device's flush cost).
+    None,
+}
+
+/// Run-time options of [`ChunkStore::open`].
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    pub durability: Durability,
+    /// Requests queued for the device thread before callers wait (backpressure).
+    pub queue_depth: usize,
+    /// Most requests in one group commit.
+    pub max_batch_requests: usize,
+    /// Most appended bytes in one group commit.
+    pub max_batch_bytes: usize,
+    /// Largest single append. Queue memory is bounded by `queue_depth × max_append_bytes`.
+    pub max_append_bytes: usize,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Sync,
+            queue_depth: 256,
+            max_batch_requests: 256,
+            max_batch_bytes: 32 << 20,
+            max_append_bytes: 4 << 20,
+        }
+    }
+}
+
+/// What [`ChunkStore::stat`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkStat {
+    pub chunk_id: ChunkId,
+    /// Acknowledged (durable) length.
+    pub length: u64,
+    pub sealed: bool,
+    /// The version given at create.
+    pub version: u64,
+    /// This store's incarnation number of the chunk.
+    pub epoch: u64,
+    /// CRC32C of bytes `[0, length)`; for a sealed chunk, the CRC of the whole chunk.
+    pub crc32c: u32,
+}
+
+impl ChunkStat {
+    pub(crate) fn of(chunk_id: ChunkId, c: &ChunkEntry) -> Self {
+        Self { chunk_id, length: c.length, sealed: c.sealed, version: c.version, epoch: c.epoch, crc32c: c.crc }
+    }
+}
+
+/// Space accounting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpaceStat {
+    pub extent_bytes: u64,
+    pub extents_total: u32,
+    pub extents_free: u32,
+    pub chunks: usize,
+    pub max_chunks: u32,
+}
+
+/// Counters since open.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub batches: AtomicU64,
+    pub flushes: AtomicU64,
+    pub appends: AtomicU64,
+    pub append_bytes: AtomicU64,
+    pub checkpoints: AtomicU64,
+}
+
+/// State shared by the device thread and readers.
+pub(crate) struct Shared {
+    pub disk: Arc<dyn Disk>,
+    pub geo: Geometry,
+    pub index: RwLock<Index>,
+    pub failed: AtomicBool,
+    pub free_extents: AtomicU32,
+    pub stats: Stats,
+}
+
+/// An append-only chunk store on one device.
+///
+/// All methods take `&self` and may be called from many threads. Blocking methods (`append`,
+/// `create`, …) must not be called from inside an async runtime; use the `*_async` forms
+/// there. Reads never go through the device thread: they `pread` from the caller's thread.
+pub struct ChunkStore {
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Request>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ChunkStore {
+    /// Formats `disk`: writes the superblock and an empty checkpoint. Everything on the
+    /// device before is forgotten (and cannot be mistaken for data: every structure's CRC is
+    /// salted with the new store id).
+    ///
+    /// # Errors
+    /// `Config` when the options do not fit the device, `Io` on write errors.
+    pub fn format(disk: &dyn Disk, opts: &FormatOptions) -> Result<()> {
+        let mut store_id = [0u8; 16];
+        rand::fill(&mut store_id);
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let sb = layout::plan(opts, disk.capacity(), disk.alignment(), store_id, now_ms).map_err(Error::Config)?;
+        let geo = Geometry::new(sb);
+        // An invalid slot 1 header, then checkpoint 0 in slot 0.
+        let zero = crate::buf::AlignedBuf::zeroed(4096.max(disk.alignment()));
+        disk.write_at(&zero, geo.sb.ckpt_offsets[1]).map_err(|e| Error::io("format", e))?;
+        let empty = Checkpoint { seq: 0, lsn: 0, next_epoch: 1, mount_gen: 0, chunks: Vec::new() };
+        writer::write_checkpoint(disk, &geo, &empty)?;
+        let sb_bytes = geo.sb.encode();
+        let mut buf = crate::buf::AlignedBuf::zeroed(sb_bytes.len());
+        buf.copy_from_slice(&sb_bytes);
+        disk.write_at(&buf, 0).map_err(|e| Error::io("format", e))?;
+        disk.sync().map_err(|e| Error::io("format", e))
+    }
+
+    /// Opens a formatted store, recovering from whatever state a crash left it in.
+    ///
+    /// # Errors
+    /// `Format` when the superblock or every checkpoint is unreadable; `Io` on read errors.
+    pub fn open(disk: Arc<dyn Disk>, opts: OpenOptions) -> Result<(Self, RecoveryReport)> {
+        let (geo, mut rec, report) = recovery::recover(&*disk)?;
+        let shared = Arc::new(Shared {
+            disk,
+            geo,
+            index: RwLock::new(Index::default()),
+            failed: AtomicBool::new(false),
+            free_extents: AtomicU32::new(rec.alloc.free_count()),
+            stats: Stats::default(),
+        });
+        *shared.index.write() = std::mem::take(&mut rec.index);
+        let limits = Limits {
+            max_batch_requests: opts.max_batch_requests.max(1),
+            max_batch_bytes: opts.max_batch_bytes.max(1),
+            max_append_bytes: opts.max_append_bytes.max(1),
+        };
+        let writer = Writer::new(shared.clone(), opts.durability, limits, rec);
+        let (tx, rx) = mpsc::channel(opts.queue_depth.max(1));
+        let thread = std::thread::Builder::new()
+            .name("cairn-device".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| Error::io("spawn device thread", e))?;
+        Ok((Self { shared, tx, thread: Some(thread) }, report))
+    }
+
+    fn submit<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request) -> Result<oneshot::Receiver<Result<T>>> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.blocking_send(make(reply)).map_err(|_| Error::Closed)?;
+        Ok(rx)
+    }
+
+    async fn submit_async<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request) -> Result<T> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(make(reply)).await.map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    fn wait<T>(rx: oneshot::Receiver<Result<T>>) -> Result<T> {
+        rx.blocking_recv().map_err(|_| Error::Closed)?
+    }
+
+    /// Creates an empty chunk. Durable when it returns.
+    ///
+    /// # Errors
+    /// `AlreadyExists`, `TooManyChunks`, `StoreFailed`, `Io`.
+    pub fn create(&self, chunk_id: ChunkId, version: u64) -> Result<()> {
+        Self::wait(self.submit(|reply| Request::Create { chunk_id, version, reply })?)
+    }
+
+    /// Appends `data` at `offset`, which must equal the chunk's current length. Returns the
+    /// new length once the bytes are durable.
+    ///
+    /// # Errors
+    /// `OffsetMismatch { length }` when `offset` is not the current length; `NotFound`,
+    /// `Sealed`, `ChunkFull`, `BadAppendSize`, `NoSpace`, `ChunkFailed`, `StoreFailed`, `Io`.
+    pub fn append(&self, chunk_id: ChunkId, offset: u64, data: Vec<u8>) -> Result<u64> {
+        Self::wait(self.submit(|reply| Request::Append { chunk_id, offset, data, reply })?)
+    }
+
+    /// Queues an append and returns at once; the returned [`Pending`] resolves when it is
+    /// durable. Lets one thread keep many appends in flight (they share flushes).
+    ///
+    /// # Errors
+    /// `Closed` if the store is closed; the append's own errors come from [`Pending::wait`].
+    pub fn append_pipelined(&self, chunk_id: ChunkId, offset: u64, data: Vec<u8>) -> Result<Pending<u64>> {
+        Ok(Pending(self.submit(|reply| Request::Append { chunk_id, offset, data, reply })?))
+    }
+
+    /// Async form of [`ChunkStore::append`].
+    pub fn append_async(&self, chunk_id: ChunkId, offset: u64, data: Vec<u8>) -> impl Future<Output = Result<u64>> + '_ {
+        self.submit_async(move |reply| Request::Append { chunk_id, offset, data, reply })
+    }
+
+    /// Async form of [`ChunkStore::create`].
+    pub fn create_async(&self, chunk_id: ChunkId, version: u64) -> impl Future<Output = Result<()>> + '_ {
+        self.submit_async(move |reply| Request::Create { chunk_id, version, reply })
+    }
+
+    /// Seals the chunk at its current length: no more appends. Idempotent. Returns its stat,
+    /// whose `crc32c` is the CRC of the whole chunk.
+    ///
+    /// # Errors
+    /// `NotFound`, `StoreFailed`, `Io`.
+    pub fn seal(&self, chunk_id: ChunkId) -> Result<ChunkStat> {
+        Self::wait(self.submit(|reply| Request::Seal { chunk_id, reply })?)
+    }
+
+    /// Async form of [`ChunkStore::seal`].
+    pub fn seal_async(&self, chunk_id: ChunkId) -> impl Future<Output = Result<ChunkStat>> + '_ {
+        self.submit_async(move |reply| Request::Seal { chunk_id, reply })
+    }
+
+    /// Deletes the chunk; its extents are reused once the delete is durable.
+    ///
+    /// # Errors
+    /// `NotFound`, `StoreFailed`, `Io`.
+    pub fn delete(&self, chunk_id: ChunkId) -> Result<()> {
+        Self::wait(self.submit(|reply| Request::Delete { chunk_id, reply })?)
+    }
+
+    /// Async form of [`ChunkStore::delete`].
+    pub fn delete_async(&self, chunk_id: ChunkId) -> impl Future<Output = Result<()>> + '_ {
+        self.submit_async(move |reply| Request::Delete { chunk_id, reply })
+    }
+
+    /// Reads `len` bytes at `offset`, verifying the CRC of every unit touched.
+    ///
+    /// # Errors
+    /// `OutOfRange { length }` past the durable length; `Corruption { chunk_id, offset }`
+    /// when the device returns bytes that do not match their CRC; `NotFound`; `Io`.
+    pub fn read(&self, chunk_id: ChunkId, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; len];
+        self.read_into(chunk_id, offset, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`ChunkStore::read`] into a caller's buffer.
+    pub fn read_into(&self, chunk_id: ChunkId, offset: u64, out: &mut [u8]) -> Result<()> {
+        crate::read::read_into(&self.shared, chunk_id, offset, out)
+    }
+
+    /// The chunk's durable state.
+    ///
+    /// # Errors
+    /// `NotFound`.
+    pub fn stat(&self, chunk_id: ChunkId) -> Result<ChunkStat> {
+        let index = self.shared.index.read();
+        index.chunks.get(&chunk_id).map(|c| ChunkStat::of(chunk_id, c)).ok_or(Error::NotFound { chunk_id })
+    }
+
+    /// Every chunk id, sorted.
+    pub fn list(&self) -> Vec<ChunkId> {
+        let mut ids: Vec<ChunkId> = self.shared.index.read().chunks.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Space and table usage.
+    pub fn space(&self) -> SpaceStat {
+        SpaceStat {
+            extent_bytes: self.shared.geo.extent_bytes,
+            extents_total: self.shared.geo.sb.extent_count,
+            extents_free: self.shared.free_extents.load(Ordering::Relaxed),
+            chunks: self.shared.index.read().chunks.len(),
+            max_chunks: self.shared.geo.sb.max_chunks,
+        }
+    }
+
+    /// Counters since open.
+    pub fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    /// Whether a flush or log error has made the store refuse writes.
+    pub fn is_failed(&self) -> bool {
+        self.shared.failed.load(Ordering::Acquire)
+    }
+
+    /// Largest chunk this store accepts.
+    pub fn max_chunk_bytes(&self) -> u64 {
+        self.shared.geo.sb.max_chunk_bytes
+    }
+
+    /// Writes a checkpoint now and waits for it (normally they happen in the background).
+    ///
+    /// # Errors
+    /// `StoreFailed`, `Io`.
+    pub fn checkpoint(&self) -> Result<()> {
+        Self::wait(self.submit(|reply| Request::Checkpoint { reply })?)
+    }
+
+    /// Writes a final checkpoint and stops the device thread.
+    ///
+    /// # Errors
+    /// As [`ChunkStore::checkpoint`]; the store is closed either way.
+    pub fn close(mut self) -> Result<()> {
+        let r = self.submit(|reply| Request::Shutdown { reply }).and_then(Self::wait);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        r
+    }
+}
+
+impl Drop for ChunkStore {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let (reply, _rx) = oneshot::channel();
+            // If the queue is full or the thread is gone, dropping the sender ends the loop.
+            let _ = self.tx.try_send(Request::Shutdown { reply });
+            let (dead_tx, _) = mpsc::channel(1);
+            drop(std::mem::replace(&mut self.tx, dead_tx));
+            let _ = t.join();
+        }
+    }
+}
+
+/// An append in flight (see [`ChunkStore::append_pipelined`]).
+pub struct Pending<T>(oneshot::Receiver<Result<T>>);
+
+impl<T> Pending<T> {
+    /// Blocks until the operation completes.
+    ///
+    /// # Errors
+    /// The operation's error, or `Closed`.
+    pub fn wait(self) -> Result<T> {
+        self.0.blocking_recv().map_err(|_| Error::Closed)?
+    }
+}

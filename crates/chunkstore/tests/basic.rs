@@ -1,0 +1,138 @@
+//! The chunk operations and their errors, on the fault-injecting disk with no faults.
+
+mod common;
+use cairn_chunkstore::{Error, OpenOptions};
+use common::*;
+
+#[test]
+fn create_append_read_seal_delete() {
+    let (_disk, store) = fault_store(1);
+    store.create(7, 1).unwrap();
+    assert_eq!(store.append(7, 0, pattern(7, 0, 3000)).unwrap(), 3000);
+    assert_eq!(store.append(7, 3000, pattern(7, 3000, 2000)).unwrap(), 5000);
+    assert_eq!(store.append(7, 5000, pattern(7, 5000, 100)).unwrap(), 5100);
+    assert_eq!(store.read(7, 0, 5100).unwrap(), pattern(7, 0, 5100));
+    assert_eq!(store.read(7, 2990, 30).unwrap(), pattern(7, 2990, 30));
+    let stat = store.seal(7).unwrap();
+    assert!(stat.sealed);
+    assert_eq!(stat.length, 5100);
+    assert_eq!(stat.crc32c, crc32c::crc32c(&pattern(7, 0, 5100)));
+    assert_eq!(store.seal(7).unwrap(), stat, "seal is idempotent");
+    assert!(matches!(store.append(7, 5100, vec![1]), Err(Error::Sealed { length: 5100, .. })));
+    assert_eq!(store.list(), vec![7]);
+    store.delete(7).unwrap();
+    assert!(matches!(store.stat(7), Err(Error::NotFound { chunk_id: 7 })));
+    assert!(store.list().is_empty());
+}
+
+#[test]
+fn wrong_offset_is_refused_with_the_current_length() {
+    let (_disk, store) = fault_store(2);
+    store.create(1, 1).unwrap();
+    store.append(1, 0, vec![5; 10]).unwrap();
+    match store.append(1, 4, vec![6; 10]) {
+        Err(Error::OffsetMismatch { chunk_id: 1, offset: 4, length: 10 }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.read(1, 0, 10).unwrap(), vec![5; 10]);
+}
+
+#[test]
+fn bad_requests_get_typed_errors() {
+    let (_disk, store) = fault_store(3);
+    assert!(matches!(store.append(9, 0, vec![1]), Err(Error::NotFound { chunk_id: 9 })));
+    assert!(matches!(store.read(9, 0, 1), Err(Error::NotFound { .. })));
+    store.create(9, 1).unwrap();
+    assert!(matches!(store.create(9, 1), Err(Error::AlreadyExists { chunk_id: 9 })));
+    assert!(matches!(store.append(9, 0, vec![]), Err(Error::BadAppendSize { append_bytes: 0, .. })));
+    store.append(9, 0, vec![1; 100]).unwrap();
+    assert!(matches!(store.read(9, 50, 51), Err(Error::OutOfRange { length: 100, .. })));
+    assert!(matches!(store.read(9, u64::MAX, 1), Err(Error::OutOfRange { .. })));
+    assert_eq!(store.read(9, 100, 0).unwrap(), Vec::<u8>::new());
+    assert!(matches!(store.delete(10), Err(Error::NotFound { .. })));
+    assert!(matches!(store.seal(10), Err(Error::NotFound { .. })));
+}
+
+#[test]
+fn chunk_size_is_bounded() {
+    let (_disk, store) = fault_store_sized(80 * MIB, 4);
+    store.create(1, 1).unwrap();
+    let max = store.max_chunk_bytes();
+    // Fill to the maximum in 4 MiB appends (the default largest append).
+    let mut off = 0;
+    while off < max {
+        let n = (max - off).min(4 * MIB) as usize;
+        off = store.append(1, off, pattern(1, off, n)).unwrap();
+    }
+    assert!(matches!(store.append(1, off, vec![0]), Err(Error::ChunkFull { .. })));
+    assert_eq!(store.read(1, max - 10, 10).unwrap(), pattern(1, max - 10, 10));
+}
+
+#[test]
+fn delete_reuses_space() {
+    let (_disk, store) = fault_store(5);
+    let total = store.space().extents_free;
+    for round in 0..3u64 {
+        for id in 0..4 {
+            store.create(id, round).unwrap();
+            store.append(id, 0, pattern(id, 0, 4 * MIB as usize)).unwrap();
+        }
+        assert!(store.space().extents_free < total);
+        for id in 0..4 {
+            assert_eq!(store.read(id, 0, 4 * MIB as usize).unwrap(), pattern(id, 0, 4 * MIB as usize));
+            store.delete(id).unwrap();
+        }
+        assert_eq!(store.space().extents_free, total, "round {round}");
+    }
+}
+
+#[test]
+fn no_space_is_an_error_not_a_panic() {
+    let (_disk, store) = fault_store(6);
+    let mut id = 0;
+    let err = loop {
+        store.create(id, 1).unwrap();
+        let mut off = 0;
+        let r = loop {
+            match store.append(id, off, vec![1; 4 * MIB as usize]) {
+                Ok(n) => off = n,
+                Err(e) => break e,
+            }
+        };
+        if !matches!(r, Error::ChunkFull { .. }) {
+            break r;
+        }
+        id += 1;
+    };
+    assert!(matches!(err, Error::NoSpace), "{err:?}");
+    // Deleting frees space for new appends.
+    store.delete(0).unwrap();
+    store.create(1000, 1).unwrap();
+    store.append(1000, 0, vec![2; 1000]).unwrap();
+}
+
+#[test]
+fn reopen_after_clean_close_keeps_everything() {
+    let (disk, store) = fault_store(7);
+    for id in 0..5u64 {
+        store.create(id, id).unwrap();
+        let mut off = 0;
+        for k in 0..(id + 1) * 3 {
+            let n = 1000 + (k as usize * 777) % 9000;
+            off = store.append(id, off, pattern(id, off, n)).unwrap();
+        }
+        if id % 2 == 0 {
+            store.seal(id).unwrap();
+        }
+    }
+    let before: Vec<_> = store.list().iter().map(|&id| store.stat(id).unwrap()).collect();
+    store.close().unwrap();
+    let (_d, store, report) = reopen(disk.crash(cairn_chunkstore::CrashPolicy::DropAll), 8);
+    assert_eq!(report.log_blocks_replayed, 0, "a clean close leaves nothing to replay");
+    let after: Vec<_> = store.list().iter().map(|&id| store.stat(id).unwrap()).collect();
+    assert_eq!(before, after);
+    for s in after {
+        assert_eq!(store.read(s.chunk_id, 0, s.length as usize).unwrap(), pattern(s.chunk_id, 0, s.length as usize));
+    }
+    let _ = OpenOptions::default();
+}
