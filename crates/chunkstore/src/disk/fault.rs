@@ -158,6 +158,11 @@ impl FaultDisk {
         self.state.lock().volatile.clone()
     }
 
+    /// (offset, length) of every write since the last successful sync, in order.
+    pub fn unsynced_writes(&self) -> Vec<(u64, usize)> {
+        self.state.lock().unsynced.iter().map(|(o, d)| (*o, d.len())).collect()
+    }
+
     /// (writes, syncs) that succeeded so far.
     pub fn counters(&self) -> (u64, u64) {
         let s = self.state.lock();
