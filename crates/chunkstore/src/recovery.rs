@@ -352,7 +352,7 @@ fn scan_chunk(
             }
             let best = slots.iter().map(|(_, f)| *f).max_by_key(|f| (f.mount_gen, f.valid_len)).expect("non-empty");
             if best.valid_len as u64 == d {
-                crc = checksum::crc32c_append(crc, &unit[floor..]);
+                crc = checksum::crc32c_append(crc, &unit[floor..d as usize]);
                 len = ustart + d;
                 gen_floor = gen_floor.max(best.mount_gen);
             } else {

@@ -173,6 +173,9 @@ impl Writer {
         for r in reqs {
             self.plan(&mut b, r);
         }
+        // A chunk whose every append was refused has nothing to write.
+        b.order.retain(|id| !b.chunks[id].ends.is_empty());
+        b.chunks.retain(|_, p| !p.ends.is_empty());
         let mut bufs: Vec<(u64, AlignedBuf)> = Vec::new();
         for id in b.order.clone() {
             let plan = b.chunks.get_mut(&id).expect("planned chunk");
