@@ -27,12 +27,15 @@ pub fn reopen(image: Vec<u8>, seed: u64) -> (Arc<FaultDisk>, ChunkStore, Recover
     (disk, store, report)
 }
 
-/// Deterministic content: byte `i` of chunk `id` (so any byte read back can be checked).
+/// Deterministic content: byte `offset + i` of chunk `id`, from a strong mixer (splitmix64),
+/// so that any byte read back can be checked and no 64-byte window repeats.
 pub fn pattern(id: u64, offset: u64, len: usize) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| {
-            let x = (offset + i).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ id.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
-            (x >> 29) as u8
-        })
-        .collect()
+    (offset..offset + len as u64).map(|pos| (splitmix64(id.wrapping_mul(0xA24B_AED4_963E_E407) ^ (pos / 8)) >> ((pos % 8) * 8)) as u8).collect()
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
