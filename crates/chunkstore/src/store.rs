@@ -312,6 +312,18 @@ impl ChunkStore {
         Self::wait(self.submit(|reply| Request::Checkpoint { reply })?)
     }
 
+    /// Stops the device thread without a final checkpoint (in-flight work is finished first),
+    /// leaving the device as a crash after the last acknowledgement would. For tests and the
+    /// recovery benchmark.
+    pub fn abandon(mut self) {
+        if let Ok(rx) = self.submit(|reply| Request::Abandon { reply }) {
+            let _ = Self::wait(rx);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
     /// Writes a final checkpoint and stops the device thread.
     ///
     /// # Errors

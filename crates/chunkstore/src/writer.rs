@@ -31,6 +31,8 @@ pub(crate) enum Request {
     Delete { chunk_id: ChunkId, reply: Reply<()> },
     Checkpoint { reply: Reply<()> },
     Shutdown { reply: Reply<()> },
+    /// Stop at once, without a final checkpoint, as a crash would.
+    Abandon { reply: Reply<()> },
 }
 
 impl Request {
@@ -40,7 +42,7 @@ impl Request {
             | Request::Append { chunk_id, .. }
             | Request::Seal { chunk_id, .. }
             | Request::Delete { chunk_id, .. } => Some(*chunk_id),
-            Request::Checkpoint { .. } | Request::Shutdown { .. } => None,
+            Request::Checkpoint { .. } | Request::Shutdown { .. } | Request::Abandon { .. } => None,
         }
     }
 }
@@ -115,6 +117,7 @@ struct Batch {
     deferred: HashSet<ChunkId>,
     checkpoints: Vec<Reply<()>>,
     shutdown: Option<Reply<()>>,
+    abandon: Option<Reply<()>>,
 }
 
 impl Writer {
@@ -331,6 +334,7 @@ impl Writer {
             }
             Request::Checkpoint { reply } => b.checkpoints.push(reply),
             Request::Shutdown { reply } => b.shutdown = Some(reply),
+            Request::Abandon { reply } => b.abandon = Some(reply),
         }
     }
 
@@ -536,6 +540,10 @@ impl Writer {
         for (reply, e) in replies_err {
             send(reply, Err(e));
         }
+        if let Some(reply) = b.abandon {
+            send(reply, Ok(()));
+            return true;
+        }
         self.after_batch(b.checkpoints, b.shutdown)
     }
 
@@ -562,6 +570,10 @@ impl Writer {
         }
         for (_, reply) in b.deletes {
             send(reply, Err(e.clone()));
+        }
+        if let Some(reply) = b.abandon {
+            send(reply, Ok(()));
+            return true;
         }
         self.after_batch(b.checkpoints, b.shutdown)
     }

@@ -1,0 +1,266 @@
+//! `cairn bench chunkstore`: appends or reads against a chunk store on a real file, next to
+//! the raw floor of the same I/O in the same run.
+
+use super::{Latency, floor, histogram, loadavg, parse_size};
+use anyhow::Context;
+use cairn_chunkstore::{ChunkStore, Disk, Durability, FileDisk, FormatOptions, OpenOptions};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Directory for the store and floor files (its filesystem is what is measured).
+    #[arg(long)]
+    dir: PathBuf,
+    /// append or read.
+    #[arg(long, default_value = "append", value_parser = ["append", "read"])]
+    op: String,
+    /// Bytes per operation: 4k, 64k, 1m, ...
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
+    size: u64,
+    /// Operations in flight (one thread, and one chunk, each).
+    #[arg(long, default_value_t = 1)]
+    depth: usize,
+    /// Seconds per measurement (the floor and the store each get this long).
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Repeat floor + store this many times; one JSON line each.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Size of the store file.
+    #[arg(long, default_value = "4g", value_parser = parse_size)]
+    store_size: u64,
+    /// sync (default) or none (benchmark-only: no fdatasync, neither in the store nor the floor).
+    #[arg(long, default_value = "sync", value_parser = ["sync", "none"])]
+    durability: String,
+    /// Print only JSON lines.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    op: String,
+    size: u64,
+    depth: usize,
+    durability: String,
+    seconds: f64,
+    ops: u64,
+    errors: u64,
+    ops_per_s: f64,
+    mib_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    max_us: f64,
+    floor: &'static str,
+    floor_p50_us: f64,
+    floor_p99_us: f64,
+    floor_p999_us: f64,
+    floor_ops_per_s: f64,
+    floor_mib_per_s: f64,
+    ratio_p50: f64,
+    ratio_ops: f64,
+    /// Appends per flush (group commit), store side.
+    appends_per_flush: f64,
+    loadavg: f64,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    let size = usize::try_from(a.size)?;
+    let write = a.op == "append";
+    let durable = a.durability == "sync";
+    anyhow::ensure!(a.depth >= 1 && a.depth <= 1024, "--depth must be in 1..=1024");
+    let store_path = a.dir.join("store.cairn");
+    let disk = store_file(&store_path, a.store_size)?;
+    ChunkStore::format(&*disk, &FormatOptions::default())?;
+    let opts = OpenOptions { durability: if durable { Durability::Sync } else { Durability::None }, ..OpenOptions::default() };
+    let (store, _) = ChunkStore::open(disk.clone() as Arc<dyn Disk>, opts)?;
+    let store = Arc::new(store);
+    let floor_disk = floor::floor_file(&a.dir, (1u64 << 30).min(a.store_size))?;
+    let prefilled = if write { Vec::new() } else { prefill(&store, a.store_size, a.depth)? };
+    if !a.json {
+        eprintln!("store {} ({} MiB), floor {}; {} {} B x depth {} for {} s per run", store_path.display(), a.store_size >> 20, a.dir.join("floor.dat").display(), a.op, size, a.depth, a.seconds);
+    }
+    for _ in 0..a.runs {
+        let f = floor::run(floor_disk.clone(), write, size, a.depth, a.seconds, durable)?;
+        let flushes0 = store.stats().flushes.load(Ordering::Relaxed);
+        let appends0 = store.stats().appends.load(Ordering::Relaxed);
+        let (ops, errors, secs, lat) = if write { appends(&store, size, a.depth, a.seconds)? } else { reads(&store, &prefilled, size, a.depth, a.seconds)? };
+        let flushes = store.stats().flushes.load(Ordering::Relaxed) - flushes0;
+        let appends = store.stats().appends.load(Ordering::Relaxed) - appends0;
+        let mib = |ops: u64, s: f64| ops as f64 * size as f64 / s / (1 << 20) as f64;
+        let floor_ops_per_s = f.ops as f64 / f.seconds;
+        let r = Report {
+            op: a.op.clone(),
+            size: a.size,
+            depth: a.depth,
+            durability: a.durability.clone(),
+            seconds: secs,
+            ops,
+            errors,
+            ops_per_s: ops as f64 / secs,
+            mib_per_s: mib(ops, secs),
+            p50_us: lat.p50_us,
+            p99_us: lat.p99_us,
+            p999_us: lat.p999_us,
+            max_us: lat.max_us,
+            floor: if write { "raw O_DIRECT pwrite+fdatasync loop" } else { "raw O_DIRECT pread loop" },
+            floor_p50_us: f.latency.p50_us,
+            floor_p99_us: f.latency.p99_us,
+            floor_p999_us: f.latency.p999_us,
+            floor_ops_per_s,
+            floor_mib_per_s: mib(f.ops, f.seconds),
+            ratio_p50: lat.p50_us / f.latency.p50_us,
+            ratio_ops: (ops as f64 / secs) / floor_ops_per_s,
+            appends_per_flush: if flushes > 0 { appends as f64 / flushes as f64 } else { f64::NAN },
+            loadavg: loadavg(),
+        };
+        println!("{}", serde_json::to_string(&r)?);
+    }
+    Arc::try_unwrap(store).map_err(|_| anyhow::anyhow!("store still shared"))?.close()?;
+    Ok(())
+}
+
+/// Opens the store file, creating and zero-filling it once (see `FileDisk::create`).
+pub fn store_file(path: &Path, bytes: u64) -> anyhow::Result<Arc<FileDisk>> {
+    if let Ok(m) = std::fs::metadata(path) {
+        if m.len() == bytes {
+            return Ok(Arc::new(FileDisk::open(path)?));
+        }
+        std::fs::remove_file(path)?;
+    }
+    Ok(Arc::new(FileDisk::create(path, bytes, true).with_context(|| format!("creating {}", path.display()))?))
+}
+
+/// `depth` threads, each appending `size` bytes to its own chunk; a chunk that reaches its
+/// share of the store is deleted and replaced, so any run length fits.
+fn appends(store: &Arc<ChunkStore>, size: usize, depth: usize, seconds: f64) -> anyhow::Result<(u64, u64, f64, Latency)> {
+    let space = store.space();
+    let data_bytes = space.extent_bytes * space.extents_total as u64 * 98 / 100;
+    let cap = (store.max_chunk_bytes()).min(data_bytes / (2 * depth as u64)).max(size as u64);
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..depth)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut h = histogram();
+                let mut errors = 0u64;
+                let data = vec![(t as u8) ^ 0x5a; size];
+                let mut round = 0u64;
+                let mut id = ((t as u64) << 32) | round;
+                let _ = store.delete(id);
+                store.create(id, 1).expect("create");
+                let mut len = 0u64;
+                while Instant::now() < deadline {
+                    if len + size as u64 > cap {
+                        let _ = store.delete(id);
+                        round += 1;
+                        id = ((t as u64) << 32) | round;
+                        let _ = store.delete(id);
+                        store.create(id, 1).expect("create");
+                        len = 0;
+                    }
+                    let s = Instant::now();
+                    match store.append(id, len, data.clone()) {
+                        Ok(n) => {
+                            h.record(s.elapsed().as_nanos() as u64).expect("in range");
+                            len = n;
+                        }
+                        Err(_) => {
+                            errors += 1;
+                            len = store.stat(id).map(|s| s.length).unwrap_or(0);
+                        }
+                    }
+                }
+                let _ = store.delete(id);
+                (h, errors)
+            })
+        })
+        .collect();
+    let mut all = histogram();
+    let mut errors = 0;
+    for t in threads {
+        let (h, e) = t.join().map_err(|_| anyhow::anyhow!("append thread panicked"))?;
+        all.add(h)?;
+        errors += e;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    Ok((all.len(), errors, secs, Latency::of(&all)))
+}
+
+/// Writes sealed 64 MiB chunks (up to half the store, at most 2 GiB) to read back.
+fn prefill(store: &Arc<ChunkStore>, store_size: u64, depth: usize) -> anyhow::Result<Vec<(u64, u64)>> {
+    let total = (store_size / 2).min(2 << 30);
+    let chunk = store.max_chunk_bytes();
+    let n = (total / chunk).max(depth as u64);
+    let piece = 4 << 20;
+    let mut chunks = Vec::new();
+    for c in 0..n {
+        let id = (1 << 62) | c;
+        store.create(id, 1)?;
+        let data: Vec<u8> = (0..piece).map(|i| (i as u64 ^ c) as u8).collect();
+        let mut len = 0;
+        let mut pending = Vec::new();
+        while len + piece as u64 <= chunk.min(total / n) {
+            pending.push(store.append_pipelined(id, len, data.clone())?);
+            len += piece as u64;
+        }
+        for p in pending {
+            p.wait()?;
+        }
+        store.seal(id)?;
+        chunks.push((id, len));
+    }
+    Ok(chunks)
+}
+
+/// `depth` threads reading `size` bytes sequentially through the sealed chunks.
+fn reads(store: &Arc<ChunkStore>, chunks: &[(u64, u64)], size: usize, depth: usize, seconds: f64) -> anyhow::Result<(u64, u64, f64, Latency)> {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let t0 = Instant::now();
+    let chunks = Arc::new(chunks.to_vec());
+    let threads: Vec<_> = (0..depth)
+        .map(|t| {
+            let store = store.clone();
+            let chunks = chunks.clone();
+            std::thread::spawn(move || {
+                let mut h = histogram();
+                let mut errors = 0;
+                let mut buf = vec![0u8; size];
+                let mut c = t % chunks.len();
+                let mut off = 0u64;
+                while Instant::now() < deadline {
+                    let (id, len) = chunks[c];
+                    if off + size as u64 > len {
+                        c = (c + depth) % chunks.len();
+                        off = 0;
+                        continue;
+                    }
+                    let s = Instant::now();
+                    match store.read_into(id, off, &mut buf) {
+                        Ok(()) => {
+                            h.record(s.elapsed().as_nanos() as u64).expect("in range");
+                        }
+                        Err(_) => errors += 1,
+                    }
+                    off += size as u64;
+                }
+                (h, errors)
+            })
+        })
+        .collect();
+    let mut all = histogram();
+    let mut errors = 0;
+    for t in threads {
+        let (h, e) = t.join().map_err(|_| anyhow::anyhow!("read thread panicked"))?;
+        all.add(h)?;
+        errors += e;
+    }
+    Ok((all.len(), errors, t0.elapsed().as_secs_f64(), Latency::of(&all)))
+}

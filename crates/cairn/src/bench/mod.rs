@@ -1,0 +1,77 @@
+//! `cairn bench …`: benchmarks. Each runs the physical floor of what it measures in the same
+//! run (the machine is shared and noisy, so only same-run ratios mean much) and prints one
+//! JSON object per run.
+
+mod chunkstore;
+mod floor;
+mod recovery;
+
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// The chunk store against a raw O_DIRECT loop on the same filesystem.
+    Chunkstore(chunkstore::Args),
+    /// Recovery time of a store with data written after its last checkpoint.
+    Recovery(recovery::Args),
+}
+
+pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Chunkstore(a) => chunkstore::run(a),
+        BenchCommand::Recovery(a) => recovery::run(a),
+    }
+}
+
+/// Parses `4k`, `64k`, `1m`, `1g` or a plain byte count.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim().to_ascii_lowercase();
+    let (num, mult) = match s.chars().last() {
+        Some('k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m') => (&s[..s.len() - 1], 1 << 20),
+        Some('g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (&s[..], 1),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("not a size: {s} (use e.g. 4k, 64k, 1m)"))?;
+    n.checked_mul(mult).filter(|&v| v > 0).ok_or_else(|| format!("size out of range: {s}"))
+}
+
+/// Latency summary in microseconds.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Latency {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+}
+
+impl Latency {
+    pub fn of(h: &hdrhistogram::Histogram<u64>) -> Self {
+        let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+        Self { p50_us: q(0.5), p99_us: q(0.99), p999_us: q(0.999), max_us: h.max() as f64 / 1000.0 }
+    }
+}
+
+/// A histogram of nanoseconds from 100 ns to 100 s at 3 significant digits.
+pub fn histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(100, 100_000_000_000, 3).expect("histogram bounds")
+}
+
+/// The 1-minute load average, recorded with every result (the machine is shared).
+pub fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap_or(f64::NAN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("x").is_err());
+    }
+}
