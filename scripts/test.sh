@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command (README.md). Runs every test of the workspace; CAIRN_SOAK=1 runs the long
+# property-test soak as well.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo test --workspace --locked
+if [[ "${CAIRN_SOAK:-0}" == "1" ]]; then
+    PROPTEST_CASES="${PROPTEST_CASES:-5000}" cargo test --locked -p cairn-chunkstore --test model store_matches_model_across_crashes
+fi
