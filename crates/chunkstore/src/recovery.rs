@@ -342,12 +342,12 @@ fn scan_chunk(
                 let v = f.valid_len as usize;
                 if v == floor && (v as u64) < d && end == len {
                     // The trusted partial unit of the checkpoint: the tail unless we go further.
-                    end_tail = Some(Tail { unit: uu, buf: copy(unit), cur_slot: slot });
+                    end_tail = Some(Tail { unit: uu, buf: copy(unit), cur_slot: slot, data_crc: f.data_crc });
                 }
                 if f.append_end() && ustart + v as u64 > end {
                     end = ustart + v as u64;
                     end_crc = checksum::crc32c_append(crc, &unit[floor..v]);
-                    end_tail = ((v as u64) < d).then(|| Tail { unit: uu, buf: copy(unit), cur_slot: slot });
+                    end_tail = ((v as u64) < d).then(|| Tail { unit: uu, buf: copy(unit), cur_slot: slot, data_crc: f.data_crc });
                 }
             }
             let best = slots.iter().map(|(_, f)| *f).max_by_key(|f| (f.mount_gen, f.valid_len)).expect("non-empty");

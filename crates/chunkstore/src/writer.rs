@@ -53,6 +53,8 @@ pub(crate) struct Tail {
     pub buf: AlignedBuf,
     /// The slot holding the footer that describes the acknowledged bytes.
     pub cur_slot: usize,
+    /// That footer's data CRC: CRC32C of the unit's acknowledged bytes.
+    pub data_crc: u32,
 }
 
 /// Limits of the device thread.
@@ -78,7 +80,13 @@ pub(crate) struct Writer {
     pub ckpt_durable_lsn: u64,
     pub ckpt_in_flight: Option<(u64, std::thread::JoinHandle<Result<()>>)>,
     carry: VecDeque<Request>,
+    /// Write buffers of earlier batches, reused (fresh zeroed memory costs a page fault per
+    /// 4 KiB on first touch).
+    pool: Vec<AlignedBuf>,
 }
+
+/// Buffers kept in the pool, at most.
+const POOL_BUFFERS: usize = 64;
 
 /// The appends of one chunk in one batch.
 struct ChunkPlan {
@@ -136,6 +144,7 @@ impl Writer {
             ckpt_durable_lsn: rec.ckpt_lsn,
             ckpt_in_flight: None,
             carry: VecDeque::new(),
+            pool: Vec::new(),
         }
     }
 
@@ -179,7 +188,7 @@ impl Writer {
         // A chunk whose every append was refused has nothing to write.
         b.order.retain(|id| !b.chunks[id].ends.is_empty());
         b.chunks.retain(|_, p| !p.ends.is_empty());
-        let mut bufs: Vec<(u64, AlignedBuf)> = Vec::new();
+        let mut bufs: Vec<(u64, AlignedBuf, usize)> = Vec::new();
         for id in b.order.clone() {
             let plan = b.chunks.get_mut(&id).expect("planned chunk");
             if let Err(e) = self.build(id, plan, &mut bufs) {
@@ -190,12 +199,12 @@ impl Writer {
             None
         } else {
             let block = log::encode_block(self.shared.geo.salt, self.next_lsn, &b.log, self.shared.geo.unit);
-            let mut buf = AlignedBuf::zeroed(block.len());
-            buf.copy_from_slice(&block);
-            bufs.push((self.shared.geo.log_block_offset(self.next_lsn), buf));
+            let mut buf = self.take_buf(block.len());
+            buf[..block.len()].copy_from_slice(&block);
+            bufs.push((self.shared.geo.log_block_offset(self.next_lsn), buf, block.len()));
             Some(bufs.len() - 1)
         };
-        let writes: Vec<(u64, &[u8])> = bufs.iter().map(|(o, b)| (*o, &b[..])).collect();
+        let writes: Vec<(u64, &[u8])> = bufs.iter().map(|(o, b, n)| (*o, &b[..*n])).collect();
         let results = if writes.is_empty() { Vec::new() } else { self.shared.disk.write_batch(&writes) };
         let mut store_error: Option<Error> = None;
         if let Some(i) = log_index {
@@ -221,6 +230,11 @@ impl Writer {
             self.shared.stats.batches.fetch_add(1, Ordering::Relaxed);
         }
         drop(writes);
+        for (_, buf, _) in bufs {
+            if self.pool.len() < POOL_BUFFERS {
+                self.pool.push(buf);
+            }
+        }
         match store_error {
             Some(e) => self.fail_batch(b, e),
             None => self.commit(b, log_index.is_some()),
@@ -389,7 +403,15 @@ impl Writer {
 
     /// Builds the sector units of a chunk's appends into aligned write buffers (one per extent
     /// run), allocating extents as needed.
-    fn build(&mut self, chunk_id: ChunkId, plan: &mut ChunkPlan, bufs: &mut Vec<(u64, AlignedBuf)>) -> Result<()> {
+    /// A buffer of at least `len` bytes from the pool (contents arbitrary).
+    fn take_buf(&mut self, len: usize) -> AlignedBuf {
+        match self.pool.iter().position(|b| b.len() >= len) {
+            Some(i) => self.pool.swap_remove(i),
+            None => AlignedBuf::zeroed(len.next_power_of_two()),
+        }
+    }
+
+    fn build(&mut self, chunk_id: ChunkId, plan: &mut ChunkPlan, bufs: &mut Vec<(u64, AlignedBuf, usize)>) -> Result<()> {
         let geo = self.shared.geo.clone();
         let (s, d, upe) = (geo.unit, geo.data as u64, geo.units_per_extent);
         let start = plan.base_len;
@@ -413,28 +435,34 @@ impl Writer {
             }
         }
         let mut crc = plan.base_crc;
-        for p in &plan.pieces {
-            crc = checksum::crc32c_append(crc, p);
-        }
-        plan.new_crc = crc;
         let mut src = PieceCursor::new(&plan.pieces);
         let mut ua = u0;
         while ua <= u1 {
             let ub = u1.min((ua / upe + 1) * upe - 1);
-            let mut buf = AlignedBuf::zeroed((ub - ua + 1) as usize * s);
+            let run = (ub - ua + 1) as usize * s;
+            let mut buf = self.take_buf(run);
             for u in ua..=ub {
                 let unit = &mut buf[(u - ua) as usize * s..][..s];
                 let ustart = u as u64 * d;
+                let from = (start.max(ustart) - ustart) as usize;
+                let to = (end.min(ustart + d) - ustart) as usize;
                 let mut cur_slot = None;
+                let mut old_crc = 0;
                 if u == u0 && start % d != 0 {
                     let tail = self.tails.get(&chunk_id).expect("open chunk with a partial unit has a cached tail");
                     assert_eq!(tail.unit, u0, "tail cache of chunk {chunk_id} is for the wrong unit");
                     unit.copy_from_slice(&tail.buf);
                     cur_slot = Some(tail.cur_slot);
+                    old_crc = tail.data_crc;
+                } else {
+                    unit[to..].fill(0);
                 }
-                let from = (start.max(ustart) - ustart) as usize;
-                let to = (end.min(ustart + d) - ustart) as usize;
                 src.copy_to(&mut unit[from..to]);
+                // The tail unit's CRC extends the CRC of its acknowledged bytes; the chunk's
+                // running CRC extends over the new bytes only.
+                let data_crc = checksum::crc32c_append(old_crc, &unit[from..to]);
+                crc = checksum::crc32c_append(crc, &unit[from..to]);
+                debug_assert_eq!(data_crc, checksum::crc32c(&unit[..to]));
                 let append_end = plan.ends.binary_search(&(ustart + to as u64)).is_ok();
                 let f = Footer {
                     flags: if append_end { FLAG_APPEND_END } else { 0 },
@@ -443,7 +471,7 @@ impl Writer {
                     unit_index: u,
                     mount_gen: self.mount_gen,
                     valid_len: to as u16,
-                    data_crc: checksum::crc32c(&unit[..to]),
+                    data_crc,
                 };
                 let new_slot = cur_slot.map_or(0, |c| 1 - c);
                 let off = footer::slot_offset(s, new_slot);
@@ -451,14 +479,15 @@ impl Writer {
                 if u == u1 && (to as u64) < d {
                     let mut tb = AlignedBuf::zeroed(s);
                     tb.copy_from_slice(unit);
-                    plan.new_tail = Some(Tail { unit: u, buf: tb, cur_slot: new_slot });
+                    plan.new_tail = Some(Tail { unit: u, buf: tb, cur_slot: new_slot, data_crc });
                 }
             }
             let extent = extents[(ua / upe) as usize];
             plan.writes.push(bufs.len());
-            bufs.push((geo.unit_offset(extent, ua), buf));
+            bufs.push((geo.unit_offset(extent, ua), buf, run));
             ua = ub + 1;
         }
+        plan.new_crc = crc;
         Ok(())
     }
 

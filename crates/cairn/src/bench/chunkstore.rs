@@ -81,8 +81,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let opts = OpenOptions { durability: if durable { Durability::Sync } else { Durability::None }, ..OpenOptions::default() };
     let (store, _) = ChunkStore::open(disk.clone() as Arc<dyn Disk>, opts)?;
     let store = Arc::new(store);
-    let floor_disk = floor::floor_file(&a.dir, (1u64 << 30).min(a.store_size))?;
     let prefilled = if write { Vec::new() } else { prefill(&store, a.store_size, a.depth)? };
+    // The floor's working set is as large as the store's (1 GiB for appends; the prefilled
+    // bytes for reads), so that caches below the file system favour neither.
+    let floor_bytes = if write { (1u64 << 30).min(a.store_size) } else { prefilled.iter().map(|c| c.1).sum::<u64>().max(1 << 20) };
+    let floor_disk = floor::floor_file(&a.dir, floor_bytes)?;
     if !a.json {
         eprintln!("store {} ({} MiB), floor {}; {} {} B x depth {} for {} s per run", store_path.display(), a.store_size >> 20, a.dir.join("floor.dat").display(), a.op, size, a.depth, a.seconds);
     }
