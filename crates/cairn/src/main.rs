@@ -8,7 +8,11 @@ mod bench;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "cairn", version, about = "Cairn: an append-only distributed storage system")]
+#[command(
+    name = "cairn",
+    version,
+    about = "Cairn: an append-only distributed storage system"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -23,7 +27,10 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {

@@ -29,7 +29,10 @@ impl AlignedBuf {
     /// If the allocation fails or `len` overflows a `Layout`.
     pub fn zeroed(len: usize) -> Self {
         if len == 0 {
-            return Self { ptr: NonNull::<u8>::dangling(), len: 0 };
+            return Self {
+                ptr: NonNull::<u8>::dangling(),
+                len: 0,
+            };
         }
         let layout = Layout::from_size_align(len, BUF_ALIGN).expect("buffer layout");
         // SAFETY: layout has non-zero size.

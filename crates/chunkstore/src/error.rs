@@ -25,15 +25,38 @@ pub enum Error {
     #[error("chunk {chunk_id} is sealed at length {length}")]
     Sealed { chunk_id: ChunkId, length: u64 },
     #[error("append to chunk {chunk_id} at offset {offset}, but its length is {length}")]
-    OffsetMismatch { chunk_id: ChunkId, offset: u64, length: u64 },
-    #[error("chunk {chunk_id} has length {length}; appending {append_bytes} bytes would pass the maximum {max_chunk_bytes}")]
-    ChunkFull { chunk_id: ChunkId, length: u64, append_bytes: u64, max_chunk_bytes: u64 },
+    OffsetMismatch {
+        chunk_id: ChunkId,
+        offset: u64,
+        length: u64,
+    },
+    #[error(
+        "chunk {chunk_id} has length {length}; appending {append_bytes} bytes would pass the maximum {max_chunk_bytes}"
+    )]
+    ChunkFull {
+        chunk_id: ChunkId,
+        length: u64,
+        append_bytes: u64,
+        max_chunk_bytes: u64,
+    },
     #[error("an append of {append_bytes} bytes is outside 1..={max_append_bytes}")]
-    BadAppendSize { append_bytes: u64, max_append_bytes: u64 },
+    BadAppendSize {
+        append_bytes: u64,
+        max_append_bytes: u64,
+    },
     #[error("read of [{offset}, {offset}+{len}) in chunk {chunk_id} is past its length {length}")]
-    OutOfRange { chunk_id: ChunkId, offset: u64, len: u64, length: u64 },
+    OutOfRange {
+        chunk_id: ChunkId,
+        offset: u64,
+        len: u64,
+        length: u64,
+    },
     #[error("chunk {chunk_id} is corrupt at logical offset {offset}: {kind:?}")]
-    Corruption { chunk_id: ChunkId, offset: u64, kind: CorruptionKind },
+    Corruption {
+        chunk_id: ChunkId,
+        offset: u64,
+        kind: CorruptionKind,
+    },
     #[error("no free extent on the device")]
     NoSpace,
     #[error("the chunk table is full ({max_chunks} chunks)")]
@@ -45,16 +68,25 @@ pub enum Error {
     #[error("the store is closed")]
     Closed,
     #[error("I/O error during {op}: {source}")]
-    Io { op: &'static str, source: Arc<std::io::Error> },
+    Io {
+        op: &'static str,
+        source: Arc<std::io::Error>,
+    },
     #[error("{what} does not decode: {source}")]
-    Format { what: &'static str, source: DecodeError },
+    Format {
+        what: &'static str,
+        source: DecodeError,
+    },
     #[error("invalid configuration: {0}")]
     Config(&'static str),
 }
 
 impl Error {
     pub(crate) fn io(op: &'static str, e: std::io::Error) -> Self {
-        Error::Io { op, source: Arc::new(e) }
+        Error::Io {
+            op,
+            source: Arc::new(e),
+        }
     }
 }
 

@@ -41,10 +41,15 @@ impl Allocator {
     /// All `count` extents free.
     pub fn new(count: u32) -> Self {
         let mut words = vec![!0u64; (count as usize).div_ceil(64)];
-        if count % 64 != 0 {
+        if !count.is_multiple_of(64) {
             *words.last_mut().expect("non-empty") = (1u64 << (count % 64)) - 1;
         }
-        Self { words, count, free: count, cursor: 0 }
+        Self {
+            words,
+            count,
+            free: count,
+            cursor: 0,
+        }
     }
 
     pub fn free_count(&self) -> u32 {

@@ -40,7 +40,9 @@ impl Geometry {
 
     /// Device offset of unit `u` of a chunk whose extent for it is `extent`.
     pub fn unit_offset(&self, extent: u32, u: u32) -> u64 {
-        self.sb.data_offset + extent as u64 * self.extent_bytes + (u % self.units_per_extent) as u64 * self.unit as u64
+        self.sb.data_offset
+            + extent as u64 * self.extent_bytes
+            + (u % self.units_per_extent) as u64 * self.unit as u64
     }
 
     /// Device offset of the first byte of extent `e`.
@@ -77,31 +79,48 @@ pub struct FormatOptions {
 
 impl Default for FormatOptions {
     fn default() -> Self {
-        Self { unit_bytes: 4096, extent_bytes: 1 << 20, max_chunk_bytes: 64 << 20, max_chunks: None, log_bytes: None }
+        Self {
+            unit_bytes: 4096,
+            extent_bytes: 1 << 20,
+            max_chunk_bytes: 64 << 20,
+            max_chunks: None,
+            log_bytes: None,
+        }
     }
 }
 
 /// Computes the superblock for a device of `device_bytes` with `alignment`.
-pub fn plan(opts: &FormatOptions, device_bytes: u64, alignment: usize, store_id: [u8; 16], now_ms: u64) -> Result<Superblock, &'static str> {
+pub fn plan(
+    opts: &FormatOptions,
+    device_bytes: u64,
+    alignment: usize,
+    store_id: [u8; 16],
+    now_ms: u64,
+) -> Result<Superblock, &'static str> {
     let unit = opts.unit_bytes as u64;
     let ext = opts.extent_bytes as u64;
     if !unit.is_power_of_two() || !(1024..=65536).contains(&unit) {
         return Err("unit_bytes must be a power of two in 1024..=65536");
     }
-    if unit % alignment as u64 != 0 {
+    if !unit.is_multiple_of(alignment as u64) {
         return Err("unit_bytes must be a multiple of the device's O_DIRECT alignment");
     }
-    if ext % unit != 0 || ext < unit || ext / unit > 65536 {
+    if !ext.is_multiple_of(unit) || ext < unit || ext / unit > 65536 {
         return Err("extent_bytes must be a multiple of unit_bytes, at most 65536 units");
     }
-    let log_bytes = opts.log_bytes.unwrap_or_else(|| (64u64 << 20).min((device_bytes / 16) / ext * ext).max(ext));
+    let log_bytes = opts
+        .log_bytes
+        .unwrap_or_else(|| (64u64 << 20).min((device_bytes / 16) / ext * ext).max(ext));
     let log_bytes = log_bytes.div_ceil(ext) * ext;
     let total_extents = device_bytes / ext;
     // Superblock extent + log; checkpoint slots depend on the extent count, which depends on
     // them: solve by shrinking until it fits.
     let mut extent_count = total_extents.saturating_sub(1 + log_bytes / ext);
     loop {
-        let max_chunks = opts.max_chunks.unwrap_or((extent_count.saturating_mul(2)).min(u32::MAX as u64) as u32).max(1);
+        let max_chunks = opts
+            .max_chunks
+            .unwrap_or((extent_count.saturating_mul(2)).min(u32::MAX as u64) as u32)
+            .max(1);
         let slot = slot_bytes_needed(max_chunks, extent_count as u32).div_ceil(ext) * ext;
         let meta_extents = 1 + 2 * slot / ext + log_bytes / ext;
         if meta_extents + extent_count <= total_extents {

@@ -15,14 +15,27 @@ thread_local! {
     static READ_BUF: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
 }
 
-pub(crate) fn read_into(shared: &Shared, chunk_id: ChunkId, offset: u64, out: &mut [u8]) -> Result<()> {
+pub(crate) fn read_into(
+    shared: &Shared,
+    chunk_id: ChunkId,
+    offset: u64,
+    out: &mut [u8],
+) -> Result<()> {
     let geo = &shared.geo;
     let len = out.len() as u64;
     let (epoch, extents) = {
         let index = shared.index.read();
-        let c = index.chunks.get(&chunk_id).ok_or(Error::NotFound { chunk_id })?;
+        let c = index
+            .chunks
+            .get(&chunk_id)
+            .ok_or(Error::NotFound { chunk_id })?;
         if offset.checked_add(len).is_none_or(|e| e > c.length) {
-            return Err(Error::OutOfRange { chunk_id, offset, len, length: c.length });
+            return Err(Error::OutOfRange {
+                chunk_id,
+                offset,
+                len,
+                length: c.length,
+            });
         }
         if len == 0 {
             return Ok(());
@@ -41,7 +54,10 @@ pub(crate) fn read_into(shared: &Shared, chunk_id: ChunkId, offset: u64, out: &m
         let run = (ub - ua + 1) as usize * s;
         let extent = extents[(ua / upe - first_extent) as usize];
         with_buf(run, |buf| -> Result<()> {
-            shared.disk.read_at(buf, geo.unit_offset(extent, ua)).map_err(|e| Error::io("chunk read", e))?;
+            shared
+                .disk
+                .read_at(buf, geo.unit_offset(extent, ua))
+                .map_err(|e| Error::io("chunk read", e))?;
             for u in ua..=ub {
                 let unit = &buf[(u - ua) as usize * s..][..s];
                 let ustart = u as u64 * d;
@@ -73,7 +89,11 @@ pub(crate) fn read_into(shared: &Shared, chunk_id: ChunkId, offset: u64, out: &m
 /// or the device returned bad bytes.
 fn missing_or_corrupt(shared: &Shared, chunk_id: ChunkId, epoch: u64, offset: u64) -> Error {
     match shared.index.read().chunks.get(&chunk_id) {
-        Some(c) if c.epoch == epoch => Error::Corruption { chunk_id, offset, kind: CorruptionKind::NoValidFooter },
+        Some(c) if c.epoch == epoch => Error::Corruption {
+            chunk_id,
+            offset,
+            kind: CorruptionKind::NoValidFooter,
+        },
         _ => Error::NotFound { chunk_id },
     }
 }

@@ -51,19 +51,27 @@ pub(crate) struct Recovered {
 fn read_aligned(disk: &dyn Disk, offset: u64, len: usize) -> Result<AlignedBuf> {
     let a = disk.alignment().max(1);
     let mut buf = AlignedBuf::zeroed(len.div_ceil(a) * a);
-    disk.read_at(&mut buf, offset).map_err(|e| Error::io("recovery read", e))?;
+    disk.read_at(&mut buf, offset)
+        .map_err(|e| Error::io("recovery read", e))?;
     Ok(buf)
 }
 
 /// Reads and checks the superblock.
 pub(crate) fn read_superblock(disk: &dyn Disk) -> Result<Geometry> {
     let buf = read_aligned(disk, 0, SUPERBLOCK_BYTES)?;
-    let sb = Superblock::decode(&buf).map_err(|source| Error::Format { what: "superblock", source })?;
+    let sb = Superblock::decode(&buf).map_err(|source| Error::Format {
+        what: "superblock",
+        source,
+    })?;
     if sb.device_bytes > disk.capacity() {
-        return Err(Error::Config("the device is smaller than the store formatted on it"));
+        return Err(Error::Config(
+            "the device is smaller than the store formatted on it",
+        ));
     }
-    if sb.unit_bytes as usize % disk.alignment() != 0 {
-        return Err(Error::Config("the device's O_DIRECT alignment does not divide the store's unit size"));
+    if !(sb.unit_bytes as usize).is_multiple_of(disk.alignment()) {
+        return Err(Error::Config(
+            "the device's O_DIRECT alignment does not divide the store's unit size",
+        ));
     }
     Ok(Geometry::new(sb))
 }
@@ -88,7 +96,10 @@ fn load_checkpoint(disk: &dyn Disk, geo: &Geometry) -> Result<Checkpoint> {
             Err(e) => last_err = Some(e),
         }
     }
-    best.ok_or_else(|| Error::Format { what: "checkpoint", source: last_err.unwrap_or(crate::format::DecodeError::BadMagic) })
+    best.ok_or_else(|| Error::Format {
+        what: "checkpoint",
+        source: last_err.unwrap_or(crate::format::DecodeError::BadMagic),
+    })
 }
 
 /// Per-chunk state during recovery.
@@ -105,11 +116,28 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
     let t0 = Instant::now();
     let geo = read_superblock(disk)?;
     let ckpt = load_checkpoint(disk, &geo)?;
-    let mut report = RecoveryReport { checkpoint_seq: ckpt.seq, ..Default::default() };
+    let mut report = RecoveryReport {
+        checkpoint_seq: ckpt.seq,
+        ..Default::default()
+    };
     let mut chunks: HashMap<ChunkId, Rec> = HashMap::with_capacity(ckpt.chunks.len());
     for c in &ckpt.chunks {
-        let entry = ChunkEntry { epoch: c.epoch, version: c.version, length: c.length, crc: c.crc, sealed: c.sealed, extents: c.extents.clone() };
-        chunks.insert(c.chunk_id, Rec { entry, settled: c.sealed, log_seal: None });
+        let entry = ChunkEntry {
+            epoch: c.epoch,
+            version: c.version,
+            length: c.length,
+            crc: c.crc,
+            sealed: c.sealed,
+            extents: c.extents.clone(),
+        };
+        chunks.insert(
+            c.chunk_id,
+            Rec {
+                entry,
+                settled: c.sealed,
+                log_seal: None,
+            },
+        );
     }
     let mut next_epoch = ckpt.next_epoch;
 
@@ -117,7 +145,9 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
     let mut lsn = ckpt.lsn;
     while lsn - ckpt.lsn < geo.log_blocks {
         let block = read_aligned(disk, geo.log_block_offset(lsn), geo.unit)?;
-        let Ok(entries) = log::decode_block(geo.salt, lsn, &block) else { break };
+        let Ok(entries) = log::decode_block(geo.salt, lsn, &block) else {
+            break;
+        };
         for e in entries {
             apply_log(&mut chunks, &mut next_epoch, e);
         }
@@ -126,8 +156,15 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
     report.log_blocks_replayed = lsn - ckpt.lsn;
 
     // Extents that a chunk may have grown into since the checkpoint.
-    let owned: HashSet<u32> = chunks.values().flat_map(|r| r.entry.extents.iter().copied()).collect();
-    let scanning: HashSet<(ChunkId, u64)> = chunks.iter().filter(|(_, r)| !r.settled).map(|(&id, r)| (id, r.entry.epoch)).collect();
+    let owned: HashSet<u32> = chunks
+        .values()
+        .flat_map(|r| r.entry.extents.iter().copied())
+        .collect();
+    let scanning: HashSet<(ChunkId, u64)> = chunks
+        .iter()
+        .filter(|(_, r)| !r.settled)
+        .map(|(&id, r)| (id, r.entry.epoch))
+        .collect();
     let mut candidates: HashMap<(ChunkId, u64, u32), Vec<u32>> = HashMap::new();
     if !scanning.is_empty() {
         for e in (0..geo.sb.extent_count).filter(|e| !owned.contains(e)) {
@@ -135,12 +172,15 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
             report.candidate_extents_read += 1;
             for slot in 0..footer::SLOTS {
                 let off = footer::slot_offset(geo.unit, slot);
-                if let Ok(f) = Footer::decode(geo.salt, &unit[off..off + footer::FOOTER_BYTES]) {
-                    if f.unit_index % geo.units_per_extent == 0 && scanning.contains(&(f.chunk_id, f.epoch)) {
-                        let v = candidates.entry((f.chunk_id, f.epoch, f.unit_index)).or_default();
-                        if !v.contains(&e) {
-                            v.push(e);
-                        }
+                if let Ok(f) = Footer::decode(geo.salt, &unit[off..off + footer::FOOTER_BYTES])
+                    && f.unit_index % geo.units_per_extent == 0
+                    && scanning.contains(&(f.chunk_id, f.epoch))
+                {
+                    let v = candidates
+                        .entry((f.chunk_id, f.epoch, f.unit_index))
+                        .or_default();
+                    if !v.contains(&e) {
+                        v.push(e);
                     }
                 }
             }
@@ -160,7 +200,15 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
         }
         report.chunks_scanned += 1;
         let start = r.entry.length;
-        let scan = scan_chunk(disk, &geo, id, &r.entry, ckpt.mount_gen, &candidates, &mut claimed)?;
+        let scan = scan_chunk(
+            disk,
+            &geo,
+            id,
+            &r.entry,
+            ckpt.mount_gen,
+            &candidates,
+            &mut claimed,
+        )?;
         report.units_read += scan.units_read;
         let mut entry = r.entry.clone();
         entry.length = scan.length;
@@ -178,7 +226,7 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
             entry.sealed = true;
         } else if let Some(t) = scan.tail {
             tails.insert(id, t);
-        } else if entry.length % geo.data as u64 != 0 {
+        } else if !entry.length.is_multiple_of(geo.data as u64) {
             // A partial last unit with no footer that describes exactly its bytes.
             bad = true;
         }
@@ -187,7 +235,11 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
         }
         report.bytes_after_checkpoint += entry.length.saturating_sub(start);
         if bad {
-            tracing::error!(chunk_id = id, length = entry.length, "chunk damaged on the device");
+            tracing::error!(
+                chunk_id = id,
+                length = entry.length,
+                "chunk damaged on the device"
+            );
             damaged.insert(id);
             report.damaged_chunks.push(id);
         }
@@ -212,29 +264,16 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
     // A new mount generation, durable before the first append: every footer written from now
     // on outranks the units of earlier mounts that recovery just cut off.
     // (The newest checkpoint always carries the newest generation: each open writes one.)
-    let mount_gen = ckpt.mount_gen.checked_add(1).ok_or(Error::Config("mount generation exhausted"))?;
+    let mount_gen = ckpt
+        .mount_gen
+        .checked_add(1)
+        .ok_or(Error::Config("mount generation exhausted"))?;
     let new_ckpt = Checkpoint {
         seq: ckpt.seq + 1,
         lsn,
         next_epoch,
         mount_gen,
-        chunks: {
-            let mut v: Vec<_> = index
-                .chunks
-                .iter()
-                .map(|(&chunk_id, c)| crate::format::checkpoint::ChunkRecord {
-                    chunk_id,
-                    epoch: c.epoch,
-                    version: c.version,
-                    length: c.length,
-                    crc: c.crc,
-                    sealed: c.sealed,
-                    extents: c.extents.clone(),
-                })
-                .collect();
-            v.sort_by_key(|c| c.chunk_id);
-            v
-        },
+        chunks: writer::records(&index),
     };
     writer::write_checkpoint(disk, &geo, &new_ckpt)?;
     report.mount_gen = mount_gen;
@@ -257,18 +296,44 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
 
 fn apply_log(chunks: &mut HashMap<ChunkId, Rec>, next_epoch: &mut u64, e: LogEntry) {
     match e {
-        LogEntry::Create { chunk_id, epoch, version } => {
-            let entry = ChunkEntry { epoch, version, length: 0, crc: 0, sealed: false, extents: Vec::new() };
-            chunks.insert(chunk_id, Rec { entry, settled: false, log_seal: None });
+        LogEntry::Create {
+            chunk_id,
+            epoch,
+            version,
+        } => {
+            let entry = ChunkEntry {
+                epoch,
+                version,
+                length: 0,
+                crc: 0,
+                sealed: false,
+                extents: Vec::new(),
+            };
+            chunks.insert(
+                chunk_id,
+                Rec {
+                    entry,
+                    settled: false,
+                    log_seal: None,
+                },
+            );
             *next_epoch = (*next_epoch).max(epoch + 1);
         }
-        LogEntry::Seal { chunk_id, epoch, length, crc } => {
+        LogEntry::Seal {
+            chunk_id,
+            epoch,
+            length,
+            crc,
+        } => {
             if let Some(r) = chunks.get_mut(&chunk_id).filter(|r| r.entry.epoch == epoch) {
                 r.log_seal = Some((length, crc));
             }
         }
         LogEntry::Delete { chunk_id, epoch } => {
-            if chunks.get(&chunk_id).is_some_and(|r| r.entry.epoch == epoch) {
+            if chunks
+                .get(&chunk_id)
+                .is_some_and(|r| r.entry.epoch == epoch)
+            {
                 chunks.remove(&chunk_id);
             }
         }
@@ -312,10 +377,22 @@ fn scan_chunk(
     'chain: while u < max_units {
         let ext_i = (u / upe) as usize;
         if ext_i >= extents.len() {
-            if u % upe != 0 {
+            if !u.is_multiple_of(upe) {
                 break;
             }
-            let Some(e) = pick_candidate(disk, geo, id, entry.epoch, u, gen_floor, candidates, claimed)? else { break };
+            let Some(e) = pick_candidate(
+                disk,
+                geo,
+                id,
+                entry.epoch,
+                u,
+                gen_floor,
+                candidates,
+                claimed,
+            )?
+            else {
+                break;
+            };
             extents.push(e);
         }
         let run = (upe - u % upe).min(max_units - u);
@@ -327,7 +404,10 @@ fn scan_chunk(
             let ustart = uu as u64 * d;
             let floor = (len - ustart.min(len)) as usize;
             let mut slots: Vec<(usize, Footer)> = (0..footer::SLOTS)
-                .filter_map(|slot| footer::unit_slot_valid(geo.salt, unit, slot, id, entry.epoch, uu).map(|f| (slot, f)))
+                .filter_map(|slot| {
+                    footer::unit_slot_valid(geo.salt, unit, slot, id, entry.epoch, uu)
+                        .map(|f| (slot, f))
+                })
                 .filter(|(_, f)| {
                     let v = f.valid_len as usize;
                     (v == floor && floor > 0) || (v > floor && f.mount_gen >= gen_floor)
@@ -342,15 +422,29 @@ fn scan_chunk(
                 let v = f.valid_len as usize;
                 if v == floor && (v as u64) < d && end == len {
                     // The trusted partial unit of the checkpoint: the tail unless we go further.
-                    end_tail = Some(Tail { unit: uu, buf: copy(unit), cur_slot: slot, data_crc: f.data_crc });
+                    end_tail = Some(Tail {
+                        unit: uu,
+                        buf: copy(unit),
+                        cur_slot: slot,
+                        data_crc: f.data_crc,
+                    });
                 }
                 if f.append_end() && ustart + v as u64 > end {
                     end = ustart + v as u64;
                     end_crc = checksum::crc32c_append(crc, &unit[floor..v]);
-                    end_tail = ((v as u64) < d).then(|| Tail { unit: uu, buf: copy(unit), cur_slot: slot, data_crc: f.data_crc });
+                    end_tail = ((v as u64) < d).then(|| Tail {
+                        unit: uu,
+                        buf: copy(unit),
+                        cur_slot: slot,
+                        data_crc: f.data_crc,
+                    });
                 }
             }
-            let best = slots.iter().map(|(_, f)| *f).max_by_key(|f| (f.mount_gen, f.valid_len)).expect("non-empty");
+            let best = slots
+                .iter()
+                .map(|(_, f)| *f)
+                .max_by_key(|f| (f.mount_gen, f.valid_len))
+                .expect("non-empty");
             if best.valid_len as u64 == d {
                 crc = checksum::crc32c_append(crc, &unit[floor..d as usize]);
                 len = ustart + d;
@@ -362,8 +456,19 @@ fn scan_chunk(
         u += run;
     }
     extents.truncate(geo.extents_for(end));
-    let tail = if end % d == 0 { None } else { end_tail.filter(|t| t.unit == geo.unit_of(end)) };
-    Ok(Scan { length: end, crc: end_crc, extents, tail, damaged, units_read })
+    let tail = if end % d == 0 {
+        None
+    } else {
+        end_tail.filter(|t| t.unit == geo.unit_of(end))
+    };
+    Ok(Scan {
+        length: end,
+        crc: end_crc,
+        extents,
+        tail,
+        damaged,
+        units_read,
+    })
 }
 
 /// Among the free extents whose first unit names `(id, epoch, u)`, the one with the newest
@@ -379,14 +484,16 @@ fn pick_candidate(
     candidates: &HashMap<(ChunkId, u64, u32), Vec<u32>>,
     claimed: &mut HashSet<u32>,
 ) -> Result<Option<u32>> {
-    let Some(list) = candidates.get(&(id, epoch, u)) else { return Ok(None) };
+    let Some(list) = candidates.get(&(id, epoch, u)) else {
+        return Ok(None);
+    };
     let mut best: Option<(u32, u32)> = None;
     for &e in list.iter().filter(|e| !claimed.contains(e)) {
         let unit = read_aligned(disk, geo.extent_offset(e), geo.unit)?;
-        if let Some(st) = footer::unit_state(geo.salt, &unit, id, epoch, u, gen_floor) {
-            if best.is_none_or(|(_, g)| st.best.mount_gen > g) {
-                best = Some((e, st.best.mount_gen));
-            }
+        if let Some(st) = footer::unit_state(geo.salt, &unit, id, epoch, u, gen_floor)
+            && best.is_none_or(|(_, g)| st.best.mount_gen > g)
+        {
+            best = Some((e, st.best.mount_gen));
         }
     }
     if let Some((e, _)) = best {

@@ -67,7 +67,14 @@ pub struct ChunkStat {
 
 impl ChunkStat {
     pub(crate) fn of(chunk_id: ChunkId, c: &ChunkEntry) -> Self {
-        Self { chunk_id, length: c.length, sealed: c.sealed, version: c.version, epoch: c.epoch, crc32c: c.crc }
+        Self {
+            chunk_id,
+            length: c.length,
+            sealed: c.sealed,
+            version: c.version,
+            epoch: c.epoch,
+            crc32c: c.crc,
+        }
     }
 }
 
@@ -122,13 +129,23 @@ impl ChunkStore {
     pub fn format(disk: &dyn Disk, opts: &FormatOptions) -> Result<()> {
         let mut store_id = [0u8; 16];
         rand::fill(&mut store_id);
-        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let sb = layout::plan(opts, disk.capacity(), disk.alignment(), store_id, now_ms).map_err(Error::Config)?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let sb = layout::plan(opts, disk.capacity(), disk.alignment(), store_id, now_ms)
+            .map_err(Error::Config)?;
         let geo = Geometry::new(sb);
         // An invalid slot 1 header, then checkpoint 0 in slot 0.
         let zero = crate::buf::AlignedBuf::zeroed(4096.max(disk.alignment()));
-        disk.write_at(&zero, geo.sb.ckpt_offsets[1]).map_err(|e| Error::io("format", e))?;
-        let empty = Checkpoint { seq: 0, lsn: 0, next_epoch: 1, mount_gen: 0, chunks: Vec::new() };
+        disk.write_at(&zero, geo.sb.ckpt_offsets[1])
+            .map_err(|e| Error::io("format", e))?;
+        let empty = Checkpoint {
+            seq: 0,
+            lsn: 0,
+            next_epoch: 1,
+            mount_gen: 0,
+            chunks: Vec::new(),
+        };
         writer::write_checkpoint(disk, &geo, &empty)?;
         let sb_bytes = geo.sb.encode();
         let mut buf = crate::buf::AlignedBuf::zeroed(sb_bytes.len());
@@ -163,16 +180,31 @@ impl ChunkStore {
             .name("cairn-device".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| Error::io("spawn device thread", e))?;
-        Ok((Self { shared, tx, thread: Some(thread) }, report))
+        Ok((
+            Self {
+                shared,
+                tx,
+                thread: Some(thread),
+            },
+            report,
+        ))
     }
 
-    fn submit<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request) -> Result<oneshot::Receiver<Result<T>>> {
+    fn submit<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request,
+    ) -> Result<oneshot::Receiver<Result<T>>> {
         let (reply, rx) = oneshot::channel();
-        self.tx.blocking_send(make(reply)).map_err(|_| Error::Closed)?;
+        self.tx
+            .blocking_send(make(reply))
+            .map_err(|_| Error::Closed)?;
         Ok(rx)
     }
 
-    async fn submit_async<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request) -> Result<T> {
+    async fn submit_async<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request,
+    ) -> Result<T> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(make(reply)).await.map_err(|_| Error::Closed)?;
         rx.await.map_err(|_| Error::Closed)?
@@ -187,7 +219,11 @@ impl ChunkStore {
     /// # Errors
     /// `AlreadyExists`, `TooManyChunks`, `StoreFailed`, `Io`.
     pub fn create(&self, chunk_id: ChunkId, version: u64) -> Result<()> {
-        Self::wait(self.submit(|reply| Request::Create { chunk_id, version, reply })?)
+        Self::wait(self.submit(|reply| Request::Create {
+            chunk_id,
+            version,
+            reply,
+        })?)
     }
 
     /// Appends `data` at `offset`, which must equal the chunk's current length. Returns the
@@ -197,7 +233,12 @@ impl ChunkStore {
     /// `OffsetMismatch { length }` when `offset` is not the current length; `NotFound`,
     /// `Sealed`, `ChunkFull`, `BadAppendSize`, `NoSpace`, `ChunkFailed`, `StoreFailed`, `Io`.
     pub fn append(&self, chunk_id: ChunkId, offset: u64, data: Vec<u8>) -> Result<u64> {
-        Self::wait(self.submit(|reply| Request::Append { chunk_id, offset, data, reply })?)
+        Self::wait(self.submit(|reply| Request::Append {
+            chunk_id,
+            offset,
+            data,
+            reply,
+        })?)
     }
 
     /// Queues an append and returns at once; the returned [`Pending`] resolves when it is
@@ -205,18 +246,46 @@ impl ChunkStore {
     ///
     /// # Errors
     /// `Closed` if the store is closed; the append's own errors come from [`Pending::wait`].
-    pub fn append_pipelined(&self, chunk_id: ChunkId, offset: u64, data: Vec<u8>) -> Result<Pending<u64>> {
-        Ok(Pending(self.submit(|reply| Request::Append { chunk_id, offset, data, reply })?))
+    pub fn append_pipelined(
+        &self,
+        chunk_id: ChunkId,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<Pending<u64>> {
+        Ok(Pending(self.submit(|reply| Request::Append {
+            chunk_id,
+            offset,
+            data,
+            reply,
+        })?))
     }
 
     /// Async form of [`ChunkStore::append`].
-    pub fn append_async(&self, chunk_id: ChunkId, offset: u64, data: Vec<u8>) -> impl Future<Output = Result<u64>> + '_ {
-        self.submit_async(move |reply| Request::Append { chunk_id, offset, data, reply })
+    pub fn append_async(
+        &self,
+        chunk_id: ChunkId,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> impl Future<Output = Result<u64>> + '_ {
+        self.submit_async(move |reply| Request::Append {
+            chunk_id,
+            offset,
+            data,
+            reply,
+        })
     }
 
     /// Async form of [`ChunkStore::create`].
-    pub fn create_async(&self, chunk_id: ChunkId, version: u64) -> impl Future<Output = Result<()>> + '_ {
-        self.submit_async(move |reply| Request::Create { chunk_id, version, reply })
+    pub fn create_async(
+        &self,
+        chunk_id: ChunkId,
+        version: u64,
+    ) -> impl Future<Output = Result<()>> + '_ {
+        self.submit_async(move |reply| Request::Create {
+            chunk_id,
+            version,
+            reply,
+        })
     }
 
     /// Seals the chunk at its current length: no more appends. Idempotent. Returns its stat,
@@ -268,7 +337,11 @@ impl ChunkStore {
     /// `NotFound`.
     pub fn stat(&self, chunk_id: ChunkId) -> Result<ChunkStat> {
         let index = self.shared.index.read();
-        index.chunks.get(&chunk_id).map(|c| ChunkStat::of(chunk_id, c)).ok_or(Error::NotFound { chunk_id })
+        index
+            .chunks
+            .get(&chunk_id)
+            .map(|c| ChunkStat::of(chunk_id, c))
+            .ok_or(Error::NotFound { chunk_id })
     }
 
     /// Every chunk id, sorted.
@@ -329,7 +402,9 @@ impl ChunkStore {
     /// # Errors
     /// As [`ChunkStore::checkpoint`]; the store is closed either way.
     pub fn close(mut self) -> Result<()> {
-        let r = self.submit(|reply| Request::Shutdown { reply }).and_then(Self::wait);
+        let r = self
+            .submit(|reply| Request::Shutdown { reply })
+            .and_then(Self::wait);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -25,14 +25,35 @@ type Reply<T> = oneshot::Sender<Result<T>>;
 
 /// A request to the device thread.
 pub(crate) enum Request {
-    Create { chunk_id: ChunkId, version: u64, reply: Reply<()> },
-    Append { chunk_id: ChunkId, offset: u64, data: Vec<u8>, reply: Reply<u64> },
-    Seal { chunk_id: ChunkId, reply: Reply<ChunkStat> },
-    Delete { chunk_id: ChunkId, reply: Reply<()> },
-    Checkpoint { reply: Reply<()> },
-    Shutdown { reply: Reply<()> },
+    Create {
+        chunk_id: ChunkId,
+        version: u64,
+        reply: Reply<()>,
+    },
+    Append {
+        chunk_id: ChunkId,
+        offset: u64,
+        data: Vec<u8>,
+        reply: Reply<u64>,
+    },
+    Seal {
+        chunk_id: ChunkId,
+        reply: Reply<ChunkStat>,
+    },
+    Delete {
+        chunk_id: ChunkId,
+        reply: Reply<()>,
+    },
+    Checkpoint {
+        reply: Reply<()>,
+    },
+    Shutdown {
+        reply: Reply<()>,
+    },
     /// Stop at once, without a final checkpoint, as a crash would.
-    Abandon { reply: Reply<()> },
+    Abandon {
+        reply: Reply<()>,
+    },
 }
 
 impl Request {
@@ -129,7 +150,12 @@ struct Batch {
 }
 
 impl Writer {
-    pub(crate) fn new(shared: Arc<Shared>, durability: Durability, limits: Limits, rec: crate::recovery::Recovered) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        durability: Durability,
+        limits: Limits,
+        rec: crate::recovery::Recovered,
+    ) -> Self {
         Self {
             shared,
             durability,
@@ -163,7 +189,8 @@ impl Writer {
                 }
             }
             let mut bytes: usize = reqs.iter().map(req_bytes).sum();
-            while reqs.len() < self.limits.max_batch_requests && bytes < self.limits.max_batch_bytes {
+            while reqs.len() < self.limits.max_batch_requests && bytes < self.limits.max_batch_bytes
+            {
                 match rx.try_recv() {
                     Ok(r) => {
                         bytes += req_bytes(&r);
@@ -198,26 +225,39 @@ impl Writer {
         let log_index = if b.log.is_empty() {
             None
         } else {
-            let block = log::encode_block(self.shared.geo.salt, self.next_lsn, &b.log, self.shared.geo.unit);
+            let block = log::encode_block(
+                self.shared.geo.salt,
+                self.next_lsn,
+                &b.log,
+                self.shared.geo.unit,
+            );
             let mut buf = self.take_buf(block.len());
             buf[..block.len()].copy_from_slice(&block);
-            bufs.push((self.shared.geo.log_block_offset(self.next_lsn), buf, block.len()));
+            bufs.push((
+                self.shared.geo.log_block_offset(self.next_lsn),
+                buf,
+                block.len(),
+            ));
             Some(bufs.len() - 1)
         };
         let writes: Vec<(u64, &[u8])> = bufs.iter().map(|(o, b, n)| (*o, &b[..*n])).collect();
-        let results = if writes.is_empty() { Vec::new() } else { self.shared.disk.write_batch(&writes) };
+        let results = if writes.is_empty() {
+            Vec::new()
+        } else {
+            self.shared.disk.write_batch(&writes)
+        };
         let mut store_error: Option<Error> = None;
-        if let Some(i) = log_index {
-            if let Err(e) = &results[i] {
-                store_error = Some(Error::io("log write", clone_io(e)));
-            }
+        if let Some(i) = log_index
+            && let Err(e) = &results[i]
+        {
+            store_error = Some(Error::io("log write", clone_io(e)));
         }
         for id in &b.order {
             let plan = b.chunks.get_mut(id).expect("planned chunk");
-            if plan.error.is_none() {
-                if let Some(e) = plan.writes.iter().find_map(|&w| results[w].as_ref().err()) {
-                    plan.error = Some(Error::io("chunk write", clone_io(e)));
-                }
+            if plan.error.is_none()
+                && let Some(e) = plan.writes.iter().find_map(|&w| results[w].as_ref().err())
+            {
+                plan.error = Some(Error::io("chunk write", clone_io(e)));
             }
         }
         if store_error.is_none() && !writes.is_empty() && self.durability == Durability::Sync {
@@ -242,46 +282,87 @@ impl Writer {
     }
 
     fn plan(&mut self, b: &mut Batch, r: Request) {
-        if let Some(id) = r.chunk_id() {
-            if b.deferred.contains(&id) {
-                self.carry.push_back(r);
-                return;
-            }
+        if let Some(id) = r.chunk_id()
+            && b.deferred.contains(&id)
+        {
+            self.carry.push_back(r);
+            return;
         }
         let failed = self.shared.failed.load(Ordering::Acquire);
         match r {
-            Request::Create { chunk_id, version, reply } => {
+            Request::Create {
+                chunk_id,
+                version,
+                reply,
+            } => {
                 if failed {
                     return send(reply, Err(Error::StoreFailed));
                 }
                 if b.touched.contains(&chunk_id) || !self.log_has_room(b, 25) {
-                    return self.defer(b, chunk_id, Request::Create { chunk_id, version, reply });
+                    return self.defer(
+                        b,
+                        chunk_id,
+                        Request::Create {
+                            chunk_id,
+                            version,
+                            reply,
+                        },
+                    );
                 }
                 let index = self.shared.index.read();
                 if index.chunks.contains_key(&chunk_id) {
                     return send(reply, Err(Error::AlreadyExists { chunk_id }));
                 }
                 if index.chunks.len() + b.creates.len() >= self.shared.geo.sb.max_chunks as usize {
-                    return send(reply, Err(Error::TooManyChunks { max_chunks: self.shared.geo.sb.max_chunks }));
+                    return send(
+                        reply,
+                        Err(Error::TooManyChunks {
+                            max_chunks: self.shared.geo.sb.max_chunks,
+                        }),
+                    );
                 }
                 drop(index);
                 let epoch = self.next_epoch;
                 self.next_epoch += 1;
-                self.push_log(b, LogEntry::Create { chunk_id, epoch, version });
+                self.push_log(
+                    b,
+                    LogEntry::Create {
+                        chunk_id,
+                        epoch,
+                        version,
+                    },
+                );
                 b.creates.push((chunk_id, epoch, version, reply));
                 b.created.insert(chunk_id, epoch);
                 b.touched.insert(chunk_id);
             }
-            Request::Append { chunk_id, offset, data, reply } => {
+            Request::Append {
+                chunk_id,
+                offset,
+                data,
+                reply,
+            } => {
                 if failed {
                     return send(reply, Err(Error::StoreFailed));
                 }
                 if data.is_empty() || data.len() > self.limits.max_append_bytes {
                     let max_append_bytes = self.limits.max_append_bytes as u64;
-                    return send(reply, Err(Error::BadAppendSize { append_bytes: data.len() as u64, max_append_bytes }));
+                    return send(
+                        reply,
+                        Err(Error::BadAppendSize {
+                            append_bytes: data.len() as u64,
+                            max_append_bytes,
+                        }),
+                    );
                 }
                 if b.seals.iter().any(|s| s.0 == chunk_id) {
-                    let length = self.shared.index.read().chunks.get(&chunk_id).map_or(0, |c| c.length);
+                    let length = self
+                        .shared
+                        .index
+                        .read()
+                        .chunks
+                        .get(&chunk_id)
+                        .map_or(0, |c| c.length);
                     return send(reply, Err(Error::Sealed { chunk_id, length }));
                 }
                 if b.deletes.iter().any(|s| s.0 == chunk_id) {
@@ -298,12 +379,27 @@ impl Writer {
                 let plan = b.chunks.get_mut(&chunk_id).expect("just inserted");
                 let length = plan.len();
                 if offset != length {
-                    return send(reply, Err(Error::OffsetMismatch { chunk_id, offset, length }));
+                    return send(
+                        reply,
+                        Err(Error::OffsetMismatch {
+                            chunk_id,
+                            offset,
+                            length,
+                        }),
+                    );
                 }
                 let max = self.shared.geo.sb.max_chunk_bytes;
                 if length + data.len() as u64 > max {
                     let append_bytes = data.len() as u64;
-                    return send(reply, Err(Error::ChunkFull { chunk_id, length, append_bytes, max_chunk_bytes: max }));
+                    return send(
+                        reply,
+                        Err(Error::ChunkFull {
+                            chunk_id,
+                            length,
+                            append_bytes,
+                            max_chunk_bytes: max,
+                        }),
+                    );
                 }
                 let end = length + data.len() as u64;
                 plan.pieces.push(data);
@@ -326,7 +422,12 @@ impl Writer {
                     let stat = ChunkStat::of(chunk_id, c);
                     return send(reply, Ok(stat));
                 }
-                let entry = LogEntry::Seal { chunk_id, epoch: c.epoch, length: c.length, crc: c.crc };
+                let entry = LogEntry::Seal {
+                    chunk_id,
+                    epoch: c.epoch,
+                    length: c.length,
+                    crc: c.crc,
+                };
                 drop(index);
                 self.push_log(b, entry);
                 b.seals.push((chunk_id, reply));
@@ -339,7 +440,14 @@ impl Writer {
                 if b.touched.contains(&chunk_id) || !self.log_has_room(b, 17) {
                     return self.defer(b, chunk_id, Request::Delete { chunk_id, reply });
                 }
-                let Some(epoch) = self.shared.index.read().chunks.get(&chunk_id).map(|c| c.epoch) else {
+                let Some(epoch) = self
+                    .shared
+                    .index
+                    .read()
+                    .chunks
+                    .get(&chunk_id)
+                    .map(|c| c.epoch)
+                else {
                     return send(reply, Err(Error::NotFound { chunk_id }));
                 };
                 self.push_log(b, LogEntry::Delete { chunk_id, epoch });
@@ -391,9 +499,15 @@ impl Writer {
             return Ok(fresh(epoch, 0, 0));
         }
         let index = self.shared.index.read();
-        let c = index.chunks.get(&chunk_id).ok_or(Error::NotFound { chunk_id })?;
+        let c = index
+            .chunks
+            .get(&chunk_id)
+            .ok_or(Error::NotFound { chunk_id })?;
         if c.sealed {
-            return Err(Error::Sealed { chunk_id, length: c.length });
+            return Err(Error::Sealed {
+                chunk_id,
+                length: c.length,
+            });
         }
         if self.failed_chunks.contains(&chunk_id) {
             return Err(Error::ChunkFailed { chunk_id });
@@ -411,14 +525,26 @@ impl Writer {
         }
     }
 
-    fn build(&mut self, chunk_id: ChunkId, plan: &mut ChunkPlan, bufs: &mut Vec<(u64, AlignedBuf, usize)>) -> Result<()> {
+    fn build(
+        &mut self,
+        chunk_id: ChunkId,
+        plan: &mut ChunkPlan,
+        bufs: &mut Vec<(u64, AlignedBuf, usize)>,
+    ) -> Result<()> {
         let geo = self.shared.geo.clone();
         let (s, d, upe) = (geo.unit, geo.data as u64, geo.units_per_extent);
         let start = plan.base_len;
         let end = plan.len();
         debug_assert!(end > start);
         let (u0, u1) = (geo.unit_of(start), geo.unit_of(end - 1));
-        let mut extents: Vec<u32> = self.shared.index.read().chunks.get(&chunk_id).map(|c| c.extents.clone()).unwrap_or_default();
+        let mut extents: Vec<u32> = self
+            .shared
+            .index
+            .read()
+            .chunks
+            .get(&chunk_id)
+            .map(|c| c.extents.clone())
+            .unwrap_or_default();
         let need = (u1 / upe) as usize + 1;
         while extents.len() < need {
             match self.alloc.allocate() {
@@ -448,9 +574,15 @@ impl Writer {
                 let to = (end.min(ustart + d) - ustart) as usize;
                 let mut cur_slot = None;
                 let mut old_crc = 0;
-                if u == u0 && start % d != 0 {
-                    let tail = self.tails.get(&chunk_id).expect("open chunk with a partial unit has a cached tail");
-                    assert_eq!(tail.unit, u0, "tail cache of chunk {chunk_id} is for the wrong unit");
+                if u == u0 && !start.is_multiple_of(d) {
+                    let tail = self
+                        .tails
+                        .get(&chunk_id)
+                        .expect("open chunk with a partial unit has a cached tail");
+                    assert_eq!(
+                        tail.unit, u0,
+                        "tail cache of chunk {chunk_id} is for the wrong unit"
+                    );
                     unit.copy_from_slice(&tail.buf);
                     cur_slot = Some(tail.cur_slot);
                     old_crc = tail.data_crc;
@@ -479,7 +611,12 @@ impl Writer {
                 if u == u1 && (to as u64) < d {
                     let mut tb = AlignedBuf::zeroed(s);
                     tb.copy_from_slice(unit);
-                    plan.new_tail = Some(Tail { unit: u, buf: tb, cur_slot: new_slot, data_crc });
+                    plan.new_tail = Some(Tail {
+                        unit: u,
+                        buf: tb,
+                        cur_slot: new_slot,
+                        data_crc,
+                    });
                 }
             }
             let extent = extents[(ua / upe) as usize];
@@ -501,7 +638,14 @@ impl Writer {
         {
             let mut index = self.shared.index.write();
             for (id, epoch, version, _) in &b.creates {
-                let entry = ChunkEntry { epoch: *epoch, version: *version, length: 0, crc: 0, sealed: false, extents: Vec::new() };
+                let entry = ChunkEntry {
+                    epoch: *epoch,
+                    version: *version,
+                    length: 0,
+                    crc: 0,
+                    sealed: false,
+                    extents: Vec::new(),
+                };
                 index.chunks.insert(*id, entry);
             }
             for id in &b.order {
@@ -518,7 +662,10 @@ impl Writer {
                     replies_err.extend(plan.replies.into_iter().map(|(r, _)| (r, e.clone())));
                     continue;
                 }
-                let entry = index.chunks.get_mut(id).expect("appended chunk is in the index");
+                let entry = index
+                    .chunks
+                    .get_mut(id)
+                    .expect("appended chunk is in the index");
                 entry.length = plan.len();
                 entry.crc = plan.new_crc;
                 entry.extents.extend_from_slice(&plan.new_extents);
@@ -530,20 +677,32 @@ impl Writer {
                         self.tails.remove(id);
                     }
                 }
-                self.shared.stats.appends.fetch_add(plan.replies.len() as u64, Ordering::Relaxed);
-                self.shared.stats.append_bytes.fetch_add(plan.len() - plan.base_len, Ordering::Relaxed);
+                self.shared
+                    .stats
+                    .appends
+                    .fetch_add(plan.replies.len() as u64, Ordering::Relaxed);
+                self.shared
+                    .stats
+                    .append_bytes
+                    .fetch_add(plan.len() - plan.base_len, Ordering::Relaxed);
                 replies_ok.extend(plan.replies);
             }
             let mut seal_replies = Vec::new();
             for (id, reply) in b.seals.drain(..) {
-                let entry = index.chunks.get_mut(&id).expect("sealed chunk is in the index");
+                let entry = index
+                    .chunks
+                    .get_mut(&id)
+                    .expect("sealed chunk is in the index");
                 entry.sealed = true;
                 self.tails.remove(&id);
                 seal_replies.push((reply, ChunkStat::of(id, entry)));
             }
             let mut delete_replies = Vec::new();
             for (id, reply) in b.deletes.drain(..) {
-                let entry = index.chunks.remove(&id).expect("deleted chunk is in the index");
+                let entry = index
+                    .chunks
+                    .remove(&id)
+                    .expect("deleted chunk is in the index");
                 for e in entry.extents {
                     self.alloc.release(e);
                 }
@@ -551,7 +710,9 @@ impl Writer {
                 self.failed_chunks.remove(&id);
                 delete_replies.push(reply);
             }
-            self.shared.free_extents.store(self.alloc.free_count(), Ordering::Relaxed);
+            self.shared
+                .free_extents
+                .store(self.alloc.free_count(), Ordering::Relaxed);
             drop(index);
             for (reply, stat) in seal_replies {
                 send(reply, Ok(stat));
@@ -614,7 +775,9 @@ impl Writer {
             for reply in checkpoints {
                 send(reply, r.clone());
             }
-        } else if self.next_lsn - self.ckpt_durable_lsn >= self.shared.geo.log_blocks / 2 && self.ckpt_in_flight.is_none() {
+        } else if self.next_lsn - self.ckpt_durable_lsn >= self.shared.geo.log_blocks / 2
+            && self.ckpt_in_flight.is_none()
+        {
             self.start_checkpoint();
         }
         if let Some(reply) = shutdown {
@@ -630,7 +793,13 @@ impl Writer {
             return;
         }
         self.ckpt_seq += 1;
-        let c = snapshot(&self.shared, self.ckpt_seq, self.next_lsn, self.next_epoch, self.mount_gen);
+        let c = snapshot(
+            &self.shared,
+            self.ckpt_seq,
+            self.next_lsn,
+            self.next_epoch,
+            self.mount_gen,
+        );
         let shared = self.shared.clone();
         let lsn = c.lsn;
         let handle = std::thread::Builder::new()
@@ -653,9 +822,14 @@ impl Writer {
         match &r {
             Ok(()) => {
                 self.ckpt_durable_lsn = lsn;
-                self.shared.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .stats
+                    .checkpoints
+                    .fetch_add(1, Ordering::Relaxed);
             }
-            Err(e) => tracing::warn!(error = %e, "checkpoint failed; the previous one stays in force"),
+            Err(e) => {
+                tracing::warn!(error = %e, "checkpoint failed; the previous one stays in force")
+            }
         }
         r
     }
@@ -681,7 +855,9 @@ impl Writer {
         if self.next_lsn + 1 - self.ckpt_durable_lsn < self.shared.geo.log_blocks {
             return true;
         }
-        if self.checkpoint_now().is_err() || self.next_lsn + 1 - self.ckpt_durable_lsn >= self.shared.geo.log_blocks {
+        if self.checkpoint_now().is_err()
+            || self.next_lsn + 1 - self.ckpt_durable_lsn >= self.shared.geo.log_blocks
+        {
             tracing::error!("operation log full and no checkpoint could be written");
             self.shared.failed.store(true, Ordering::Release);
             return false;
@@ -726,7 +902,11 @@ struct PieceCursor<'a> {
 
 impl<'a> PieceCursor<'a> {
     fn new(pieces: &'a [Vec<u8>]) -> Self {
-        Self { pieces, i: 0, off: 0 }
+        Self {
+            pieces,
+            i: 0,
+            off: 0,
+        }
     }
 
     fn copy_to(&mut self, mut out: &mut [u8]) {
@@ -745,8 +925,25 @@ impl<'a> PieceCursor<'a> {
 }
 
 /// The checkpoint of the current durable state (taken at a batch boundary).
-pub(crate) fn snapshot(shared: &Shared, seq: u64, lsn: u64, next_epoch: u64, mount_gen: u32) -> Checkpoint {
-    let index = shared.index.read();
+pub(crate) fn snapshot(
+    shared: &Shared,
+    seq: u64,
+    lsn: u64,
+    next_epoch: u64,
+    mount_gen: u32,
+) -> Checkpoint {
+    let chunks = records(&shared.index.read());
+    Checkpoint {
+        seq,
+        lsn,
+        next_epoch,
+        mount_gen,
+        chunks,
+    }
+}
+
+/// The chunk table as checkpoint records, sorted by chunk id.
+pub(crate) fn records(index: &crate::index::Index) -> Vec<ChunkRecord> {
     let mut chunks: Vec<ChunkRecord> = index
         .chunks
         .iter()
@@ -761,19 +958,27 @@ pub(crate) fn snapshot(shared: &Shared, seq: u64, lsn: u64, next_epoch: u64, mou
         })
         .collect();
     chunks.sort_by_key(|c| c.chunk_id);
-    Checkpoint { seq, lsn, next_epoch, mount_gen, chunks }
+    chunks
 }
 
 /// Writes a checkpoint to its slot and flushes.
-pub(crate) fn write_checkpoint(disk: &dyn Disk, geo: &crate::layout::Geometry, c: &Checkpoint) -> Result<()> {
+pub(crate) fn write_checkpoint(
+    disk: &dyn Disk,
+    geo: &crate::layout::Geometry,
+    c: &Checkpoint,
+) -> Result<()> {
     let bytes = c.encode(geo.salt, disk.alignment().max(4096));
-    assert!(bytes.len() as u64 <= geo.sb.ckpt_slot_bytes, "checkpoint larger than its slot");
+    assert!(
+        bytes.len() as u64 <= geo.sb.ckpt_slot_bytes,
+        "checkpoint larger than its slot"
+    );
     let base = geo.sb.ckpt_offsets[(c.seq % 2) as usize];
     let step = 8 << 20;
     let mut buf = AlignedBuf::zeroed(step.min(bytes.len()));
     for (i, piece) in bytes.chunks(step).enumerate() {
         buf[..piece.len()].copy_from_slice(piece);
-        disk.write_at(&buf[..piece.len()], base + (i * step) as u64).map_err(|e| Error::io("checkpoint write", e))?;
+        disk.write_at(&buf[..piece.len()], base + (i * step) as u64)
+            .map_err(|e| Error::io("checkpoint write", e))?;
     }
     disk.sync().map_err(|e| Error::io("checkpoint flush", e))
 }

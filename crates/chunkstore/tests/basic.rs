@@ -18,10 +18,16 @@ fn create_append_read_seal_delete() {
     assert_eq!(stat.length, 5100);
     assert_eq!(stat.crc32c, crc32c::crc32c(&pattern(7, 0, 5100)));
     assert_eq!(store.seal(7).unwrap(), stat, "seal is idempotent");
-    assert!(matches!(store.append(7, 5100, vec![1]), Err(Error::Sealed { length: 5100, .. })));
+    assert!(matches!(
+        store.append(7, 5100, vec![1]),
+        Err(Error::Sealed { length: 5100, .. })
+    ));
     assert_eq!(store.list(), vec![7]);
     store.delete(7).unwrap();
-    assert!(matches!(store.stat(7), Err(Error::NotFound { chunk_id: 7 })));
+    assert!(matches!(
+        store.stat(7),
+        Err(Error::NotFound { chunk_id: 7 })
+    ));
     assert!(store.list().is_empty());
 }
 
@@ -31,7 +37,11 @@ fn wrong_offset_is_refused_with_the_current_length() {
     store.create(1, 1).unwrap();
     store.append(1, 0, vec![5; 10]).unwrap();
     match store.append(1, 4, vec![6; 10]) {
-        Err(Error::OffsetMismatch { chunk_id: 1, offset: 4, length: 10 }) => {}
+        Err(Error::OffsetMismatch {
+            chunk_id: 1,
+            offset: 4,
+            length: 10,
+        }) => {}
         other => panic!("{other:?}"),
     }
     assert_eq!(store.read(1, 0, 10).unwrap(), vec![5; 10]);
@@ -40,14 +50,32 @@ fn wrong_offset_is_refused_with_the_current_length() {
 #[test]
 fn bad_requests_get_typed_errors() {
     let (_disk, store) = fault_store(3);
-    assert!(matches!(store.append(9, 0, vec![1]), Err(Error::NotFound { chunk_id: 9 })));
+    assert!(matches!(
+        store.append(9, 0, vec![1]),
+        Err(Error::NotFound { chunk_id: 9 })
+    ));
     assert!(matches!(store.read(9, 0, 1), Err(Error::NotFound { .. })));
     store.create(9, 1).unwrap();
-    assert!(matches!(store.create(9, 1), Err(Error::AlreadyExists { chunk_id: 9 })));
-    assert!(matches!(store.append(9, 0, vec![]), Err(Error::BadAppendSize { append_bytes: 0, .. })));
+    assert!(matches!(
+        store.create(9, 1),
+        Err(Error::AlreadyExists { chunk_id: 9 })
+    ));
+    assert!(matches!(
+        store.append(9, 0, vec![]),
+        Err(Error::BadAppendSize {
+            append_bytes: 0,
+            ..
+        })
+    ));
     store.append(9, 0, vec![1; 100]).unwrap();
-    assert!(matches!(store.read(9, 50, 51), Err(Error::OutOfRange { length: 100, .. })));
-    assert!(matches!(store.read(9, u64::MAX, 1), Err(Error::OutOfRange { .. })));
+    assert!(matches!(
+        store.read(9, 50, 51),
+        Err(Error::OutOfRange { length: 100, .. })
+    ));
+    assert!(matches!(
+        store.read(9, u64::MAX, 1),
+        Err(Error::OutOfRange { .. })
+    ));
     assert_eq!(store.read(9, 100, 0).unwrap(), Vec::<u8>::new());
     assert!(matches!(store.delete(10), Err(Error::NotFound { .. })));
     assert!(matches!(store.seal(10), Err(Error::NotFound { .. })));
@@ -64,8 +92,14 @@ fn chunk_size_is_bounded() {
         let n = (max - off).min(4 * MIB) as usize;
         off = store.append(1, off, pattern(1, off, n)).unwrap();
     }
-    assert!(matches!(store.append(1, off, vec![0]), Err(Error::ChunkFull { .. })));
-    assert_eq!(store.read(1, max - 10, 10).unwrap(), pattern(1, max - 10, 10));
+    assert!(matches!(
+        store.append(1, off, vec![0]),
+        Err(Error::ChunkFull { .. })
+    ));
+    assert_eq!(
+        store.read(1, max - 10, 10).unwrap(),
+        pattern(1, max - 10, 10)
+    );
 }
 
 #[test]
@@ -75,11 +109,16 @@ fn delete_reuses_space() {
     for round in 0..3u64 {
         for id in 0..4 {
             store.create(id, round).unwrap();
-            store.append(id, 0, pattern(id, 0, 4 * MIB as usize)).unwrap();
+            store
+                .append(id, 0, pattern(id, 0, 4 * MIB as usize))
+                .unwrap();
         }
         assert!(store.space().extents_free < total);
         for id in 0..4 {
-            assert_eq!(store.read(id, 0, 4 * MIB as usize).unwrap(), pattern(id, 0, 4 * MIB as usize));
+            assert_eq!(
+                store.read(id, 0, 4 * MIB as usize).unwrap(),
+                pattern(id, 0, 4 * MIB as usize)
+            );
             store.delete(id).unwrap();
         }
         assert_eq!(store.space().extents_free, total, "round {round}");
@@ -125,14 +164,28 @@ fn reopen_after_clean_close_keeps_everything() {
             store.seal(id).unwrap();
         }
     }
-    let before: Vec<_> = store.list().iter().map(|&id| store.stat(id).unwrap()).collect();
+    let before: Vec<_> = store
+        .list()
+        .iter()
+        .map(|&id| store.stat(id).unwrap())
+        .collect();
     store.close().unwrap();
     let (_d, store, report) = reopen(disk.crash(cairn_chunkstore::CrashPolicy::DropAll), 8);
-    assert_eq!(report.log_blocks_replayed, 0, "a clean close leaves nothing to replay");
-    let after: Vec<_> = store.list().iter().map(|&id| store.stat(id).unwrap()).collect();
+    assert_eq!(
+        report.log_blocks_replayed, 0,
+        "a clean close leaves nothing to replay"
+    );
+    let after: Vec<_> = store
+        .list()
+        .iter()
+        .map(|&id| store.stat(id).unwrap())
+        .collect();
     assert_eq!(before, after);
     for s in after {
-        assert_eq!(store.read(s.chunk_id, 0, s.length as usize).unwrap(), pattern(s.chunk_id, 0, s.length as usize));
+        assert_eq!(
+            store.read(s.chunk_id, 0, s.length as usize).unwrap(),
+            pattern(s.chunk_id, 0, s.length as usize)
+        );
     }
     let _ = OpenOptions::default();
 }

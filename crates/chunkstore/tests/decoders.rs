@@ -46,14 +46,22 @@ fn base_image() -> &'static Vec<u8> {
     static IMAGE: OnceLock<Vec<u8>> = OnceLock::new();
     IMAGE.get_or_init(|| {
         let disk = Arc::new(FaultDisk::new(CAPACITY as u64, 512, 0));
-        let opts = FormatOptions { extent_bytes: EXTENT as u32, log_bytes: Some(EXTENT), max_chunk_bytes: 1 << 20, ..Default::default() };
+        let opts = FormatOptions {
+            extent_bytes: EXTENT as u32,
+            log_bytes: Some(EXTENT),
+            max_chunk_bytes: 1 << 20,
+            ..Default::default()
+        };
         ChunkStore::format(&*disk, &opts).unwrap();
-        let (store, _) = ChunkStore::open(disk.clone() as Arc<dyn Disk>, OpenOptions::default()).unwrap();
+        let (store, _) =
+            ChunkStore::open(disk.clone() as Arc<dyn Disk>, OpenOptions::default()).unwrap();
         for id in 0..3u64 {
             store.create(id, 1).unwrap();
             let mut off = 0;
             for k in 0..5 {
-                off = store.append(id, off, vec![id as u8 + k; 1000 + 3000 * k as usize]).unwrap();
+                off = store
+                    .append(id, off, vec![id as u8 + k; 1000 + 3000 * k as usize])
+                    .unwrap();
             }
         }
         store.seal(0).unwrap();

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 /// Finds where `needle` sits in the device image.
 fn find(image: &[u8], needle: &[u8]) -> usize {
-    image.windows(needle.len()).position(|w| w == needle).expect("bytes are on the device")
+    image
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("bytes are on the device")
 }
 
 #[test]
@@ -22,21 +25,35 @@ fn a_flipped_bit_in_the_middle_of_a_chunk_is_a_typed_corruption_error() {
     let at = find(&disk.snapshot(), &pattern(5, 30_000, 64));
     disk.flip_bit(at as u64, 5);
     match store.read(5, 29_000, 2000) {
-        Err(Error::Corruption { chunk_id: 5, offset: 28_112, kind: CorruptionKind::NoValidFooter }) => {}
+        Err(Error::Corruption {
+            chunk_id: 5,
+            offset: 28_112,
+            kind: CorruptionKind::NoValidFooter,
+        }) => {}
         other => panic!("{other:?}"),
     }
     match store.read(5, 0, n) {
-        Err(Error::Corruption { chunk_id: 5, offset: 28_112, .. }) => {}
+        Err(Error::Corruption {
+            chunk_id: 5,
+            offset: 28_112,
+            ..
+        }) => {}
         other => panic!("{:?}", other.map(|b| b.len())),
     }
     // Everything outside the damaged unit still reads.
     assert_eq!(store.read(5, 0, 28_112).unwrap(), pattern(5, 0, 28_112));
-    assert_eq!(store.read(5, 32_128, n - 32_128).unwrap(), pattern(5, 32_128, n - 32_128));
+    assert_eq!(
+        store.read(5, 32_128, n - 32_128).unwrap(),
+        pattern(5, 32_128, n - 32_128)
+    );
     // And after a restart the error is the same (the sealed chunk is not rescanned).
     store.close().unwrap();
     let (_d, store, report) = reopen(disk.crash(CrashPolicy::DropAll), 1);
     assert!(report.damaged_chunks.is_empty());
-    assert!(matches!(store.read(5, 30_000, 1), Err(Error::Corruption { offset: 28_112, .. })));
+    assert!(matches!(
+        store.read(5, 30_000, 1),
+        Err(Error::Corruption { offset: 28_112, .. })
+    ));
 }
 
 #[test]
@@ -63,11 +80,20 @@ fn a_write_error_fails_the_append_and_the_chunk_but_not_the_store() {
     store.create(1, 1).unwrap();
     store.create(2, 1).unwrap();
     store.append(1, 0, pattern(1, 0, 1000)).unwrap();
-    disk.set_faults(FaultConfig { write_error_rate: 1.0, ..Default::default() });
-    assert!(matches!(store.append(1, 1000, pattern(1, 1000, 1000)), Err(Error::Io { .. })));
+    disk.set_faults(FaultConfig {
+        write_error_rate: 1.0,
+        ..Default::default()
+    });
+    assert!(matches!(
+        store.append(1, 1000, pattern(1, 1000, 1000)),
+        Err(Error::Io { .. })
+    ));
     disk.set_faults(FaultConfig::default());
     // The chunk refuses appends (its bytes past 1000 are unknown) but reads and seals.
-    assert!(matches!(store.append(1, 1000, vec![1]), Err(Error::ChunkFailed { chunk_id: 1 })));
+    assert!(matches!(
+        store.append(1, 1000, vec![1]),
+        Err(Error::ChunkFailed { chunk_id: 1 })
+    ));
     assert_eq!(store.read(1, 0, 1000).unwrap(), pattern(1, 0, 1000));
     assert_eq!(store.seal(1).unwrap().length, 1000);
     // Other chunks carry on.
@@ -80,17 +106,34 @@ fn a_flush_error_fails_the_store_and_keeps_acknowledged_data() {
     let (disk, store) = fault_store(14);
     store.create(1, 1).unwrap();
     store.append(1, 0, pattern(1, 0, 3000)).unwrap();
-    disk.set_faults(FaultConfig { sync_error_rate: 1.0, ..Default::default() });
-    assert!(matches!(store.append(1, 3000, vec![1; 10]), Err(Error::Io { .. })));
+    disk.set_faults(FaultConfig {
+        sync_error_rate: 1.0,
+        ..Default::default()
+    });
+    assert!(matches!(
+        store.append(1, 3000, vec![1; 10]),
+        Err(Error::Io { .. })
+    ));
     assert!(store.is_failed());
     disk.set_faults(FaultConfig::default());
-    assert!(matches!(store.append(1, 3000, vec![1; 10]), Err(Error::StoreFailed)));
+    assert!(matches!(
+        store.append(1, 3000, vec![1; 10]),
+        Err(Error::StoreFailed)
+    ));
     assert!(matches!(store.create(9, 1), Err(Error::StoreFailed)));
-    assert_eq!(store.read(1, 0, 3000).unwrap(), pattern(1, 0, 3000), "reads still work");
+    assert_eq!(
+        store.read(1, 0, 3000).unwrap(),
+        pattern(1, 0, 3000),
+        "reads still work"
+    );
     drop(store);
     let (_d, store, _) = reopen(disk.crash(CrashPolicy::DropAll), 3);
     assert_eq!(store.stat(1).unwrap().length, 3000);
-    assert_eq!(store.append(1, 3000, pattern(1, 3000, 10)).unwrap(), 3010, "writable again after reopen");
+    assert_eq!(
+        store.append(1, 3000, pattern(1, 3000, 10)).unwrap(),
+        3010,
+        "writable again after reopen"
+    );
 }
 
 #[test]
@@ -98,7 +141,10 @@ fn a_read_error_is_an_error_not_data() {
     let (disk, store) = fault_store(15);
     store.create(1, 1).unwrap();
     store.append(1, 0, vec![7; 100]).unwrap();
-    disk.set_faults(FaultConfig { read_error_rate: 1.0, ..Default::default() });
+    disk.set_faults(FaultConfig {
+        read_error_rate: 1.0,
+        ..Default::default()
+    });
     assert!(matches!(store.read(1, 0, 100), Err(Error::Io { .. })));
     disk.set_faults(FaultConfig::default());
     assert_eq!(store.read(1, 0, 100).unwrap(), vec![7; 100]);
@@ -113,8 +159,14 @@ fn concurrent_appends_share_flushes() {
     for id in 0..32 {
         store.create(id, 1).unwrap();
     }
-    disk.set_faults(FaultConfig { latency: Duration::from_millis(1), ..Default::default() });
-    let before = store.stats().flushes.load(std::sync::atomic::Ordering::Relaxed);
+    disk.set_faults(FaultConfig {
+        latency: Duration::from_millis(1),
+        ..Default::default()
+    });
+    let before = store
+        .stats()
+        .flushes
+        .load(std::sync::atomic::Ordering::Relaxed);
     let threads: Vec<_> = (0..32u64)
         .map(|id| {
             let store = store.clone();
@@ -129,8 +181,15 @@ fn concurrent_appends_share_flushes() {
     for t in threads {
         t.join().unwrap();
     }
-    let flushes = store.stats().flushes.load(std::sync::atomic::Ordering::Relaxed) - before;
-    assert!(flushes * 4 <= 320, "{flushes} flushes for 320 appends: no group commit");
+    let flushes = store
+        .stats()
+        .flushes
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - before;
+    assert!(
+        flushes * 4 <= 320,
+        "{flushes} flushes for 320 appends: no group commit"
+    );
     for id in 0..32 {
         assert_eq!(store.read(id, 0, 40_960).unwrap(), pattern(id, 0, 40_960));
     }

@@ -6,7 +6,9 @@
 //! `PROPTEST_CASES` sets the number of sequences (default 40; the soak runs more).
 
 mod common;
-use cairn_chunkstore::{ChunkStore, CrashPolicy, Disk, Error, FaultConfig, FaultDisk, FormatOptions, OpenOptions};
+use cairn_chunkstore::{
+    ChunkStore, CrashPolicy, Disk, Error, FaultConfig, FaultDisk, FormatOptions, OpenOptions,
+};
 use common::pattern;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -35,17 +37,30 @@ enum Meta {
 #[derive(Debug, Clone)]
 enum Op {
     Create(u8),
-    Append { id: u8, len: u16, wrong_offset: bool },
+    Append {
+        id: u8,
+        len: u16,
+        wrong_offset: bool,
+    },
     Seal(u8),
     Delete(u8),
-    Read { id: u8, at: u16, len: u16 },
+    Read {
+        id: u8,
+        at: u16,
+        len: u16,
+    },
     Checkpoint,
     /// Pipelined appends to several chunks, sharing group commits.
     Burst(Vec<(u8, u16)>),
     /// A burst and a metadata operation with the power cut after `after_ops` device
     /// operations, then recovery from what a crash leaves (`seed` picks the fate of each
     /// unsynced write).
-    Crash { after_ops: u8, seed: u64, burst: Vec<(u8, u16)>, meta: Option<Meta> },
+    Crash {
+        after_ops: u8,
+        seed: u64,
+        burst: Vec<(u8, u16)>,
+        meta: Option<Meta>,
+    },
     CleanReopen,
 }
 
@@ -89,9 +104,19 @@ struct Harness {
 impl Harness {
     fn new() -> Self {
         let disk = Arc::new(FaultDisk::new(CAPACITY, 512, 0));
-        let opts = FormatOptions { log_bytes: Some(EXTENT), extent_bytes: EXTENT as u32, max_chunk_bytes: MAX_CHUNK, ..Default::default() };
+        let opts = FormatOptions {
+            log_bytes: Some(EXTENT),
+            extent_bytes: EXTENT as u32,
+            max_chunk_bytes: MAX_CHUNK,
+            ..Default::default()
+        };
         ChunkStore::format(&*disk, &opts).unwrap();
-        let mut h = Self { disk, store: None, model: Model::new(), generation: 0 };
+        let mut h = Self {
+            disk,
+            store: None,
+            model: Model::new(),
+            generation: 0,
+        };
         h.open_image(None);
         h
     }
@@ -106,7 +131,9 @@ impl Harness {
             self.generation += 1;
             self.disk = Arc::new(FaultDisk::from_image(image, 512, self.generation));
         }
-        let (store, _) = ChunkStore::open(self.disk.clone() as Arc<dyn Disk>, OpenOptions::default()).expect("recovery must succeed");
+        let (store, _) =
+            ChunkStore::open(self.disk.clone() as Arc<dyn Disk>, OpenOptions::default())
+                .expect("recovery must succeed");
         self.store = Some(store);
     }
 
@@ -123,7 +150,11 @@ impl Harness {
                     other => return Err(format!("create {id}: {other:?}")),
                 }
             }
-            Op::Append { id, len, wrong_offset } => {
+            Op::Append {
+                id,
+                len,
+                wrong_offset,
+            } => {
                 let id64 = id as u64;
                 let cur = self.model.get(&id64).map(|c| c.data.len() as u64);
                 let offset = cur.unwrap_or(0) + wrong_offset as u64;
@@ -132,19 +163,31 @@ impl Harness {
                 match (self.model.get_mut(&id64), r) {
                     (None, Err(Error::NotFound { .. })) => {}
                     (Some(c), Err(Error::Sealed { .. })) if c.sealed => {}
-                    (Some(c), Err(Error::OffsetMismatch { length, .. })) if wrong_offset && length == c.data.len() as u64 => {}
-                    (Some(c), Err(Error::ChunkFull { .. })) if c.data.len() as u64 + len as u64 > MAX_CHUNK => {}
+                    (Some(c), Err(Error::OffsetMismatch { length, .. }))
+                        if wrong_offset && length == c.data.len() as u64 => {}
+                    (Some(c), Err(Error::ChunkFull { .. }))
+                        if c.data.len() as u64 + len as u64 > MAX_CHUNK => {}
                     (Some(_), Err(Error::NoSpace)) => {}
-                    (Some(c), Ok(end)) if !c.sealed && !wrong_offset && end == offset + len as u64 => c.data.extend_from_slice(&data),
+                    (Some(c), Ok(end))
+                        if !c.sealed && !wrong_offset && end == offset + len as u64 =>
+                    {
+                        c.data.extend_from_slice(&data)
+                    }
                     (_, other) => return Err(format!("append {id} @{offset}+{len}: {other:?}")),
                 }
             }
-            Op::Seal(id) => match (self.model.get_mut(&(id as u64)), self.store.as_ref().unwrap().seal(id as u64)) {
+            Op::Seal(id) => match (
+                self.model.get_mut(&(id as u64)),
+                self.store.as_ref().unwrap().seal(id as u64),
+            ) {
                 (None, Err(Error::NotFound { .. })) => {}
                 (Some(c), Ok(stat)) if stat.length == c.data.len() as u64 => c.sealed = true,
                 (_, other) => return Err(format!("seal {id}: {other:?}")),
             },
-            Op::Delete(id) => match (self.model.contains_key(&(id as u64)), self.store().delete(id as u64)) {
+            Op::Delete(id) => match (
+                self.model.contains_key(&(id as u64)),
+                self.store().delete(id as u64),
+            ) {
                 (false, Err(Error::NotFound { .. })) => {}
                 (true, Ok(())) => {
                     self.model.remove(&(id as u64));
@@ -156,15 +199,28 @@ impl Harness {
                 let r = self.store().read(id64, at as u64, len as usize);
                 match (self.model.get(&id64), r) {
                     (None, Err(Error::NotFound { .. })) => {}
-                    (Some(c), Err(Error::OutOfRange { .. })) if at as usize + len as usize > c.data.len() => {}
-                    (Some(c), Ok(bytes)) if bytes[..] == c.data[at as usize..at as usize + len as usize] => {}
-                    (_, other) => return Err(format!("read {id} @{at}+{len}: {:?}", other.map(|b| b.len()))),
+                    (Some(c), Err(Error::OutOfRange { .. }))
+                        if at as usize + len as usize > c.data.len() => {}
+                    (Some(c), Ok(bytes))
+                        if bytes[..] == c.data[at as usize..at as usize + len as usize] => {}
+                    (_, other) => {
+                        return Err(format!(
+                            "read {id} @{at}+{len}: {:?}",
+                            other.map(|b| b.len())
+                        ));
+                    }
                 }
             }
-            Op::Checkpoint => self.store().checkpoint().map_err(|e| format!("checkpoint: {e}"))?,
+            Op::Checkpoint => self
+                .store()
+                .checkpoint()
+                .map_err(|e| format!("checkpoint: {e}"))?,
             Op::Burst(burst) => {
                 for (id, outcome) in self.burst(&burst) {
-                    let c = self.model.get_mut(&id).expect("burst only targets live chunks");
+                    let c = self
+                        .model
+                        .get_mut(&id)
+                        .expect("burst only targets live chunks");
                     match outcome {
                         (data, Ok(_)) => c.data.extend_from_slice(&data),
                         (_, Err(Error::ChunkFull { .. } | Error::NoSpace)) => {}
@@ -172,9 +228,18 @@ impl Harness {
                     }
                 }
             }
-            Op::Crash { after_ops, seed, burst, meta } => self.crash(after_ops, seed, &burst, meta)?,
+            Op::Crash {
+                after_ops,
+                seed,
+                burst,
+                meta,
+            } => self.crash(after_ops, seed, &burst, meta)?,
             Op::CleanReopen => {
-                self.store.take().unwrap().close().map_err(|e| format!("close: {e}"))?;
+                self.store
+                    .take()
+                    .unwrap()
+                    .close()
+                    .map_err(|e| format!("close: {e}"))?;
                 let image = self.disk.crash(CrashPolicy::DropAll);
                 self.open_image(Some(image));
             }
@@ -189,7 +254,9 @@ impl Harness {
         let mut pending = Vec::new();
         for &(id, len) in burst {
             let id = id as u64;
-            let Some(c) = self.model.get(&id).filter(|c| !c.sealed) else { continue };
+            let Some(c) = self.model.get(&id).filter(|c| !c.sealed) else {
+                continue;
+            };
             let off = *ends.entry(id).or_insert(c.data.len() as u64);
             if off + len as u64 > MAX_CHUNK {
                 continue;
@@ -201,11 +268,23 @@ impl Harness {
                 Err(e) => panic!("submit: {e}"),
             }
         }
-        pending.into_iter().map(|(id, data, p)| (id, (data, p.wait()))).collect()
+        pending
+            .into_iter()
+            .map(|(id, data, p)| (id, (data, p.wait())))
+            .collect()
     }
 
-    fn crash(&mut self, after_ops: u8, seed: u64, burst: &[(u8, u16)], meta: Option<Meta>) -> Result<(), String> {
-        self.disk.set_faults(FaultConfig { power_cut_after_ops: Some(after_ops as u64), ..Default::default() });
+    fn crash(
+        &mut self,
+        after_ops: u8,
+        seed: u64,
+        burst: &[(u8, u16)],
+        meta: Option<Meta>,
+    ) -> Result<(), String> {
+        self.disk.set_faults(FaultConfig {
+            power_cut_after_ops: Some(after_ops as u64),
+            ..Default::default()
+        });
         let outcomes = self.burst(burst);
         let meta_result = meta.clone().map(|m| match m {
             Meta::Create(id) => self.store().create(id as u64, 1).map(|_| ()),
@@ -218,12 +297,18 @@ impl Harness {
         self.open_image(Some(image));
 
         // Appends: the acknowledged ones are certain; the others may have landed, whole, in order.
-        let mut per_chunk: BTreeMap<u64, (Vec<Vec<u8>>, Vec<Vec<u8>>)> = BTreeMap::new();
+        // Per chunk: (acknowledged appends, unacknowledged appends), in submission order.
+        type Appends = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+        let mut per_chunk: BTreeMap<u64, Appends> = BTreeMap::new();
         for (id, (data, r)) in outcomes {
             let e = per_chunk.entry(id).or_default();
             match r {
                 Ok(_) if e.1.is_empty() => e.0.push(data),
-                Ok(_) => return Err(format!("chunk {id}: an append was acknowledged after an earlier one failed")),
+                Ok(_) => {
+                    return Err(format!(
+                        "chunk {id}: an append was acknowledged after an earlier one failed"
+                    ));
+                }
                 Err(_) => e.1.push(data),
             }
         }
@@ -248,7 +333,9 @@ impl Harness {
             }
         }
         for (id, (acked, maybe)) in per_chunk {
-            let Some(c) = self.model.get_mut(&id) else { continue };
+            let Some(c) = self.model.get_mut(&id) else {
+                continue;
+            };
             for d in acked {
                 c.data.extend_from_slice(&d);
                 ACKED_CHECKED_AFTER_CRASH.fetch_add(1, Ordering::Relaxed);
@@ -265,7 +352,9 @@ impl Harness {
                 ok_lengths.push(ok_lengths.last().unwrap() + d.len() as u64);
             }
             let Some(k) = ok_lengths.iter().position(|&l| l == got) else {
-                return Err(format!("chunk {id}: recovered length {got}, allowed {ok_lengths:?}"));
+                return Err(format!(
+                    "chunk {id}: recovered length {got}, allowed {ok_lengths:?}"
+                ));
             };
             UNACKED_SURVIVED.fetch_add(k as u64, Ordering::Relaxed);
             UNACKED_LOST.fetch_add((maybe.len() - k) as u64, Ordering::Relaxed);
@@ -281,7 +370,10 @@ impl Harness {
                     }
                 }
                 Meta::Seal(id) => {
-                    if let (Some(c), Ok(s)) = (self.model.get_mut(&(id as u64)), self.store.as_ref().unwrap().stat(id as u64)) {
+                    if let (Some(c), Ok(s)) = (
+                        self.model.get_mut(&(id as u64)),
+                        self.store.as_ref().unwrap().stat(id as u64),
+                    ) {
                         c.sealed = s.sealed;
                     }
                 }
@@ -305,9 +397,15 @@ fn check(store: &ChunkStore, model: &Model) -> Result<(), String> {
     for (&id, c) in model {
         let s = store.stat(id).map_err(|e| format!("stat {id}: {e}"))?;
         if s.length != c.data.len() as u64 || s.sealed != c.sealed {
-            return Err(format!("chunk {id}: store {s:?}, model length {} sealed {}", c.data.len(), c.sealed));
+            return Err(format!(
+                "chunk {id}: store {s:?}, model length {} sealed {}",
+                c.data.len(),
+                c.sealed
+            ));
         }
-        let bytes = store.read(id, 0, c.data.len()).map_err(|e| format!("read {id}: {e}"))?;
+        let bytes = store
+            .read(id, 0, c.data.len())
+            .map_err(|e| format!("read {id}: {e}"))?;
         if bytes != c.data {
             return Err(format!("chunk {id}: bytes differ"));
         }
@@ -343,7 +441,12 @@ proptest! {
 fn canary_checker_detects_corrupted_acknowledged_bytes() {
     let mut h = Harness::new();
     h.run(Op::Create(1)).unwrap();
-    h.run(Op::Append { id: 1, len: 5000, wrong_offset: false }).unwrap();
+    h.run(Op::Append {
+        id: 1,
+        len: 5000,
+        wrong_offset: false,
+    })
+    .unwrap();
     assert!(check(h.store(), &h.model).is_ok());
     // Flip one bit in every data extent's first unit: whichever holds chunk 1 is now corrupt.
     let image = h.disk.snapshot();
@@ -351,12 +454,18 @@ fn canary_checker_detects_corrupted_acknowledged_bytes() {
     for e in 0..12 {
         h.disk.flip_bit(data_start + e * EXTENT + 100, 3);
     }
-    assert!(check(h.store(), &h.model).is_err(), "checker missed a flipped bit");
+    assert!(
+        check(h.store(), &h.model).is_err(),
+        "checker missed a flipped bit"
+    );
     // And a model that claims one more byte than the store holds.
     let mut h2 = Harness::new();
     h2.run(Op::Create(1)).unwrap();
     h2.model.get_mut(&1).unwrap().data.push(0);
-    assert!(check(h2.store(), &h2.model).is_err(), "checker missed a lost byte");
+    assert!(
+        check(h2.store(), &h2.model).is_err(),
+        "checker missed a lost byte"
+    );
 }
 
 /// The crash paths above must really run: with a fixed seed, 150 sequences must include
@@ -373,6 +482,10 @@ fn crash_paths_are_exercised() {
             h.run(op).unwrap();
         }
     }
-    let probes = [&UNACKED_SURVIVED, &UNACKED_LOST, &ACKED_CHECKED_AFTER_CRASH].map(|p| p.load(Ordering::Relaxed));
-    assert!(probes.iter().all(|&n| n > 0), "probes (survived, lost, acked checked) = {probes:?}");
+    let probes = [&UNACKED_SURVIVED, &UNACKED_LOST, &ACKED_CHECKED_AFTER_CRASH]
+        .map(|p| p.load(Ordering::Relaxed));
+    assert!(
+        probes.iter().all(|&n| n > 0),
+        "probes (survived, lost, acked checked) = {probes:?}"
+    );
 }

@@ -19,7 +19,9 @@ const WRITERS: u64 = 8;
 
 fn open(path: &Path) -> ChunkStore {
     let disk: Arc<dyn Disk> = Arc::new(FileDisk::open(path).expect("open device file"));
-    ChunkStore::open(disk, OpenOptions::default()).expect("recovery").0
+    ChunkStore::open(disk, OpenOptions::default())
+        .expect("recovery")
+        .0
 }
 
 /// The child: append until killed. Writer `w` owns chunk ids `w * 1_000_000 + k`; when its
@@ -35,8 +37,17 @@ fn child(path: &Path, seed: u64) {
             let say = say.clone();
             std::thread::spawn(move || {
                 let base = w * 1_000_000;
-                let mut id = store.list().into_iter().filter(|&i| i / 1_000_000 == w).max().unwrap_or(base);
-                let mut x = seed.wrapping_mul(31).wrapping_add(w).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut id = store
+                    .list()
+                    .into_iter()
+                    .filter(|&i| i / 1_000_000 == w)
+                    .max()
+                    .unwrap_or(base);
+                let mut x = seed
+                    .wrapping_mul(31)
+                    .wrapping_add(w)
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    | 1;
                 loop {
                     let len = match store.stat(id) {
                         Ok(s) if !s.sealed => s.length,
@@ -69,6 +80,8 @@ fn child(path: &Path, seed: u64) {
             })
         })
         .collect();
+    // The writers run until the process is killed; joining only keeps the process alive.
+    #[allow(clippy::never_loop)]
     for t in threads {
         t.join().unwrap();
     }
@@ -77,7 +90,10 @@ fn child(path: &Path, seed: u64) {
 #[test]
 fn sigkill_during_concurrent_appends_loses_no_acknowledged_byte() {
     if let Ok(path) = std::env::var("CAIRN_SIGKILL_CHILD") {
-        let seed = std::env::var("CAIRN_SIGKILL_SEED").unwrap().parse().unwrap();
+        let seed = std::env::var("CAIRN_SIGKILL_SEED")
+            .unwrap()
+            .parse()
+            .unwrap();
         child(Path::new(&path), seed);
         return;
     }
@@ -86,12 +102,18 @@ fn sigkill_during_concurrent_appends_loses_no_acknowledged_byte() {
     let disk = match FileDisk::create(&path, 192 << 20, true) {
         Ok(d) => d,
         Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
-            eprintln!("SKIP: O_DIRECT not supported under {}", dir.path().display());
+            eprintln!(
+                "SKIP: O_DIRECT not supported under {}",
+                dir.path().display()
+            );
             return;
         }
         Err(e) => panic!("{e}"),
     };
-    let opts = FormatOptions { max_chunk_bytes: 4 << 20, ..Default::default() };
+    let opts = FormatOptions {
+        max_chunk_bytes: 4 << 20,
+        ..Default::default()
+    };
     ChunkStore::format(&disk, &opts).unwrap();
     drop(disk);
 
@@ -99,7 +121,12 @@ fn sigkill_during_concurrent_appends_loses_no_acknowledged_byte() {
     let mut total_acks = 0;
     for round in 0..5u64 {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "sigkill_during_concurrent_appends_loses_no_acknowledged_byte", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "sigkill_during_concurrent_appends_loses_no_acknowledged_byte",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("CAIRN_SIGKILL_CHILD", &path)
             .env("CAIRN_SIGKILL_SEED", round.to_string())
             .stdout(Stdio::piped())
@@ -133,11 +160,18 @@ fn sigkill_during_concurrent_appends_loses_no_acknowledged_byte() {
         // SAFETY: plain kill(2) of our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
         let status = child.wait().unwrap();
-        assert!(!status.success(), "the child must have been killed, not finished");
+        assert!(
+            !status.success(),
+            "the child must have been killed, not finished"
+        );
         let (acks, dels) = reader.join().unwrap();
         if acks.is_empty() {
-            let log = std::fs::read_to_string(dir.path().join(format!("child{round}.log"))).unwrap_or_default();
-            panic!("round {round}: the child acknowledged nothing in {:?}; its stderr:\n{log}", t0.elapsed());
+            let log = std::fs::read_to_string(dir.path().join(format!("child{round}.log")))
+                .unwrap_or_default();
+            panic!(
+                "round {round}: the child acknowledged nothing in {:?}; its stderr:\n{log}",
+                t0.elapsed()
+            );
         }
         total_acks += acks.len();
         for (id, end) in acks {
@@ -155,9 +189,16 @@ fn sigkill_during_concurrent_appends_loses_no_acknowledged_byte() {
                 let mine: Vec<_> = store.list().into_iter().filter(|i| i / 1_000_000 == id / 1_000_000).map(|i| store.stat(i).unwrap()).collect();
                 panic!("round {round}: chunk {id} (acked to {end}) lost: {e}; the writer's chunks: {mine:?}")
             });
-            assert!(stat.length >= end, "round {round}: chunk {id} has {} bytes, {end} were acknowledged", stat.length);
+            assert!(
+                stat.length >= end,
+                "round {round}: chunk {id} has {} bytes, {end} were acknowledged",
+                stat.length
+            );
             let got = store.read(id, 0, stat.length as usize).unwrap();
-            assert!(got == pattern(id, 0, stat.length as usize), "round {round}: chunk {id}: wrong bytes");
+            assert!(
+                got == pattern(id, 0, stat.length as usize),
+                "round {round}: chunk {id}: wrong bytes"
+            );
             acked.insert(id, stat.length);
         }
         store.close().unwrap();

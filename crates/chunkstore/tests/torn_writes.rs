@@ -6,7 +6,9 @@
 //! write landed, the new append too — never anything torn; and appending must work again.
 
 mod common;
-use cairn_chunkstore::{ChunkStore, CrashPolicy, Disk, Error, FaultConfig, FaultDisk, FormatOptions, OpenOptions};
+use cairn_chunkstore::{
+    ChunkStore, CrashPolicy, Disk, Error, FaultConfig, FaultDisk, FormatOptions, OpenOptions,
+};
 use common::*;
 use std::sync::Arc;
 
@@ -16,9 +18,15 @@ const CAPACITY: u64 = 12 * EXTENT;
 
 fn small_store() -> (Arc<FaultDisk>, ChunkStore) {
     let disk = Arc::new(FaultDisk::new(CAPACITY, 512, 1));
-    let opts = FormatOptions { log_bytes: Some(EXTENT), extent_bytes: EXTENT as u32, max_chunk_bytes: MIB, ..Default::default() };
+    let opts = FormatOptions {
+        log_bytes: Some(EXTENT),
+        extent_bytes: EXTENT as u32,
+        max_chunk_bytes: MIB,
+        ..Default::default()
+    };
     ChunkStore::format(&*disk, &opts).unwrap();
-    let (store, _) = ChunkStore::open(disk.clone() as Arc<dyn Disk>, OpenOptions::default()).unwrap();
+    let (store, _) =
+        ChunkStore::open(disk.clone() as Arc<dyn Disk>, OpenOptions::default()).unwrap();
     (disk, store)
 }
 
@@ -31,7 +39,10 @@ fn tear_case(prefix: &[usize], torn: usize) {
     for &n in prefix {
         acked = store.append(1, acked, pattern(1, acked, n)).unwrap();
     }
-    disk.set_faults(FaultConfig { sync_error_rate: 1.0, ..Default::default() });
+    disk.set_faults(FaultConfig {
+        sync_error_rate: 1.0,
+        ..Default::default()
+    });
     let r = store.append(1, acked, pattern(1, acked, torn));
     assert!(matches!(r, Err(Error::Io { .. })), "{r:?}");
     drop(store);
@@ -44,13 +55,26 @@ fn tear_case(prefix: &[usize], torn: usize) {
         let (_d, store, _report) = reopen(image, k as u64);
         let stat = store.stat(1).unwrap();
         let full_len = acked + torn as u64;
-        assert!(stat.length == acked || stat.length == full_len, "tear at {k}: length {} not {acked} or {full_len}", stat.length);
+        assert!(
+            stat.length == acked || stat.length == full_len,
+            "tear at {k}: length {} not {acked} or {full_len}",
+            stat.length
+        );
         outcomes[(stat.length == full_len) as usize] += 1;
         let got = store.read(1, 0, stat.length as usize).unwrap();
-        assert!(got == pattern(1, 0, stat.length as usize), "tear at {k}: wrong bytes");
+        assert!(
+            got == pattern(1, 0, stat.length as usize),
+            "tear at {k}: wrong bytes"
+        );
         // Appending continues from the recovered length, and survives another reopen.
-        let len2 = store.append(1, stat.length, pattern(1, stat.length, 777)).unwrap();
-        assert_eq!(store.read(1, 0, len2 as usize).unwrap(), pattern(1, 0, len2 as usize), "tear at {k}");
+        let len2 = store
+            .append(1, stat.length, pattern(1, stat.length, 777))
+            .unwrap();
+        assert_eq!(
+            store.read(1, 0, len2 as usize).unwrap(),
+            pattern(1, 0, len2 as usize),
+            "tear at {k}"
+        );
         if k % 997 == 0 {
             store.close().unwrap();
             let (_d, store, _) = reopen(_d.crash(CrashPolicy::DropAll), 0);

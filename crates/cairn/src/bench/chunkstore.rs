@@ -74,26 +74,57 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let size = usize::try_from(a.size)?;
     let write = a.op == "append";
     let durable = a.durability == "sync";
-    anyhow::ensure!(a.depth >= 1 && a.depth <= 1024, "--depth must be in 1..=1024");
+    anyhow::ensure!(
+        a.depth >= 1 && a.depth <= 1024,
+        "--depth must be in 1..=1024"
+    );
     let store_path = a.dir.join("store.cairn");
     let disk = store_file(&store_path, a.store_size)?;
     ChunkStore::format(&*disk, &FormatOptions::default())?;
-    let opts = OpenOptions { durability: if durable { Durability::Sync } else { Durability::None }, ..OpenOptions::default() };
+    let opts = OpenOptions {
+        durability: if durable {
+            Durability::Sync
+        } else {
+            Durability::None
+        },
+        ..OpenOptions::default()
+    };
     let (store, _) = ChunkStore::open(disk.clone() as Arc<dyn Disk>, opts)?;
     let store = Arc::new(store);
-    let prefilled = if write { Vec::new() } else { prefill(&store, a.store_size, a.depth)? };
+    let prefilled = if write {
+        Vec::new()
+    } else {
+        prefill(&store, a.store_size, a.depth)?
+    };
     // The floor's working set is as large as the store's (1 GiB for appends; the prefilled
     // bytes for reads), so that caches below the file system favour neither.
-    let floor_bytes = if write { (1u64 << 30).min(a.store_size) } else { prefilled.iter().map(|c| c.1).sum::<u64>().max(1 << 20) };
+    let floor_bytes = if write {
+        (1u64 << 30).min(a.store_size)
+    } else {
+        prefilled.iter().map(|c| c.1).sum::<u64>().max(1 << 20)
+    };
     let floor_disk = floor::floor_file(&a.dir, floor_bytes)?;
     if !a.json {
-        eprintln!("store {} ({} MiB), floor {}; {} {} B x depth {} for {} s per run", store_path.display(), a.store_size >> 20, a.dir.join("floor.dat").display(), a.op, size, a.depth, a.seconds);
+        eprintln!(
+            "store {} ({} MiB), floor {}; {} {} B x depth {} for {} s per run",
+            store_path.display(),
+            a.store_size >> 20,
+            a.dir.join("floor.dat").display(),
+            a.op,
+            size,
+            a.depth,
+            a.seconds
+        );
     }
     for _ in 0..a.runs {
         let f = floor::run(floor_disk.clone(), write, size, a.depth, a.seconds, durable)?;
         let flushes0 = store.stats().flushes.load(Ordering::Relaxed);
         let appends0 = store.stats().appends.load(Ordering::Relaxed);
-        let (ops, errors, secs, lat) = if write { appends(&store, size, a.depth, a.seconds)? } else { reads(&store, &prefilled, size, a.depth, a.seconds)? };
+        let (ops, errors, secs, lat) = if write {
+            appends(&store, size, a.depth, a.seconds)?
+        } else {
+            reads(&store, &prefilled, size, a.depth, a.seconds)?
+        };
         let flushes = store.stats().flushes.load(Ordering::Relaxed) - flushes0;
         let appends = store.stats().appends.load(Ordering::Relaxed) - appends0;
         let mib = |ops: u64, s: f64| ops as f64 * size as f64 / s / (1 << 20) as f64;
@@ -112,7 +143,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             p99_us: lat.p99_us,
             p999_us: lat.p999_us,
             max_us: lat.max_us,
-            floor: if write { "raw O_DIRECT pwrite+fdatasync loop" } else { "raw O_DIRECT pread loop" },
+            floor: if write {
+                "raw O_DIRECT pwrite+fdatasync loop"
+            } else {
+                "raw O_DIRECT pread loop"
+            },
             floor_p50_us: f.latency.p50_us,
             floor_p99_us: f.latency.p99_us,
             floor_p999_us: f.latency.p999_us,
@@ -120,12 +155,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             floor_mib_per_s: mib(f.ops, f.seconds),
             ratio_p50: lat.p50_us / f.latency.p50_us,
             ratio_ops: (ops as f64 / secs) / floor_ops_per_s,
-            appends_per_flush: if flushes > 0 { appends as f64 / flushes as f64 } else { f64::NAN },
+            appends_per_flush: if flushes > 0 {
+                appends as f64 / flushes as f64
+            } else {
+                f64::NAN
+            },
             loadavg: loadavg(),
         };
         println!("{}", serde_json::to_string(&r)?);
     }
-    Arc::try_unwrap(store).map_err(|_| anyhow::anyhow!("store still shared"))?.close()?;
+    Arc::try_unwrap(store)
+        .map_err(|_| anyhow::anyhow!("store still shared"))?
+        .close()?;
     Ok(())
 }
 
@@ -137,15 +178,25 @@ pub fn store_file(path: &Path, bytes: u64) -> anyhow::Result<Arc<FileDisk>> {
         }
         std::fs::remove_file(path)?;
     }
-    Ok(Arc::new(FileDisk::create(path, bytes, true).with_context(|| format!("creating {}", path.display()))?))
+    Ok(Arc::new(
+        FileDisk::create(path, bytes, true)
+            .with_context(|| format!("creating {}", path.display()))?,
+    ))
 }
 
 /// `depth` threads, each appending `size` bytes to its own chunk; a chunk that reaches its
 /// share of the store is deleted and replaced, so any run length fits.
-fn appends(store: &Arc<ChunkStore>, size: usize, depth: usize, seconds: f64) -> anyhow::Result<(u64, u64, f64, Latency)> {
+fn appends(
+    store: &Arc<ChunkStore>,
+    size: usize,
+    depth: usize,
+    seconds: f64,
+) -> anyhow::Result<(u64, u64, f64, Latency)> {
     let space = store.space();
     let data_bytes = space.extent_bytes * space.extents_total as u64 * 98 / 100;
-    let cap = (store.max_chunk_bytes()).min(data_bytes / (2 * depth as u64)).max(size as u64);
+    let cap = (store.max_chunk_bytes())
+        .min(data_bytes / (2 * depth as u64))
+        .max(size as u64);
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let t0 = Instant::now();
     let threads: Vec<_> = (0..depth)
@@ -189,7 +240,9 @@ fn appends(store: &Arc<ChunkStore>, size: usize, depth: usize, seconds: f64) -> 
     let mut all = histogram();
     let mut errors = 0;
     for t in threads {
-        let (h, e) = t.join().map_err(|_| anyhow::anyhow!("append thread panicked"))?;
+        let (h, e) = t
+            .join()
+            .map_err(|_| anyhow::anyhow!("append thread panicked"))?;
         all.add(h)?;
         errors += e;
     }
@@ -198,7 +251,11 @@ fn appends(store: &Arc<ChunkStore>, size: usize, depth: usize, seconds: f64) -> 
 }
 
 /// Writes sealed 64 MiB chunks (up to half the store, at most 2 GiB) to read back.
-fn prefill(store: &Arc<ChunkStore>, store_size: u64, depth: usize) -> anyhow::Result<Vec<(u64, u64)>> {
+fn prefill(
+    store: &Arc<ChunkStore>,
+    store_size: u64,
+    depth: usize,
+) -> anyhow::Result<Vec<(u64, u64)>> {
     let total = (store_size / 2).min(2 << 30);
     let chunk = store.max_chunk_bytes();
     let n = (total / chunk).max(depth as u64);
@@ -224,7 +281,13 @@ fn prefill(store: &Arc<ChunkStore>, store_size: u64, depth: usize) -> anyhow::Re
 }
 
 /// `depth` threads reading `size` bytes sequentially through the sealed chunks.
-fn reads(store: &Arc<ChunkStore>, chunks: &[(u64, u64)], size: usize, depth: usize, seconds: f64) -> anyhow::Result<(u64, u64, f64, Latency)> {
+fn reads(
+    store: &Arc<ChunkStore>,
+    chunks: &[(u64, u64)],
+    size: usize,
+    depth: usize,
+    seconds: f64,
+) -> anyhow::Result<(u64, u64, f64, Latency)> {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let t0 = Instant::now();
     let chunks = Arc::new(chunks.to_vec());
@@ -261,9 +324,16 @@ fn reads(store: &Arc<ChunkStore>, chunks: &[(u64, u64)], size: usize, depth: usi
     let mut all = histogram();
     let mut errors = 0;
     for t in threads {
-        let (h, e) = t.join().map_err(|_| anyhow::anyhow!("read thread panicked"))?;
+        let (h, e) = t
+            .join()
+            .map_err(|_| anyhow::anyhow!("read thread panicked"))?;
         all.add(h)?;
         errors += e;
     }
-    Ok((all.len(), errors, t0.elapsed().as_secs_f64(), Latency::of(&all)))
+    Ok((
+        all.len(),
+        errors,
+        t0.elapsed().as_secs_f64(),
+        Latency::of(&all),
+    ))
 }

@@ -29,7 +29,14 @@ pub fn floor_file(dir: &Path, bytes: u64) -> anyhow::Result<Arc<FileDisk>> {
     Ok(Arc::new(FileDisk::create(&path, bytes, true)?))
 }
 
-pub fn run(disk: Arc<FileDisk>, write: bool, size: usize, depth: usize, seconds: f64, durable: bool) -> anyhow::Result<FloorResult> {
+pub fn run(
+    disk: Arc<FileDisk>,
+    write: bool,
+    size: usize,
+    depth: usize,
+    seconds: f64,
+    durable: bool,
+) -> anyhow::Result<FloorResult> {
     let region = disk.capacity() / depth as u64 / size as u64 * size as u64;
     anyhow::ensure!(region >= size as u64, "floor file too small");
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
@@ -40,7 +47,9 @@ pub fn run(disk: Arc<FileDisk>, write: bool, size: usize, depth: usize, seconds:
             std::thread::spawn(move || -> std::io::Result<hdrhistogram::Histogram<u64>> {
                 let mut h = histogram();
                 let mut buf = AlignedBuf::zeroed(size);
-                buf.iter_mut().enumerate().for_each(|(i, b)| *b = (i * 7 + t) as u8);
+                buf.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, b)| *b = (i * 7 + t) as u8);
                 let base = t as u64 * region;
                 let mut off = 0u64;
                 while Instant::now() < deadline {
@@ -62,8 +71,13 @@ pub fn run(disk: Arc<FileDisk>, write: bool, size: usize, depth: usize, seconds:
         .collect();
     let mut all = histogram();
     for t in threads {
-        all.add(t.join().expect("floor thread")?).expect("same bounds");
+        all.add(t.join().expect("floor thread")?)
+            .expect("same bounds");
     }
     let seconds = t0.elapsed().as_secs_f64();
-    Ok(FloorResult { ops: all.len(), seconds, latency: Latency::of(&all) })
+    Ok(FloorResult {
+        ops: all.len(),
+        seconds,
+        latency: Latency::of(&all),
+    })
 }

@@ -32,8 +32,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         Some('g') => (&s[..s.len() - 1], 1 << 30),
         _ => (&s[..], 1),
     };
-    let n: u64 = num.parse().map_err(|_| format!("not a size: {s} (use e.g. 4k, 64k, 1m)"))?;
-    n.checked_mul(mult).filter(|&v| v > 0).ok_or_else(|| format!("size out of range: {s}"))
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("not a size: {s} (use e.g. 4k, 64k, 1m)"))?;
+    n.checked_mul(mult)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("size out of range: {s}"))
 }
 
 /// Latency summary in microseconds.
@@ -48,7 +52,12 @@ pub struct Latency {
 impl Latency {
     pub fn of(h: &hdrhistogram::Histogram<u64>) -> Self {
         let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
-        Self { p50_us: q(0.5), p99_us: q(0.99), p999_us: q(0.999), max_us: h.max() as f64 / 1000.0 }
+        Self {
+            p50_us: q(0.5),
+            p99_us: q(0.99),
+            p999_us: q(0.999),
+            max_us: h.max() as f64 / 1000.0,
+        }
     }
 }
 
@@ -59,7 +68,10 @@ pub fn histogram() -> hdrhistogram::Histogram<u64> {
 
 /// The 1-minute load average, recorded with every result (the machine is shared).
 pub fn loadavg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap_or(f64::NAN)
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! `cairn bench recovery`: how long opening a store takes after a crash, with a given amount
 //! of data written after its last checkpoint; next to a raw O_DIRECT read of that much data.
 
-use super::{floor, loadavg, parse_size};
 use super::chunkstore::store_file;
+use super::{floor, loadavg, parse_size};
 use cairn_chunkstore::{ChunkStore, Disk, FormatOptions, OpenOptions};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -120,7 +120,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ratio: recovery_s / floor_read_s,
         loadavg: loadavg(),
     };
-    anyhow::ensure!(report.bytes_after_checkpoint == a.after, "recovery found {} bytes after the checkpoint, {} were acknowledged", report.bytes_after_checkpoint, a.after);
+    anyhow::ensure!(
+        report.bytes_after_checkpoint == a.after,
+        "recovery found {} bytes after the checkpoint, {} were acknowledged",
+        report.bytes_after_checkpoint,
+        a.after
+    );
     store.close()?;
     println!("{}", serde_json::to_string(&r)?);
     Ok(())

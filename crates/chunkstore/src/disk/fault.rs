@@ -119,7 +119,11 @@ impl FaultDisk {
                 CrashPolicy::DropAll => {}
                 CrashPolicy::KeepAll => image[off..off + data.len()].copy_from_slice(data),
                 CrashPolicy::TearLast { byte } => {
-                    let keep = if i + 1 == n { byte.min(data.len()) } else { data.len() };
+                    let keep = if i + 1 == n {
+                        byte.min(data.len())
+                    } else {
+                        data.len()
+                    };
                     image[off..off + keep].copy_from_slice(&data[..keep]);
                 }
                 CrashPolicy::Random { .. } => {
@@ -160,7 +164,12 @@ impl FaultDisk {
 
     /// (offset, length) of every write since the last successful sync, in order.
     pub fn unsynced_writes(&self) -> Vec<(u64, usize)> {
-        self.state.lock().unsynced.iter().map(|(o, d)| (*o, d.len())).collect()
+        self.state
+            .lock()
+            .unsynced
+            .iter()
+            .map(|(o, d)| (*o, d.len()))
+            .collect()
     }
 
     /// (writes, syncs) that succeeded so far.
@@ -176,14 +185,12 @@ impl FaultDisk {
         if s.powered_off {
             return Err(eio("device powered off"));
         }
-        if counts {
-            if let Some(limit) = s.config.power_cut_after_ops {
-                if s.ops >= limit {
-                    s.powered_off = true;
-                    return Err(eio("power cut"));
-                }
-                s.ops += 1;
+        if counts && let Some(limit) = s.config.power_cut_after_ops {
+            if s.ops >= limit {
+                s.powered_off = true;
+                return Err(eio("power cut"));
             }
+            s.ops += 1;
         }
         if error_rate > 0.0 && s.rng.random_bool(error_rate.min(1.0)) {
             return Err(eio("injected I/O error"));
@@ -192,11 +199,17 @@ impl FaultDisk {
     }
 
     fn check(&self, s: &State, off: u64, len: usize) -> io::Result<()> {
-        if off % self.alignment as u64 != 0 || len % self.alignment != 0 {
+        if !off.is_multiple_of(self.alignment as u64) || !len.is_multiple_of(self.alignment) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "unaligned I/O"));
         }
-        if off.checked_add(len as u64).is_none_or(|e| e > s.volatile.len() as u64) {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "I/O past the end of the device"));
+        if off
+            .checked_add(len as u64)
+            .is_none_or(|e| e > s.volatile.len() as u64)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "I/O past the end of the device",
+            ));
         }
         Ok(())
     }
@@ -272,7 +285,10 @@ mod tests {
     #[test]
     fn power_cut_countdown() {
         let d = FaultDisk::new(8192, 512, 1);
-        d.set_faults(FaultConfig { power_cut_after_ops: Some(1), ..Default::default() });
+        d.set_faults(FaultConfig {
+            power_cut_after_ops: Some(1),
+            ..Default::default()
+        });
         d.write_at(&[1u8; 512], 0).unwrap();
         assert!(d.sync().is_err());
         assert!(d.is_powered_off());

@@ -96,7 +96,12 @@ impl FileDisk {
                 None
             }
         };
-        Ok(Self { file, capacity, alignment, ring })
+        Ok(Self {
+            file,
+            capacity,
+            alignment,
+            ring,
+        })
     }
 
     fn fd(&self) -> i32 {
@@ -125,27 +130,47 @@ fn device_size(file: &File) -> io::Result<u64> {
 /// The O_DIRECT offset alignment of the file at `path`, from `statx(STATX_DIOALIGN)`.
 /// Kernels or filesystems that do not report it get the conservative 4096.
 pub fn dio_alignment(path: &Path) -> io::Result<usize> {
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: statx fills the zeroed struct; c is a valid C string.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_DIOALIGN, &mut stx) };
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            0,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
     if stx.stx_mask & libc::STATX_DIOALIGN != 0 {
         if stx.stx_dio_offset_align == 0 {
             // The filesystem says O_DIRECT is not supported on this file.
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "O_DIRECT is not supported on this file"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "O_DIRECT is not supported on this file",
+            ));
         }
-        Ok((stx.stx_dio_offset_align as usize).max(stx.stx_dio_mem_align as usize).max(512))
+        Ok((stx.stx_dio_offset_align as usize)
+            .max(stx.stx_dio_mem_align as usize)
+            .max(512))
     } else {
         Ok(4096)
     }
 }
 
 fn check_aligned(align: usize, off: u64, len: usize, ptr: *const u8) -> io::Result<()> {
-    if off % align as u64 != 0 || len % align != 0 || (ptr as usize) % align != 0 {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "unaligned O_DIRECT I/O"));
+    if !off.is_multiple_of(align as u64)
+        || !len.is_multiple_of(align)
+        || !(ptr as usize).is_multiple_of(align)
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "unaligned O_DIRECT I/O",
+        ));
     }
     Ok(())
 }
@@ -166,7 +191,12 @@ impl Disk for FileDisk {
             let rest = &mut buf[done..];
             // SAFETY: rest is a valid writable region of rest.len() bytes.
             let n = unsafe {
-                libc::pread(self.fd(), rest.as_mut_ptr().cast(), rest.len(), (offset + done as u64) as libc::off_t)
+                libc::pread(
+                    self.fd(),
+                    rest.as_mut_ptr().cast(),
+                    rest.len(),
+                    (offset + done as u64) as libc::off_t,
+                )
             };
             if n < 0 {
                 let e = io::Error::last_os_error();
@@ -176,7 +206,10 @@ impl Disk for FileDisk {
                 return Err(e);
             }
             if n == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end of the device"));
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "read past the end of the device",
+                ));
             }
             done += n as usize;
         }
@@ -189,7 +222,14 @@ impl Disk for FileDisk {
         while done < buf.len() {
             let rest = &buf[done..];
             // SAFETY: rest is a valid readable region.
-            let n = unsafe { libc::pwrite(self.fd(), rest.as_ptr().cast(), rest.len(), (offset + done as u64) as libc::off_t) };
+            let n = unsafe {
+                libc::pwrite(
+                    self.fd(),
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    (offset + done as u64) as libc::off_t,
+                )
+            };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -198,7 +238,10 @@ impl Disk for FileDisk {
                 return Err(e);
             }
             if n == 0 {
-                return Err(io::Error::new(io::ErrorKind::WriteZero, "device accepted no bytes"));
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "device accepted no bytes",
+                ));
             }
             done += n as usize;
         }
@@ -207,7 +250,10 @@ impl Disk for FileDisk {
 
     fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
         let Some(ring) = &self.ring else {
-            return writes.iter().map(|(off, buf)| self.write_at(buf, *off)).collect();
+            return writes
+                .iter()
+                .map(|(off, buf)| self.write_at(buf, *off))
+                .collect();
         };
         if writes.len() == 1 {
             return vec![self.write_at(writes[0].1, writes[0].0)];
@@ -230,7 +276,11 @@ impl Disk for FileDisk {
                     .build()
                     .user_data(i as u64);
                 // SAFETY: the buffers outlive the wait below; the queue has room for `end - start`.
-                unsafe { ring.submission().push(&sqe).expect("submission queue sized for the batch") };
+                unsafe {
+                    ring.submission()
+                        .push(&sqe)
+                        .expect("submission queue sized for the batch")
+                };
                 submitted += 1;
             }
             let mut reaped = 0;
@@ -273,6 +323,10 @@ impl Disk for FileDisk {
     fn sync(&self) -> io::Result<()> {
         // SAFETY: plain syscall on an fd we own.
         let rc = unsafe { libc::fdatasync(self.fd()) };
-        if rc != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+        if rc != 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
     }
 }

@@ -28,7 +28,10 @@ pub trait Disk: Send + Sync + 'static {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Writes several buffers, possibly in parallel; one result per write, in order.
     fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
-        writes.iter().map(|(off, buf)| self.write_at(buf, *off)).collect()
+        writes
+            .iter()
+            .map(|(off, buf)| self.write_at(buf, *off))
+            .collect()
     }
     /// Makes every completed write durable (a device cache flush).
     fn sync(&self) -> io::Result<()>;

@@ -85,16 +85,22 @@ impl Checkpoint {
     /// Decodes a whole checkpoint. `extent_count` bounds every extent number.
     pub fn decode(salt: u32, bytes: &[u8], extent_count: u32) -> Result<Self, DecodeError> {
         let h = Header::decode(salt, bytes)?;
-        let end = (HEADER_BYTES as u64).checked_add(h.payload_len).filter(|&e| e <= bytes.len() as u64);
+        let end = (HEADER_BYTES as u64)
+            .checked_add(h.payload_len)
+            .filter(|&e| e <= bytes.len() as u64);
         let Some(end) = end else {
-            return Err(DecodeError::Truncated { need: usize::MAX, have: bytes.len() });
+            return Err(DecodeError::Truncated {
+                need: usize::MAX,
+                have: bytes.len(),
+            });
         };
         let payload = &bytes[HEADER_BYTES..end as usize];
         if checksum::salted(salt, payload) != h.payload_crc {
             return Err(DecodeError::Checksum);
         }
         let mut r = Reader::new(payload);
-        let mut chunks = Vec::with_capacity((h.chunk_count as usize).min(payload.len() / RECORD_BYTES));
+        let mut chunks =
+            Vec::with_capacity((h.chunk_count as usize).min(payload.len() / RECORD_BYTES));
         for _ in 0..h.chunk_count {
             let chunk_id = r.u64()?;
             let epoch = r.u64()?;
@@ -104,26 +110,52 @@ impl Checkpoint {
             let flags = r.u8()?;
             let reserved = r.take(3)?;
             if flags & !FLAG_SEALED != 0 || reserved != [0, 0, 0] {
-                return Err(DecodeError::Invalid { field: "chunk_flags", value: flags as u64 });
+                return Err(DecodeError::Invalid {
+                    field: "chunk_flags",
+                    value: flags as u64,
+                });
             }
             let n = r.u32()?;
             if n > extent_count {
-                return Err(DecodeError::Invalid { field: "extent_count", value: n as u64 });
+                return Err(DecodeError::Invalid {
+                    field: "extent_count",
+                    value: n as u64,
+                });
             }
             let mut extents = Vec::with_capacity(n as usize);
             for _ in 0..n {
                 let e = r.u32()?;
                 if e >= extent_count {
-                    return Err(DecodeError::Invalid { field: "extent", value: e as u64 });
+                    return Err(DecodeError::Invalid {
+                        field: "extent",
+                        value: e as u64,
+                    });
                 }
                 extents.push(e);
             }
-            chunks.push(ChunkRecord { chunk_id, epoch, version, length, crc, sealed: flags & FLAG_SEALED != 0, extents });
+            chunks.push(ChunkRecord {
+                chunk_id,
+                epoch,
+                version,
+                length,
+                crc,
+                sealed: flags & FLAG_SEALED != 0,
+                extents,
+            });
         }
         if r.pos() != payload.len() {
-            return Err(DecodeError::Invalid { field: "payload_len", value: h.payload_len });
+            return Err(DecodeError::Invalid {
+                field: "payload_len",
+                value: h.payload_len,
+            });
         }
-        Ok(Self { seq: h.seq, lsn: h.lsn, next_epoch: h.next_epoch, mount_gen: h.mount_gen, chunks })
+        Ok(Self {
+            seq: h.seq,
+            lsn: h.lsn,
+            next_epoch: h.next_epoch,
+            mount_gen: h.mount_gen,
+            chunks,
+        })
     }
 }
 
@@ -162,7 +194,10 @@ impl Header {
             return Err(DecodeError::Checksum);
         }
         if reserved != 0 {
-            return Err(DecodeError::Invalid { field: "reserved", value: reserved as u64 });
+            return Err(DecodeError::Invalid {
+                field: "reserved",
+                value: reserved as u64,
+            });
         }
         Ok(h)
     }
@@ -179,8 +214,24 @@ mod tests {
             next_epoch: 12,
             mount_gen: 3,
             chunks: vec![
-                ChunkRecord { chunk_id: 1, epoch: 2, version: 1, length: 5100, crc: 7, sealed: true, extents: vec![3] },
-                ChunkRecord { chunk_id: 9, epoch: 11, version: 1, length: 0, crc: 0, sealed: false, extents: vec![] },
+                ChunkRecord {
+                    chunk_id: 1,
+                    epoch: 2,
+                    version: 1,
+                    length: 5100,
+                    crc: 7,
+                    sealed: true,
+                    extents: vec![3],
+                },
+                ChunkRecord {
+                    chunk_id: 9,
+                    epoch: 11,
+                    version: 1,
+                    length: 0,
+                    crc: 0,
+                    sealed: false,
+                    extents: vec![],
+                },
             ],
         }
     }

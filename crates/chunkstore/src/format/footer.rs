@@ -77,7 +77,10 @@ impl Footer {
         }
         let flags = r.u8()?;
         if flags & !KNOWN_FLAGS != 0 {
-            return Err(DecodeError::Invalid { field: "flags", value: flags as u64 });
+            return Err(DecodeError::Invalid {
+                field: "flags",
+                value: flags as u64,
+            });
         }
         let chunk_id = r.u64()?;
         let epoch = r.u64()?;
@@ -86,13 +89,27 @@ impl Footer {
         let valid_len = r.u16()?;
         let reserved = r.u16()?;
         if reserved != 0 {
-            return Err(DecodeError::Invalid { field: "reserved", value: reserved as u64 });
+            return Err(DecodeError::Invalid {
+                field: "reserved",
+                value: reserved as u64,
+            });
         }
         if valid_len == 0 {
-            return Err(DecodeError::Invalid { field: "valid_len", value: 0 });
+            return Err(DecodeError::Invalid {
+                field: "valid_len",
+                value: 0,
+            });
         }
         let data_crc = r.u32()?;
-        Ok(Self { flags, chunk_id, epoch, unit_index, mount_gen, valid_len, data_crc })
+        Ok(Self {
+            flags,
+            chunk_id,
+            epoch,
+            unit_index,
+            mount_gen,
+            valid_len,
+            data_crc,
+        })
     }
 }
 
@@ -153,17 +170,34 @@ pub fn unit_state(
 ) -> Option<UnitState> {
     let mut valid = [None, None];
     for (slot, v) in valid.iter_mut().enumerate() {
-        *v = unit_slot_valid(salt, unit, slot, chunk_id, epoch, unit_index).filter(|f| f.mount_gen >= min_gen);
+        *v = unit_slot_valid(salt, unit, slot, chunk_id, epoch, unit_index)
+            .filter(|f| f.mount_gen >= min_gen);
     }
     match valid {
         [None, None] => None,
-        [Some(a), None] => Some(UnitState { best: a, best_slot: 0, other: None }),
-        [None, Some(b)] => Some(UnitState { best: b, best_slot: 1, other: None }),
+        [Some(a), None] => Some(UnitState {
+            best: a,
+            best_slot: 0,
+            other: None,
+        }),
+        [None, Some(b)] => Some(UnitState {
+            best: b,
+            best_slot: 1,
+            other: None,
+        }),
         [Some(a), Some(b)] => {
             if (b.mount_gen, b.valid_len) > (a.mount_gen, a.valid_len) {
-                Some(UnitState { best: b, best_slot: 1, other: Some(a) })
+                Some(UnitState {
+                    best: b,
+                    best_slot: 1,
+                    other: Some(a),
+                })
             } else {
-                Some(UnitState { best: a, best_slot: 0, other: Some(b) })
+                Some(UnitState {
+                    best: a,
+                    best_slot: 0,
+                    other: Some(b),
+                })
             }
         }
     }

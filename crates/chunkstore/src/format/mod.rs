@@ -40,9 +40,15 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        let end = self.pos.checked_add(n).ok_or(DecodeError::Truncated { need: usize::MAX, have: self.bytes.len() })?;
+        let end = self.pos.checked_add(n).ok_or(DecodeError::Truncated {
+            need: usize::MAX,
+            have: self.bytes.len(),
+        })?;
         if end > self.bytes.len() {
-            return Err(DecodeError::Truncated { need: end, have: self.bytes.len() });
+            return Err(DecodeError::Truncated {
+                need: end,
+                have: self.bytes.len(),
+            });
         }
         let s = &self.bytes[self.pos..end];
         self.pos = end;
@@ -53,13 +59,19 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
     pub(crate) fn u16(&mut self) -> Result<u16, DecodeError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     pub(crate) fn pos(&self) -> usize {
         self.pos

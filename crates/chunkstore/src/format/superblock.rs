@@ -64,7 +64,12 @@ impl Superblock {
         if version != FORMAT_VERSION {
             return Err(DecodeError::Version(version));
         }
-        let body = bytes.get(..ENCODED_BYTES - 4).ok_or(DecodeError::Truncated { need: ENCODED_BYTES, have: bytes.len() })?;
+        let body = bytes
+            .get(..ENCODED_BYTES - 4)
+            .ok_or(DecodeError::Truncated {
+                need: ENCODED_BYTES,
+                have: bytes.len(),
+            })?;
         let mut crc_r = Reader::new(&bytes[ENCODED_BYTES - 4..]);
         if checksum::crc32c(body) != crc_r.u32()? {
             return Err(DecodeError::Checksum);
@@ -88,7 +93,10 @@ impl Superblock {
             created_unix_ms: r.u64()?,
         };
         if footer_bytes as usize != super::footer::FOOTER_BYTES {
-            return Err(DecodeError::Invalid { field: "footer_bytes", value: footer_bytes as u64 });
+            return Err(DecodeError::Invalid {
+                field: "footer_bytes",
+                value: footer_bytes as u64,
+            });
         }
         sb.validate()?;
         Ok(sb)
@@ -103,29 +111,43 @@ impl Superblock {
         if !(1024..=65536).contains(&unit) || !unit.is_power_of_two() {
             return bad("unit_bytes", unit);
         }
-        if ext < unit || ext % unit != 0 || ext > (1 << 30) || ext / unit > (1 << 16) {
+        if ext < unit || !ext.is_multiple_of(unit) || ext > (1 << 30) || ext / unit > (1 << 16) {
             return bad("extent_bytes", ext);
         }
         if self.max_chunk_bytes == 0 || self.max_chunk_bytes > (1 << 40) {
             return bad("max_chunk_bytes", self.max_chunk_bytes);
         }
-        if self.log_bytes < 2 * unit || self.log_bytes % unit != 0 {
+        if self.log_bytes < 2 * unit || !self.log_bytes.is_multiple_of(unit) {
             return bad("log_bytes", self.log_bytes);
         }
-        let aligned = |v: u64| v % ext == 0;
-        if !aligned(self.ckpt_offsets[0]) || !aligned(self.ckpt_offsets[1]) || !aligned(self.log_offset) || !aligned(self.data_offset) {
+        let aligned = |v: u64| v.is_multiple_of(ext);
+        if !aligned(self.ckpt_offsets[0])
+            || !aligned(self.ckpt_offsets[1])
+            || !aligned(self.log_offset)
+            || !aligned(self.data_offset)
+        {
             return bad("region_alignment", 0);
         }
-        let need_ckpt = crate::format::checkpoint::slot_bytes_needed(self.max_chunks, self.extent_count);
+        let need_ckpt =
+            crate::format::checkpoint::slot_bytes_needed(self.max_chunks, self.extent_count);
         if self.ckpt_slot_bytes < need_ckpt {
             return bad("ckpt_slot_bytes", self.ckpt_slot_bytes);
         }
         // Regions in order, non-overlapping, inside the device.
         let ends = [
             (Some(ext), self.ckpt_offsets[0]),
-            (self.ckpt_offsets[0].checked_add(self.ckpt_slot_bytes), self.ckpt_offsets[1]),
-            (self.ckpt_offsets[1].checked_add(self.ckpt_slot_bytes), self.log_offset),
-            (self.log_offset.checked_add(self.log_bytes), self.data_offset),
+            (
+                self.ckpt_offsets[0].checked_add(self.ckpt_slot_bytes),
+                self.ckpt_offsets[1],
+            ),
+            (
+                self.ckpt_offsets[1].checked_add(self.ckpt_slot_bytes),
+                self.log_offset,
+            ),
+            (
+                self.log_offset.checked_add(self.log_bytes),
+                self.data_offset,
+            ),
         ];
         for (end, next) in ends {
             match end {
