@@ -42,7 +42,18 @@ pub(crate) fn read_into(
         }
         let first = (geo.unit_of(offset) / geo.units_per_extent) as usize;
         let last = (geo.unit_of(offset + len - 1) / geo.units_per_extent) as usize;
-        (c.epoch, c.extents[first..=last].to_vec())
+        match c.extents.get(first..=last) {
+            Some(e) => (c.epoch, e.to_vec()),
+            // Only a chunk recovery found damaged can lack extents for its length.
+            None => {
+                let offset = geo.unit_of(offset) as u64 * geo.data as u64;
+                return Err(Error::Corruption {
+                    chunk_id,
+                    offset,
+                    kind: CorruptionKind::NoValidFooter,
+                });
+            }
+        }
     };
     let (s, d, upe) = (geo.unit, geo.data as u64, geo.units_per_extent);
     let (u0, u1) = (geo.unit_of(offset), geo.unit_of(offset + len - 1));
