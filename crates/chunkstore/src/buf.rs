@@ -41,6 +41,13 @@ impl AlignedBuf {
         Self { ptr, len }
     }
 
+    /// An aligned copy of `bytes`.
+    pub fn copy_of(bytes: &[u8]) -> Self {
+        let mut b = Self::zeroed(bytes.len());
+        b.copy_from_slice(bytes);
+        b
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -77,9 +84,7 @@ impl DerefMut for AlignedBuf {
 
 impl Clone for AlignedBuf {
     fn clone(&self) -> Self {
-        let mut b = Self::zeroed(self.len);
-        b.copy_from_slice(self);
-        b
+        Self::copy_of(self)
     }
 }
 

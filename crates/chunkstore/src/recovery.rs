@@ -165,7 +165,7 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
         .filter(|(_, r)| !r.settled)
         .map(|(&id, r)| (id, r.entry.epoch))
         .collect();
-    let mut candidates: HashMap<(ChunkId, u64, u32), Vec<u32>> = HashMap::new();
+    let mut candidates = Candidates::new();
     if !scanning.is_empty() {
         for e in (0..geo.sb.extent_count).filter(|e| !owned.contains(e)) {
             let unit = read_aligned(disk, geo.extent_offset(e), geo.unit)?;
@@ -176,11 +176,12 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
                     && f.unit_index % geo.units_per_extent == 0
                     && scanning.contains(&(f.chunk_id, f.epoch))
                 {
+                    // Kept, so that choosing among candidates reads nothing again.
                     let v = candidates
                         .entry((f.chunk_id, f.epoch, f.unit_index))
                         .or_default();
-                    if !v.contains(&e) {
-                        v.push(e);
+                    if v.iter().all(|(x, _)| *x != e) {
+                        v.push((e, unit.clone()));
                     }
                 }
             }
@@ -361,7 +362,7 @@ fn scan_chunk(
     id: ChunkId,
     entry: &ChunkEntry,
     ckpt_gen: u32,
-    candidates: &HashMap<(ChunkId, u64, u32), Vec<u32>>,
+    candidates: &Candidates,
     claimed: &mut HashSet<u32>,
 ) -> Result<Scan> {
     let (s, d, upe) = (geo.unit, geo.data as u64, geo.units_per_extent);
@@ -380,16 +381,7 @@ fn scan_chunk(
             if !u.is_multiple_of(upe) {
                 break;
             }
-            let Some(e) = pick_candidate(
-                disk,
-                geo,
-                id,
-                entry.epoch,
-                u,
-                gen_floor,
-                candidates,
-                claimed,
-            )?
+            let Some(e) = pick_candidate(geo, id, entry.epoch, u, gen_floor, candidates, claimed)
             else {
                 break;
             };
@@ -424,7 +416,7 @@ fn scan_chunk(
                     // The trusted partial unit of the checkpoint: the tail unless we go further.
                     end_tail = Some(Tail {
                         unit: uu,
-                        buf: copy(unit),
+                        buf: AlignedBuf::copy_of(unit),
                         cur_slot: slot,
                         data_crc: f.data_crc,
                     });
@@ -434,7 +426,7 @@ fn scan_chunk(
                     end_crc = checksum::crc32c_append(crc, &unit[floor..v]);
                     end_tail = ((v as u64) < d).then(|| Tail {
                         unit: uu,
-                        buf: copy(unit),
+                        buf: AlignedBuf::copy_of(unit),
                         cur_slot: slot,
                         data_crc: f.data_crc,
                     });
@@ -471,39 +463,33 @@ fn scan_chunk(
     })
 }
 
+/// First units of free extents, by the `(chunk, epoch, unit index)` their footers name.
+type Candidates = HashMap<(ChunkId, u64, u32), Vec<(u32, AlignedBuf)>>;
+
 /// Among the free extents whose first unit names `(id, epoch, u)`, the one with the newest
 /// valid footer at or above `gen_floor`.
-#[allow(clippy::too_many_arguments)]
 fn pick_candidate(
-    disk: &dyn Disk,
     geo: &Geometry,
     id: ChunkId,
     epoch: u64,
     u: u32,
     gen_floor: u32,
-    candidates: &HashMap<(ChunkId, u64, u32), Vec<u32>>,
+    candidates: &Candidates,
     claimed: &mut HashSet<u32>,
-) -> Result<Option<u32>> {
-    let Some(list) = candidates.get(&(id, epoch, u)) else {
-        return Ok(None);
-    };
+) -> Option<u32> {
     let mut best: Option<(u32, u32)> = None;
-    for &e in list.iter().filter(|e| !claimed.contains(e)) {
-        let unit = read_aligned(disk, geo.extent_offset(e), geo.unit)?;
-        if let Some(st) = footer::unit_state(geo.salt, &unit, id, epoch, u, gen_floor)
+    for (e, unit) in candidates
+        .get(&(id, epoch, u))?
+        .iter()
+        .filter(|(e, _)| !claimed.contains(e))
+    {
+        if let Some(st) = footer::unit_state(geo.salt, unit, id, epoch, u, gen_floor)
             && best.is_none_or(|(_, g)| st.best.mount_gen > g)
         {
-            best = Some((e, st.best.mount_gen));
+            best = Some((*e, st.best.mount_gen));
         }
     }
-    if let Some((e, _)) = best {
-        claimed.insert(e);
-    }
-    Ok(best.map(|(e, _)| e))
-}
-
-fn copy(unit: &[u8]) -> AlignedBuf {
-    let mut b = AlignedBuf::zeroed(unit.len());
-    b.copy_from_slice(unit);
-    b
+    let (e, _) = best?;
+    claimed.insert(e);
+    Some(e)
 }

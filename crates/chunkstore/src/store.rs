@@ -148,8 +148,7 @@ impl ChunkStore {
         };
         writer::write_checkpoint(disk, &geo, &empty)?;
         let sb_bytes = geo.sb.encode();
-        let mut buf = crate::buf::AlignedBuf::zeroed(sb_bytes.len());
-        buf.copy_from_slice(&sb_bytes);
+        let buf = crate::buf::AlignedBuf::copy_of(&sb_bytes);
         disk.write_at(&buf, 0).map_err(|e| Error::io("format", e))?;
         disk.sync().map_err(|e| Error::io("format", e))
     }

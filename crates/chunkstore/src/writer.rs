@@ -212,9 +212,6 @@ impl Writer {
         for r in reqs {
             self.plan(&mut b, r);
         }
-        // A chunk whose every append was refused has nothing to write.
-        b.order.retain(|id| !b.chunks[id].ends.is_empty());
-        b.chunks.retain(|_, p| !p.ends.is_empty());
         let mut bufs: Vec<(u64, AlignedBuf, usize)> = Vec::new();
         for id in b.order.clone() {
             let plan = b.chunks.get_mut(&id).expect("planned chunk");
@@ -368,16 +365,19 @@ impl Writer {
                 if b.deletes.iter().any(|s| s.0 == chunk_id) {
                     return send(reply, Err(Error::NotFound { chunk_id }));
                 }
-                if !b.chunks.contains_key(&chunk_id) {
-                    let plan = match self.open_plan(b, chunk_id) {
-                        Ok(p) => p,
+                // The chunk's first append in this batch opens its plan, but only once the
+                // append is known to be valid: a batch never carries a plan with no appends.
+                let new_plan = if b.chunks.contains_key(&chunk_id) {
+                    None
+                } else {
+                    match self.open_plan(b, chunk_id) {
+                        Ok(p) => Some(p),
                         Err(e) => return send(reply, Err(e)),
-                    };
-                    b.chunks.insert(chunk_id, plan);
-                    b.order.push(chunk_id);
-                }
-                let plan = b.chunks.get_mut(&chunk_id).expect("just inserted");
-                let length = plan.len();
+                    }
+                };
+                let length = new_plan
+                    .as_ref()
+                    .map_or_else(|| b.chunks[&chunk_id].len(), ChunkPlan::len);
                 if offset != length {
                     return send(
                         reply,
@@ -402,6 +402,13 @@ impl Writer {
                     );
                 }
                 let end = length + data.len() as u64;
+                let plan = match new_plan {
+                    Some(p) => {
+                        b.order.push(chunk_id);
+                        b.chunks.entry(chunk_id).or_insert(p)
+                    }
+                    None => b.chunks.get_mut(&chunk_id).expect("planned chunk"),
+                };
                 plan.pieces.push(data);
                 plan.ends.push(end);
                 plan.replies.push((reply, end));
@@ -609,8 +616,7 @@ impl Writer {
                 let off = footer::slot_offset(s, new_slot);
                 f.encode(geo.salt, &mut unit[off..off + footer::FOOTER_BYTES]);
                 if u == u1 && (to as u64) < d {
-                    let mut tb = AlignedBuf::zeroed(s);
-                    tb.copy_from_slice(unit);
+                    let tb = AlignedBuf::copy_of(unit);
                     plan.new_tail = Some(Tail {
                         unit: u,
                         buf: tb,

@@ -237,17 +237,7 @@ fn appends(
             })
         })
         .collect();
-    let mut all = histogram();
-    let mut errors = 0;
-    for t in threads {
-        let (h, e) = t
-            .join()
-            .map_err(|_| anyhow::anyhow!("append thread panicked"))?;
-        all.add(h)?;
-        errors += e;
-    }
-    let secs = t0.elapsed().as_secs_f64();
-    Ok((all.len(), errors, secs, Latency::of(&all)))
+    join_workers(threads, t0)
 }
 
 /// Writes sealed 64 MiB chunks (up to half the store, at most 2 GiB) to read back.
@@ -321,12 +311,20 @@ fn reads(
             })
         })
         .collect();
+    join_workers(threads, t0)
+}
+
+/// Joins benchmark workers and merges what they measured: (ops, errors, seconds, latency).
+fn join_workers(
+    threads: Vec<std::thread::JoinHandle<(hdrhistogram::Histogram<u64>, u64)>>,
+    t0: Instant,
+) -> anyhow::Result<(u64, u64, f64, Latency)> {
     let mut all = histogram();
     let mut errors = 0;
     for t in threads {
         let (h, e) = t
             .join()
-            .map_err(|_| anyhow::anyhow!("read thread panicked"))?;
+            .map_err(|_| anyhow::anyhow!("benchmark worker panicked"))?;
         all.add(h)?;
         errors += e;
     }

@@ -51,8 +51,6 @@ struct State {
     rng: StdRng,
     ops: u64,
     powered_off: bool,
-    writes: u64,
-    syncs: u64,
 }
 
 /// The in-memory fault-injecting device.
@@ -80,8 +78,6 @@ impl FaultDisk {
                 rng: StdRng::seed_from_u64(seed),
                 ops: 0,
                 powered_off: false,
-                writes: 0,
-                syncs: 0,
             }),
         }
     }
@@ -172,12 +168,6 @@ impl FaultDisk {
             .collect()
     }
 
-    /// (writes, syncs) that succeeded so far.
-    pub fn counters(&self) -> (u64, u64) {
-        let s = self.state.lock();
-        (s.writes, s.syncs)
-    }
-
     fn begin(&self, s: &mut State, error_rate: f64, counts: bool) -> io::Result<()> {
         if !s.config.latency.is_zero() {
             std::thread::sleep(s.config.latency);
@@ -246,7 +236,6 @@ impl Disk for FaultDisk {
         let o = offset as usize;
         s.volatile[o..o + buf.len()].copy_from_slice(buf);
         s.unsynced.push((offset, buf.to_vec()));
-        s.writes += 1;
         Ok(())
     }
 
@@ -259,7 +248,6 @@ impl Disk for FaultDisk {
             let o = off as usize;
             s.durable[o..o + data.len()].copy_from_slice(&data);
         }
-        s.syncs += 1;
         Ok(())
     }
 }
