@@ -13,6 +13,97 @@ pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, bytes)
 }
 
+/// CRC32C of the concatenation `a ‖ b`, from `crc32c(a)`, `crc32c(b)` and `b`'s length.
+///
+/// One table shift per set bit of `len_b` (tables for every power of two up to 4 GiB, built
+/// once per process); the `crc32c` crate's combine squares bit matrices on every call and
+/// costs microseconds, which the append path cannot spend.
+pub fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: usize) -> u32 {
+    static POW2: std::sync::OnceLock<Vec<CrcShift>> = std::sync::OnceLock::new();
+    if len_b == 0 {
+        return crc_a; // `b` is empty (its CRC is 0).
+    }
+    if len_b >> POW2_TABLES != 0 {
+        return crc32c::crc32c_combine(crc_a, crc_b, len_b);
+    }
+    let tables = POW2.get_or_init(|| {
+        let mut v = vec![CrcShift::new(1)];
+        for k in 1..POW2_TABLES {
+            let prev = &v[k - 1];
+            let basis = std::array::from_fn(|i| prev.apply(prev.apply(1 << i)));
+            v.push(CrcShift::from_basis(1 << k, &basis));
+        }
+        v
+    });
+    let mut crc = crc_a;
+    let mut len = len_b;
+    let mut k = 0;
+    while len != 0 {
+        if len & 1 != 0 {
+            crc = tables[k].apply(crc);
+        }
+        len >>= 1;
+        k += 1;
+    }
+    crc ^ crc_b
+}
+
+/// Powers of two with a shift table: lengths below 2^32 bytes combine by tables.
+const POW2_TABLES: usize = 32;
+
+/// [`crc32c_combine`] for one fixed length, in four table lookups: the CRC of `a ‖ b` for
+/// every `b` of `len` bytes. Combining a CRC with `len` zero bytes is linear over GF(2), so
+/// it is a 32×32 bit matrix; the tables hold its products with every byte of the CRC.
+#[derive(Clone)]
+pub struct CrcShift {
+    len: usize,
+    table: Box<[[u32; 256]; 4]>,
+}
+
+impl CrcShift {
+    pub fn new(len: usize) -> Self {
+        let basis: [u32; 32] = std::array::from_fn(|i| crc32c::crc32c_combine(1 << i, 0, len));
+        Self::from_basis(len, &basis)
+    }
+
+    /// From the shifts of the 32 one-bit CRCs.
+    fn from_basis(len: usize, basis: &[u32; 32]) -> Self {
+        let mut table = Box::new([[0u32; 256]; 4]);
+        for (b, t) in table.iter_mut().enumerate() {
+            for (v, e) in t.iter_mut().enumerate() {
+                *e = (0..8)
+                    .filter(|j| v & (1 << j) != 0)
+                    .fold(0, |acc, j| acc ^ basis[8 * b + j]);
+            }
+        }
+        Self { len, table }
+    }
+
+    /// The length this shift is for.
+    pub fn shift_len(&self) -> usize {
+        self.len
+    }
+
+    /// CRC32C of `a ‖ b` from `crc32c(a)` and `crc32c(b)`, where `b` is `self.len()` bytes.
+    pub fn combine(&self, crc_a: u32, crc_b: u32) -> u32 {
+        self.apply(crc_a) ^ crc_b
+    }
+
+    fn apply(&self, crc: u32) -> u32 {
+        let t = &self.table;
+        t[0][(crc & 0xff) as usize]
+            ^ t[1][((crc >> 8) & 0xff) as usize]
+            ^ t[2][((crc >> 16) & 0xff) as usize]
+            ^ t[3][(crc >> 24) as usize]
+    }
+}
+
+impl std::fmt::Debug for CrcShift {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CrcShift").field("len", &self.len).finish()
+    }
+}
+
 /// The salt of a store: the CRC of its 16-byte id.
 pub fn salt_of(store_id: &[u8; 16]) -> u32 {
     crc32c(store_id)
@@ -38,6 +129,51 @@ mod tests {
         let a = b"hello ";
         let b = b"world";
         assert_eq!(crc32c_append(crc32c(a), b), crc32c(b"hello world"));
+    }
+
+    #[test]
+    fn combine_equals_whole() {
+        let a = vec![3u8; 5000];
+        let b: Vec<u8> = (0..70_000u32).map(|i| i as u8).collect();
+        let whole = crc32c_append(crc32c(&a), &b);
+        assert_eq!(crc32c_combine(crc32c(&a), crc32c(&b), b.len()), whole);
+    }
+
+    #[test]
+    fn table_combine_equals_crate_combine() {
+        let mut x = 0x1234_5678u32;
+        for len in [
+            0usize,
+            1,
+            2,
+            3,
+            7,
+            100,
+            4016,
+            4096,
+            65_536,
+            1 << 20,
+            (1 << 26) + 5,
+            usize::MAX >> 20,
+        ] {
+            x = x.wrapping_mul(2_654_435_761).wrapping_add(len as u32);
+            let y = x.rotate_left(7);
+            assert_eq!(
+                crc32c_combine(x, y, len),
+                crc32c::crc32c_combine(x, y, len),
+                "len {len}"
+            );
+        }
+    }
+
+    #[test]
+    fn shift_equals_combine() {
+        let shift = CrcShift::new(4016);
+        let b: Vec<u8> = (0..4016u32).map(|i| (i * 7) as u8).collect();
+        for a in [&b"x"[..], b"hello world", &[0xff; 9000]] {
+            let whole = crc32c_append(crc32c(a), &b);
+            assert_eq!(shift.combine(crc32c(a), crc32c(&b)), whole);
+        }
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub struct Geometry {
     pub extent_bytes: u64,
     pub log_blocks: u64,
     pub salt: u32,
+    /// Combines a CRC with the CRC of one unit's worth (D bytes) of data.
+    pub data_shift: std::sync::Arc<crate::checksum::CrcShift>,
 }
 
 impl Geometry {
@@ -29,6 +31,9 @@ impl Geometry {
             extent_bytes: sb.extent_bytes as u64,
             log_blocks: sb.log_bytes / sb.unit_bytes as u64,
             salt: crate::checksum::salt_of(&sb.store_id),
+            data_shift: std::sync::Arc::new(crate::checksum::CrcShift::new(footer::data_bytes(
+                sb.unit_bytes as usize,
+            ))),
             sb,
         }
     }

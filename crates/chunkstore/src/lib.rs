@@ -16,7 +16,7 @@
 //! ChunkStore::format(&*disk, &FormatOptions::default())?;
 //! let (store, _report) = ChunkStore::open(disk, OpenOptions::default())?;
 //! store.create(42, 1)?;
-//! let len = store.append(42, 0, b"hello".to_vec())?;
+//! let len = store.append(42, 0, b"hello")?;
 //! assert_eq!(store.read(42, 0, len as usize)?, b"hello");
 //! store.seal(42)?;
 //! store.close()?;
@@ -30,6 +30,7 @@
 //! - [`disk`]: the device trait, the real O_DIRECT + io_uring device, the fault-injecting one.
 //! - `layout`: where a logical byte lives; region planning for `format`.
 //! - `index`: the in-memory chunk table and free-extent bitmap.
+//! - `prepare`: the caller's half of an append (units and CRCs, on the caller's thread).
 //! - `writer`: the device thread (batching, group commit, unit building).
 //! - `read`: the read path.
 //! - `recovery`: open after a crash.
@@ -42,6 +43,7 @@ mod error;
 pub mod format;
 mod index;
 mod layout;
+mod prepare;
 mod read;
 mod recovery;
 mod store;

@@ -5,6 +5,7 @@ use crate::error::{ChunkId, Error, Result};
 use crate::format::checkpoint::Checkpoint;
 use crate::index::{ChunkEntry, Index};
 use crate::layout::{self, FormatOptions, Geometry};
+use crate::prepare::{BufPool, Prepared};
 use crate::recovery::{self, RecoveryReport};
 use crate::writer::{self, Limits, Request, Writer};
 use parking_lot::RwLock;
@@ -96,6 +97,8 @@ pub struct Stats {
     pub appends: AtomicU64,
     pub append_bytes: AtomicU64,
     pub checkpoints: AtomicU64,
+    /// Appends that continued a unit an earlier append of the same batch left partly filled.
+    pub chained_appends: AtomicU64,
 }
 
 /// State shared by the device thread and readers.
@@ -106,6 +109,7 @@ pub(crate) struct Shared {
     pub failed: AtomicBool,
     pub free_extents: AtomicU32,
     pub stats: Stats,
+    pub pool: BufPool,
 }
 
 /// An append-only chunk store on one device.
@@ -166,6 +170,7 @@ impl ChunkStore {
             failed: AtomicBool::new(false),
             free_extents: AtomicU32::new(rec.alloc.free_count()),
             stats: Stats::default(),
+            pool: BufPool::default(),
         });
         *shared.index.write() = std::mem::take(&mut rec.index);
         let limits = Limits {
@@ -231,13 +236,18 @@ impl ChunkStore {
     /// # Errors
     /// `OffsetMismatch { length }` when `offset` is not the current length; `NotFound`,
     /// `Sealed`, `ChunkFull`, `BadAppendSize`, `NoSpace`, `ChunkFailed`, `StoreFailed`, `Io`.
-    pub fn append(&self, chunk_id: ChunkId, offset: u64, data: Vec<u8>) -> Result<u64> {
+    pub fn append(&self, chunk_id: ChunkId, offset: u64, data: &[u8]) -> Result<u64> {
+        let data = self.prepare(offset, data);
         Self::wait(self.submit(|reply| Request::Append {
             chunk_id,
-            offset,
             data,
             reply,
         })?)
+    }
+
+    /// Lays the append out in sector units and checksums it, on the caller's thread.
+    fn prepare(&self, offset: u64, data: &[u8]) -> Prepared {
+        Prepared::new(&self.shared.geo, &self.shared.pool, offset, data)
     }
 
     /// Queues an append and returns at once; the returned [`Pending`] resolves when it is
@@ -249,26 +259,27 @@ impl ChunkStore {
         &self,
         chunk_id: ChunkId,
         offset: u64,
-        data: Vec<u8>,
+        data: &[u8],
     ) -> Result<Pending<u64>> {
+        let data = self.prepare(offset, data);
         Ok(Pending(self.submit(|reply| Request::Append {
             chunk_id,
-            offset,
             data,
             reply,
         })?))
     }
 
-    /// Async form of [`ChunkStore::append`].
+    /// Async form of [`ChunkStore::append`]. The bytes are laid out and checksummed when it
+    /// is called, not when the future is first polled.
     pub fn append_async(
         &self,
         chunk_id: ChunkId,
         offset: u64,
-        data: Vec<u8>,
+        data: &[u8],
     ) -> impl Future<Output = Result<u64>> + '_ {
+        let data = self.prepare(offset, data);
         self.submit_async(move |reply| Request::Append {
             chunk_id,
-            offset,
             data,
             reply,
         })

@@ -3,7 +3,8 @@
 //! One loop per device: take every queued request (up to a batch limit), check each against
 //! the chunk table, build the sector units of all appends and at most one operation-log block,
 //! hand all writes to the device at once, flush once, then commit the new state to the index
-//! and answer every request. Appends to the same chunk in one batch become one write. A seal
+//! and answer every request. The units' data and CRCs were laid out by the callers
+//! (`prepare`); appends to the same chunk in one batch are chained (see `build`). A seal
 //! or delete of a chunk that has other work in the batch waits for the next batch, so that a
 //! logged seal never names bytes whose write could still fail.
 
@@ -15,6 +16,7 @@ use crate::format::checkpoint::{Checkpoint, ChunkRecord};
 use crate::format::footer::{self, FLAG_APPEND_END, Footer};
 use crate::format::log::{self, LogEntry};
 use crate::index::{Allocator, ChunkEntry};
+use crate::prepare::Prepared;
 use crate::store::{ChunkStat, Durability, Shared};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -32,8 +34,7 @@ pub(crate) enum Request {
     },
     Append {
         chunk_id: ChunkId,
-        offset: u64,
-        data: Vec<u8>,
+        data: Prepared,
         reply: Reply<u64>,
     },
     Seal {
@@ -101,20 +102,18 @@ pub(crate) struct Writer {
     pub ckpt_durable_lsn: u64,
     pub ckpt_in_flight: Option<(u64, std::thread::JoinHandle<Result<()>>)>,
     carry: VecDeque<Request>,
-    /// Write buffers of earlier batches, reused (fresh zeroed memory costs a page fault per
-    /// 4 KiB on first touch).
-    pool: Vec<AlignedBuf>,
 }
 
-/// Buffers kept in the pool, at most.
-const POOL_BUFFERS: usize = 64;
+/// Appends up to this size extend the chunk's running CRC over their bytes; larger ones
+/// combine it with the CRC their caller computed (a fixed cost of a few microseconds).
+const COMBINE_CRC_FROM: usize = 64 << 10;
 
 /// The appends of one chunk in one batch.
 struct ChunkPlan {
     epoch: u64,
     base_len: u64,
     base_crc: u32,
-    pieces: Vec<Vec<u8>>,
+    pieces: Vec<Prepared>,
     ends: Vec<u64>,
     replies: Vec<(Reply<u64>, u64)>,
     /// Extents allocated by this batch (released again if the write fails).
@@ -130,6 +129,14 @@ impl ChunkPlan {
     fn len(&self) -> u64 {
         self.ends.last().copied().unwrap_or(self.base_len)
     }
+}
+
+/// One write of a batch: units `range` of an append's buffer.
+struct WriteRef {
+    dev_offset: u64,
+    chunk_id: ChunkId,
+    piece: usize,
+    range: std::ops::Range<usize>,
 }
 
 #[derive(Default)]
@@ -170,7 +177,6 @@ impl Writer {
             ckpt_durable_lsn: rec.ckpt_lsn,
             ckpt_in_flight: None,
             carry: VecDeque::new(),
-            pool: Vec::new(),
         }
     }
 
@@ -212,14 +218,14 @@ impl Writer {
         for r in reqs {
             self.plan(&mut b, r);
         }
-        let mut bufs: Vec<(u64, AlignedBuf, usize)> = Vec::new();
+        let mut refs: Vec<WriteRef> = Vec::new();
         for id in b.order.clone() {
             let plan = b.chunks.get_mut(&id).expect("planned chunk");
-            if let Err(e) = self.build(id, plan, &mut bufs) {
+            if let Err(e) = self.build(id, plan, &mut refs) {
                 plan.error = Some(e);
             }
         }
-        let log_index = if b.log.is_empty() {
+        let log_buf = if b.log.is_empty() {
             None
         } else {
             let block = log::encode_block(
@@ -228,21 +234,30 @@ impl Writer {
                 &b.log,
                 self.shared.geo.unit,
             );
-            let mut buf = self.take_buf(block.len());
+            let mut buf = self.shared.pool.take(block.len());
             buf[..block.len()].copy_from_slice(&block);
-            bufs.push((
+            Some((
                 self.shared.geo.log_block_offset(self.next_lsn),
                 buf,
                 block.len(),
-            ));
-            Some(bufs.len() - 1)
+            ))
         };
-        let writes: Vec<(u64, &[u8])> = bufs.iter().map(|(o, b, n)| (*o, &b[..*n])).collect();
-        let results = if writes.is_empty() {
-            Vec::new()
-        } else {
+        let log_index = log_buf.as_ref().map(|_| refs.len());
+        let writes: Vec<(u64, &[u8])> = refs
+            .iter()
+            .map(|w| {
+                let p = &b.chunks[&w.chunk_id].pieces[w.piece];
+                (w.dev_offset, &p.buf[w.range.clone()])
+            })
+            .chain(log_buf.as_ref().map(|(o, buf, n)| (*o, &buf[..*n])))
+            .collect();
+        let wrote = !writes.is_empty();
+        let results = if wrote {
             self.shared.disk.write_batch(&writes)
+        } else {
+            Vec::new()
         };
+        drop(writes);
         let mut store_error: Option<Error> = None;
         if let Some(i) = log_index
             && let Err(e) = &results[i]
@@ -257,20 +272,23 @@ impl Writer {
                 plan.error = Some(Error::io("chunk write", clone_io(e)));
             }
         }
-        if store_error.is_none() && !writes.is_empty() && self.durability == Durability::Sync {
+        if store_error.is_none() && wrote && self.durability == Durability::Sync {
             if let Err(e) = self.shared.disk.sync() {
                 store_error = Some(Error::io("flush", e));
             }
             self.shared.stats.flushes.fetch_add(1, Ordering::Relaxed);
         }
-        if !writes.is_empty() {
+        if wrote {
             self.shared.stats.batches.fetch_add(1, Ordering::Relaxed);
         }
-        drop(writes);
-        for (_, buf, _) in bufs {
-            if self.pool.len() < POOL_BUFFERS {
-                self.pool.push(buf);
+        let pool = &self.shared.pool;
+        for plan in b.chunks.values_mut() {
+            for p in &mut plan.pieces {
+                pool.give(std::mem::replace(&mut p.buf, AlignedBuf::zeroed(0)));
             }
+        }
+        if let Some((_, buf, _)) = log_buf {
+            pool.give(buf);
         }
         match store_error {
             Some(e) => self.fail_batch(b, e),
@@ -335,21 +353,27 @@ impl Writer {
             }
             Request::Append {
                 chunk_id,
-                offset,
                 data,
                 reply,
             } => {
+                let offset = data.offset;
+                let refuse = |reply: Reply<u64>, data: Prepared, e: Error| {
+                    self.shared.pool.give(data.buf);
+                    send(reply, Err(e));
+                };
                 if failed {
-                    return send(reply, Err(Error::StoreFailed));
+                    return refuse(reply, data, Error::StoreFailed);
                 }
-                if data.is_empty() || data.len() > self.limits.max_append_bytes {
+                if data.len == 0 || data.len > self.limits.max_append_bytes {
                     let max_append_bytes = self.limits.max_append_bytes as u64;
-                    return send(
+                    let append_bytes = data.len as u64;
+                    return refuse(
                         reply,
-                        Err(Error::BadAppendSize {
-                            append_bytes: data.len() as u64,
+                        data,
+                        Error::BadAppendSize {
+                            append_bytes,
                             max_append_bytes,
-                        }),
+                        },
                     );
                 }
                 if b.seals.iter().any(|s| s.0 == chunk_id) {
@@ -360,10 +384,10 @@ impl Writer {
                         .chunks
                         .get(&chunk_id)
                         .map_or(0, |c| c.length);
-                    return send(reply, Err(Error::Sealed { chunk_id, length }));
+                    return refuse(reply, data, Error::Sealed { chunk_id, length });
                 }
                 if b.deletes.iter().any(|s| s.0 == chunk_id) {
-                    return send(reply, Err(Error::NotFound { chunk_id }));
+                    return refuse(reply, data, Error::NotFound { chunk_id });
                 }
                 // The chunk's first append in this batch opens its plan, but only once the
                 // append is known to be valid: a batch never carries a plan with no appends.
@@ -372,36 +396,38 @@ impl Writer {
                 } else {
                     match self.open_plan(b, chunk_id) {
                         Ok(p) => Some(p),
-                        Err(e) => return send(reply, Err(e)),
+                        Err(e) => return refuse(reply, data, e),
                     }
                 };
                 let length = new_plan
                     .as_ref()
                     .map_or_else(|| b.chunks[&chunk_id].len(), ChunkPlan::len);
                 if offset != length {
-                    return send(
+                    return refuse(
                         reply,
-                        Err(Error::OffsetMismatch {
+                        data,
+                        Error::OffsetMismatch {
                             chunk_id,
                             offset,
                             length,
-                        }),
+                        },
                     );
                 }
                 let max = self.shared.geo.sb.max_chunk_bytes;
-                if length + data.len() as u64 > max {
-                    let append_bytes = data.len() as u64;
-                    return send(
+                let append_bytes = data.len as u64;
+                if length + append_bytes > max {
+                    return refuse(
                         reply,
-                        Err(Error::ChunkFull {
+                        data,
+                        Error::ChunkFull {
                             chunk_id,
                             length,
                             append_bytes,
                             max_chunk_bytes: max,
-                        }),
+                        },
                     );
                 }
-                let end = length + data.len() as u64;
+                let end = length + append_bytes;
                 let plan = match new_plan {
                     Some(p) => {
                         b.order.push(chunk_id);
@@ -522,37 +548,33 @@ impl Writer {
         Ok(fresh(c.epoch, c.length, c.crc))
     }
 
-    /// Builds the sector units of a chunk's appends into aligned write buffers (one per extent
-    /// run), allocating extents as needed.
-    /// A buffer of at least `len` bytes from the pool (contents arbitrary).
-    fn take_buf(&mut self, len: usize) -> AlignedBuf {
-        match self.pool.iter().position(|b| b.len() >= len) {
-            Some(i) => self.pool.swap_remove(i),
-            None => AlignedBuf::zeroed(len.next_power_of_two()),
-        }
-    }
-
+    /// Completes the sector units of a chunk's appends — the bytes of a partly filled first
+    /// unit, the footers — and lists the writes (one per append, two when it crosses into a
+    /// new extent), allocating extents as needed.
+    ///
+    /// Appends to one chunk in one batch are chained: an append that starts inside a unit
+    /// the previous one left partly filled carries that whole unit (so the previous append's
+    /// copy of it is not written), with the footer of the unit's durable state kept in its
+    /// slot and the new footer in the other, as for a tail unit across batches.
     fn build(
         &mut self,
         chunk_id: ChunkId,
         plan: &mut ChunkPlan,
-        bufs: &mut Vec<(u64, AlignedBuf, usize)>,
+        writes: &mut Vec<WriteRef>,
     ) -> Result<()> {
-        let geo = self.shared.geo.clone();
+        let shared = self.shared.clone();
+        let geo = &shared.geo;
         let (s, d, upe) = (geo.unit, geo.data as u64, geo.units_per_extent);
-        let start = plan.base_len;
         let end = plan.len();
-        debug_assert!(end > start);
-        let (u0, u1) = (geo.unit_of(start), geo.unit_of(end - 1));
-        let mut extents: Vec<u32> = self
-            .shared
+        debug_assert!(end > plan.base_len);
+        let mut extents: Vec<u32> = shared
             .index
             .read()
             .chunks
             .get(&chunk_id)
             .map(|c| c.extents.clone())
             .unwrap_or_default();
-        let need = (u1 / upe) as usize + 1;
+        let need = (geo.unit_of(end - 1) / upe) as usize + 1;
         while extents.len() < need {
             match self.alloc.allocate() {
                 Some(e) => {
@@ -567,68 +589,144 @@ impl Writer {
                 }
             }
         }
+
+        /// Where the bytes of the partly filled unit the next append continues in are.
+        enum Src {
+            Tail,
+            Piece(usize),
+        }
+        struct Open {
+            unit: u32,
+            /// The slot of the footer that is durable on the device, if the unit is.
+            durable_slot: Option<usize>,
+            /// CRC32C of the unit's bytes so far.
+            crc: u32,
+            src: Src,
+        }
+        let mut open = if !plan.base_len.is_multiple_of(d) {
+            let t = self
+                .tails
+                .get(&chunk_id)
+                .expect("open chunk with a partial unit has a cached tail");
+            assert_eq!(
+                t.unit,
+                geo.unit_of(plan.base_len),
+                "tail cache of chunk {chunk_id} is for the wrong unit"
+            );
+            Some(Open {
+                unit: t.unit,
+                durable_slot: Some(t.cur_slot),
+                crc: t.data_crc,
+                src: Src::Tail,
+            })
+        } else {
+            None
+        };
         let mut crc = plan.base_crc;
-        let mut src = PieceCursor::new(&plan.pieces);
-        let mut ua = u0;
-        while ua <= u1 {
-            let ub = u1.min((ua / upe + 1) * upe - 1);
-            let run = (ub - ua + 1) as usize * s;
-            let mut buf = self.take_buf(run);
-            for u in ua..=ub {
-                let unit = &mut buf[(u - ua) as usize * s..][..s];
-                let ustart = u as u64 * d;
-                let from = (start.max(ustart) - ustart) as usize;
-                let to = (end.min(ustart + d) - ustart) as usize;
-                let mut cur_slot = None;
-                let mut old_crc = 0;
-                if u == u0 && !start.is_multiple_of(d) {
-                    let tail = self
-                        .tails
-                        .get(&chunk_id)
-                        .expect("open chunk with a partial unit has a cached tail");
-                    assert_eq!(
-                        tail.unit, u0,
-                        "tail cache of chunk {chunk_id} is for the wrong unit"
-                    );
-                    unit.copy_from_slice(&tail.buf);
-                    cur_slot = Some(tail.cur_slot);
-                    old_crc = tail.data_crc;
-                } else {
-                    unit[to..].fill(0);
+        let count = plan.pieces.len();
+        for k in 0..count {
+            let (before, rest) = plan.pieces.split_at_mut(k);
+            let p = &mut rest[0];
+            let (u0, n) = (p.first_unit, p.units());
+            let from0 = (p.offset - u0 as u64 * d) as usize;
+            let pend = p.offset + p.len as u64;
+            let unit_to = |i: usize| {
+                let ustart = (u0 as u64 + i as u64) * d;
+                (pend.min(ustart + d) - ustart) as usize
+            };
+            let mut first_slot = 0;
+            let mut first_durable = None;
+            let mut first_crc = p.unit_crcs[0];
+            if from0 != 0 {
+                let o = open
+                    .take()
+                    .expect("an append that starts inside a unit continues an open unit");
+                debug_assert_eq!(o.unit, u0);
+                let src: &[u8] = match o.src {
+                    Src::Tail => &self.tails[&chunk_id].buf,
+                    Src::Piece(j) => {
+                        shared.stats.chained_appends.fetch_add(1, Ordering::Relaxed);
+                        let q = &before[j];
+                        &q.buf[(q.units() - 1) * s..][..s]
+                    }
+                };
+                let unit = &mut p.buf[..s];
+                unit[..from0].copy_from_slice(&src[..from0]);
+                if let Some(c) = o.durable_slot {
+                    let fo = footer::slot_offset(s, c);
+                    unit[fo..fo + footer::FOOTER_BYTES]
+                        .copy_from_slice(&src[fo..fo + footer::FOOTER_BYTES]);
+                    first_slot = 1 - c;
                 }
-                src.copy_to(&mut unit[from..to]);
-                // The tail unit's CRC extends the CRC of its acknowledged bytes; the chunk's
-                // running CRC extends over the new bytes only.
-                let data_crc = checksum::crc32c_append(old_crc, &unit[from..to]);
-                crc = checksum::crc32c_append(crc, &unit[from..to]);
-                debug_assert_eq!(data_crc, checksum::crc32c(&unit[..to]));
-                let append_end = plan.ends.binary_search(&(ustart + to as u64)).is_ok();
+                first_durable = o.durable_slot;
+                first_crc = checksum::crc32c_append(o.crc, &unit[from0..unit_to(0)]);
+            }
+            let mut last_crc = first_crc;
+            for i in 0..n {
+                let (slot, data_crc) = if i == 0 {
+                    (first_slot, first_crc)
+                } else {
+                    (0, p.unit_crcs[i])
+                };
+                last_crc = data_crc;
                 let f = Footer {
-                    flags: if append_end { FLAG_APPEND_END } else { 0 },
+                    flags: if i == n - 1 { FLAG_APPEND_END } else { 0 },
                     chunk_id,
                     epoch: plan.epoch,
-                    unit_index: u,
+                    unit_index: u0 + i as u32,
                     mount_gen: self.mount_gen,
-                    valid_len: to as u16,
+                    valid_len: unit_to(i) as u16,
                     data_crc,
                 };
-                let new_slot = cur_slot.map_or(0, |c| 1 - c);
-                let off = footer::slot_offset(s, new_slot);
-                f.encode(geo.salt, &mut unit[off..off + footer::FOOTER_BYTES]);
-                if u == u1 && (to as u64) < d {
-                    let tb = AlignedBuf::copy_of(unit);
+                let fo = i * s + footer::slot_offset(s, slot);
+                f.encode(geo.salt, &mut p.buf[fo..fo + footer::FOOTER_BYTES]);
+            }
+            crc = if p.len < COMBINE_CRC_FROM {
+                (0..n).fold(crc, |c, i| {
+                    let from = if i == 0 { from0 } else { 0 };
+                    checksum::crc32c_append(c, &p.buf[i * s + from..i * s + unit_to(i)])
+                })
+            } else {
+                checksum::crc32c_combine(crc, p.crc, p.len)
+            };
+            let last_to = unit_to(n - 1);
+            if (last_to as u64) < d {
+                open = Some(Open {
+                    unit: u0 + n as u32 - 1,
+                    durable_slot: if n == 1 { first_durable } else { None },
+                    crc: last_crc,
+                    src: Src::Piece(k),
+                });
+                if k == count - 1 {
+                    let last_slot = if n == 1 { first_slot } else { 0 };
                     plan.new_tail = Some(Tail {
-                        unit: u,
-                        buf: tb,
-                        cur_slot: new_slot,
-                        data_crc,
+                        unit: u0 + n as u32 - 1,
+                        buf: AlignedBuf::copy_of(&p.buf[(n - 1) * s..n * s]),
+                        cur_slot: last_slot,
+                        data_crc: last_crc,
                     });
                 }
             }
-            let extent = extents[(ua / upe) as usize];
-            plan.writes.push(bufs.len());
-            bufs.push((geo.unit_offset(extent, ua), buf, run));
-            ua = ub + 1;
+            // The last unit is left to the next append when that one continues in it.
+            let written = if k + 1 < count && (last_to as u64) < d {
+                n - 1
+            } else {
+                n
+            };
+            let mut i = 0;
+            while i < written {
+                let ua = u0 + i as u32;
+                let ub = (u0 + written as u32 - 1).min((ua / upe + 1) * upe - 1);
+                let units = (ub - ua + 1) as usize;
+                plan.writes.push(writes.len());
+                writes.push(WriteRef {
+                    dev_offset: geo.unit_offset(extents[(ua / upe) as usize], ua),
+                    chunk_id,
+                    piece: k,
+                    range: i * s..(i + units) * s,
+                });
+                i += units;
+            }
         }
         plan.new_crc = crc;
         Ok(())
@@ -894,39 +992,8 @@ fn clone_io(e: &std::io::Error) -> std::io::Error {
 
 fn req_bytes(r: &Request) -> usize {
     match r {
-        Request::Append { data, .. } => data.len(),
+        Request::Append { data, .. } => data.len,
         _ => 0,
-    }
-}
-
-/// Reads the concatenation of several byte vectors in order.
-struct PieceCursor<'a> {
-    pieces: &'a [Vec<u8>],
-    i: usize,
-    off: usize,
-}
-
-impl<'a> PieceCursor<'a> {
-    fn new(pieces: &'a [Vec<u8>]) -> Self {
-        Self {
-            pieces,
-            i: 0,
-            off: 0,
-        }
-    }
-
-    fn copy_to(&mut self, mut out: &mut [u8]) {
-        while !out.is_empty() {
-            let p = &self.pieces[self.i][self.off..];
-            let n = p.len().min(out.len());
-            out[..n].copy_from_slice(&p[..n]);
-            out = &mut out[n..];
-            self.off += n;
-            if self.off == self.pieces[self.i].len() {
-                self.i += 1;
-                self.off = 0;
-            }
-        }
     }
 }
 

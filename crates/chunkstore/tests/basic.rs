@@ -8,9 +8,12 @@ use common::*;
 fn create_append_read_seal_delete() {
     let (_disk, store) = fault_store(1);
     store.create(7, 1).unwrap();
-    assert_eq!(store.append(7, 0, pattern(7, 0, 3000)).unwrap(), 3000);
-    assert_eq!(store.append(7, 3000, pattern(7, 3000, 2000)).unwrap(), 5000);
-    assert_eq!(store.append(7, 5000, pattern(7, 5000, 100)).unwrap(), 5100);
+    assert_eq!(store.append(7, 0, &pattern(7, 0, 3000)).unwrap(), 3000);
+    assert_eq!(
+        store.append(7, 3000, &pattern(7, 3000, 2000)).unwrap(),
+        5000
+    );
+    assert_eq!(store.append(7, 5000, &pattern(7, 5000, 100)).unwrap(), 5100);
     assert_eq!(store.read(7, 0, 5100).unwrap(), pattern(7, 0, 5100));
     assert_eq!(store.read(7, 2990, 30).unwrap(), pattern(7, 2990, 30));
     let stat = store.seal(7).unwrap();
@@ -19,7 +22,7 @@ fn create_append_read_seal_delete() {
     assert_eq!(stat.crc32c, crc32c::crc32c(&pattern(7, 0, 5100)));
     assert_eq!(store.seal(7).unwrap(), stat, "seal is idempotent");
     assert!(matches!(
-        store.append(7, 5100, vec![1]),
+        store.append(7, 5100, &[1]),
         Err(Error::Sealed { length: 5100, .. })
     ));
     assert_eq!(store.list(), vec![7]);
@@ -35,8 +38,8 @@ fn create_append_read_seal_delete() {
 fn wrong_offset_is_refused_with_the_current_length() {
     let (_disk, store) = fault_store(2);
     store.create(1, 1).unwrap();
-    store.append(1, 0, vec![5; 10]).unwrap();
-    match store.append(1, 4, vec![6; 10]) {
+    store.append(1, 0, &[5; 10]).unwrap();
+    match store.append(1, 4, &[6; 10]) {
         Err(Error::OffsetMismatch {
             chunk_id: 1,
             offset: 4,
@@ -51,7 +54,7 @@ fn wrong_offset_is_refused_with_the_current_length() {
 fn bad_requests_get_typed_errors() {
     let (_disk, store) = fault_store(3);
     assert!(matches!(
-        store.append(9, 0, vec![1]),
+        store.append(9, 0, &[1]),
         Err(Error::NotFound { chunk_id: 9 })
     ));
     assert!(matches!(store.read(9, 0, 1), Err(Error::NotFound { .. })));
@@ -61,13 +64,13 @@ fn bad_requests_get_typed_errors() {
         Err(Error::AlreadyExists { chunk_id: 9 })
     ));
     assert!(matches!(
-        store.append(9, 0, vec![]),
+        store.append(9, 0, &[]),
         Err(Error::BadAppendSize {
             append_bytes: 0,
             ..
         })
     ));
-    store.append(9, 0, vec![1; 100]).unwrap();
+    store.append(9, 0, &[1; 100]).unwrap();
     assert!(matches!(
         store.read(9, 50, 51),
         Err(Error::OutOfRange { length: 100, .. })
@@ -90,10 +93,10 @@ fn chunk_size_is_bounded() {
     let mut off = 0;
     while off < max {
         let n = (max - off).min(4 * MIB) as usize;
-        off = store.append(1, off, pattern(1, off, n)).unwrap();
+        off = store.append(1, off, &pattern(1, off, n)).unwrap();
     }
     assert!(matches!(
-        store.append(1, off, vec![0]),
+        store.append(1, off, &[0]),
         Err(Error::ChunkFull { .. })
     ));
     assert_eq!(
@@ -110,7 +113,7 @@ fn delete_reuses_space() {
         for id in 0..4 {
             store.create(id, round).unwrap();
             store
-                .append(id, 0, pattern(id, 0, 4 * MIB as usize))
+                .append(id, 0, &pattern(id, 0, 4 * MIB as usize))
                 .unwrap();
         }
         assert!(store.space().extents_free < total);
@@ -133,7 +136,7 @@ fn no_space_is_an_error_not_a_panic() {
         store.create(id, 1).unwrap();
         let mut off = 0;
         let r = loop {
-            match store.append(id, off, vec![1; 4 * MIB as usize]) {
+            match store.append(id, off, &vec![1; 4 * MIB as usize]) {
                 Ok(n) => off = n,
                 Err(e) => break e,
             }
@@ -147,7 +150,7 @@ fn no_space_is_an_error_not_a_panic() {
     // Deleting frees space for new appends.
     store.delete(0).unwrap();
     store.create(1000, 1).unwrap();
-    store.append(1000, 0, vec![2; 1000]).unwrap();
+    store.append(1000, 0, &vec![2; 1000]).unwrap();
 }
 
 #[test]
@@ -158,7 +161,7 @@ fn reopen_after_clean_close_keeps_everything() {
         let mut off = 0;
         for k in 0..(id + 1) * 3 {
             let n = 1000 + (k as usize * 777) % 9000;
-            off = store.append(id, off, pattern(id, off, n)).unwrap();
+            off = store.append(id, off, &pattern(id, off, n)).unwrap();
         }
         if id % 2 == 0 {
             store.seal(id).unwrap();

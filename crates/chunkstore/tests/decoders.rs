@@ -60,7 +60,7 @@ fn base_image() -> &'static Vec<u8> {
             let mut off = 0;
             for k in 0..5 {
                 off = store
-                    .append(id, off, vec![id as u8 + k; 1000 + 3000 * k as usize])
+                    .append(id, off, &vec![id as u8 + k; 1000 + 3000 * k as usize])
                     .unwrap();
             }
         }

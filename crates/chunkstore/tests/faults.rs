@@ -19,7 +19,7 @@ fn a_flipped_bit_in_the_middle_of_a_chunk_is_a_typed_corruption_error() {
     let (disk, store) = fault_store(11);
     store.create(5, 1).unwrap();
     let n = 64 * 1024;
-    store.append(5, 0, pattern(5, 0, n)).unwrap();
+    store.append(5, 0, &pattern(5, 0, n)).unwrap();
     store.seal(5).unwrap();
     // Byte 30 000 lives in unit 7 (4016 data bytes per unit): logical offset 7 × 4016 = 28 112.
     let at = find(&disk.snapshot(), &pattern(5, 30_000, 64));
@@ -60,7 +60,7 @@ fn a_flipped_bit_in_the_middle_of_a_chunk_is_a_typed_corruption_error() {
 fn recovery_never_serves_a_flipped_bit_in_an_open_chunk() {
     let (disk, store) = fault_store(12);
     store.create(6, 1).unwrap();
-    store.append(6, 0, pattern(6, 0, 10_000)).unwrap();
+    store.append(6, 0, &pattern(6, 0, 10_000)).unwrap();
     let at = find(&disk.snapshot(), &pattern(6, 5_000, 64));
     disk.flip_bit(at as u64, 0);
     // Power is cut before any checkpoint records the append, so recovery must walk the units.
@@ -79,25 +79,25 @@ fn a_write_error_fails_the_append_and_the_chunk_but_not_the_store() {
     let (disk, store) = fault_store(13);
     store.create(1, 1).unwrap();
     store.create(2, 1).unwrap();
-    store.append(1, 0, pattern(1, 0, 1000)).unwrap();
+    store.append(1, 0, &pattern(1, 0, 1000)).unwrap();
     disk.set_faults(FaultConfig {
         write_error_rate: 1.0,
         ..Default::default()
     });
     assert!(matches!(
-        store.append(1, 1000, pattern(1, 1000, 1000)),
+        store.append(1, 1000, &pattern(1, 1000, 1000)),
         Err(Error::Io { .. })
     ));
     disk.set_faults(FaultConfig::default());
     // The chunk refuses appends (its bytes past 1000 are unknown) but reads and seals.
     assert!(matches!(
-        store.append(1, 1000, vec![1]),
+        store.append(1, 1000, &[1]),
         Err(Error::ChunkFailed { chunk_id: 1 })
     ));
     assert_eq!(store.read(1, 0, 1000).unwrap(), pattern(1, 0, 1000));
     assert_eq!(store.seal(1).unwrap().length, 1000);
     // Other chunks carry on.
-    assert_eq!(store.append(2, 0, pattern(2, 0, 500)).unwrap(), 500);
+    assert_eq!(store.append(2, 0, &pattern(2, 0, 500)).unwrap(), 500);
     assert!(!store.is_failed());
 }
 
@@ -105,19 +105,19 @@ fn a_write_error_fails_the_append_and_the_chunk_but_not_the_store() {
 fn a_flush_error_fails_the_store_and_keeps_acknowledged_data() {
     let (disk, store) = fault_store(14);
     store.create(1, 1).unwrap();
-    store.append(1, 0, pattern(1, 0, 3000)).unwrap();
+    store.append(1, 0, &pattern(1, 0, 3000)).unwrap();
     disk.set_faults(FaultConfig {
         sync_error_rate: 1.0,
         ..Default::default()
     });
     assert!(matches!(
-        store.append(1, 3000, vec![1; 10]),
+        store.append(1, 3000, &[1; 10]),
         Err(Error::Io { .. })
     ));
     assert!(store.is_failed());
     disk.set_faults(FaultConfig::default());
     assert!(matches!(
-        store.append(1, 3000, vec![1; 10]),
+        store.append(1, 3000, &[1; 10]),
         Err(Error::StoreFailed)
     ));
     assert!(matches!(store.create(9, 1), Err(Error::StoreFailed)));
@@ -130,7 +130,7 @@ fn a_flush_error_fails_the_store_and_keeps_acknowledged_data() {
     let (_d, store, _) = reopen(disk.crash(CrashPolicy::DropAll), 3);
     assert_eq!(store.stat(1).unwrap().length, 3000);
     assert_eq!(
-        store.append(1, 3000, pattern(1, 3000, 10)).unwrap(),
+        store.append(1, 3000, &pattern(1, 3000, 10)).unwrap(),
         3010,
         "writable again after reopen"
     );
@@ -140,7 +140,7 @@ fn a_flush_error_fails_the_store_and_keeps_acknowledged_data() {
 fn a_read_error_is_an_error_not_data() {
     let (disk, store) = fault_store(15);
     store.create(1, 1).unwrap();
-    store.append(1, 0, vec![7; 100]).unwrap();
+    store.append(1, 0, &[7; 100]).unwrap();
     disk.set_faults(FaultConfig {
         read_error_rate: 1.0,
         ..Default::default()
@@ -173,7 +173,7 @@ fn concurrent_appends_share_flushes() {
             std::thread::spawn(move || {
                 let mut off = 0;
                 for _ in 0..10 {
-                    off = store.append(id, off, pattern(id, off, 4096)).unwrap();
+                    off = store.append(id, off, &pattern(id, off, 4096)).unwrap();
                 }
             })
         })

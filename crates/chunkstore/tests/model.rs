@@ -26,6 +26,8 @@ const IDS: u8 = 4;
 static UNACKED_SURVIVED: AtomicU64 = AtomicU64::new(0);
 static UNACKED_LOST: AtomicU64 = AtomicU64::new(0);
 static ACKED_CHECKED_AFTER_CRASH: AtomicU64 = AtomicU64::new(0);
+/// Bursts in which an append continued a unit left open by another append of its batch.
+static CHAINED: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Debug, Clone)]
 enum Meta {
@@ -159,7 +161,7 @@ impl Harness {
                 let cur = self.model.get(&id64).map(|c| c.data.len() as u64);
                 let offset = cur.unwrap_or(0) + wrong_offset as u64;
                 let data = pattern(id64, offset, len as usize);
-                let r = self.store().append(id64, offset, data.clone());
+                let r = self.store().append(id64, offset, &data);
                 match (self.model.get_mut(&id64), r) {
                     (None, Err(Error::NotFound { .. })) => {}
                     (Some(c), Err(Error::Sealed { .. })) if c.sealed => {}
@@ -263,15 +265,20 @@ impl Harness {
             }
             let data = pattern(id, off, len as usize);
             ends.insert(id, off + len as u64);
-            match self.store().append_pipelined(id, off, data.clone()) {
+            match self.store().append_pipelined(id, off, &data) {
                 Ok(p) => pending.push((id, data, p)),
                 Err(e) => panic!("submit: {e}"),
             }
         }
-        pending
+        let before = self.store().stats().chained_appends.load(Ordering::Relaxed);
+        let out = pending
             .into_iter()
             .map(|(id, data, p)| (id, (data, p.wait())))
-            .collect()
+            .collect();
+        if self.store().stats().chained_appends.load(Ordering::Relaxed) > before {
+            CHAINED.fetch_add(1, Ordering::Relaxed);
+        }
+        out
     }
 
     fn crash(
@@ -482,10 +489,15 @@ fn crash_paths_are_exercised() {
             h.run(op).unwrap();
         }
     }
-    let probes = [&UNACKED_SURVIVED, &UNACKED_LOST, &ACKED_CHECKED_AFTER_CRASH]
-        .map(|p| p.load(Ordering::Relaxed));
+    let probes = [
+        &UNACKED_SURVIVED,
+        &UNACKED_LOST,
+        &ACKED_CHECKED_AFTER_CRASH,
+        &CHAINED,
+    ]
+    .map(|p| p.load(Ordering::Relaxed));
     assert!(
         probes.iter().all(|&n| n > 0),
-        "probes (survived, lost, acked checked) = {probes:?}"
+        "probes (survived, lost, acked checked, chained in a batch) = {probes:?}"
     );
 }

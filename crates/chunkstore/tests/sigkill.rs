@@ -74,7 +74,7 @@ fn child(path: &Path, seed: u64) {
                         id += 1;
                         continue;
                     }
-                    let end = store.append(id, len, pattern(id, len, n)).unwrap();
+                    let end = store.append(id, len, &pattern(id, len, n)).unwrap();
                     say(format!("ACK {id} {end}"));
                 }
             })

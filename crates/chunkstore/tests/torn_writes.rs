@@ -37,13 +37,13 @@ fn tear_case(prefix: &[usize], torn: usize) {
     store.create(1, 1).unwrap();
     let mut acked = 0u64;
     for &n in prefix {
-        acked = store.append(1, acked, pattern(1, acked, n)).unwrap();
+        acked = store.append(1, acked, &pattern(1, acked, n)).unwrap();
     }
     disk.set_faults(FaultConfig {
         sync_error_rate: 1.0,
         ..Default::default()
     });
-    let r = store.append(1, acked, pattern(1, acked, torn));
+    let r = store.append(1, acked, &pattern(1, acked, torn));
     assert!(matches!(r, Err(Error::Io { .. })), "{r:?}");
     drop(store);
     let writes = disk.unsynced_writes();
@@ -68,7 +68,7 @@ fn tear_case(prefix: &[usize], torn: usize) {
         );
         // Appending continues from the recovered length, and survives another reopen.
         let len2 = store
-            .append(1, stat.length, pattern(1, stat.length, 777))
+            .append(1, stat.length, &pattern(1, stat.length, 777))
             .unwrap();
         assert_eq!(
             store.read(1, 0, len2 as usize).unwrap(),

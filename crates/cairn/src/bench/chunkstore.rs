@@ -1,7 +1,7 @@
 //! `cairn bench chunkstore`: appends or reads against a chunk store on a real file, next to
 //! the raw floor of the same I/O in the same run.
 
-use super::{Latency, floor, histogram, loadavg, parse_size};
+use super::{Latency, cpu_seconds, floor, histogram, loadavg, parse_size};
 use anyhow::Context;
 use cairn_chunkstore::{ChunkStore, Disk, Durability, FileDisk, FormatOptions, OpenOptions};
 use serde::Serialize;
@@ -64,6 +64,9 @@ struct Report {
     floor_mib_per_s: f64,
     ratio_p50: f64,
     ratio_ops: f64,
+    /// CPU time (user + system, all threads) per operation, store and floor.
+    cpu_us_per_op: f64,
+    floor_cpu_us_per_op: f64,
     /// Appends per flush (group commit), store side.
     appends_per_flush: f64,
     loadavg: f64,
@@ -117,7 +120,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     for _ in 0..a.runs {
+        let cpu0 = cpu_seconds();
         let f = floor::run(floor_disk.clone(), write, size, a.depth, a.seconds, durable)?;
+        let cpu1 = cpu_seconds();
         let flushes0 = store.stats().flushes.load(Ordering::Relaxed);
         let appends0 = store.stats().appends.load(Ordering::Relaxed);
         let (ops, errors, secs, lat) = if write {
@@ -125,6 +130,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         } else {
             reads(&store, &prefilled, size, a.depth, a.seconds)?
         };
+        let cpu2 = cpu_seconds();
         let flushes = store.stats().flushes.load(Ordering::Relaxed) - flushes0;
         let appends = store.stats().appends.load(Ordering::Relaxed) - appends0;
         let mib = |ops: u64, s: f64| ops as f64 * size as f64 / s / (1 << 20) as f64;
@@ -143,8 +149,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             p99_us: lat.p99_us,
             p999_us: lat.p999_us,
             max_us: lat.max_us,
-            floor: if write {
+            floor: if write && durable {
                 "raw O_DIRECT pwrite+fdatasync loop"
+            } else if write {
+                "raw O_DIRECT pwrite loop"
             } else {
                 "raw O_DIRECT pread loop"
             },
@@ -155,6 +163,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             floor_mib_per_s: mib(f.ops, f.seconds),
             ratio_p50: lat.p50_us / f.latency.p50_us,
             ratio_ops: (ops as f64 / secs) / floor_ops_per_s,
+            cpu_us_per_op: (cpu2 - cpu1) * 1e6 / ops.max(1) as f64,
+            floor_cpu_us_per_op: (cpu1 - cpu0) * 1e6 / f.ops.max(1) as f64,
             appends_per_flush: if flushes > 0 {
                 appends as f64 / flushes as f64
             } else {
@@ -221,7 +231,7 @@ fn appends(
                         len = 0;
                     }
                     let s = Instant::now();
-                    match store.append(id, len, data.clone()) {
+                    match store.append(id, len, &data) {
                         Ok(n) => {
                             h.record(s.elapsed().as_nanos() as u64).expect("in range");
                             len = n;
@@ -258,7 +268,7 @@ fn prefill(
         let mut len = 0;
         let mut pending = Vec::new();
         while len + piece as u64 <= chunk.min(total / n) {
-            pending.push(store.append_pipelined(id, len, data.clone())?);
+            pending.push(store.append_pipelined(id, len, &data)?);
             len += piece as u64;
         }
         for p in pending {

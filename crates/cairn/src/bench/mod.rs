@@ -67,6 +67,18 @@ pub fn histogram() -> hdrhistogram::Histogram<u64> {
 }
 
 /// The 1-minute load average, recorded with every result (the machine is shared).
+/// CPU seconds (user + system) this process has used so far.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return f64::NAN;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
 pub fn loadavg() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()

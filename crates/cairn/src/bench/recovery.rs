@@ -50,7 +50,7 @@ fn write(store: &ChunkStore, id: u64, from: u64, to: u64) -> anyhow::Result<()> 
     let mut off = from;
     while off < to {
         let n = ((to - off) as usize).min(PIECE);
-        pending.push(store.append_pipelined(id, off, data[..n].to_vec())?);
+        pending.push(store.append_pipelined(id, off, &data[..n])?);
         off += n as u64;
         if pending.len() >= 16 {
             for p in pending.drain(..) {

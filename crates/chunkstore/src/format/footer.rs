@@ -4,7 +4,7 @@
 //! slots. The slots alternate so that rewriting a partly filled unit never disturbs the footer
 //! that describes its acknowledged bytes.
 
-use super::{DecodeError, Reader, Writer};
+use super::{DecodeError, Reader};
 use crate::checksum;
 
 /// Bytes of one footer slot.
@@ -41,21 +41,19 @@ impl Footer {
     /// Encodes into exactly [`FOOTER_BYTES`] bytes with the salted footer CRC.
     pub fn encode(&self, salt: u32, out: &mut [u8]) {
         assert_eq!(out.len(), FOOTER_BYTES);
-        let mut w = Writer::default();
-        w.u16(MAGIC);
-        w.u8(VERSION);
-        w.u8(self.flags);
-        w.u64(self.chunk_id);
-        w.u64(self.epoch);
-        w.u32(self.unit_index);
-        w.u32(self.mount_gen);
-        w.u16(self.valid_len);
-        w.u16(0);
-        w.u32(self.data_crc);
-        let crc = checksum::salted(salt, &w.bytes);
-        w.u32(crc);
-        debug_assert_eq!(w.bytes.len(), FOOTER_BYTES);
-        out.copy_from_slice(&w.bytes);
+        // Written in place (this runs once per unit on the append path: no allocation).
+        out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+        out[2] = VERSION;
+        out[3] = self.flags;
+        out[4..12].copy_from_slice(&self.chunk_id.to_le_bytes());
+        out[12..20].copy_from_slice(&self.epoch.to_le_bytes());
+        out[20..24].copy_from_slice(&self.unit_index.to_le_bytes());
+        out[24..28].copy_from_slice(&self.mount_gen.to_le_bytes());
+        out[28..30].copy_from_slice(&self.valid_len.to_le_bytes());
+        out[30..32].fill(0);
+        out[32..36].copy_from_slice(&self.data_crc.to_le_bytes());
+        let crc = checksum::salted(salt, &out[..36]);
+        out[36..40].copy_from_slice(&crc.to_le_bytes());
     }
 
     /// Decodes a footer slot, checking magic, version, reserved bits and the footer CRC.
