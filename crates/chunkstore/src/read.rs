@@ -58,40 +58,53 @@ pub(crate) fn read_into(
     let (s, d, upe) = (geo.unit, geo.data as u64, geo.units_per_extent);
     let (u0, u1) = (geo.unit_of(offset), geo.unit_of(offset + len - 1));
     let first_extent = u0 / upe;
-    let mut written = 0usize;
+    let total = (u1 - u0 + 1) as usize * s;
+    let mut buf = take_buf(total);
+    // One read per extent the range touches, all in flight together.
+    let mut reads: Vec<(u64, &mut [u8])> = Vec::with_capacity(extents.len());
+    let mut rest = &mut buf[..total];
     let mut ua = u0;
     while ua <= u1 {
         let ub = u1.min((ua / upe + 1) * upe - 1);
-        let run = (ub - ua + 1) as usize * s;
+        let (run, tail) = rest.split_at_mut((ub - ua + 1) as usize * s);
         let extent = extents[(ua / upe - first_extent) as usize];
-        with_buf(run, |buf| -> Result<()> {
-            shared
-                .disk
-                .read_at(buf, geo.unit_offset(extent, ua))
-                .map_err(|e| Error::io("chunk read", e))?;
-            for u in ua..=ub {
-                let unit = &buf[(u - ua) as usize * s..][..s];
-                let ustart = u as u64 * d;
-                let from = (offset.max(ustart) - ustart) as usize;
-                let to = ((offset + len).min(ustart + d) - ustart) as usize;
-                let st = footer::unit_state(geo.salt, unit, chunk_id, epoch, u, 0);
-                let ok = st.and_then(|st| {
-                    if st.best.valid_len as usize >= to {
-                        Some(())
-                    } else {
-                        st.other.filter(|o| o.valid_len as usize >= to).map(|_| ())
-                    }
-                });
-                if ok.is_none() {
-                    return Err(missing_or_corrupt(shared, chunk_id, epoch, ustart));
-                }
-                out[written..written + (to - from)].copy_from_slice(&unit[from..to]);
-                written += to - from;
-            }
-            Ok(())
-        })?;
+        reads.push((geo.unit_offset(extent, ua), run));
+        rest = tail;
         ua = ub + 1;
     }
+    if let Some(e) = shared
+        .disk
+        .read_batch(&mut reads)
+        .into_iter()
+        .find_map(|r| r.err())
+    {
+        // The device may still complete a failed batch into the buffer: never reuse it.
+        std::mem::forget(buf);
+        return Err(Error::io("chunk read", e));
+    }
+    drop(reads);
+    let mut written = 0usize;
+    for u in u0..=u1 {
+        let unit = &buf[(u - u0) as usize * s..][..s];
+        let ustart = u as u64 * d;
+        let from = (offset.max(ustart) - ustart) as usize;
+        let to = ((offset + len).min(ustart + d) - ustart) as usize;
+        let st = footer::unit_state(geo.salt, unit, chunk_id, epoch, u, 0);
+        let ok = st.and_then(|st| {
+            if st.best.valid_len as usize >= to {
+                Some(())
+            } else {
+                st.other.filter(|o| o.valid_len as usize >= to).map(|_| ())
+            }
+        });
+        if ok.is_none() {
+            put_buf(buf);
+            return Err(missing_or_corrupt(shared, chunk_id, epoch, ustart));
+        }
+        out[written..written + (to - from)].copy_from_slice(&unit[from..to]);
+        written += to - from;
+    }
+    put_buf(buf);
     debug_assert_eq!(written, out.len());
     Ok(())
 }
@@ -109,14 +122,15 @@ fn missing_or_corrupt(shared: &Shared, chunk_id: ChunkId, epoch: u64, offset: u6
     }
 }
 
-/// Runs `f` with a thread-local aligned buffer of at least `len` bytes (reused across reads).
-fn with_buf<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    READ_BUF.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.as_ref().is_none_or(|b| b.len() < len) {
-            *slot = Some(AlignedBuf::zeroed(len.next_power_of_two()));
-        }
-        let buf = slot.as_mut().expect("just set");
-        f(&mut buf[..len])
-    })
+/// This thread's read buffer if it holds `len` bytes, else a new one.
+fn take_buf(len: usize) -> AlignedBuf {
+    READ_BUF
+        .with(|cell| cell.borrow_mut().take())
+        .filter(|b| b.len() >= len)
+        .unwrap_or_else(|| AlignedBuf::zeroed(len.next_power_of_two()))
+}
+
+/// Keeps `buf` for this thread's next read.
+fn put_buf(buf: AlignedBuf) {
+    READ_BUF.with(|cell| *cell.borrow_mut() = Some(buf));
 }

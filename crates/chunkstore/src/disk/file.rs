@@ -14,6 +14,8 @@ use std::path::Path;
 
 /// io_uring submission-queue depth for write batches.
 const RING_ENTRIES: u32 = 128;
+/// io_uring depth of each reader thread's ring (a read touches at most a few extents).
+const READ_RING_ENTRIES: u32 = 8;
 
 /// A file or block device used with O_DIRECT.
 ///
@@ -246,6 +248,87 @@ impl Disk for FileDisk {
             done += n as usize;
         }
         Ok(())
+    }
+
+    /// Reads of one batch go to the kernel together through a ring owned by the calling
+    /// thread (readers run on many threads and must not queue behind each other).
+    fn read_batch(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<io::Result<()>> {
+        thread_local! {
+            static READ_RING: std::cell::RefCell<Option<IoUring>> =
+                std::cell::RefCell::new(IoUring::new(READ_RING_ENTRIES).ok());
+        }
+        let sequential = |reads: &mut [(u64, &mut [u8])]| -> Vec<io::Result<()>> {
+            reads
+                .iter_mut()
+                .map(|(off, buf)| self.read_at(buf, *off))
+                .collect()
+        };
+        if reads.len() < 2 || reads.len() > READ_RING_ENTRIES as usize {
+            return sequential(reads);
+        }
+        READ_RING.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            let Some(ring) = slot.as_mut() else {
+                return sequential(reads);
+            };
+            let mut results: Vec<io::Result<()>> = reads
+                .iter()
+                .map(|(off, buf)| check_aligned(self.alignment, *off, buf.len(), buf.as_ptr()))
+                .collect();
+            let mut submitted = 0;
+            for (i, (off, buf)) in reads.iter_mut().enumerate() {
+                if results[i].is_err() {
+                    continue;
+                }
+                let sqe =
+                    opcode::Read::new(types::Fd(self.fd()), buf.as_mut_ptr(), buf.len() as u32)
+                        .offset(*off)
+                        .build()
+                        .user_data(i as u64);
+                // SAFETY: the buffers outlive the wait below; the ring has room for them all.
+                unsafe {
+                    ring.submission()
+                        .push(&sqe)
+                        .expect("read ring sized for the batch")
+                };
+                submitted += 1;
+            }
+            let mut reaped = 0;
+            let mut done = vec![false; reads.len()];
+            while reaped < submitted {
+                if let Err(e) = ring.submit_and_wait(submitted - reaped) {
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    // The ring is unusable. Reads not reaped fail; the kernel may still
+                    // complete them into their buffers, so a caller that sees an error must
+                    // not reuse its buffers (the read path leaks its buffer then).
+                    for (i, r) in results.iter_mut().enumerate() {
+                        if r.is_ok() && !done[i] {
+                            *r = Err(io::Error::new(e.kind(), e.to_string()));
+                        }
+                    }
+                    *slot = None;
+                    return results;
+                }
+                for cqe in ring.completion() {
+                    let i = cqe.user_data() as usize;
+                    let res = cqe.result();
+                    done[i] = true;
+                    let (off, buf) = &mut reads[i];
+                    results[i] = if res < 0 {
+                        Err(io::Error::from_raw_os_error(-res))
+                    } else if (res as usize) < buf.len() {
+                        let n = res as usize;
+                        self.read_at(&mut buf[n..], *off + n as u64)
+                    } else {
+                        Ok(())
+                    };
+                    reaped += 1;
+                }
+            }
+            results
+        })
     }
 
     fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {

@@ -33,6 +33,13 @@ pub trait Disk: Send + Sync + 'static {
             .map(|(off, buf)| self.write_at(buf, *off))
             .collect()
     }
+    /// Reads several buffers, possibly in parallel; one result per read, in order.
+    fn read_batch(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<io::Result<()>> {
+        reads
+            .iter_mut()
+            .map(|(off, buf)| self.read_at(buf, *off))
+            .collect()
+    }
     /// Makes every completed write durable (a device cache flush).
     fn sync(&self) -> io::Result<()>;
 }
@@ -52,6 +59,9 @@ impl<D: Disk + ?Sized> Disk for std::sync::Arc<D> {
     }
     fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
         (**self).write_batch(writes)
+    }
+    fn read_batch(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<io::Result<()>> {
+        (**self).read_batch(reads)
     }
     fn sync(&self) -> io::Result<()> {
         (**self).sync()
