@@ -382,6 +382,11 @@ impl ChunkStore {
         self.shared.failed.load(Ordering::Acquire)
     }
 
+    /// Device offset of the data region (extent 0); benchmarks read the raw floor there.
+    pub fn data_offset(&self) -> u64 {
+        self.shared.geo.sb.data_offset
+    }
+
     /// Largest chunk this store accepts.
     pub fn max_chunk_bytes(&self) -> u64 {
         self.shared.geo.sb.max_chunk_bytes

@@ -99,20 +99,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else {
         prefill(&store, a.store_size, a.depth)?
     };
-    // The floor's working set is as large as the store's (1 GiB for appends; the prefilled
-    // bytes for reads), so that caches below the file system favour neither.
-    let floor_bytes = if write {
-        (1u64 << 30).min(a.store_size)
+    // The floor's working set is as large as the store's. Appends: 1 GiB of a file beside the
+    // store. Reads: the store file's own data region where the prefill put its chunks (the
+    // same bytes in the same cache state; allocation is lowest extent first).
+    let (floor_disk, floor_range, floor_name) = if write {
+        let bytes = (1u64 << 30).min(a.store_size);
+        let d = floor::floor_file(&a.dir, bytes)?;
+        (d, (0, bytes), a.dir.join("floor.dat"))
     } else {
-        prefilled.iter().map(|c| c.1).sum::<u64>().max(1 << 20)
+        let logical: u64 = prefilled.iter().map(|c| c.1).sum();
+        // 4096-byte units carry 4016 data bytes.
+        let bytes = (logical / 4016 * 4096).max(1 << 20);
+        (disk.clone(), (store.data_offset(), bytes), store_path.clone())
     };
-    let floor_disk = floor::floor_file(&a.dir, floor_bytes)?;
     if !a.json {
         eprintln!(
             "store {} ({} MiB), floor {}; {} {} B x depth {} for {} s per run",
             store_path.display(),
             a.store_size >> 20,
-            a.dir.join("floor.dat").display(),
+            floor_name.display(),
             a.op,
             size,
             a.depth,
@@ -121,7 +126,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     for _ in 0..a.runs {
         let cpu0 = cpu_seconds();
-        let f = floor::run(floor_disk.clone(), write, size, a.depth, a.seconds, durable)?;
+        let f = floor::run(
+            floor_disk.clone(),
+            floor_range,
+            write,
+            size,
+            a.depth,
+            a.seconds,
+            durable,
+        )?;
         let cpu1 = cpu_seconds();
         let flushes0 = store.stats().flushes.load(Ordering::Relaxed);
         let appends0 = store.stats().appends.load(Ordering::Relaxed);
@@ -154,7 +167,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             } else if write {
                 "raw O_DIRECT pwrite loop"
             } else {
-                "raw O_DIRECT pread loop"
+                "raw O_DIRECT pread loop over the store file's data region"
             },
             floor_p50_us: f.latency.p50_us,
             floor_p99_us: f.latency.p99_us,

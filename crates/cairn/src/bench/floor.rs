@@ -1,8 +1,10 @@
 //! The physical floor: the same I/O as the store does, with nothing around it.
 //!
-//! `depth` threads each own a region of one preallocated, zero-filled file on the same
-//! filesystem as the store, and loop: O_DIRECT `pwrite` of `size` bytes + `fdatasync` (append
-//! floor), or O_DIRECT `pread` of `size` bytes (read floor), sequentially through their region.
+//! `depth` threads each own a slice of a byte range of a file and loop sequentially through it:
+//! O_DIRECT `pwrite` of `size` bytes + `fdatasync` (append floor: a preallocated, zero-filled
+//! file beside the store), or O_DIRECT `pread` of `size` bytes (read floor: the store's own
+//! data region, so that the floor reads the very bytes, device locations and cache state the
+//! store reads).
 
 use super::{Latency, histogram};
 use cairn_chunkstore::buf::AlignedBuf;
@@ -29,15 +31,19 @@ pub fn floor_file(dir: &Path, bytes: u64) -> anyhow::Result<Arc<FileDisk>> {
     Ok(Arc::new(FileDisk::create(&path, bytes, true)?))
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     disk: Arc<FileDisk>,
+    range: (u64, u64),
     write: bool,
     size: usize,
     depth: usize,
     seconds: f64,
     durable: bool,
 ) -> anyhow::Result<FloorResult> {
-    let region = disk.capacity() / depth as u64 / size as u64 * size as u64;
+    let (start, len) = range;
+    anyhow::ensure!(start + len <= disk.capacity(), "floor range past the end of the file");
+    let region = len / depth as u64 / size as u64 * size as u64;
     anyhow::ensure!(region >= size as u64, "floor file too small");
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let t0 = Instant::now();
@@ -50,7 +56,7 @@ pub fn run(
                 buf.iter_mut()
                     .enumerate()
                     .for_each(|(i, b)| *b = (i * 7 + t) as u8);
-                let base = t as u64 * region;
+                let base = start + t as u64 * region;
                 let mut off = 0u64;
                 while Instant::now() < deadline {
                     let s = Instant::now();
