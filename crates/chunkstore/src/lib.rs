@@ -49,7 +49,7 @@ mod recovery;
 mod store;
 mod writer;
 
-pub use disk::{CrashPolicy, Disk, FaultConfig, FaultDisk, FileDisk};
+pub use disk::{CrashPolicy, Disk, FaultConfig, FaultDisk, FileDisk, WriteTicket};
 pub use error::{ChunkId, CorruptionKind, Error, Result};
 pub use layout::FormatOptions;
 pub use recovery::RecoveryReport;

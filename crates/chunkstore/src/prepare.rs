@@ -105,18 +105,20 @@ pub(crate) struct BufPool {
 const POOL_BUFFERS: usize = 64;
 
 impl BufPool {
-    /// A buffer of at least `len` bytes (contents arbitrary): the smallest pooled one that
-    /// fits, or a new one.
+    /// A buffer of at least `len` bytes (contents arbitrary): a pooled one that fits, or a
+    /// new one.
     pub fn take(&self, len: usize) -> AlignedBuf {
         let mut bufs = self.bufs.lock();
+        // Of the smallest that fit, the most recently returned: it is likeliest in cache.
         let best = bufs
             .iter()
             .enumerate()
+            .rev()
             .filter(|(_, b)| b.len() >= len)
             .min_by_key(|(_, b)| b.len())
             .map(|(i, _)| i);
         match best {
-            Some(i) => bufs.swap_remove(i),
+            Some(i) => bufs.remove(i),
             None => {
                 drop(bufs);
                 AlignedBuf::zeroed(len.next_power_of_two())

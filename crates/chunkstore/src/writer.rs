@@ -58,6 +58,22 @@ pub(crate) enum Request {
 }
 
 impl Request {
+    /// Checkpoint, shutdown and abandon run only when no other batch is in flight.
+    fn is_control(&self) -> bool {
+        matches!(
+            self,
+            Request::Checkpoint { .. } | Request::Shutdown { .. } | Request::Abandon { .. }
+        )
+    }
+
+    /// Requests that write an operation-log entry.
+    fn needs_log(&self) -> bool {
+        matches!(
+            self,
+            Request::Create { .. } | Request::Seal { .. } | Request::Delete { .. }
+        )
+    }
+
     fn chunk_id(&self) -> Option<ChunkId> {
         match self {
             Request::Create { chunk_id, .. }
@@ -139,6 +155,14 @@ struct WriteRef {
     range: std::ops::Range<usize>,
 }
 
+/// A batch whose writes are started and not yet finished, with the buffers they write from.
+struct InFlight {
+    b: Batch,
+    log_buf: Option<(u64, AlignedBuf, usize)>,
+    log_index: Option<usize>,
+    ticket: Option<crate::disk::WriteTicket>,
+}
+
 #[derive(Default)]
 struct Batch {
     order: Vec<ChunkId>,
@@ -154,6 +178,22 @@ struct Batch {
     checkpoints: Vec<Reply<()>>,
     shutdown: Option<Reply<()>>,
     abandon: Option<Reply<()>>,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.order.is_empty()
+            && self.log.is_empty()
+            && self.creates.is_empty()
+            && self.seals.is_empty()
+            && self.deletes.is_empty()
+            && !self.is_barrier()
+    }
+
+    /// Holds a checkpoint, shutdown or abandon: nothing starts beside it.
+    fn is_barrier(&self) -> bool {
+        !self.checkpoints.is_empty() || self.shutdown.is_some() || self.abandon.is_some()
+    }
 }
 
 impl Writer {
@@ -182,41 +222,74 @@ impl Writer {
 
     /// The loop of the device thread. Returns when asked to shut down or when every sender
     /// is gone.
+    ///
+    /// Two batches overlap: batch N+1 is planned and its writes are started before batch N's
+    /// writes are awaited, flushed and committed, so the device has the next writes in hand
+    /// while it flushes. Batch N+1 never depends on batch N's outcome: requests for a chunk
+    /// batch N touches wait for the batch after, as do metadata operations while batch N
+    /// writes a log block, and control requests (checkpoint, shutdown, abandon) wait until
+    /// nothing is in flight.
     pub(crate) fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+        let mut inflight: Option<InFlight> = None;
+        let mut closed = false;
         loop {
-            let mut reqs: Vec<Request> = self.carry.drain(..).collect();
-            if reqs.is_empty() {
-                match rx.blocking_recv() {
-                    Some(r) => reqs.push(r),
-                    None => {
-                        let _ = self.shutdown_checkpoint();
-                        return;
+            let mut reqs: Vec<Request> = Vec::new();
+            // A barrier in flight (or queued) is finished alone before anything new starts.
+            let barrier = inflight.as_ref().is_some_and(|f| f.b.is_barrier())
+                || self.carry.iter().any(Request::is_control);
+            if !inflight.as_ref().is_some_and(|f| f.b.is_barrier()) {
+                reqs.extend(self.carry.drain(..));
+            }
+            if !barrier && !closed {
+                if reqs.is_empty() && inflight.is_none() {
+                    match rx.blocking_recv() {
+                        Some(r) => reqs.push(r),
+                        None => closed = true,
+                    }
+                }
+                let mut bytes: usize = reqs.iter().map(req_bytes).sum();
+                while reqs.len() < self.limits.max_batch_requests
+                    && bytes < self.limits.max_batch_bytes
+                {
+                    match rx.try_recv() {
+                        Ok(r) => {
+                            bytes += req_bytes(&r);
+                            reqs.push(r);
+                        }
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => {
+                            closed = true;
+                            break;
+                        }
                     }
                 }
             }
-            let mut bytes: usize = reqs.iter().map(req_bytes).sum();
-            while reqs.len() < self.limits.max_batch_requests && bytes < self.limits.max_batch_bytes
-            {
-                match rx.try_recv() {
-                    Ok(r) => {
-                        bytes += req_bytes(&r);
-                        reqs.push(r);
-                    }
-                    Err(_) => break,
-                }
-            }
-            if self.run_batch(reqs) {
+            if closed && reqs.is_empty() && inflight.is_none() && self.carry.is_empty() {
+                let _ = self.shutdown_checkpoint();
                 return;
             }
+            // A batch whose every request was carried over is dropped (it has nothing to do).
+            let next = if reqs.is_empty() {
+                None
+            } else {
+                Some(self.start_batch(reqs, inflight.as_ref())).filter(|f| !f.b.is_empty())
+            };
+            if let Some(f) = inflight.take()
+                && self.finish_batch(f)
+            {
+                debug_assert!(next.is_none(), "nothing starts beside a barrier");
+                return;
+            }
+            inflight = next;
         }
     }
 
-    /// Plans, writes, flushes and commits one batch. Returns true when the thread must stop.
-    fn run_batch(&mut self, reqs: Vec<Request>) -> bool {
+    /// Plans a batch and starts its writes.
+    fn start_batch(&mut self, reqs: Vec<Request>, busy: Option<&InFlight>) -> InFlight {
         self.poll_checkpoint();
         let mut b = Batch::default();
         for r in reqs {
-            self.plan(&mut b, r);
+            self.plan(&mut b, r, busy.map(|f| &f.b));
         }
         let mut refs: Vec<WriteRef> = Vec::new();
         for id in b.order.clone() {
@@ -252,17 +325,41 @@ impl Writer {
             .chain(log_buf.as_ref().map(|(o, buf, n)| (*o, &buf[..*n])))
             .collect();
         let wrote = !writes.is_empty();
-        let results = if wrote {
-            self.shared.disk.write_batch(&writes)
-        } else {
-            Vec::new()
-        };
+        // SAFETY: the buffers are owned by `b` (the appends' units) and `log_buf`, which the
+        // returned InFlight keeps, untouched, until `finish_batch` has finished the ticket.
+        let ticket = wrote.then(|| unsafe { self.shared.disk.start_writes(&writes) });
         drop(writes);
+        InFlight {
+            b,
+            log_buf,
+            log_index,
+            ticket,
+        }
+    }
+
+    /// Waits for a batch's writes, flushes, and commits (or fails) it. Returns true when the
+    /// thread must stop.
+    fn finish_batch(&mut self, f: InFlight) -> bool {
+        let InFlight {
+            mut b,
+            log_buf,
+            log_index,
+            ticket,
+        } = f;
+        let wrote = ticket.is_some();
+        let results = match ticket {
+            Some(t) => self.shared.disk.finish_writes(t),
+            None => Vec::new(),
+        };
         let mut store_error: Option<Error> = None;
         if let Some(i) = log_index
             && let Err(e) = &results[i]
         {
             store_error = Some(Error::io("log write", clone_io(e)));
+        }
+        // A batch planned before the store failed must not be acknowledged on a later flush.
+        if store_error.is_none() && wrote && self.shared.failed.load(Ordering::Acquire) {
+            store_error = Some(Error::StoreFailed);
         }
         for id in &b.order {
             let plan = b.chunks.get_mut(id).expect("planned chunk");
@@ -296,13 +393,28 @@ impl Writer {
         }
     }
 
-    fn plan(&mut self, b: &mut Batch, r: Request) {
+    /// Adds a request to batch `b`, or answers it at once (an error), or carries it to a
+    /// later batch. `busy` is the batch in flight beside this one.
+    fn plan(&mut self, b: &mut Batch, r: Request, busy: Option<&Batch>) {
         if let Some(id) = r.chunk_id()
             && b.deferred.contains(&id)
         {
             self.carry.push_back(r);
             return;
         }
+        if let Some(busy) = busy {
+            let chunk_busy = r.chunk_id().is_some_and(|id| busy.touched.contains(&id));
+            let log_busy = r.needs_log() && !busy.log.is_empty();
+            if r.is_control() {
+                self.carry.push_back(r);
+                return;
+            }
+            if chunk_busy || log_busy {
+                let id = r.chunk_id().expect("chunk requests only");
+                return self.defer(b, id, r);
+            }
+        }
+        let pending_creates = busy.map_or(0, |x| x.creates.len());
         let failed = self.shared.failed.load(Ordering::Acquire);
         match r {
             Request::Create {
@@ -328,7 +440,9 @@ impl Writer {
                 if index.chunks.contains_key(&chunk_id) {
                     return send(reply, Err(Error::AlreadyExists { chunk_id }));
                 }
-                if index.chunks.len() + b.creates.len() >= self.shared.geo.sb.max_chunks as usize {
+                if index.chunks.len() + b.creates.len() + pending_creates
+                    >= self.shared.geo.sb.max_chunks as usize
+                {
                     return send(
                         reply,
                         Err(Error::TooManyChunks {

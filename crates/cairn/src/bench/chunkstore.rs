@@ -110,7 +110,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let logical: u64 = prefilled.iter().map(|c| c.1).sum();
         // 4096-byte units carry 4016 data bytes.
         let bytes = (logical / 4016 * 4096).max(1 << 20);
-        (disk.clone(), (store.data_offset(), bytes), store_path.clone())
+        (
+            disk.clone(),
+            (store.data_offset(), bytes),
+            store_path.clone(),
+        )
     };
     if !a.json {
         eprintln!(

@@ -42,7 +42,10 @@ pub fn run(
     durable: bool,
 ) -> anyhow::Result<FloorResult> {
     let (start, len) = range;
-    anyhow::ensure!(start + len <= disk.capacity(), "floor range past the end of the file");
+    anyhow::ensure!(
+        start + len <= disk.capacity(),
+        "floor range past the end of the file"
+    );
     let region = len / depth as u64 / size as u64 * size as u64;
     anyhow::ensure!(region >= size as u64, "floor file too small");
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);

@@ -1,6 +1,6 @@
 //! The real device: one preallocated file (or block device) opened with O_DIRECT.
 
-use super::Disk;
+use super::{Disk, WriteTicket};
 use crate::buf::AlignedBuf;
 use io_uring::{IoUring, opcode, types};
 use parking_lot::Mutex;
@@ -14,6 +14,28 @@ use std::path::Path;
 
 /// io_uring submission-queue depth for write batches.
 const RING_ENTRIES: u32 = 128;
+/// Most writes in one ticket; larger batches are written in several tickets.
+const MAX_TICKET_WRITES: usize = 64;
+/// user_data = ticket << TICKET_SHIFT | index of the write in its ticket.
+const TICKET_SHIFT: u32 = 16;
+
+/// The write ring and the writes it has in flight, by ticket.
+struct WriteRing {
+    ring: IoUring,
+    next_ticket: u64,
+    tickets: std::collections::HashMap<u64, Vec<InFlightWrite>>,
+    /// A ring call failed: it is never entered again (so no stale submission can reach the
+    /// device), and writes are synchronous from then on.
+    broken: bool,
+}
+
+struct InFlightWrite {
+    off: u64,
+    /// The caller's buffer (kept valid by the `start_writes` contract).
+    ptr: usize,
+    len: usize,
+    result: Option<io::Result<()>>,
+}
 /// io_uring depth of each reader thread's ring (a read touches at most a few extents).
 const READ_RING_ENTRIES: u32 = 8;
 
@@ -26,7 +48,7 @@ pub struct FileDisk {
     file: File,
     capacity: u64,
     alignment: usize,
-    ring: Option<Mutex<IoUring>>,
+    ring: Option<Mutex<WriteRing>>,
 }
 
 impl FileDisk {
@@ -92,7 +114,12 @@ impl FileDisk {
         };
         let alignment = dio_alignment(path)?;
         let ring = match IoUring::new(RING_ENTRIES) {
-            Ok(r) => Some(Mutex::new(r)),
+            Ok(ring) => Some(Mutex::new(WriteRing {
+                ring,
+                next_ticket: 1,
+                tickets: std::collections::HashMap::new(),
+                broken: false,
+            })),
             Err(e) => {
                 tracing::warn!(error = %e, "io_uring unavailable; using pwrite for write batches");
                 None
@@ -108,6 +135,19 @@ impl FileDisk {
 
     fn fd(&self) -> i32 {
         self.file.as_raw_fd()
+    }
+
+    /// Gives up on the ring: completes every write still pending with a synchronous
+    /// `pwrite`. The kernel may yet complete submitted ones, which write the same bytes.
+    fn finish_synchronously(&self, r: &mut WriteRing) {
+        r.broken = true;
+        for entries in r.tickets.values_mut() {
+            for e in entries.iter_mut().filter(|e| e.result.is_none()) {
+                // SAFETY: the ticket's owner keeps the buffer valid until it is finished.
+                let buf = unsafe { std::slice::from_raw_parts(e.ptr as *const u8, e.len) };
+                e.result = Some(self.write_at(buf, e.off));
+            }
+        }
     }
 }
 
@@ -332,75 +372,129 @@ impl Disk for FileDisk {
     }
 
     fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
-        let Some(ring) = &self.ring else {
-            return writes
-                .iter()
-                .map(|(off, buf)| self.write_at(buf, *off))
-                .collect();
-        };
-        if writes.len() == 1 {
-            return vec![self.write_at(writes[0].1, writes[0].0)];
-        }
-        let mut results: Vec<io::Result<()>> = Vec::with_capacity(writes.len());
-        for w in writes {
-            results.push(check_aligned(self.alignment, w.0, w.1.len(), w.1.as_ptr()));
-        }
-        let mut ring = ring.lock();
-        let mut start = 0;
-        while start < writes.len() {
-            let end = (start + RING_ENTRIES as usize).min(writes.len());
-            let mut submitted = 0;
-            for (i, (off, buf)) in writes.iter().enumerate().take(end).skip(start) {
-                if results[i].is_err() {
-                    continue;
-                }
-                let sqe = opcode::Write::new(types::Fd(self.fd()), buf.as_ptr(), buf.len() as u32)
-                    .offset(*off)
-                    .build()
-                    .user_data(i as u64);
-                // SAFETY: the buffers outlive the wait below; the queue has room for `end - start`.
-                unsafe {
-                    ring.submission()
-                        .push(&sqe)
-                        .expect("submission queue sized for the batch")
-                };
-                submitted += 1;
-            }
-            let mut reaped = 0;
-            while reaped < submitted {
-                if let Err(e) = ring.submit_and_wait(submitted - reaped) {
-                    if e.kind() == io::ErrorKind::Interrupted {
-                        continue;
-                    }
-                    // The ring is unusable; finish whatever was not reaped synchronously. The
-                    // kernel may still complete the submitted writes, which rewrite the same
-                    // bytes, so repeating them is harmless.
-                    for (i, (off, buf)) in writes.iter().enumerate().take(end).skip(start) {
-                        if results[i].is_ok() {
-                            results[i] = self.write_at(buf, *off);
-                        }
-                    }
-                    return results;
-                }
-                for cqe in ring.completion() {
-                    let i = cqe.user_data() as usize;
-                    let (off, buf) = writes[i];
-                    let res = cqe.result();
-                    results[i] = if res < 0 {
-                        Err(io::Error::from_raw_os_error(-res))
-                    } else if (res as usize) < buf.len() {
-                        // Short write: finish the rest synchronously.
-                        let n = res as usize;
-                        self.write_at(&buf[n..], off + n as u64)
-                    } else {
-                        Ok(())
-                    };
-                    reaped += 1;
-                }
-            }
-            start = end;
+        let mut results = Vec::with_capacity(writes.len());
+        for part in writes.chunks(MAX_TICKET_WRITES) {
+            // SAFETY: the buffers are borrowed until this function returns, after the finish.
+            let ticket = unsafe { self.start_writes(part) };
+            results.extend(self.finish_writes(ticket));
         }
         results
+    }
+
+    unsafe fn start_writes(&self, writes: &[(u64, &[u8])]) -> WriteTicket {
+        let Some(ring) = &self.ring else {
+            return WriteTicket::Done(
+                writes
+                    .iter()
+                    .map(|(off, buf)| self.write_at(buf, *off))
+                    .collect(),
+            );
+        };
+        if writes.len() > MAX_TICKET_WRITES {
+            return WriteTicket::Done(self.write_batch(writes));
+        }
+        let mut r = ring.lock();
+        if r.broken {
+            return WriteTicket::Done(
+                writes
+                    .iter()
+                    .map(|(off, buf)| self.write_at(buf, *off))
+                    .collect(),
+            );
+        }
+        let id = r.next_ticket;
+        r.next_ticket += 1;
+        let mut entries = Vec::with_capacity(writes.len());
+        for (i, &(off, buf)) in writes.iter().enumerate() {
+            let check = check_aligned(self.alignment, off, buf.len(), buf.as_ptr());
+            if check.is_ok() {
+                let sqe = opcode::Write::new(types::Fd(self.fd()), buf.as_ptr(), buf.len() as u32)
+                    .offset(off)
+                    .build()
+                    .user_data((id << TICKET_SHIFT) | i as u64);
+                // SAFETY: the caller keeps the buffer valid until the ticket is finished; the
+                // queue has room (at most two tickets of MAX_TICKET_WRITES are unsubmitted
+                // at once, and every start submits).
+                unsafe {
+                    r.ring
+                        .submission()
+                        .push(&sqe)
+                        .expect("submission queue sized for two tickets")
+                };
+            }
+            entries.push(InFlightWrite {
+                off,
+                ptr: buf.as_ptr() as usize,
+                len: buf.len(),
+                result: check.err().map(Err),
+            });
+        }
+        r.tickets.insert(id, entries);
+        loop {
+            match r.ring.submit() {
+                Ok(_) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.finish_synchronously(&mut r);
+                    break;
+                }
+            }
+        }
+        WriteTicket::Pending(id)
+    }
+
+    fn finish_writes(&self, ticket: WriteTicket) -> Vec<io::Result<()>> {
+        let id = match ticket {
+            WriteTicket::Done(r) => return r,
+            WriteTicket::Pending(id) => id,
+        };
+        let ring = self
+            .ring
+            .as_ref()
+            .expect("pending tickets come from the ring");
+        let mut r = ring.lock();
+        loop {
+            let done = r.tickets[&id].iter().all(|e| e.result.is_some());
+            if done {
+                let entries = r.tickets.remove(&id).expect("ticket");
+                return entries
+                    .into_iter()
+                    .map(|e| e.result.expect("finished"))
+                    .collect();
+            }
+            if let Err(e) = r.ring.submit_and_wait(1) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                self.finish_synchronously(&mut r);
+                continue;
+            }
+            let cqes: Vec<(u64, i32)> = r
+                .ring
+                .completion()
+                .map(|c| (c.user_data(), c.result()))
+                .collect();
+            for (ud, res) in cqes {
+                let (t, i) = (
+                    ud >> TICKET_SHIFT,
+                    (ud & ((1 << TICKET_SHIFT) - 1)) as usize,
+                );
+                let Some(e) = r.tickets.get_mut(&t).and_then(|v| v.get_mut(i)) else {
+                    continue;
+                };
+                e.result = Some(if res < 0 {
+                    Err(io::Error::from_raw_os_error(-res))
+                } else if (res as usize) < e.len {
+                    // Short write: finish the rest synchronously.
+                    let n = res as usize;
+                    // SAFETY: the ticket's owner keeps the buffer valid until it is finished.
+                    let buf = unsafe { std::slice::from_raw_parts(e.ptr as *const u8, e.len) };
+                    self.write_at(&buf[n..], e.off + n as u64)
+                } else {
+                    Ok(())
+                });
+            }
+        }
     }
 
     fn sync(&self) -> io::Result<()> {

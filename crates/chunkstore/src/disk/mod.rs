@@ -13,6 +13,15 @@ pub use file::FileDisk;
 
 use std::io;
 
+/// Writes started by [`Disk::start_writes`], to be finished by [`Disk::finish_writes`].
+#[must_use = "every started write batch must be finished"]
+pub enum WriteTicket {
+    /// Already done (the device wrote synchronously); the results, in order.
+    Done(Vec<io::Result<()>>),
+    /// In flight on the device; the device's own handle.
+    Pending(u64),
+}
+
 /// A block device seen by the chunk store.
 ///
 /// Offsets, lengths and buffer addresses passed in are multiples of [`Disk::alignment`].
@@ -32,6 +41,22 @@ pub trait Disk: Send + Sync + 'static {
             .iter()
             .map(|(off, buf)| self.write_at(buf, *off))
             .collect()
+    }
+    /// Starts writing several buffers and returns without waiting for them (the default
+    /// writes them before returning).
+    ///
+    /// # Safety
+    /// Every buffer must stay valid and unmodified until [`Disk::finish_writes`] has returned
+    /// for the ticket, and every ticket must be finished.
+    unsafe fn start_writes(&self, writes: &[(u64, &[u8])]) -> WriteTicket {
+        WriteTicket::Done(self.write_batch(writes))
+    }
+    /// Waits for the writes of a ticket from [`Disk::start_writes`]; one result per write.
+    fn finish_writes(&self, ticket: WriteTicket) -> Vec<io::Result<()>> {
+        match ticket {
+            WriteTicket::Done(r) => r,
+            WriteTicket::Pending(_) => unreachable!("a pending ticket from a synchronous disk"),
+        }
     }
     /// Reads several buffers, possibly in parallel; one result per read, in order.
     fn read_batch(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<io::Result<()>> {
@@ -62,6 +87,13 @@ impl<D: Disk + ?Sized> Disk for std::sync::Arc<D> {
     }
     fn read_batch(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<io::Result<()>> {
         (**self).read_batch(reads)
+    }
+    unsafe fn start_writes(&self, writes: &[(u64, &[u8])]) -> WriteTicket {
+        // SAFETY: the caller upholds the contract.
+        unsafe { (**self).start_writes(writes) }
+    }
+    fn finish_writes(&self, ticket: WriteTicket) -> Vec<io::Result<()>> {
+        (**self).finish_writes(ticket)
     }
     fn sync(&self) -> io::Result<()> {
         (**self).sync()
