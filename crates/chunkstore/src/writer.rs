@@ -10,7 +10,7 @@
 
 use crate::buf::AlignedBuf;
 use crate::checksum;
-use crate::disk::Disk;
+use crate::disk::{Disk, WriteTicket};
 use crate::error::{ChunkId, Error, Result};
 use crate::format::checkpoint::{Checkpoint, ChunkRecord};
 use crate::format::footer::{self, FLAG_APPEND_END, Footer};
@@ -160,7 +160,7 @@ struct InFlight {
     b: Batch,
     log_buf: Option<(u64, AlignedBuf, usize)>,
     log_index: Option<usize>,
-    ticket: Option<crate::disk::WriteTicket>,
+    ticket: Option<WriteTicket>,
 }
 
 #[derive(Default)]
@@ -325,9 +325,17 @@ impl Writer {
             .chain(log_buf.as_ref().map(|(o, buf, n)| (*o, &buf[..*n])))
             .collect();
         let wrote = !writes.is_empty();
-        // SAFETY: the buffers are owned by `b` (the appends' units) and `log_buf`, which the
-        // returned InFlight keeps, untouched, until `finish_batch` has finished the ticket.
-        let ticket = wrote.then(|| unsafe { self.shared.disk.start_writes(&writes) });
+        // With nothing else in flight there is nothing to overlap: a lone write goes straight
+        // to the device (a synchronous pwrite is cheaper than a trip through the ring).
+        let ticket = if !wrote {
+            None
+        } else if busy.is_none() && writes.len() == 1 {
+            Some(WriteTicket::Done(self.shared.disk.write_batch(&writes)))
+        } else {
+            // SAFETY: the buffers are owned by `b` (the appends' units) and `log_buf`, which
+            // the returned InFlight keeps, untouched, until `finish_batch` finishes the ticket.
+            Some(unsafe { self.shared.disk.start_writes(&writes) })
+        };
         drop(writes);
         InFlight {
             b,
