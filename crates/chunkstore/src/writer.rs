@@ -121,7 +121,7 @@ pub(crate) struct Writer {
 }
 
 /// Appends up to this size extend the chunk's running CRC over their bytes; larger ones
-/// combine it with the CRC their caller computed (a fixed cost of a few microseconds).
+/// combine it with the CRC their caller computed (one table-driven combine).
 const COMBINE_CRC_FROM: usize = 64 << 10;
 
 /// The appends of one chunk in one batch.
