@@ -5,6 +5,7 @@
 //! (128 KiB per TiB at 1 MiB extents).
 
 use crate::error::ChunkId;
+use crate::format::checkpoint::ChunkRecord;
 use std::collections::HashMap;
 
 /// What readers and the writer agree on about a chunk: only durable state.
@@ -19,6 +20,45 @@ pub struct ChunkEntry {
     pub sealed: bool,
     /// Extents in chunk order.
     pub extents: Vec<u32>,
+}
+
+impl ChunkEntry {
+    /// A chunk just created: empty, open, no extents.
+    pub fn empty(epoch: u64, version: u64) -> Self {
+        Self {
+            epoch,
+            version,
+            length: 0,
+            crc: 0,
+            sealed: false,
+            extents: Vec::new(),
+        }
+    }
+
+    /// From its checkpoint record.
+    pub fn from_record(c: &ChunkRecord) -> Self {
+        Self {
+            epoch: c.epoch,
+            version: c.version,
+            length: c.length,
+            crc: c.crc,
+            sealed: c.sealed,
+            extents: c.extents.clone(),
+        }
+    }
+
+    /// Its checkpoint record.
+    pub fn record(&self, chunk_id: ChunkId) -> ChunkRecord {
+        ChunkRecord {
+            chunk_id,
+            epoch: self.epoch,
+            version: self.version,
+            length: self.length,
+            crc: self.crc,
+            sealed: self.sealed,
+            extents: self.extents.clone(),
+        }
+    }
 }
 
 /// The chunk table.

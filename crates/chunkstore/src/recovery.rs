@@ -122,14 +122,7 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
     };
     let mut chunks: HashMap<ChunkId, Rec> = HashMap::with_capacity(ckpt.chunks.len());
     for c in &ckpt.chunks {
-        let entry = ChunkEntry {
-            epoch: c.epoch,
-            version: c.version,
-            length: c.length,
-            crc: c.crc,
-            sealed: c.sealed,
-            extents: c.extents.clone(),
-        };
+        let entry = ChunkEntry::from_record(c);
         chunks.insert(
             c.chunk_id,
             Rec {
@@ -302,14 +295,7 @@ fn apply_log(chunks: &mut HashMap<ChunkId, Rec>, next_epoch: &mut u64, e: LogEnt
             epoch,
             version,
         } => {
-            let entry = ChunkEntry {
-                epoch,
-                version,
-                length: 0,
-                crc: 0,
-                sealed: false,
-                extents: Vec::new(),
-            };
+            let entry = ChunkEntry::empty(epoch, version);
             chunks.insert(
                 chunk_id,
                 Rec {

@@ -864,15 +864,9 @@ impl Writer {
         {
             let mut index = self.shared.index.write();
             for (id, epoch, version, _) in &b.creates {
-                let entry = ChunkEntry {
-                    epoch: *epoch,
-                    version: *version,
-                    length: 0,
-                    crc: 0,
-                    sealed: false,
-                    extents: Vec::new(),
-                };
-                index.chunks.insert(*id, entry);
+                index
+                    .chunks
+                    .insert(*id, ChunkEntry::empty(*epoch, *version));
             }
             for id in &b.order {
                 let mut plan = b.chunks.remove(id).expect("planned chunk");
@@ -1142,15 +1136,7 @@ pub(crate) fn records(index: &crate::index::Index) -> Vec<ChunkRecord> {
     let mut chunks: Vec<ChunkRecord> = index
         .chunks
         .iter()
-        .map(|(&chunk_id, c)| ChunkRecord {
-            chunk_id,
-            epoch: c.epoch,
-            version: c.version,
-            length: c.length,
-            crc: c.crc,
-            sealed: c.sealed,
-            extents: c.extents.clone(),
-        })
+        .map(|(&chunk_id, c)| c.record(chunk_id))
         .collect();
     chunks.sort_by_key(|c| c.chunk_id);
     chunks

@@ -1,6 +1,6 @@
 //! The real device: one preallocated file (or block device) opened with O_DIRECT.
 
-use super::{Disk, WriteTicket};
+use super::{Disk, WriteTicket, read_each, write_each};
 use crate::buf::AlignedBuf;
 use io_uring::{IoUring, opcode, types};
 use parking_lot::Mutex;
@@ -297,19 +297,13 @@ impl Disk for FileDisk {
             static READ_RING: std::cell::RefCell<Option<IoUring>> =
                 std::cell::RefCell::new(IoUring::new(READ_RING_ENTRIES).ok());
         }
-        let sequential = |reads: &mut [(u64, &mut [u8])]| -> Vec<io::Result<()>> {
-            reads
-                .iter_mut()
-                .map(|(off, buf)| self.read_at(buf, *off))
-                .collect()
-        };
         if reads.len() < 2 || reads.len() > READ_RING_ENTRIES as usize {
-            return sequential(reads);
+            return read_each(self, reads);
         }
         READ_RING.with(|cell| {
             let mut slot = cell.borrow_mut();
             let Some(ring) = slot.as_mut() else {
-                return sequential(reads);
+                return read_each(self, reads);
             };
             let mut results: Vec<io::Result<()>> = reads
                 .iter()
@@ -387,24 +381,14 @@ impl Disk for FileDisk {
 
     unsafe fn start_writes(&self, writes: &[(u64, &[u8])]) -> WriteTicket {
         let Some(ring) = &self.ring else {
-            return WriteTicket::Done(
-                writes
-                    .iter()
-                    .map(|(off, buf)| self.write_at(buf, *off))
-                    .collect(),
-            );
+            return WriteTicket::Done(write_each(self, writes));
         };
         if writes.len() > MAX_TICKET_WRITES {
             return WriteTicket::Done(self.write_batch(writes));
         }
         let mut r = ring.lock();
         if r.broken {
-            return WriteTicket::Done(
-                writes
-                    .iter()
-                    .map(|(off, buf)| self.write_at(buf, *off))
-                    .collect(),
-            );
+            return WriteTicket::Done(write_each(self, writes));
         }
         let id = r.next_ticket;
         r.next_ticket += 1;

@@ -37,10 +37,7 @@ pub trait Disk: Send + Sync + 'static {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Writes several buffers, possibly in parallel; one result per write, in order.
     fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
-        writes
-            .iter()
-            .map(|(off, buf)| self.write_at(buf, *off))
-            .collect()
+        write_each(self, writes)
     }
     /// Starts writing several buffers and returns without waiting for them (the default
     /// writes them before returning).
@@ -60,13 +57,26 @@ pub trait Disk: Send + Sync + 'static {
     }
     /// Reads several buffers, possibly in parallel; one result per read, in order.
     fn read_batch(&self, reads: &mut [(u64, &mut [u8])]) -> Vec<io::Result<()>> {
-        reads
-            .iter_mut()
-            .map(|(off, buf)| self.read_at(buf, *off))
-            .collect()
+        read_each(self, reads)
     }
     /// Makes every completed write durable (a device cache flush).
     fn sync(&self) -> io::Result<()>;
+}
+
+/// Writes one buffer after another with [`Disk::write_at`].
+fn write_each<D: Disk + ?Sized>(disk: &D, writes: &[(u64, &[u8])]) -> Vec<io::Result<()>> {
+    writes
+        .iter()
+        .map(|(off, buf)| disk.write_at(buf, *off))
+        .collect()
+}
+
+/// Reads one buffer after another with [`Disk::read_at`].
+fn read_each<D: Disk + ?Sized>(disk: &D, reads: &mut [(u64, &mut [u8])]) -> Vec<io::Result<()>> {
+    reads
+        .iter_mut()
+        .map(|(off, buf)| disk.read_at(buf, *off))
+        .collect()
 }
 
 impl<D: Disk + ?Sized> Disk for std::sync::Arc<D> {
