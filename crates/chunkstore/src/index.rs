@@ -67,19 +67,29 @@ pub struct Index {
     pub chunks: HashMap<ChunkId, ChunkEntry>,
 }
 
-/// Free-extent bitmap. Allocation takes the lowest free extent at or after a cursor, so
-/// chunks written together land near each other.
+/// Free-extent bitmap that keeps each chunk's extents physically contiguous where it can.
+///
+/// A chunk that grows takes the extent right after its last one when that is free, so an
+/// append that crosses an extent boundary is still one device write and a sequential read
+/// of the chunk one device read. To leave that room, a chunk's first extent is taken at the
+/// start of a free run of `stride` extents (the extents a chunk of the maximum size needs)
+/// when one exists; otherwise, and when the next extent is taken, allocation takes the lowest
+/// free extent at or after a cursor (next fit).
 #[derive(Debug, Clone)]
 pub struct Allocator {
     words: Vec<u64>,
     count: u32,
     free: u32,
     cursor: u32,
+    stride: u32,
 }
 
+/// Free runs probed for a chunk's first extent before falling back to next fit.
+const MAX_RUN_PROBES: u32 = 4096;
+
 impl Allocator {
-    /// All `count` extents free.
-    pub fn new(count: u32) -> Self {
+    /// All `count` extents free; a chunk of the maximum size spans `stride` extents.
+    pub fn new(count: u32, stride: u32) -> Self {
         let mut words = vec![!0u64; (count as usize).div_ceil(64)];
         if !count.is_multiple_of(64) {
             *words.last_mut().expect("non-empty") = (1u64 << (count % 64)) - 1;
@@ -89,7 +99,50 @@ impl Allocator {
             count,
             free: count,
             cursor: 0,
+            stride: stride.max(1),
         }
+    }
+
+    fn is_free(&self, e: u32) -> bool {
+        e < self.count && self.words[(e / 64) as usize] & (1 << (e % 64)) != 0
+    }
+
+    /// Allocates one extent for a chunk whose last extent is `prev` (`None`: its first).
+    pub fn allocate(&mut self, prev: Option<u32>) -> Option<u32> {
+        if self.free == 0 {
+            return None;
+        }
+        let e = match prev {
+            Some(p) if self.is_free(p + 1) => Some(p + 1),
+            Some(_) => None,
+            None => self.free_run(),
+        };
+        match e {
+            Some(e) => {
+                let taken = self.take(e);
+                debug_assert!(taken);
+                Some(e)
+            }
+            None => self.next_fit(),
+        }
+    }
+
+    /// The first extent of a free, stride-aligned run of `stride` extents at or after the
+    /// cursor (wrapping), probing at most MAX_RUN_PROBES runs.
+    fn free_run(&mut self) -> Option<u32> {
+        let runs = self.count / self.stride;
+        if runs == 0 {
+            return None;
+        }
+        let first = self.cursor.div_ceil(self.stride) % runs;
+        for i in 0..runs.min(MAX_RUN_PROBES) {
+            let start = (first + i) % runs * self.stride;
+            if (start..start + self.stride).all(|e| self.is_free(e)) {
+                self.cursor = (start + self.stride) % self.count;
+                return Some(start);
+            }
+        }
+        None
     }
 
     pub fn free_count(&self) -> u32 {
@@ -107,8 +160,8 @@ impl Allocator {
         true
     }
 
-    /// Allocates one extent.
-    pub fn allocate(&mut self) -> Option<u32> {
+    /// The lowest free extent at or after the cursor (wrapping).
+    fn next_fit(&mut self) -> Option<u32> {
         if self.free == 0 {
             return None;
         }
@@ -150,19 +203,48 @@ mod tests {
 
     #[test]
     fn allocate_all_then_none() {
-        let mut a = Allocator::new(130);
-        let mut got: Vec<u32> = (0..130).map(|_| a.allocate().unwrap()).collect();
-        assert_eq!(a.allocate(), None);
+        let mut a = Allocator::new(130, 8);
+        let mut got: Vec<u32> = (0..130)
+            .map(|i| a.allocate((i % 3 == 0).then_some(i)).unwrap())
+            .collect();
+        assert_eq!(a.allocate(None), None);
         got.sort();
         assert_eq!(got, (0..130).collect::<Vec<_>>());
         a.release(77);
-        assert_eq!(a.allocate(), Some(77));
+        assert_eq!(a.allocate(None), Some(77));
+    }
+
+    #[test]
+    fn chunks_grow_contiguously_in_their_own_runs() {
+        let mut a = Allocator::new(64, 8);
+        // Three chunks start in separate runs and grow interleaved, each into its own run.
+        let mut last: Vec<u32> = (0..3).map(|_| a.allocate(None).unwrap()).collect();
+        assert_eq!(last, vec![0, 8, 16]);
+        for _ in 0..7 {
+            for l in &mut last {
+                let e = a.allocate(Some(*l)).unwrap();
+                assert_eq!(e, *l + 1);
+                *l = e;
+            }
+        }
+        // A chunk past its run continues with the next free extent.
+        assert_eq!(a.allocate(Some(7)), Some(24));
+    }
+
+    #[test]
+    fn first_extent_falls_back_to_next_fit_without_a_free_run() {
+        let mut a = Allocator::new(16, 8);
+        assert!(a.take(3));
+        assert!(a.take(12));
+        // No run of 8 is free: next fit from the cursor.
+        assert_eq!(a.allocate(None), Some(0));
+        assert_eq!(a.allocate(None), Some(1));
     }
 
     #[test]
     #[should_panic(expected = "double free")]
     fn double_free_panics() {
-        let mut a = Allocator::new(10);
+        let mut a = Allocator::new(10, 1);
         a.release(3);
     }
 }

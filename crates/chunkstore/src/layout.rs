@@ -38,6 +38,14 @@ impl Geometry {
         }
     }
 
+    /// Extents a chunk of the maximum size spans.
+    pub fn extents_per_chunk(&self) -> u32 {
+        let units = self.sb.max_chunk_bytes.div_ceil(self.data as u64);
+        units
+            .div_ceil(self.units_per_extent as u64)
+            .min(u32::MAX as u64) as u32
+    }
+
     /// Unit index holding logical offset `off`.
     pub fn unit_of(&self, off: u64) -> u32 {
         (off / self.data as u64) as u32

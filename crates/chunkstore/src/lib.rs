@@ -39,6 +39,7 @@
 pub mod buf;
 pub mod checksum;
 pub mod disk;
+mod doorbell;
 mod error;
 pub mod format;
 mod index;

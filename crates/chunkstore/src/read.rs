@@ -60,12 +60,14 @@ pub(crate) fn read_into(
     let first_extent = u0 / upe;
     let total = (u1 - u0 + 1) as usize * s;
     let mut buf = take_buf(total);
-    // One read per extent the range touches, all in flight together.
+    // One read per physically contiguous run of extents the range touches, all in flight
+    // together.
     let mut reads: Vec<(u64, &mut [u8])> = Vec::with_capacity(extents.len());
     let mut rest = &mut buf[..total];
     let mut ua = u0;
     while ua <= u1 {
-        let ub = u1.min((ua / upe + 1) * upe - 1);
+        let rel = ua - first_extent * upe;
+        let ub = u1.min(crate::writer::contiguous_end(&extents, rel, upe) + first_extent * upe);
         let (run, tail) = rest.split_at_mut((ub - ua + 1) as usize * s);
         let extent = extents[(ua / upe - first_extent) as usize];
         reads.push((geo.unit_offset(extent, ua), run));

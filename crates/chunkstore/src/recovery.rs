@@ -241,7 +241,7 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
     }
 
     // Free space is everything no chunk owns.
-    let mut alloc = Allocator::new(geo.sb.extent_count);
+    let mut alloc = Allocator::new(geo.sb.extent_count, geo.extents_per_chunk());
     let mut index = Index::default();
     for (id, r) in chunks {
         for &e in &r.entry.extents {

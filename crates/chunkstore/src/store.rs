@@ -110,6 +110,8 @@ pub(crate) struct Shared {
     pub free_extents: AtomicU32,
     pub stats: Stats,
     pub pool: BufPool,
+    /// Wakes the device thread from a wait on the device when a request is queued.
+    pub doorbell: crate::doorbell::Doorbell,
 }
 
 /// An append-only chunk store on one device.
@@ -171,6 +173,7 @@ impl ChunkStore {
             free_extents: AtomicU32::new(rec.alloc.free_count()),
             stats: Stats::default(),
             pool: BufPool::default(),
+            doorbell: crate::doorbell::Doorbell::new(),
         });
         *shared.index.write() = std::mem::take(&mut rec.index);
         let limits = Limits {
@@ -202,6 +205,7 @@ impl ChunkStore {
         self.tx
             .blocking_send(make(reply))
             .map_err(|_| Error::Closed)?;
+        self.shared.doorbell.ring();
         Ok(rx)
     }
 
@@ -211,6 +215,7 @@ impl ChunkStore {
     ) -> Result<T> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(make(reply)).await.map_err(|_| Error::Closed)?;
+        self.shared.doorbell.ring();
         rx.await.map_err(|_| Error::Closed)?
     }
 
@@ -433,6 +438,7 @@ impl Drop for ChunkStore {
             let (reply, _rx) = oneshot::channel();
             // If the queue is full or the thread is gone, dropping the sender ends the loop.
             let _ = self.tx.try_send(Request::Shutdown { reply });
+            self.shared.doorbell.ring();
             let (dead_tx, _) = mpsc::channel(1);
             drop(std::mem::replace(&mut self.tx, dead_tx));
             let _ = t.join();

@@ -10,7 +10,7 @@
 
 use crate::buf::AlignedBuf;
 use crate::checksum;
-use crate::disk::{Disk, WriteTicket};
+use crate::disk::{Disk, Wait, WriteTicket};
 use crate::error::{ChunkId, Error, Result};
 use crate::format::checkpoint::{Checkpoint, ChunkRecord};
 use crate::format::footer::{self, FLAG_APPEND_END, Footer};
@@ -124,6 +124,9 @@ pub(crate) struct Writer {
 /// combine it with the CRC their caller computed (one table-driven combine).
 const COMBINE_CRC_FROM: usize = 64 << 10;
 
+/// Most batches in flight at once (writing, or waiting for their flush).
+const MAX_IN_FLIGHT: usize = 8;
+
 /// The appends of one chunk in one batch.
 struct ChunkPlan {
     epoch: u64,
@@ -153,6 +156,22 @@ struct WriteRef {
     chunk_id: ChunkId,
     piece: usize,
     range: std::ops::Range<usize>,
+}
+
+/// A batch whose writes are done, waiting for its group's flush.
+struct Finished {
+    b: Batch,
+    wrote: bool,
+    wrote_log: bool,
+    /// The batch failed the store (its log write failed).
+    error: Option<Error>,
+}
+
+/// Consecutive batches whose writes are done, and the flush they share (none when no batch
+/// wrote, durability is off, or a batch already failed the store).
+struct Group {
+    batches: Vec<Finished>,
+    flush: Option<WriteTicket>,
 }
 
 /// A batch whose writes are started and not yet finished, with the buffers they write from.
@@ -220,76 +239,255 @@ impl Writer {
         }
     }
 
-    /// The loop of the device thread. Returns when asked to shut down or when every sender
-    /// is gone.
+    /// The device thread's loop.
     ///
-    /// Two batches overlap: batch N+1 is planned and its writes are started before batch N's
-    /// writes are awaited, flushed and committed, so the device has the next writes in hand
-    /// while it flushes. Batch N+1 never depends on batch N's outcome: requests for a chunk
-    /// batch N touches wait for the batch after, as do metadata operations while batch N
-    /// writes a log block, and control requests (checkpoint, shutdown, abandon) wait until
-    /// nothing is in flight.
+    /// Up to [`MAX_IN_FLIGHT`] batches overlap. A batch is planned and its writes started as
+    /// soon as requests are queued, without waiting for the batches before it. When the
+    /// oldest batch's writes are done, it and every later batch whose writes are also done
+    /// form a group that shares one flush (group commit across batches); the flush is started
+    /// and the thread goes on starting batches while it runs. Groups are committed in order
+    /// when their flush completes. While anything is in flight the thread waits on the device
+    /// and on the doorbell together, so a new request starts at once.
+    ///
+    /// A batch never depends on the outcome of one in flight: requests for a chunk a batch
+    /// in flight touches are carried to a later batch, as are metadata operations while a
+    /// batch in flight writes a log block, and control requests (checkpoint, shutdown,
+    /// abandon) wait until nothing is in flight.
     pub(crate) fn run(mut self, mut rx: mpsc::Receiver<Request>) {
-        let mut inflight: Option<InFlight> = None;
+        let mut writing: VecDeque<InFlight> = VecDeque::new();
+        let mut flushing: VecDeque<Group> = VecDeque::new();
         let mut closed = false;
+        // Every carried request was carried because of a batch in flight: retrying it before
+        // one commits would only carry it again.
+        let mut carry_stuck = false;
         loop {
-            let mut reqs: Vec<Request> = Vec::new();
-            // A barrier in flight (or queued) is finished alone before anything new starts.
-            let barrier = inflight.as_ref().is_some_and(|f| f.b.is_barrier())
-                || self.carry.iter().any(Request::is_control);
-            if !inflight.as_ref().is_some_and(|f| f.b.is_barrier()) {
-                reqs.extend(self.carry.drain(..));
-            }
-            if !barrier && !closed {
-                if reqs.is_empty() && inflight.is_none() {
-                    match rx.blocking_recv() {
-                        Some(r) => reqs.push(r),
-                        None => closed = true,
-                    }
-                }
-                let mut bytes: usize = reqs.iter().map(req_bytes).sum();
-                while reqs.len() < self.limits.max_batch_requests
-                    && bytes < self.limits.max_batch_bytes
-                {
-                    match rx.try_recv() {
-                        Ok(r) => {
-                            bytes += req_bytes(&r);
-                            reqs.push(r);
-                        }
-                        Err(mpsc::error::TryRecvError::Empty) => break,
-                        Err(mpsc::error::TryRecvError::Disconnected) => {
-                            closed = true;
-                            break;
+            let in_flight = writing.len() + flushing.iter().map(|g| g.batches.len()).sum::<usize>();
+            let barrier_in_flight = writing.iter().any(|f| f.b.is_barrier())
+                || flushing
+                    .iter()
+                    .flat_map(|g| &g.batches)
+                    .any(|f| f.b.is_barrier());
+            let control_waiting = self.carry.iter().any(Request::is_control);
+            let room = !barrier_in_flight && in_flight < MAX_IN_FLIGHT;
+            if room {
+                let mut fresh: Vec<Request> = Vec::new();
+                if !control_waiting && !closed {
+                    if in_flight == 0 && self.carry.is_empty() {
+                        match rx.blocking_recv() {
+                            Some(r) => fresh.push(r),
+                            None => closed = true,
                         }
                     }
+                    let mut count = self.carry.len() + fresh.len();
+                    let mut bytes: usize = self.carry.iter().chain(&fresh).map(req_bytes).sum();
+                    while !closed
+                        && count < self.limits.max_batch_requests
+                        && bytes < self.limits.max_batch_bytes
+                    {
+                        match rx.try_recv() {
+                            Ok(r) => {
+                                bytes += req_bytes(&r);
+                                count += 1;
+                                fresh.push(r);
+                            }
+                            Err(mpsc::error::TryRecvError::Empty) => break,
+                            Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
+                        }
+                    }
+                }
+                if closed && fresh.is_empty() && in_flight == 0 && self.carry.is_empty() {
+                    let _ = self.shutdown_checkpoint();
+                    return;
+                }
+                if !fresh.is_empty() || (!self.carry.is_empty() && !carry_stuck) {
+                    // Carried requests go first: they were queued before the fresh ones.
+                    let reqs: Vec<Request> = self.carry.drain(..).chain(fresh).collect();
+                    let busy: Vec<&Batch> = writing
+                        .iter()
+                        .map(|f| &f.b)
+                        .chain(flushing.iter().flat_map(|g| g.batches.iter().map(|f| &f.b)))
+                        .collect();
+                    let f = self.start_batch(reqs, &busy);
+                    carry_stuck = !self.carry.is_empty();
+                    if !f.b.is_empty() {
+                        writing.push_back(f);
+                    }
+                    continue;
                 }
             }
-            if closed && reqs.is_empty() && inflight.is_none() && self.carry.is_empty() {
-                let _ = self.shutdown_checkpoint();
-                return;
+            if in_flight == 0 {
+                // Nothing in flight: carried requests can go now.
+                carry_stuck = false;
+                continue;
             }
-            // A batch whose every request was carried over is dropped (it has nothing to do).
-            let next = if reqs.is_empty() {
-                None
-            } else {
-                Some(self.start_batch(reqs, inflight.as_ref())).filter(|f| !f.b.is_empty())
+            // A group needing no flush, or a batch with no writes, is done already.
+            let mut tickets: Vec<&WriteTicket> = Vec::with_capacity(2);
+            let group_ticket = flushing.front().map(|g| g.flush.as_ref());
+            let batch_ticket = writing.front().map(|f| f.ticket.as_ref());
+            let ready = match (group_ticket, batch_ticket) {
+                (Some(None), _) => Some(0),
+                (_, Some(None)) => Some(1),
+                (g, w) => {
+                    let g = g.flatten();
+                    let w = w.flatten();
+                    tickets.extend(g);
+                    tickets.extend(w);
+                    let mut got = self.shared.disk.wait_writes(&tickets, Wait::Poll);
+                    if got.is_none() {
+                        let doorbell = if room && !control_waiting && !closed {
+                            self.shared.doorbell.park()
+                        } else {
+                            None
+                        };
+                        match doorbell {
+                            Some(fd) => {
+                                if rx.is_empty() {
+                                    got =
+                                        self.shared.disk.wait_writes(&tickets, Wait::Doorbell(fd));
+                                }
+                                self.shared.doorbell.unpark();
+                            }
+                            None => got = self.shared.disk.wait_writes(&tickets, Wait::Block),
+                        }
+                    }
+                    // Map the position in `tickets` back to which queue it came from.
+                    got.map(|i| if g.is_some() && i == 0 { 0 } else { 1 })
+                }
             };
-            if let Some(f) = inflight.take()
-                && self.finish_batch(f)
-            {
-                debug_assert!(next.is_none(), "nothing starts beside a barrier");
-                return;
+            match ready {
+                Some(0) => {
+                    let g = flushing.pop_front().expect("group");
+                    carry_stuck = false;
+                    if self.commit_group(g) {
+                        debug_assert!(writing.is_empty() && flushing.is_empty());
+                        return;
+                    }
+                }
+                Some(_) => {
+                    let mut done = vec![writing.pop_front().expect("batch")];
+                    while let Some(f) = writing.front()
+                        && !f.b.is_barrier()
+                        && f.ticket.as_ref().is_none_or(|t| {
+                            self.shared.disk.wait_writes(&[t], Wait::Poll).is_some()
+                        })
+                    {
+                        done.push(writing.pop_front().expect("front"));
+                    }
+                    let alone = writing.is_empty() && flushing.is_empty();
+                    flushing.push_back(self.writes_done(done, alone));
+                }
+                None => {}
             }
-            inflight = next;
         }
     }
 
+    /// Takes the results of batches whose writes are done and starts the flush they share
+    /// (a synchronous one when nothing else is in flight: there is nothing to overlap).
+    fn writes_done(&mut self, batches: Vec<InFlight>, alone: bool) -> Group {
+        let mut finished = Vec::with_capacity(batches.len());
+        let pool = &self.shared.pool;
+        for f in batches {
+            let InFlight {
+                mut b,
+                log_buf,
+                log_index,
+                ticket,
+            } = f;
+            let wrote = ticket.is_some();
+            let results = match ticket {
+                Some(t) => self.shared.disk.finish_writes(t),
+                None => Vec::new(),
+            };
+            let mut error = None;
+            if let Some(i) = log_index
+                && let Err(e) = &results[i]
+            {
+                error = Some(Error::io("log write", clone_io(e)));
+            }
+            for id in &b.order {
+                let plan = b.chunks.get_mut(id).expect("planned chunk");
+                if plan.error.is_none()
+                    && let Some(e) = plan.writes.iter().find_map(|&w| results[w].as_ref().err())
+                {
+                    plan.error = Some(Error::io("chunk write", clone_io(e)));
+                }
+                for p in &mut plan.pieces {
+                    pool.give(std::mem::replace(&mut p.buf, AlignedBuf::zeroed(0)));
+                }
+            }
+            if let Some((_, buf, _)) = log_buf {
+                pool.give(buf);
+            }
+            finished.push(Finished {
+                b,
+                wrote,
+                wrote_log: log_index.is_some(),
+                error,
+            });
+        }
+        // One flush makes every write of the group durable. It is skipped when a batch
+        // failed the store (the ones after it fail too, at commit).
+        let flush = if finished.iter().any(|f| f.wrote)
+            && self.durability == Durability::Sync
+            && finished.iter().all(|f| f.error.is_none())
+            && !self.shared.failed.load(Ordering::Acquire)
+        {
+            self.shared.stats.flushes.fetch_add(1, Ordering::Relaxed);
+            Some(if alone {
+                WriteTicket::Done(vec![self.shared.disk.sync()])
+            } else {
+                self.shared.disk.start_sync()
+            })
+        } else {
+            None
+        };
+        Group {
+            batches: finished,
+            flush,
+        }
+    }
+
+    /// Commits (or fails) each batch of a group whose flush is done, in order. Returns true
+    /// when the thread must stop.
+    fn commit_group(&mut self, g: Group) -> bool {
+        let flush_error = g.flush.and_then(|t| {
+            let r = self.shared.disk.finish_writes(t);
+            r.into_iter()
+                .next()
+                .expect("a flush has one result")
+                .err()
+                .map(|e| Error::io("flush", e))
+        });
+        for f in g.batches {
+            let mut error = f.error;
+            if error.is_none() && f.wrote {
+                error = flush_error.clone();
+            }
+            // A batch planned before the store failed (in this group or earlier) must not be
+            // acknowledged.
+            if error.is_none() && f.wrote && self.shared.failed.load(Ordering::Acquire) {
+                error = Some(Error::StoreFailed);
+            }
+            if f.wrote {
+                self.shared.stats.batches.fetch_add(1, Ordering::Relaxed);
+            }
+            let stop = match error {
+                Some(e) => self.fail_batch(f.b, e),
+                None => self.commit(f.b, f.wrote_log),
+            };
+            if stop {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Plans a batch and starts its writes.
-    fn start_batch(&mut self, reqs: Vec<Request>, busy: Option<&InFlight>) -> InFlight {
+    fn start_batch(&mut self, reqs: Vec<Request>, busy: &[&Batch]) -> InFlight {
         self.poll_checkpoint();
         let mut b = Batch::default();
         for r in reqs {
-            self.plan(&mut b, r, busy.map(|f| &f.b));
+            self.plan(&mut b, r, busy);
         }
         let mut refs: Vec<WriteRef> = Vec::new();
         for id in b.order.clone() {
@@ -329,7 +527,7 @@ impl Writer {
         // to the device (a synchronous pwrite is cheaper than a trip through the ring).
         let ticket = if !wrote {
             None
-        } else if busy.is_none() && writes.len() == 1 {
+        } else if busy.is_empty() && writes.len() == 1 {
             Some(WriteTicket::Done(self.shared.disk.write_batch(&writes)))
         } else {
             // SAFETY: the buffers are owned by `b` (the appends' units) and `log_buf`, which
@@ -345,74 +543,20 @@ impl Writer {
         }
     }
 
-    /// Waits for a batch's writes, flushes, and commits (or fails) it. Returns true when the
-    /// thread must stop.
-    fn finish_batch(&mut self, f: InFlight) -> bool {
-        let InFlight {
-            mut b,
-            log_buf,
-            log_index,
-            ticket,
-        } = f;
-        let wrote = ticket.is_some();
-        let results = match ticket {
-            Some(t) => self.shared.disk.finish_writes(t),
-            None => Vec::new(),
-        };
-        let mut store_error: Option<Error> = None;
-        if let Some(i) = log_index
-            && let Err(e) = &results[i]
-        {
-            store_error = Some(Error::io("log write", clone_io(e)));
-        }
-        // A batch planned before the store failed must not be acknowledged on a later flush.
-        if store_error.is_none() && wrote && self.shared.failed.load(Ordering::Acquire) {
-            store_error = Some(Error::StoreFailed);
-        }
-        for id in &b.order {
-            let plan = b.chunks.get_mut(id).expect("planned chunk");
-            if plan.error.is_none()
-                && let Some(e) = plan.writes.iter().find_map(|&w| results[w].as_ref().err())
-            {
-                plan.error = Some(Error::io("chunk write", clone_io(e)));
-            }
-        }
-        if store_error.is_none() && wrote && self.durability == Durability::Sync {
-            if let Err(e) = self.shared.disk.sync() {
-                store_error = Some(Error::io("flush", e));
-            }
-            self.shared.stats.flushes.fetch_add(1, Ordering::Relaxed);
-        }
-        if wrote {
-            self.shared.stats.batches.fetch_add(1, Ordering::Relaxed);
-        }
-        let pool = &self.shared.pool;
-        for plan in b.chunks.values_mut() {
-            for p in &mut plan.pieces {
-                pool.give(std::mem::replace(&mut p.buf, AlignedBuf::zeroed(0)));
-            }
-        }
-        if let Some((_, buf, _)) = log_buf {
-            pool.give(buf);
-        }
-        match store_error {
-            Some(e) => self.fail_batch(b, e),
-            None => self.commit(b, log_index.is_some()),
-        }
-    }
-
     /// Adds a request to batch `b`, or answers it at once (an error), or carries it to a
-    /// later batch. `busy` is the batch in flight beside this one.
-    fn plan(&mut self, b: &mut Batch, r: Request, busy: Option<&Batch>) {
+    /// later batch. `busy` are the batches in flight beside this one.
+    fn plan(&mut self, b: &mut Batch, r: Request, busy: &[&Batch]) {
         if let Some(id) = r.chunk_id()
             && b.deferred.contains(&id)
         {
             self.carry.push_back(r);
             return;
         }
-        if let Some(busy) = busy {
-            let chunk_busy = r.chunk_id().is_some_and(|id| busy.touched.contains(&id));
-            let log_busy = r.needs_log() && !busy.log.is_empty();
+        if !busy.is_empty() {
+            let chunk_busy = r
+                .chunk_id()
+                .is_some_and(|id| busy.iter().any(|x| x.touched.contains(&id)));
+            let log_busy = r.needs_log() && busy.iter().any(|x| !x.log.is_empty());
             if r.is_control() {
                 self.carry.push_back(r);
                 return;
@@ -422,7 +566,7 @@ impl Writer {
                 return self.defer(b, id, r);
             }
         }
-        let pending_creates = busy.map_or(0, |x| x.creates.len());
+        let pending_creates: usize = busy.iter().map(|x| x.creates.len()).sum();
         let failed = self.shared.failed.load(Ordering::Acquire);
         match r {
             Request::Create {
@@ -671,8 +815,8 @@ impl Writer {
     }
 
     /// Completes the sector units of a chunk's appends — the bytes of a partly filled first
-    /// unit, the footers — and lists the writes (one per append, two when it crosses into a
-    /// new extent), allocating extents as needed.
+    /// unit, the footers — and lists the writes (one per append, two when it crosses into an
+    /// extent not physically next to the one before), allocating extents as needed.
     ///
     /// Appends to one chunk in one batch are chained: an append that starts inside a unit
     /// the previous one left partly filled carries that whole unit (so the previous append's
@@ -698,7 +842,7 @@ impl Writer {
             .unwrap_or_default();
         let need = (geo.unit_of(end - 1) / upe) as usize + 1;
         while extents.len() < need {
-            match self.alloc.allocate() {
+            match self.alloc.allocate(extents.last().copied()) {
                 Some(e) => {
                     extents.push(e);
                     plan.new_extents.push(e);
@@ -838,7 +982,7 @@ impl Writer {
             let mut i = 0;
             while i < written {
                 let ua = u0 + i as u32;
-                let ub = (u0 + written as u32 - 1).min((ua / upe + 1) * upe - 1);
+                let ub = (u0 + written as u32 - 1).min(contiguous_end(&extents, ua, upe));
                 let units = (ub - ua + 1) as usize;
                 plan.writes.push(writes.len());
                 writes.push(WriteRef {
@@ -1092,6 +1236,15 @@ impl Writer {
         }
         self.checkpoint_now()
     }
+}
+
+/// The last unit of the physically contiguous run of a chunk's extents that unit `u` is in.
+pub(crate) fn contiguous_end(extents: &[u32], u: u32, upe: u32) -> u32 {
+    let mut x = (u / upe) as usize;
+    while x + 1 < extents.len() && extents[x + 1] == extents[x] + 1 {
+        x += 1;
+    }
+    (x as u32 + 1) * upe - 1
 }
 
 fn send<T>(reply: Reply<T>, r: Result<T>) {

@@ -1,6 +1,6 @@
 //! The real device: one preallocated file (or block device) opened with O_DIRECT.
 
-use super::{Disk, WriteTicket, read_each, write_each};
+use super::{Disk, Wait, WriteTicket, read_each, write_each};
 use crate::buf::AlignedBuf;
 use io_uring::{IoUring, opcode, types};
 use parking_lot::Mutex;
@@ -12,12 +12,15 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-/// io_uring submission-queue depth for write batches.
-const RING_ENTRIES: u32 = 128;
+/// io_uring submission-queue depth for write batches (the completion queue is twice that:
+/// room for every write of the device thread's batches in flight, 4 x MAX_TICKET_WRITES).
+const RING_ENTRIES: u32 = 256;
 /// Most writes in one ticket; larger batches are written in several tickets.
 const MAX_TICKET_WRITES: usize = 64;
 /// user_data = ticket << TICKET_SHIFT | index of the write in its ticket.
 const TICKET_SHIFT: u32 = 16;
+/// user_data of the doorbell poll (no ticket reaches this number).
+const DOORBELL: u64 = u64::MAX;
 
 /// The write ring and the writes it has in flight, by ticket.
 struct WriteRing {
@@ -27,9 +30,15 @@ struct WriteRing {
     /// A ring call failed: it is never entered again (so no stale submission can reach the
     /// device), and writes are synchronous from then on.
     broken: bool,
+    /// A poll of the doorbell is in the ring and has not completed.
+    doorbell_armed: bool,
+    /// The doorbell poll completed and no `wait_writes` has reported it yet.
+    doorbell_rang: bool,
 }
 
+/// One operation of a ticket: a write, or (`len` 0, `sync`) a flush.
 struct InFlightWrite {
+    sync: bool,
     off: u64,
     /// The caller's buffer (kept valid by the `start_writes` contract).
     ptr: usize,
@@ -119,6 +128,8 @@ impl FileDisk {
                 next_ticket: 1,
                 tickets: std::collections::HashMap::new(),
                 broken: false,
+                doorbell_armed: false,
+                doorbell_rang: false,
             })),
             Err(e) => {
                 tracing::warn!(error = %e, "io_uring unavailable; using pwrite for write batches");
@@ -143,10 +154,48 @@ impl FileDisk {
         r.broken = true;
         for entries in r.tickets.values_mut() {
             for e in entries.iter_mut().filter(|e| e.result.is_none()) {
+                if e.sync {
+                    e.result = Some(self.sync());
+                    continue;
+                }
                 // SAFETY: the ticket's owner keeps the buffer valid until it is finished.
                 let buf = unsafe { std::slice::from_raw_parts(e.ptr as *const u8, e.len) };
                 e.result = Some(self.write_at(buf, e.off));
             }
+        }
+    }
+
+    /// Takes every completion the ring holds (without waiting) and records it in its ticket.
+    fn reap(&self, r: &mut WriteRing) {
+        let cqes: Vec<(u64, i32)> = r
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        for (ud, res) in cqes {
+            if ud == DOORBELL {
+                r.doorbell_armed = false;
+                r.doorbell_rang = true;
+                continue;
+            }
+            let (t, i) = (
+                ud >> TICKET_SHIFT,
+                (ud & ((1 << TICKET_SHIFT) - 1)) as usize,
+            );
+            let Some(e) = r.tickets.get_mut(&t).and_then(|v| v.get_mut(i)) else {
+                continue;
+            };
+            e.result = Some(if res < 0 {
+                Err(io::Error::from_raw_os_error(-res))
+            } else if (res as usize) < e.len {
+                // Short write: finish the rest synchronously.
+                let n = res as usize;
+                // SAFETY: the ticket's owner keeps the buffer valid until it is finished.
+                let buf = unsafe { std::slice::from_raw_parts(e.ptr as *const u8, e.len) };
+                self.write_at(&buf[n..], e.off + n as u64)
+            } else {
+                Ok(())
+            });
         }
     }
 }
@@ -401,16 +450,17 @@ impl Disk for FileDisk {
                     .build()
                     .user_data((id << TICKET_SHIFT) | i as u64);
                 // SAFETY: the caller keeps the buffer valid until the ticket is finished; the
-                // queue has room (at most two tickets of MAX_TICKET_WRITES are unsubmitted
-                // at once, and every start submits).
+                // queue has room (every start and wait submits, so at most a doorbell poll
+                // is queued before a ticket's MAX_TICKET_WRITES).
                 unsafe {
                     r.ring
                         .submission()
                         .push(&sqe)
-                        .expect("submission queue sized for two tickets")
+                        .expect("submission queue has room for a ticket")
                 };
             }
             entries.push(InFlightWrite {
+                sync: false,
                 off,
                 ptr: buf.as_ptr() as usize,
                 len: buf.len(),
@@ -429,6 +479,108 @@ impl Disk for FileDisk {
             }
         }
         WriteTicket::Pending(id)
+    }
+
+    fn start_sync(&self) -> WriteTicket {
+        let Some(ring) = &self.ring else {
+            return WriteTicket::Done(vec![self.sync()]);
+        };
+        let mut r = ring.lock();
+        if r.broken {
+            return WriteTicket::Done(vec![self.sync()]);
+        }
+        let id = r.next_ticket;
+        r.next_ticket += 1;
+        let sqe = opcode::Fsync::new(types::Fd(self.fd()))
+            .flags(types::FsyncFlags::DATASYNC)
+            .build()
+            .user_data(id << TICKET_SHIFT);
+        // SAFETY: a flush borrows no memory; every start and wait submits, so the queue has
+        // room.
+        unsafe {
+            r.ring
+                .submission()
+                .push(&sqe)
+                .expect("submission queue has room for a flush")
+        };
+        r.tickets.insert(
+            id,
+            vec![InFlightWrite {
+                sync: true,
+                off: 0,
+                ptr: 0,
+                len: 0,
+                result: None,
+            }],
+        );
+        loop {
+            match r.ring.submit() {
+                Ok(_) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.finish_synchronously(&mut r);
+                    break;
+                }
+            }
+        }
+        WriteTicket::Pending(id)
+    }
+
+    fn wait_writes(&self, tickets: &[&WriteTicket], wait: Wait) -> Option<usize> {
+        let ids: Vec<Option<u64>> = tickets
+            .iter()
+            .map(|t| match t {
+                WriteTicket::Done(_) => None,
+                WriteTicket::Pending(id) => Some(*id),
+            })
+            .collect();
+        if let Some(i) = ids.iter().position(Option::is_none) {
+            return Some(i);
+        }
+        let ring = self.ring.as_ref()?;
+        let mut r = ring.lock();
+        loop {
+            if r.broken {
+                self.finish_synchronously(&mut r);
+            } else {
+                self.reap(&mut r);
+            }
+            let done = ids.iter().position(|id| {
+                let id = id.expect("pending");
+                r.tickets[&id].iter().all(|e| e.result.is_some())
+            });
+            if done.is_some() {
+                return done;
+            }
+            match wait {
+                Wait::Poll => return None,
+                Wait::Block => {}
+                Wait::Doorbell(fd) => {
+                    if std::mem::take(&mut r.doorbell_rang) {
+                        return None;
+                    }
+                    if !r.doorbell_armed {
+                        let sqe = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+                            .build()
+                            .user_data(DOORBELL);
+                        // SAFETY: a poll borrows no memory; every start submits, so the queue
+                        // has room.
+                        unsafe {
+                            r.ring
+                                .submission()
+                                .push(&sqe)
+                                .expect("submission queue has room for the doorbell")
+                        };
+                        r.doorbell_armed = true;
+                    }
+                }
+            }
+            if let Err(e) = r.ring.submit_and_wait(1)
+                && e.kind() != io::ErrorKind::Interrupted
+            {
+                self.finish_synchronously(&mut r);
+            }
+        }
     }
 
     fn finish_writes(&self, ticket: WriteTicket) -> Vec<io::Result<()>> {
@@ -450,38 +602,17 @@ impl Disk for FileDisk {
                     .map(|e| e.result.expect("finished"))
                     .collect();
             }
-            if let Err(e) = r.ring.submit_and_wait(1) {
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
+            if r.broken {
                 self.finish_synchronously(&mut r);
                 continue;
             }
-            let cqes: Vec<(u64, i32)> = r
-                .ring
-                .completion()
-                .map(|c| (c.user_data(), c.result()))
-                .collect();
-            for (ud, res) in cqes {
-                let (t, i) = (
-                    ud >> TICKET_SHIFT,
-                    (ud & ((1 << TICKET_SHIFT) - 1)) as usize,
-                );
-                let Some(e) = r.tickets.get_mut(&t).and_then(|v| v.get_mut(i)) else {
-                    continue;
-                };
-                e.result = Some(if res < 0 {
-                    Err(io::Error::from_raw_os_error(-res))
-                } else if (res as usize) < e.len {
-                    // Short write: finish the rest synchronously.
-                    let n = res as usize;
-                    // SAFETY: the ticket's owner keeps the buffer valid until it is finished.
-                    let buf = unsafe { std::slice::from_raw_parts(e.ptr as *const u8, e.len) };
-                    self.write_at(&buf[n..], e.off + n as u64)
-                } else {
-                    Ok(())
-                });
+            if let Err(e) = r.ring.submit_and_wait(1) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    self.finish_synchronously(&mut r);
+                }
+                continue;
             }
+            self.reap(&mut r);
         }
     }
 

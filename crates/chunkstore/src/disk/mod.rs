@@ -12,6 +12,7 @@ pub use fault::{CrashPolicy, FaultConfig, FaultDisk};
 pub use file::FileDisk;
 
 use std::io;
+use std::os::fd::RawFd;
 
 /// Writes started by [`Disk::start_writes`], to be finished by [`Disk::finish_writes`].
 #[must_use = "every started write batch must be finished"]
@@ -20,6 +21,17 @@ pub enum WriteTicket {
     Done(Vec<io::Result<()>>),
     /// In flight on the device; the device's own handle.
     Pending(u64),
+}
+
+/// How [`Disk::wait_writes`] waits.
+#[derive(Debug, Clone, Copy)]
+pub enum Wait {
+    /// Only look.
+    Poll,
+    /// Until a ticket completes.
+    Block,
+    /// Until a ticket completes or this file descriptor (an eventfd) becomes readable.
+    Doorbell(RawFd),
 }
 
 /// A block device seen by the chunk store.
@@ -47,6 +59,19 @@ pub trait Disk: Send + Sync + 'static {
     /// for the ticket, and every ticket must be finished.
     unsafe fn start_writes(&self, writes: &[(u64, &[u8])]) -> WriteTicket {
         WriteTicket::Done(self.write_batch(writes))
+    }
+    /// Starts a flush of every write completed so far and returns without waiting for it;
+    /// [`Disk::finish_writes`] gives its one result. The default flushes before returning.
+    fn start_sync(&self) -> WriteTicket {
+        WriteTicket::Done(vec![self.sync()])
+    }
+    /// Returns the position of the first of `tickets` whose operations have all completed
+    /// (so that [`Disk::finish_writes`] will not block it), waiting as `wait` says; `None`
+    /// when none has (after a poll, a doorbell, or spuriously). The default (a synchronous
+    /// disk, whose tickets are done when started) is the first ticket.
+    fn wait_writes(&self, tickets: &[&WriteTicket], wait: Wait) -> Option<usize> {
+        let _ = wait;
+        (!tickets.is_empty()).then_some(0)
     }
     /// Waits for the writes of a ticket from [`Disk::start_writes`]; one result per write.
     fn finish_writes(&self, ticket: WriteTicket) -> Vec<io::Result<()>> {
@@ -101,6 +126,12 @@ impl<D: Disk + ?Sized> Disk for std::sync::Arc<D> {
     unsafe fn start_writes(&self, writes: &[(u64, &[u8])]) -> WriteTicket {
         // SAFETY: the caller upholds the contract.
         unsafe { (**self).start_writes(writes) }
+    }
+    fn start_sync(&self) -> WriteTicket {
+        (**self).start_sync()
+    }
+    fn wait_writes(&self, tickets: &[&WriteTicket], wait: Wait) -> Option<usize> {
+        (**self).wait_writes(tickets, wait)
     }
     fn finish_writes(&self, ticket: WriteTicket) -> Vec<io::Result<()>> {
         (**self).finish_writes(ticket)
