@@ -99,6 +99,8 @@ pub struct Stats {
     pub checkpoints: AtomicU64,
     /// Appends that continued a unit an earlier append of the same batch left partly filled.
     pub chained_appends: AtomicU64,
+    /// Batches started while another batch was in flight.
+    pub overlapped_batches: AtomicU64,
 }
 
 /// State shared by the device thread and readers.

@@ -307,9 +307,16 @@ impl Writer {
                         .map(|f| &f.b)
                         .chain(flushing.iter().flat_map(|g| g.batches.iter().map(|f| &f.b)))
                         .collect();
+                    let overlapped = !busy.is_empty();
                     let f = self.start_batch(reqs, &busy);
                     carry_stuck = !self.carry.is_empty();
                     if !f.b.is_empty() {
+                        if overlapped {
+                            self.shared
+                                .stats
+                                .overlapped_batches
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
                         writing.push_back(f);
                     }
                     continue;
