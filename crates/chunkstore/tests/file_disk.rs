@@ -103,11 +103,17 @@ fn concurrent_writers_overlap_batches_and_read_back() {
         .stats()
         .overlapped_batches
         .load(std::sync::atomic::Ordering::Relaxed);
-    assert!(overlapped > 0, "no batch started while another was in flight");
+    assert!(
+        overlapped > 0,
+        "no batch started while another was in flight"
+    );
     for (t, &len) in lens.iter().enumerate() {
         let id = 100 + t as u64;
         let whole = pattern(id, 0, len as usize);
-        assert!(store.read(id, 0, len as usize).unwrap() == whole, "chunk {id}");
+        assert!(
+            store.read(id, 0, len as usize).unwrap() == whole,
+            "chunk {id}"
+        );
         assert_eq!(store.seal(id).unwrap().crc32c, crc32c::crc32c(&whole));
     }
     Arc::into_inner(store).unwrap().close().unwrap();
