@@ -1,0 +1,140 @@
+//! The disks of a chunkserver: one chunk store each, and which chunk lives on which.
+
+use cairn_chunkstore::{
+    ChunkId, ChunkStore, Disk, Error as StoreError, FileDisk, FormatOptions, OpenOptions,
+};
+use parking_lot::RwLock;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// How a chunkserver's disks are found or made.
+#[derive(Debug, Clone)]
+pub struct DiskSetOptions {
+    /// Store files; each is created (and formatted) if it does not exist.
+    pub paths: Vec<PathBuf>,
+    /// Size of a store file created here.
+    pub create_bytes: u64,
+    /// Write zeros over a new store file (slower to create; no unwritten-extent conversions
+    /// on the first pass of appends).
+    pub zero_fill: bool,
+    pub format: FormatOptions,
+    pub open: OpenOptions,
+}
+
+/// The chunk stores of one chunkserver.
+pub struct DiskSet {
+    stores: Vec<Arc<ChunkStore>>,
+    paths: Vec<PathBuf>,
+    /// Which store holds each chunk.
+    placement: RwLock<HashMap<ChunkId, usize>>,
+}
+
+impl DiskSet {
+    /// Opens every store (recovering it), creating and formatting missing ones.
+    ///
+    /// # Errors
+    /// A store that does not open, or a chunk id found on two disks.
+    pub fn open(opts: &DiskSetOptions) -> Result<Self, StoreError> {
+        let mut stores = Vec::new();
+        let mut placement = HashMap::new();
+        for (i, path) in opts.paths.iter().enumerate() {
+            let disk = open_or_create(path, opts)?;
+            let (store, report) = ChunkStore::open(disk as Arc<dyn Disk>, opts.open.clone())?;
+            tracing::info!(path = %path.display(), ?report, "disk opened");
+            for id in store.list() {
+                if placement.insert(id, i).is_some() {
+                    return Err(StoreError::Config("a chunk id is on two disks"));
+                }
+            }
+            stores.push(Arc::new(store));
+        }
+        if stores.is_empty() {
+            return Err(StoreError::Config("a chunkserver needs at least one disk"));
+        }
+        Ok(Self {
+            stores,
+            paths: opts.paths.clone(),
+            placement: RwLock::new(placement),
+        })
+    }
+
+    pub fn stores(&self) -> &[Arc<ChunkStore>] {
+        &self.stores
+    }
+
+    pub fn paths(&self) -> &[PathBuf] {
+        &self.paths
+    }
+
+    /// The store holding `id`.
+    pub fn find(&self, id: ChunkId) -> Result<Arc<ChunkStore>, StoreError> {
+        self.placement
+            .read()
+            .get(&id)
+            .map(|&i| self.stores[i].clone())
+            .ok_or(StoreError::NotFound { chunk_id: id })
+    }
+
+    /// Reserves `id` on the store a new chunk goes to (the one with the most free extents)
+    /// and returns it; [`DiskSet::unplace`] undoes it if the create fails. Two creates of one
+    /// id cannot land on two disks: the second finds the reservation.
+    pub fn place(&self, id: ChunkId) -> Result<Arc<ChunkStore>, StoreError> {
+        let mut p = self.placement.write();
+        if p.contains_key(&id) {
+            return Err(StoreError::AlreadyExists { chunk_id: id });
+        }
+        let (i, store) = self
+            .stores
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.is_failed())
+            .max_by_key(|(_, s)| s.space().extents_free)
+            .ok_or(StoreError::StoreFailed)?;
+        p.insert(id, i);
+        Ok(store.clone())
+    }
+
+    /// Forgets a chunk (deleted, or a create that failed).
+    pub fn unplace(&self, id: ChunkId) {
+        self.placement.write().remove(&id);
+    }
+
+    /// Closes every store (each writes a final checkpoint).
+    pub fn close(self) -> Result<(), StoreError> {
+        let mut first = Ok(());
+        for s in self.stores {
+            match Arc::try_unwrap(s) {
+                Ok(s) => {
+                    if let Err(e) = s.close()
+                        && first.is_ok()
+                    {
+                        first = Err(e);
+                    }
+                }
+                Err(_) => tracing::warn!("a store is still in use at close; dropped instead"),
+            }
+        }
+        first
+    }
+}
+
+fn open_or_create(path: &Path, opts: &DiskSetOptions) -> Result<Arc<FileDisk>, StoreError> {
+    let io = |e| StoreError::Io {
+        op: "open disk",
+        source: Arc::new(e),
+    };
+    if path.exists() {
+        return FileDisk::open(path).map(Arc::new).map_err(io);
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let disk = FileDisk::create(path, opts.create_bytes, opts.zero_fill).map_err(io)?;
+    if let Err(e) = ChunkStore::format(&disk, &opts.format) {
+        // A half-made store file would be refused at the next start: remove it.
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(Arc::new(disk))
+}

@@ -1,0 +1,319 @@
+//! The chunkserver: serves the chunk stores of its disks over the data-plane protocol
+//! (docs/formats/data-plane.md).
+//!
+//! One tokio task reads each connection's frames and starts one task per request; replies go
+//! back through the connection's writer task in completion order. A request crosses one
+//! thread hand-off between socket and disk: an append or a create is laid out on the tokio
+//! worker and handed to the disk's device thread; a read is handed to a blocking thread that
+//! reads from the device itself. In-flight requests and payload bytes per connection are
+//! bounded; past the bound the reader stops reading the socket (TCP backpressure).
+
+mod disks;
+
+pub use disks::{DiskSet, DiskSetOptions};
+
+use cairn_chunkstore::Error as StoreError;
+use cairn_proto::frame::{FLAG_SEALED, FrameError, HEADER_BYTES, Header, Opcode, Status};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+/// Limits of one connection.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Requests of one connection being served at once.
+    pub max_in_flight: usize,
+    /// Payload bytes (request and read reply) of one connection being served at once.
+    pub max_in_flight_bytes: usize,
+    /// Largest read served in one request.
+    pub max_read: u64,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 128,
+            max_in_flight_bytes: 256 << 20,
+            max_read: 64 << 20,
+        }
+    }
+}
+
+/// A chunkserver: its disks and its connection limits.
+pub struct Chunkserver {
+    disks: DiskSet,
+    opts: ServerOptions,
+}
+
+/// A reply on its way to the writer task, with the permits it releases once written.
+struct Reply {
+    header: Header,
+    payload: Vec<u8>,
+    _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+}
+
+impl Chunkserver {
+    pub fn new(disks: DiskSet, opts: ServerOptions) -> Arc<Self> {
+        Arc::new(Self { disks, opts })
+    }
+
+    pub fn disks(&self) -> &DiskSet {
+        &self.disks
+    }
+
+    /// Accepts connections until `shutdown` resolves.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                r = listener.accept() => match r {
+                    Ok((stream, peer)) => {
+                        let this = self.clone();
+                        tokio::spawn(async move { this.connection(stream, peer).await });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                },
+            }
+        }
+    }
+
+    async fn connection(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+        let _ = stream.set_nodelay(true);
+        let (mut rd, wr) = stream.into_split();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
+        // Replies are bounded by the permits they carry, so the channel needs no bound.
+        let writer = tokio::spawn(async move {
+            let mut wr = BufWriter::with_capacity(256 << 10, wr);
+            while let Some(first) = rx.recv().await {
+                let mut next = Some(first);
+                while let Some(r) = next {
+                    wr.write_all(&r.header.encode()).await?;
+                    wr.write_all(&r.payload).await?;
+                    next = rx.try_recv().ok();
+                }
+                wr.flush().await?;
+            }
+            Ok::<_, std::io::Error>(())
+        });
+        let count = Arc::new(Semaphore::new(self.opts.max_in_flight));
+        let bytes = Arc::new(Semaphore::new(self.opts.max_in_flight_bytes));
+        if let Err(e) = self.read_loop(&mut rd, &tx, &count, &bytes).await {
+            tracing::info!(%peer, error = %e, "closing connection");
+        }
+        drop(tx);
+        let _ = writer.await;
+    }
+
+    async fn read_loop(
+        self: &Arc<Self>,
+        rd: &mut tokio::net::tcp::OwnedReadHalf,
+        tx: &mpsc::UnboundedSender<Reply>,
+        count: &Arc<Semaphore>,
+        bytes: &Arc<Semaphore>,
+    ) -> Result<(), ConnError> {
+        loop {
+            let mut hb = [0u8; HEADER_BYTES];
+            match rd.read_exact(&mut hb).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+            let h = Header::decode(&hb)?;
+            if h.is_reply() {
+                return Err(ConnError::Protocol("a reply frame sent to the server"));
+            }
+            let one = count.clone().acquire_owned().await.expect("never closed");
+            // The bytes this request holds: its payload, or the reply's for a read.
+            let want = if h.op() == Some(Opcode::Read) {
+                h.arg.min(self.opts.max_read)
+            } else {
+                h.length as u64
+            };
+            let held = (want as usize).min(self.opts.max_in_flight_bytes);
+            let big = if held > 0 {
+                Some(
+                    bytes
+                        .clone()
+                        .acquire_many_owned(held as u32)
+                        .await
+                        .expect("never closed"),
+                )
+            } else {
+                None
+            };
+            let mut payload = vec![0u8; h.length as usize];
+            rd.read_exact(&mut payload).await?;
+            h.check_payload(&payload)?;
+            let this = self.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let (header, payload) = this.handle(h, payload).await;
+                let _ = tx.send(Reply {
+                    header,
+                    payload,
+                    _permits: (one, big),
+                });
+            });
+        }
+    }
+
+    /// Serves one request; returns the reply header and payload.
+    async fn handle(self: Arc<Self>, h: Header, payload: Vec<u8>) -> (Header, Vec<u8>) {
+        let Some(op) = h.op() else {
+            return error_reply(
+                &h,
+                Status::BadRequest,
+                format!("unknown opcode {}", h.opcode),
+            );
+        };
+        if !payload.is_empty() && !matches!(op, Opcode::Create | Opcode::Append) {
+            return error_reply(&h, Status::BadRequest, format!("{op:?} carries no payload"));
+        }
+        let id = h.chunk_id;
+        let r: Result<(Header, Vec<u8>), StoreError> = match op {
+            Opcode::Ping => Ok((h.reply(Status::Ok), Vec::new())),
+            Opcode::Create => {
+                async {
+                    let store = self.disks.place(id)?;
+                    if let Err(e) = store.create_async(id, h.arg).await {
+                        self.disks.unplace(id);
+                        return Err(e);
+                    }
+                    let mut rep = h.reply(Status::Ok);
+                    if !payload.is_empty() {
+                        rep.offset = store.append_async(id, 0, &payload).await?;
+                    }
+                    Ok((rep, Vec::new()))
+                }
+                .await
+            }
+            Opcode::Append => {
+                async {
+                    let store = self.disks.find(id)?;
+                    let mut rep = h.reply(Status::Ok);
+                    rep.offset = store.append_async(id, h.offset, &payload).await?;
+                    Ok((rep, Vec::new()))
+                }
+                .await
+            }
+            Opcode::Read => {
+                if h.arg > self.opts.max_read {
+                    return error_reply(
+                        &h,
+                        Status::TooLarge,
+                        format!(
+                            "read of {} bytes; the limit is {}",
+                            h.arg, self.opts.max_read
+                        ),
+                    );
+                }
+                let store = match self.disks.find(id) {
+                    Ok(s) => s,
+                    Err(e) => return store_error_reply(&h, &e),
+                };
+                let (offset, len) = (h.offset, h.arg as usize);
+                let read = tokio::task::spawn_blocking(move || store.read(id, offset, len)).await;
+                match read {
+                    Ok(Ok(data)) => {
+                        let rep = h.reply(Status::Ok).with_payload(&data);
+                        return (rep, data);
+                    }
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => return error_reply(&h, Status::Io, "read task failed".into()),
+                }
+            }
+            Opcode::Seal => {
+                async {
+                    let store = self.disks.find(id)?;
+                    let st = store.seal_async(id).await?;
+                    Ok(stat_reply(&h, &st))
+                }
+                .await
+            }
+            Opcode::Stat => self
+                .disks
+                .find(id)
+                .and_then(|s| s.stat(id))
+                .map(|st| stat_reply(&h, &st)),
+            Opcode::Delete => {
+                async {
+                    let store = self.disks.find(id)?;
+                    store.delete_async(id).await?;
+                    self.disks.unplace(id);
+                    Ok((h.reply(Status::Ok), Vec::new()))
+                }
+                .await
+            }
+        };
+        match r {
+            Ok(rep) => rep,
+            Err(e) => store_error_reply(&h, &e),
+        }
+    }
+}
+
+/// A stat or seal reply: length and version in the header; a sealed chunk's CRC32C as a
+/// 4-byte payload.
+fn stat_reply(h: &Header, st: &cairn_chunkstore::ChunkStat) -> (Header, Vec<u8>) {
+    let payload = if st.sealed {
+        st.crc32c.to_le_bytes().to_vec()
+    } else {
+        Vec::new()
+    };
+    let mut rep = h.reply(Status::Ok).with_payload(&payload);
+    rep.offset = st.length;
+    rep.arg = st.version;
+    if st.sealed {
+        rep.flags |= FLAG_SEALED;
+    }
+    (rep, payload)
+}
+
+fn error_reply(h: &Header, status: Status, msg: String) -> (Header, Vec<u8>) {
+    let payload = msg.into_bytes();
+    (h.reply(status).with_payload(&payload), payload)
+}
+
+/// The status (and the fields it documents) for a chunk store error.
+fn store_error_reply(h: &Header, e: &StoreError) -> (Header, Vec<u8>) {
+    let (status, offset) = match e {
+        StoreError::NotFound { .. } => (Status::NotFound, 0),
+        StoreError::AlreadyExists { .. } => (Status::AlreadyExists, 0),
+        StoreError::Sealed { length, .. } => (Status::Sealed, *length),
+        StoreError::OffsetMismatch { length, .. } => (Status::WrongOffset, *length),
+        StoreError::ChunkFull { length, .. } => (Status::TooLarge, *length),
+        StoreError::BadAppendSize { .. } => (Status::TooLarge, 0),
+        StoreError::OutOfRange { length, .. } => (Status::OutOfRange, *length),
+        StoreError::Corruption { offset, .. } => (Status::Corrupt, *offset),
+        StoreError::NoSpace | StoreError::TooManyChunks { .. } => (Status::NoSpace, 0),
+        StoreError::ChunkFailed { .. } => (Status::ChunkFailed, 0),
+        StoreError::StoreFailed => (Status::StoreFailed, 0),
+        StoreError::Closed => (Status::ShuttingDown, 0),
+        _ => (Status::Io, 0),
+    };
+    let payload = e.to_string().into_bytes();
+    let mut rep = h.reply(status).with_payload(&payload);
+    rep.offset = offset;
+    (rep, payload)
+}
+
+/// Why a connection was closed.
+#[derive(Debug, thiserror::Error)]
+enum ConnError {
+    #[error("bad frame: {0}")]
+    Frame(#[from] FrameError),
+    #[error("protocol error: {0}")]
+    Protocol(&'static str),
+    #[error("socket: {0}")]
+    Io(#[from] std::io::Error),
+}
