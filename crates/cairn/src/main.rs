@@ -1,9 +1,10 @@
 //! `cairn`: run and operate a Cairn storage cluster.
 //!
-//! Today it carries the chunk store's benchmarks; the cluster commands (`up`, `master`,
-//! `chunkserver`, `fs`, `status`) arrive with the cluster.
+//! Today it carries the chunk store's benchmarks and `chunkserver`; the other cluster
+//! commands (`up`, `master`, `fs`, `status`) arrive with the masters.
 
 mod bench;
+mod chunkserver;
 
 use clap::{Parser, Subcommand};
 
@@ -23,6 +24,8 @@ enum Command {
     /// Benchmarks that print their numbers next to the hardware's in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run one chunkserver: serve this machine's disks on the data plane.
+    Chunkserver(chunkserver::ChunkserverArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -35,5 +38,6 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Bench(b) => bench::run(b),
+        Command::Chunkserver(a) => chunkserver::run(a),
     }
 }

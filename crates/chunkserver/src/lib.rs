@@ -63,6 +63,11 @@ impl Chunkserver {
         &self.disks
     }
 
+    /// The disks, to close them once the server is done.
+    pub fn into_disks(self) -> DiskSet {
+        self.disks
+    }
+
     /// Accepts connections until `shutdown` resolves.
     pub async fn serve(
         self: Arc<Self>,

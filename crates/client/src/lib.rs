@@ -75,6 +75,9 @@ pub struct ChunkInfo {
 
 type Pending = Arc<Mutex<PendingState>>;
 
+/// A reply: its header and payload.
+type Frame = (Header, Vec<u8>);
+
 /// Counters of one connection.
 #[derive(Debug, Default)]
 pub struct ConnStats {
@@ -84,7 +87,7 @@ pub struct ConnStats {
 }
 
 struct PendingState {
-    waiting: HashMap<u64, oneshot::Sender<Result<(Header, Vec<u8>)>>>,
+    waiting: HashMap<u64, oneshot::Sender<Result<Frame>>>,
     /// Set when the connection is gone: new requests fail at once.
     dead: Option<String>,
 }
