@@ -1,5 +1,5 @@
 //! The chunkserver: serves the chunk stores of its disks over the data-plane protocol
-//! (docs/formats/data-plane.md).
+//! (docs/formats/wire.md).
 //!
 //! One tokio task reads each connection's frames and starts one task per request; replies go
 //! back through the connection's writer task in completion order. A request crosses one

@@ -1,7 +1,7 @@
 //! Cairn client SDK.
 //!
 //! Today: [`DataConn`], the data-plane connection to one chunkserver
-//! (docs/formats/data-plane.md). One connection per client/server pair carries any number of
+//! (docs/formats/wire.md). One connection per client/server pair carries any number of
 //! requests at once; replies come back in any order and are matched by request id. The
 //! masters, the FlatLogFile API and replication build on it.
 //!

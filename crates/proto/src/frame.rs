@@ -1,4 +1,4 @@
-//! Data-plane frames: a fixed 64-byte header, then the raw payload (docs/formats/data-plane.md).
+//! Data-plane frames: a fixed 64-byte header, then the raw payload (docs/formats/wire.md).
 
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};

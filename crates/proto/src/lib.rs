@@ -1,7 +1,7 @@
 //! Cairn's wire formats.
 //!
 //! Today: the data-plane frame between clients and chunkservers ([`frame`],
-//! docs/formats/data-plane.md). The control plane (gRPC) arrives with the masters.
+//! docs/formats/wire.md). The control plane (gRPC) arrives with the masters.
 
 pub mod frame;
 
