@@ -165,6 +165,18 @@ impl FileDisk {
         }
     }
 
+    /// Hands the queued submissions to the kernel; a failed ring is given up (writes finish
+    /// synchronously).
+    fn submit(&self, r: &mut WriteRing) {
+        loop {
+            match r.ring.submit() {
+                Ok(_) => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return self.finish_synchronously(r),
+            }
+        }
+    }
+
     /// Takes every completion the ring holds (without waiting) and records it in its ticket.
     fn reap(&self, r: &mut WriteRing) {
         let cqes: Vec<(u64, i32)> = r
@@ -468,16 +480,7 @@ impl Disk for FileDisk {
             });
         }
         r.tickets.insert(id, entries);
-        loop {
-            match r.ring.submit() {
-                Ok(_) => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    self.finish_synchronously(&mut r);
-                    break;
-                }
-            }
-        }
+        self.submit(&mut r);
         WriteTicket::Pending(id)
     }
 
@@ -513,16 +516,7 @@ impl Disk for FileDisk {
                 result: None,
             }],
         );
-        loop {
-            match r.ring.submit() {
-                Ok(_) => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    self.finish_synchronously(&mut r);
-                    break;
-                }
-            }
-        }
+        self.submit(&mut r);
         WriteTicket::Pending(id)
     }
 
