@@ -194,6 +194,21 @@ async fn a_corrupt_frame_closes_that_connection_only() {
     let rep = cairn_proto::Header::decode(&hb).unwrap();
     assert_eq!(rep.request_id, 5);
     assert_eq!(rep.status(), Some(Status::BadRequest));
+    // A header announcing more than a frame may carry: closed before any payload is read.
+    let mut raw = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let mut hb = cairn_proto::Header::request(cairn_proto::Opcode::Append, 6, 1).encode();
+    hb[40..44].copy_from_slice(&(cairn_proto::MAX_PAYLOAD + 1).to_le_bytes());
+    let crc = crc32c::crc32c(&hb[..60]);
+    hb[60..64].copy_from_slice(&crc.to_le_bytes());
+    raw.write_all(&hb).await.unwrap();
+    let n = tokio::time::timeout(std::time::Duration::from_secs(10), raw.read(&mut buf))
+        .await
+        .expect("server closes the connection")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    // An append larger than the store takes: a typed TOO_LARGE, and the connection lives on.
+    let e = good.append(1, 4, &vec![7u8; 5 << 20]).await.unwrap_err();
+    assert_eq!(e.status(), Some(Status::TooLarge), "{e}");
     // The good connection never noticed.
     assert_eq!(good.read(1, 0, 4).await.unwrap(), b"kept");
 }
