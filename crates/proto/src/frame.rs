@@ -55,17 +55,19 @@ pub enum Opcode {
 }
 
 impl Opcode {
+    /// Every opcode, at index `code - 1`.
+    const ALL: [Self; 7] = [
+        Self::Create,
+        Self::Append,
+        Self::Read,
+        Self::Seal,
+        Self::Delete,
+        Self::Stat,
+        Self::Ping,
+    ];
+
     pub fn from_u8(v: u8) -> Option<Self> {
-        Some(match v {
-            1 => Self::Create,
-            2 => Self::Append,
-            3 => Self::Read,
-            4 => Self::Seal,
-            5 => Self::Delete,
-            6 => Self::Stat,
-            7 => Self::Ping,
-            _ => return None,
-        })
+        Self::ALL.get((v as usize).checked_sub(1)?).copied()
     }
 }
 
@@ -90,24 +92,26 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, at index `code`.
+    const ALL: [Self; 14] = [
+        Self::Ok,
+        Self::NotFound,
+        Self::AlreadyExists,
+        Self::WrongOffset,
+        Self::Sealed,
+        Self::OutOfRange,
+        Self::TooLarge,
+        Self::NoSpace,
+        Self::Corrupt,
+        Self::ChunkFailed,
+        Self::StoreFailed,
+        Self::BadRequest,
+        Self::Io,
+        Self::ShuttingDown,
+    ];
+
     pub fn from_u16(v: u16) -> Option<Self> {
-        Some(match v {
-            0 => Self::Ok,
-            1 => Self::NotFound,
-            2 => Self::AlreadyExists,
-            3 => Self::WrongOffset,
-            4 => Self::Sealed,
-            5 => Self::OutOfRange,
-            6 => Self::TooLarge,
-            7 => Self::NoSpace,
-            8 => Self::Corrupt,
-            9 => Self::ChunkFailed,
-            10 => Self::StoreFailed,
-            11 => Self::BadRequest,
-            12 => Self::Io,
-            13 => Self::ShuttingDown,
-            _ => return None,
-        })
+        Self::ALL.get(v as usize).copied()
     }
 }
 
@@ -344,6 +348,21 @@ mod tests {
             b[bit / 8] ^= 1 << (bit % 8);
             prop_assert!(Header::decode(&b).is_err());
         }
+    }
+
+    #[test]
+    fn code_tables_match_the_discriminants() {
+        for (i, op) in Opcode::ALL.iter().enumerate() {
+            assert_eq!(*op as usize, i + 1);
+            assert_eq!(Opcode::from_u8(*op as u8), Some(*op));
+        }
+        assert_eq!(Opcode::from_u8(0), None);
+        assert_eq!(Opcode::from_u8(8), None);
+        for (i, st) in Status::ALL.iter().enumerate() {
+            assert_eq!(*st as usize, i);
+            assert_eq!(Status::from_u16(*st as u16), Some(*st));
+        }
+        assert_eq!(Status::from_u16(14), None);
     }
 
     #[test]
