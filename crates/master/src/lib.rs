@@ -1,0 +1,4 @@
+//! The Cairn master: a Raft group (openraft) whose replicated state machine holds the
+//! namespace, the stream meta (file → chunks) and the chunkserver registry.
+
+pub mod state;

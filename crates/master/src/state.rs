@@ -1,0 +1,833 @@
+//! The masters' replicated state: namespace, stream meta and chunkserver registry.
+//!
+//! Everything here is deterministic: a [`Command`] carries every decision that needs a clock or
+//! randomness (the leader's time, the chunkservers it chose), so every master applying the same
+//! log reaches the same state. Heartbeats, loads and "which chunks did a server report" are
+//! not replicated; they live in the leader's memory (`registry.rs`).
+//!
+//! The namespace is an inode table plus a directory-entry table keyed by (parent, name), so a
+//! rename moves one entry and a listing is one range scan.
+
+use cairn_rpc::{ErrorKind, MetaError, components};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+pub type ServerId = u64;
+pub type ChunkId = u64;
+pub type InodeId = u64;
+
+/// The root directory's inode.
+pub const ROOT: InodeId = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    pub replicas: u8,
+    pub compression: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub holder: String,
+    pub expires_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chunk {
+    pub id: ChunkId,
+    /// The length the master knows: final once sealed; for the chunk being written, the last
+    /// committed length (the replicas may hold more).
+    pub length: u64,
+    pub sealed: bool,
+    pub version: u64,
+    pub servers: Vec<ServerId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileMeta {
+    pub policy: Policy,
+    pub sealed: bool,
+    pub chunks: Vec<Chunk>,
+    pub lease: Option<Lease>,
+}
+
+impl FileMeta {
+    pub fn committed_length(&self) -> u64 {
+        self.chunks.iter().map(|c| c.length).sum()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kind {
+    Dir,
+    File(FileMeta),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inode {
+    pub id: InodeId,
+    pub parent: InodeId,
+    pub name: String,
+    pub ctime_ms: u64,
+    pub mtime_ms: u64,
+    pub kind: Kind,
+}
+
+impl Inode {
+    pub fn file(&self) -> Option<&FileMeta> {
+        match &self.kind {
+            Kind::File(f) => Some(f),
+            Kind::Dir => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerRecord {
+    pub id: ServerId,
+    pub addr: String,
+    pub host: String,
+    pub rack: String,
+    pub draining: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkUpdate {
+    pub chunk_id: ChunkId,
+    pub length: u64,
+    pub sealed: bool,
+}
+
+/// One replicated change. `now_ms` is the leader's clock when it proposed the command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    Mkdir {
+        path: String,
+        parents: bool,
+        now_ms: u64,
+    },
+    Create {
+        path: String,
+        policy: Policy,
+        parents: bool,
+        now_ms: u64,
+        lease: Option<Lease>,
+        /// Chunkservers of each chunk to allocate, in order.
+        placements: Vec<Vec<ServerId>>,
+    },
+    OpenWrite {
+        path: String,
+        now_ms: u64,
+        lease: Lease,
+        placements: Vec<Vec<ServerId>>,
+    },
+    Allocate {
+        path: String,
+        holder: String,
+        now_ms: u64,
+        placements: Vec<Vec<ServerId>>,
+    },
+    Commit {
+        path: String,
+        holder: String,
+        now_ms: u64,
+        updates: Vec<ChunkUpdate>,
+        trim: bool,
+        release: bool,
+        seal: bool,
+        /// New lease expiry (ignored with `release`).
+        lease_until_ms: u64,
+    },
+    Rename {
+        from: String,
+        to: String,
+        now_ms: u64,
+    },
+    Delete {
+        path: String,
+    },
+    Register {
+        server: ServerRecord,
+    },
+    SetDraining {
+        server_id: ServerId,
+        draining: bool,
+    },
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Command::Mkdir { path, .. } => write!(f, "mkdir {path}"),
+            Command::Create { path, .. } => write!(f, "create {path}"),
+            Command::OpenWrite { path, .. } => write!(f, "open-write {path}"),
+            Command::Allocate { path, placements, .. } => {
+                write!(f, "allocate {path} +{}", placements.len())
+            }
+            Command::Commit { path, .. } => write!(f, "commit {path}"),
+            Command::Rename { from, to, .. } => write!(f, "rename {from} {to}"),
+            Command::Delete { path } => write!(f, "delete {path}"),
+            Command::Register { server } => write!(f, "register {} {}", server.id, server.addr),
+            Command::SetDraining {
+                server_id,
+                draining,
+            } => write!(f, "set-draining {server_id} {draining}"),
+        }
+    }
+}
+
+/// What a command returns: the inode it touched (with its file meta).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Reply {
+    pub inode: Option<Inode>,
+}
+
+pub type Response = Result<Reply, MetaError>;
+
+/// The replicated state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct State {
+    inodes: BTreeMap<InodeId, Inode>,
+    next_inode: InodeId,
+    next_chunk: ChunkId,
+    servers: BTreeMap<ServerId, ServerRecord>,
+    /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
+    #[serde(skip)]
+    dentries: BTreeMap<(InodeId, String), InodeId>,
+    /// chunk → owning file; rebuilt likewise.
+    #[serde(skip)]
+    chunk_owner: HashMap<ChunkId, InodeId>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        let mut inodes = BTreeMap::new();
+        inodes.insert(
+            ROOT,
+            Inode {
+                id: ROOT,
+                parent: ROOT,
+                name: String::new(),
+                ctime_ms: 0,
+                mtime_ms: 0,
+                kind: Kind::Dir,
+            },
+        );
+        Self {
+            inodes,
+            next_inode: ROOT + 1,
+            next_chunk: 1,
+            servers: BTreeMap::new(),
+            dentries: BTreeMap::new(),
+            chunk_owner: HashMap::new(),
+        }
+    }
+}
+
+fn lease_held(lease: Option<&Lease>, holder: &str, now_ms: u64) -> Option<MetaError> {
+    match lease {
+        Some(l) if l.holder != holder && l.expires_ms > now_ms => Some(MetaError::new(
+            ErrorKind::LeaseHeld,
+            format!(
+                "another writer ({}) holds the file for {} ms more",
+                l.holder,
+                l.expires_ms - now_ms
+            ),
+        )),
+        _ => None,
+    }
+}
+
+impl State {
+    /// Rebuilds the derived indexes (after deserializing a snapshot).
+    pub fn rebuild(&mut self) {
+        self.dentries.clear();
+        self.chunk_owner.clear();
+        for ino in self.inodes.values() {
+            if ino.id != ROOT {
+                self.dentries.insert((ino.parent, ino.name.clone()), ino.id);
+            }
+            if let Some(f) = ino.file() {
+                for c in &f.chunks {
+                    self.chunk_owner.insert(c.id, ino.id);
+                }
+            }
+        }
+    }
+
+    pub fn servers(&self) -> &BTreeMap<ServerId, ServerRecord> {
+        &self.servers
+    }
+
+    pub fn inode(&self, id: InodeId) -> Option<&Inode> {
+        self.inodes.get(&id)
+    }
+
+    /// Counts for `cairn status`: (files, dirs, chunks, logical bytes known to the master).
+    pub fn totals(&self) -> (u64, u64, u64, u64) {
+        let mut t = (0, 0, 0, 0);
+        for ino in self.inodes.values() {
+            match &ino.kind {
+                Kind::Dir => t.1 += 1,
+                Kind::File(f) => {
+                    t.0 += 1;
+                    t.2 += f.chunks.len() as u64;
+                    t.3 += f.committed_length();
+                }
+            }
+        }
+        t
+    }
+
+    /// The chunk and the file that owns it.
+    pub fn chunk(&self, id: ChunkId) -> Option<(&Inode, &Chunk)> {
+        let ino = self.inodes.get(self.chunk_owner.get(&id)?)?;
+        let c = ino.file()?.chunks.iter().find(|c| c.id == id)?;
+        Some((ino, c))
+    }
+
+    pub fn owns_chunk(&self, id: ChunkId) -> bool {
+        self.chunk_owner.contains_key(&id)
+    }
+
+    /// Every chunk (id, expected servers, sealed, length) — for reconciling chunk reports.
+    pub fn chunks(&self) -> impl Iterator<Item = &Chunk> {
+        self.inodes
+            .values()
+            .filter_map(Inode::file)
+            .flat_map(|f| f.chunks.iter())
+    }
+
+    /// The next chunk id the state machine will hand out (ids below it were allocated once).
+    pub fn next_chunk_id(&self) -> ChunkId {
+        self.next_chunk
+    }
+
+    pub fn lookup(&self, path: &str) -> Result<&Inode, MetaError> {
+        let mut cur = ROOT;
+        for name in components(path)? {
+            let ino = &self.inodes[&cur];
+            if ino.file().is_some() {
+                return Err(MetaError::new(
+                    ErrorKind::NotADirectory,
+                    format!("{path}: a component is a file"),
+                ));
+            }
+            cur = *self
+                .dentries
+                .get(&(cur, name.to_owned()))
+                .ok_or_else(|| MetaError::not_found(path))?;
+        }
+        Ok(&self.inodes[&cur])
+    }
+
+    /// Entries of a directory, by name.
+    pub fn list(&self, path: &str) -> Result<Vec<&Inode>, MetaError> {
+        let dir = self.lookup(path)?;
+        if dir.file().is_some() {
+            return Err(MetaError::new(
+                ErrorKind::NotADirectory,
+                format!("{path}: not a directory"),
+            ));
+        }
+        Ok(self
+            .dentries
+            .range((dir.id, String::new())..)
+            .take_while(|((p, _), _)| *p == dir.id)
+            .map(|(_, id)| &self.inodes[id])
+            .collect())
+    }
+
+    /// The parent directory's inode and the new entry's name; `parents` makes missing
+    /// directories on the way.
+    fn parent_for_new(
+        &mut self,
+        path: &str,
+        parents: bool,
+        now_ms: u64,
+    ) -> Result<(InodeId, String), MetaError> {
+        let comps = components(path)?;
+        let Some((last, dirs)) = comps.split_last() else {
+            return Err(MetaError::new(ErrorKind::AlreadyExists, "/ already exists"));
+        };
+        let mut cur = ROOT;
+        for name in dirs {
+            if self.inodes[&cur].file().is_some() {
+                return Err(MetaError::new(
+                    ErrorKind::NotADirectory,
+                    format!("{path}: a component is a file"),
+                ));
+            }
+            cur = match self.dentries.get(&(cur, (*name).to_owned())) {
+                Some(&id) => id,
+                None if parents => self.insert(cur, name, now_ms, Kind::Dir),
+                None => return Err(MetaError::not_found(format!("{path}: parent"))),
+            };
+        }
+        if self.inodes[&cur].file().is_some() {
+            return Err(MetaError::new(
+                ErrorKind::NotADirectory,
+                format!("{path}: parent is a file"),
+            ));
+        }
+        if self.dentries.contains_key(&(cur, (*last).to_owned())) {
+            return Err(MetaError::new(
+                ErrorKind::AlreadyExists,
+                format!("{path}: already exists"),
+            ));
+        }
+        Ok((cur, (*last).to_owned()))
+    }
+
+    fn insert(&mut self, parent: InodeId, name: &str, now_ms: u64, kind: Kind) -> InodeId {
+        let id = self.next_inode;
+        self.next_inode += 1;
+        if let Kind::File(f) = &kind {
+            for c in &f.chunks {
+                self.chunk_owner.insert(c.id, id);
+            }
+        }
+        self.inodes.insert(
+            id,
+            Inode {
+                id,
+                parent,
+                name: name.to_owned(),
+                ctime_ms: now_ms,
+                mtime_ms: now_ms,
+                kind,
+            },
+        );
+        self.dentries.insert((parent, name.to_owned()), id);
+        if let Some(p) = self.inodes.get_mut(&parent) {
+            p.mtime_ms = p.mtime_ms.max(now_ms);
+        }
+        id
+    }
+
+    fn new_chunks(&mut self, placements: &[Vec<ServerId>]) -> Vec<Chunk> {
+        placements
+            .iter()
+            .map(|servers| {
+                let id = self.next_chunk;
+                self.next_chunk += 1;
+                Chunk {
+                    id,
+                    length: 0,
+                    sealed: false,
+                    version: 1,
+                    servers: servers.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Appends newly allocated chunks to a file.
+    fn add_chunks(&mut self, id: InodeId, placements: &[Vec<ServerId>]) {
+        let chunks = self.new_chunks(placements);
+        for c in &chunks {
+            self.chunk_owner.insert(c.id, id);
+        }
+        if let Some(Inode {
+            kind: Kind::File(f),
+            ..
+        }) = self.inodes.get_mut(&id)
+        {
+            f.chunks.extend(chunks);
+        }
+    }
+
+    fn file_mut(&mut self, path: &str) -> Result<(InodeId, &mut FileMeta), MetaError> {
+        let id = self.lookup(path)?.id;
+        match &mut self.inodes.get_mut(&id).expect("looked up").kind {
+            Kind::File(f) => Ok((id, f)),
+            Kind::Dir => Err(MetaError::new(
+                ErrorKind::IsADirectory,
+                format!("{path}: is a directory"),
+            )),
+        }
+    }
+
+    fn reply(&self, id: InodeId) -> Response {
+        Ok(Reply {
+            inode: self.inodes.get(&id).cloned(),
+        })
+    }
+
+    /// Applies one command. Errors leave the state unchanged.
+    pub fn apply(&mut self, cmd: &Command) -> Response {
+        match cmd {
+            Command::Mkdir {
+                path,
+                parents,
+                now_ms,
+            } => {
+                let (parent, name) = match self.parent_for_new(path, *parents, *now_ms) {
+                    Err(e) if e.kind == ErrorKind::AlreadyExists && *parents => {
+                        let ino = self.lookup(path)?;
+                        if ino.file().is_some() {
+                            return Err(e);
+                        }
+                        return self.reply(ino.id);
+                    }
+                    r => r?,
+                };
+                let id = self.insert(parent, &name, *now_ms, Kind::Dir);
+                self.reply(id)
+            }
+            Command::Create {
+                path,
+                policy,
+                parents,
+                now_ms,
+                lease,
+                placements,
+            } => {
+                if policy.replicas == 0 || u32::from(policy.replicas) > cairn_rpc::MAX_REPLICAS {
+                    return Err(MetaError::invalid(format!(
+                        "replicas must be 1..={}",
+                        cairn_rpc::MAX_REPLICAS
+                    )));
+                }
+                let (parent, name) = self.parent_for_new(path, *parents, *now_ms)?;
+                let chunks = self.new_chunks(placements);
+                let id = self.insert(
+                    parent,
+                    &name,
+                    *now_ms,
+                    Kind::File(FileMeta {
+                        policy: *policy,
+                        sealed: false,
+                        chunks,
+                        lease: lease.clone(),
+                    }),
+                );
+                self.reply(id)
+            }
+            Command::OpenWrite {
+                path,
+                now_ms,
+                lease,
+                placements,
+            } => {
+                let (_, f) = self.file_mut(path)?;
+                if f.sealed {
+                    return Err(MetaError::new(ErrorKind::Sealed, format!("{path}: sealed")));
+                }
+                if let Some(e) = lease_held(f.lease.as_ref(), &lease.holder, *now_ms) {
+                    return Err(e);
+                }
+                let (id, f) = self.file_mut(path)?;
+                f.lease = Some(lease.clone());
+                self.add_chunks(id, placements);
+                self.reply(id)
+            }
+            Command::Allocate {
+                path,
+                holder,
+                now_ms,
+                placements,
+            } => {
+                let (_, f) = self.file_mut(path)?;
+                check_writer(path, f, holder, *now_ms)?;
+                let id = self.lookup(path)?.id;
+                self.add_chunks(id, placements);
+                self.inodes.get_mut(&id).expect("exists").mtime_ms = *now_ms;
+                self.reply(id)
+            }
+            Command::Commit {
+                path,
+                holder,
+                now_ms,
+                updates,
+                trim,
+                release,
+                seal,
+                lease_until_ms,
+            } => {
+                let (id, f) = self.file_mut(path)?;
+                check_writer(path, f, holder, *now_ms)?;
+                // Validate everything before changing anything.
+                for u in updates {
+                    let c = f.chunks.iter().find(|c| c.id == u.chunk_id).ok_or_else(|| {
+                        MetaError::invalid(format!("{path}: chunk {} is not in it", u.chunk_id))
+                    })?;
+                    if c.sealed && (u.length != c.length || !u.sealed) {
+                        return Err(MetaError::new(
+                            ErrorKind::Sealed,
+                            format!(
+                                "{path}: chunk {} is sealed at {} bytes",
+                                c.id, c.length
+                            ),
+                        ));
+                    }
+                    if u.length < c.length {
+                        return Err(MetaError::invalid(format!(
+                            "{path}: chunk {} cannot shrink from {} to {} bytes",
+                            c.id, c.length, u.length
+                        )));
+                    }
+                }
+                for u in updates {
+                    let c = f
+                        .chunks
+                        .iter_mut()
+                        .find(|c| c.id == u.chunk_id)
+                        .expect("validated");
+                    c.length = u.length;
+                    c.sealed |= u.sealed;
+                }
+                let mut dropped = Vec::new();
+                if *trim || *seal {
+                    while let Some(c) = f.chunks.last() {
+                        if c.length == 0 && !c.sealed {
+                            dropped.push(f.chunks.pop().expect("last").id);
+                        } else {
+                            break;
+                        }
+                    }
+                }
+                if *seal {
+                    f.sealed = true;
+                    for c in &mut f.chunks {
+                        c.sealed = true;
+                    }
+                }
+                if *release || *seal {
+                    f.lease = None;
+                } else if let Some(l) = &mut f.lease {
+                    l.expires_ms = l.expires_ms.max(*lease_until_ms);
+                }
+                for c in dropped {
+                    self.chunk_owner.remove(&c);
+                }
+                self.inodes.get_mut(&id).expect("exists").mtime_ms = *now_ms;
+                self.reply(id)
+            }
+            Command::Rename { from, to, now_ms } => {
+                let src = self.lookup(from)?.id;
+                if src == ROOT {
+                    return Err(MetaError::invalid("cannot rename /"));
+                }
+                let (parent, name) = self.parent_for_new(to, false, *now_ms)?;
+                // A directory may not move under itself.
+                let mut up = parent;
+                loop {
+                    if up == src {
+                        return Err(MetaError::invalid(format!(
+                            "cannot move {from} into itself ({to})"
+                        )));
+                    }
+                    if up == ROOT {
+                        break;
+                    }
+                    up = self.inodes[&up].parent;
+                }
+                let ino = self.inodes.get_mut(&src).expect("exists");
+                let old = (ino.parent, std::mem::replace(&mut ino.name, name.clone()));
+                ino.parent = parent;
+                self.dentries.remove(&old);
+                self.dentries.insert((parent, name), src);
+                for p in [old.0, parent] {
+                    if let Some(p) = self.inodes.get_mut(&p) {
+                        p.mtime_ms = p.mtime_ms.max(*now_ms);
+                    }
+                }
+                self.reply(src)
+            }
+            Command::Delete { path } => {
+                let ino = self.lookup(path)?;
+                let id = ino.id;
+                if id == ROOT {
+                    return Err(MetaError::invalid("cannot delete /"));
+                }
+                if ino.file().is_none()
+                    && self
+                        .dentries
+                        .range((id, String::new())..)
+                        .next()
+                        .is_some_and(|((p, _), _)| *p == id)
+                {
+                    return Err(MetaError::new(
+                        ErrorKind::DirectoryNotEmpty,
+                        format!("{path}: directory not empty"),
+                    ));
+                }
+                let ino = self.inodes.remove(&id).expect("exists");
+                self.dentries.remove(&(ino.parent, ino.name.clone()));
+                if let Some(f) = ino.file() {
+                    for c in &f.chunks {
+                        self.chunk_owner.remove(&c.id);
+                    }
+                }
+                Ok(Reply { inode: Some(ino) })
+            }
+            Command::Register { server } => {
+                let draining = self.servers.get(&server.id).is_some_and(|s| s.draining);
+                let mut s = server.clone();
+                s.draining = draining;
+                self.servers.insert(s.id, s);
+                Ok(Reply::default())
+            }
+            Command::SetDraining {
+                server_id,
+                draining,
+            } => {
+                let s = self.servers.get_mut(server_id).ok_or_else(|| {
+                    MetaError::not_found(format!("chunkserver {server_id}"))
+                })?;
+                s.draining = *draining;
+                Ok(Reply::default())
+            }
+        }
+    }
+}
+
+fn check_writer(path: &str, f: &FileMeta, holder: &str, now_ms: u64) -> Result<(), MetaError> {
+    if f.sealed {
+        return Err(MetaError::new(ErrorKind::Sealed, format!("{path}: sealed")));
+    }
+    match &f.lease {
+        Some(l) if l.holder == holder => Ok(()),
+        Some(l) if l.expires_ms > now_ms => Err(MetaError::new(
+            ErrorKind::LeaseLost,
+            format!("{path}: the write lease belongs to {}", l.holder),
+        )),
+        _ => Err(MetaError::new(
+            ErrorKind::LeaseLost,
+            format!("{path}: not open for writing by {holder}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn create(s: &mut State, path: &str, holder: Option<&str>, chunks: usize) -> Response {
+        s.apply(&Command::Create {
+            path: path.into(),
+            policy: Policy {
+                replicas: 3,
+                compression: false,
+            },
+            parents: false,
+            now_ms: 1000,
+            lease: holder.map(|h| Lease {
+                holder: h.into(),
+                expires_ms: 11_000,
+            }),
+            placements: vec![vec![1, 2, 3]; chunks],
+        })
+    }
+
+    fn kind(r: Response) -> ErrorKind {
+        r.unwrap_err().kind
+    }
+
+    #[test]
+    fn namespace_operations() {
+        let mut s = State::default();
+        assert_eq!(
+            kind(create(&mut s, "/a/f", None, 0)),
+            ErrorKind::NotFound,
+            "parent missing"
+        );
+        s.apply(&Command::Mkdir {
+            path: "/a/b".into(),
+            parents: true,
+            now_ms: 1,
+        })
+        .unwrap();
+        create(&mut s, "/a/f", Some("c1"), 2).unwrap();
+        assert_eq!(kind(create(&mut s, "/a/f", None, 0)), ErrorKind::AlreadyExists);
+        assert_eq!(kind(create(&mut s, "/a/f/x", None, 0)), ErrorKind::NotADirectory);
+        let names: Vec<_> = s.list("/a").unwrap().iter().map(|i| i.name.clone()).collect();
+        assert_eq!(names, ["b", "f"]);
+        assert_eq!(kind(Ok(Reply::default()).and(s.list("/a/f").map(|_| Reply::default()))), ErrorKind::NotADirectory);
+        // Rename a directory; the file moves with it. Not into itself.
+        s.apply(&Command::Rename {
+            from: "/a".into(),
+            to: "/z".into(),
+            now_ms: 2,
+        })
+        .unwrap();
+        assert!(s.lookup("/z/f").is_ok());
+        assert_eq!(kind(s.lookup("/a/f").map(|_| Reply::default())), ErrorKind::NotFound);
+        assert_eq!(
+            kind(s.apply(&Command::Rename {
+                from: "/z".into(),
+                to: "/z/b/c".into(),
+                now_ms: 3
+            })),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            kind(s.apply(&Command::Delete { path: "/z".into() })),
+            ErrorKind::DirectoryNotEmpty
+        );
+        let f = s.lookup("/z/f").unwrap().file().unwrap().clone();
+        assert!(s.owns_chunk(f.chunks[0].id));
+        s.apply(&Command::Delete { path: "/z/f".into() }).unwrap();
+        assert!(!s.owns_chunk(f.chunks[0].id), "deleted file's chunks are garbage");
+        // Snapshot round trip rebuilds the indexes.
+        let mut back: State = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+        back.rebuild();
+        assert_eq!(back.list("/z").unwrap().len(), 1);
+        assert_eq!(back.dentries, s.dentries);
+    }
+
+    #[test]
+    fn leases_and_commits() {
+        let mut s = State::default();
+        let f = create(&mut s, "/f", Some("w1"), 2).unwrap().inode.unwrap();
+        let chunks = f.file().unwrap().chunks.clone();
+        assert_eq!(chunks.len(), 2);
+        assert_ne!(chunks[0].id, chunks[1].id);
+        let open = |s: &mut State, who: &str, now| {
+            s.apply(&Command::OpenWrite {
+                path: "/f".into(),
+                now_ms: now,
+                lease: Lease {
+                    holder: who.into(),
+                    expires_ms: now + 10_000,
+                },
+                placements: vec![],
+            })
+        };
+        assert_eq!(kind(open(&mut s, "w2", 5_000)), ErrorKind::LeaseHeld);
+        let commit = |s: &mut State, who: &str, len, sealed, trim, release| {
+            s.apply(&Command::Commit {
+                path: "/f".into(),
+                holder: who.into(),
+                now_ms: 6_000,
+                updates: vec![ChunkUpdate {
+                    chunk_id: chunks[0].id,
+                    length: len,
+                    sealed,
+                }],
+                trim,
+                release,
+                seal: false,
+                lease_until_ms: 16_000,
+            })
+        };
+        assert_eq!(kind(commit(&mut s, "w2", 10, false, false, false)), ErrorKind::LeaseLost);
+        commit(&mut s, "w1", 100, false, false, false).unwrap();
+        assert_eq!(
+            kind(commit(&mut s, "w1", 50, false, false, false)),
+            ErrorKind::InvalidArgument,
+            "no shrinking"
+        );
+        let r = commit(&mut s, "w1", 100, true, true, true).unwrap().inode.unwrap();
+        let fm = r.file().unwrap();
+        assert_eq!(fm.chunks.len(), 1, "trim drops the unused spare");
+        assert!(!s.owns_chunk(chunks[1].id));
+        assert_eq!(fm.committed_length(), 100);
+        assert!(fm.lease.is_none());
+        // Lease released: another writer may open; an expired lease may be taken too.
+        open(&mut s, "w2", 7_000).unwrap();
+        open(&mut s, "w3", 20_000).unwrap();
+        assert_eq!(kind(commit(&mut s, "w2", 100, true, false, false)), ErrorKind::LeaseLost);
+    }
+}

@@ -1,0 +1,176 @@
+//! Typed failures of the control plane, and how they cross gRPC.
+//!
+//! A [`MetaError`] becomes a `tonic::Status` with a gRPC code that fits and the error's kind in
+//! the `cairn-error` metadata entry, so the other end gets the same typed error back (not a
+//! string to parse). "Not the leader" is UNAVAILABLE with the leader's address in
+//! `cairn-leader`.
+
+use serde::{Deserialize, Serialize};
+use tonic::{Code, Status};
+
+/// Metadata entry holding the leader's address on a redirect.
+pub const LEADER_METADATA: &str = "cairn-leader";
+const KIND_METADATA: &str = "cairn-error";
+
+/// What went wrong, without the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    NotFound,
+    AlreadyExists,
+    NotADirectory,
+    IsADirectory,
+    DirectoryNotEmpty,
+    InvalidArgument,
+    /// Another client holds the file's write lease.
+    LeaseHeld,
+    /// The caller's lease expired or was never granted.
+    LeaseLost,
+    Sealed,
+    /// Not enough chunkservers up to place a chunk.
+    NoServers,
+    /// This master is not the leader (the leader's address, if known, is in the metadata).
+    NotLeader,
+    Unavailable,
+    Internal,
+}
+
+impl ErrorKind {
+    const ALL: [(ErrorKind, &'static str, Code); 13] = [
+        (ErrorKind::NotFound, "not-found", Code::NotFound),
+        (ErrorKind::AlreadyExists, "already-exists", Code::AlreadyExists),
+        (ErrorKind::NotADirectory, "not-a-directory", Code::FailedPrecondition),
+        (ErrorKind::IsADirectory, "is-a-directory", Code::FailedPrecondition),
+        (ErrorKind::DirectoryNotEmpty, "directory-not-empty", Code::FailedPrecondition),
+        (ErrorKind::InvalidArgument, "invalid-argument", Code::InvalidArgument),
+        (ErrorKind::LeaseHeld, "lease-held", Code::Aborted),
+        (ErrorKind::LeaseLost, "lease-lost", Code::Aborted),
+        (ErrorKind::Sealed, "sealed", Code::FailedPrecondition),
+        (ErrorKind::NoServers, "no-servers", Code::ResourceExhausted),
+        (ErrorKind::NotLeader, "not-leader", Code::Unavailable),
+        (ErrorKind::Unavailable, "unavailable", Code::Unavailable),
+        (ErrorKind::Internal, "internal", Code::Internal),
+    ];
+
+    fn name(self) -> &'static str {
+        Self::ALL.iter().find(|e| e.0 == self).map_or("internal", |e| e.1)
+    }
+
+    fn code(self) -> Code {
+        Self::ALL.iter().find(|e| e.0 == self).map_or(Code::Internal, |e| e.2)
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().find(|e| e.1 == name).map(|e| e.0)
+    }
+}
+
+/// A typed control-plane failure with a message for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct MetaError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// With [`ErrorKind::NotLeader`]: where the leader is, when known.
+    pub leader: Option<String>,
+}
+
+impl MetaError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            leader: None,
+        }
+    }
+
+    pub fn not_found(what: impl std::fmt::Display) -> Self {
+        Self::new(ErrorKind::NotFound, format!("{what}: no such file or directory"))
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidArgument, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, message)
+    }
+
+    pub fn not_leader(leader: Option<String>) -> Self {
+        Self {
+            kind: ErrorKind::NotLeader,
+            message: match &leader {
+                Some(l) => format!("not the leader; the leader is {l}"),
+                None => "not the leader; no leader is known yet".into(),
+            },
+            leader,
+        }
+    }
+
+    /// Reads an error back from a gRPC status. A status without Cairn's metadata (a transport
+    /// failure, a proxy) becomes `Unavailable` for transport codes and `Internal` otherwise.
+    pub fn from_status(s: &Status) -> Self {
+        let kind = s
+            .metadata()
+            .get(KIND_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(ErrorKind::from_name)
+            .unwrap_or(match s.code() {
+                Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
+                    ErrorKind::Unavailable
+                }
+                Code::NotFound => ErrorKind::NotFound,
+                Code::InvalidArgument => ErrorKind::InvalidArgument,
+                _ => ErrorKind::Internal,
+            });
+        let leader = s
+            .metadata()
+            .get(LEADER_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        Self {
+            kind,
+            message: s.message().to_owned(),
+            leader,
+        }
+    }
+}
+
+impl From<MetaError> for Status {
+    fn from(e: MetaError) -> Status {
+        let mut s = Status::new(e.kind.code(), e.message);
+        let md = s.metadata_mut();
+        md.insert(KIND_METADATA, e.kind.name().parse().expect("ascii"));
+        if let Some(l) = e.leader
+            && let Ok(v) = l.parse()
+        {
+            md.insert(LEADER_METADATA, v);
+        }
+        s
+    }
+}
+
+impl From<crate::PathError> for MetaError {
+    fn from(e: crate::PathError) -> Self {
+        Self::invalid(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_survives_a_status() {
+        for (kind, _, _) in ErrorKind::ALL {
+            let e = MetaError {
+                kind,
+                message: format!("{kind:?} happened"),
+                leader: Some("127.0.0.1:7000".into()),
+            };
+            let back = MetaError::from_status(&Status::from(e.clone()));
+            assert_eq!(back, e);
+        }
+        let plain = MetaError::from_status(&Status::unavailable("connection refused"));
+        assert_eq!(plain.kind, ErrorKind::Unavailable);
+    }
+}

@@ -1,0 +1,18 @@
+//! The control plane's API: generated gRPC code (proto/meta.proto) and the typed errors and
+//! conversions both ends share.
+
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("cairn.meta.v1");
+}
+
+mod error;
+mod path;
+
+pub use error::{ErrorKind, MetaError, LEADER_METADATA};
+pub use path::{PathError, components, normalize};
+
+/// Most copies a file may ask for.
+pub const MAX_REPLICAS: u32 = 5;
+/// Most chunks one create/open/allocate call may ask for.
+pub const MAX_ALLOCATE: u32 = 8;
