@@ -2,3 +2,6 @@
 //! namespace, the stream meta (file → chunks) and the chunkserver registry.
 
 pub mod state;
+pub mod store;
+pub mod network;
+pub mod registry;

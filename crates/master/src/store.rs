@@ -1,0 +1,389 @@
+//! openraft's storage, on one redb database per master (`master.redb`).
+//!
+//! Tables (all values JSON, so `cairn` tools and people can read them):
+//! - `log`: index (u64) → entry. Written with `Durability::Immediate` before openraft is told
+//!   the entries are flushed; one transaction (one fsync) per batch openraft hands us.
+//! - `meta`: `vote`, `committed`, `purged` → log ids / vote.
+//! - `snapshot`: `meta` → snapshot meta, `data` → the serialized [`State`].
+//!
+//! The state machine lives in memory. On start it is loaded from the last snapshot and openraft
+//! replays the committed log after it (`read_committed` tells it how far).
+
+use crate::state::{Command, Response, State};
+use futures::TryStreamExt;
+use openraft::storage::{EntryResponder, IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+use openraft::type_config::alias::{
+    EntryOf, LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf, VoteOf,
+};
+use openraft::{EntryPayload, OptionalSend};
+use parking_lot::Mutex;
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use std::fmt::Debug;
+use std::io;
+use std::ops::RangeBounds;
+use std::path::Path;
+use std::sync::Arc;
+
+openraft::declare_raft_types!(
+    /// Cairn's Raft types: masters are numbered u64s reached at a `BasicNode` address.
+    pub TypeConfig:
+        D = Command,
+        R = Response,
+);
+
+pub type Raft = openraft::Raft<TypeConfig, StateMachine>;
+
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
+
+fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
+    io::Error::other(e)
+}
+
+/// Opens (creating) the master's database.
+pub fn open_db(path: &Path) -> io::Result<Arc<Database>> {
+    let db = Database::create(path).map_err(io_err)?;
+    let tx = db.begin_write().map_err(io_err)?;
+    tx.open_table(LOG).map_err(io_err)?;
+    tx.open_table(META).map_err(io_err)?;
+    tx.open_table(SNAPSHOT).map_err(io_err)?;
+    tx.commit().map_err(io_err)?;
+    Ok(Arc::new(db))
+}
+
+fn get_json<T: for<'a> Deserialize<'a>>(
+    db: &Database,
+    table: TableDefinition<&str, &[u8]>,
+    key: &str,
+) -> io::Result<Option<T>> {
+    let tx = db.begin_read().map_err(io_err)?;
+    let t = tx.open_table(table).map_err(io_err)?;
+    match t.get(key).map_err(io_err)? {
+        Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(io_err)?)),
+        None => Ok(None),
+    }
+}
+
+fn put_json<T: Serialize>(
+    db: &Database,
+    table: TableDefinition<&str, &[u8]>,
+    key: &str,
+    value: &T,
+) -> io::Result<()> {
+    let bytes = serde_json::to_vec(value).map_err(io_err)?;
+    let mut tx = db.begin_write().map_err(io_err)?;
+    tx.set_durability(Durability::Immediate).map_err(io_err)?;
+    tx.open_table(table)
+        .map_err(io_err)?
+        .insert(key, bytes.as_slice())
+        .map_err(io_err)?;
+    tx.commit().map_err(io_err)
+}
+
+/// Runs blocking redb work off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| io::Error::other(e.to_string()))?
+}
+
+/// The Raft log and vote.
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<Database>,
+}
+
+impl LogStore {
+    pub fn new(db: Arc<Database>) -> Self {
+        Self { db }
+    }
+
+    fn last_entry(&self) -> io::Result<Option<LogIdOf<TypeConfig>>> {
+        let tx = self.db.begin_read().map_err(io_err)?;
+        let t = tx.open_table(LOG).map_err(io_err)?;
+        match t.last().map_err(io_err)? {
+            Some((_, v)) => {
+                let e: EntryOf<TypeConfig> = serde_json::from_slice(v.value()).map_err(io_err)?;
+                Ok(Some(e.log_id))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<EntryOf<TypeConfig>>, io::Error> {
+        let db = self.db.clone();
+        let start = range.start_bound().cloned();
+        let end = range.end_bound().cloned();
+        blocking(move || {
+            let tx = db.begin_read().map_err(io_err)?;
+            let t = tx.open_table(LOG).map_err(io_err)?;
+            let mut out = Vec::new();
+            for item in t.range::<u64>((start, end)).map_err(io_err)? {
+                let (_, v) = item.map_err(io_err)?;
+                out.push(serde_json::from_slice(v.value()).map_err(io_err)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<VoteOf<TypeConfig>>, io::Error> {
+        get_json(&self.db, META, "vote")
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let purged: Option<LogIdOf<TypeConfig>> = get_json(&self.db, META, "purged")?;
+        let last = self.last_entry()?.or_else(|| purged.clone());
+        Ok(LogState {
+            last_purged_log_id: purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &VoteOf<TypeConfig>) -> Result<(), io::Error> {
+        let (db, vote) = (self.db.clone(), vote.clone());
+        blocking(move || put_json(&db, META, "vote", &vote)).await
+    }
+
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogIdOf<TypeConfig>>,
+    ) -> Result<(), io::Error> {
+        // Not needed for safety (the log is the truth), only to replay further at start-up:
+        // no fsync of its own; the next log write makes it durable.
+        let bytes = serde_json::to_vec(&committed).map_err(io_err)?;
+        let db = self.db.clone();
+        blocking(move || {
+            let mut tx = db.begin_write().map_err(io_err)?;
+            tx.set_durability(Durability::None).map_err(io_err)?;
+            tx.open_table(META)
+                .map_err(io_err)?
+                .insert("committed", bytes.as_slice())
+                .map_err(io_err)?;
+            tx.commit().map_err(io_err)
+        })
+        .await
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogIdOf<TypeConfig>>, io::Error> {
+        Ok(get_json::<Option<LogIdOf<TypeConfig>>>(&self.db, META, "committed")?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = EntryOf<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let encoded = entries
+            .into_iter()
+            .map(|e| Ok((e.log_id.index, serde_json::to_vec(&e).map_err(io_err)?)))
+            .collect::<io::Result<Vec<_>>>()?;
+        let db = self.db.clone();
+        let r = blocking(move || {
+            let mut tx = db.begin_write().map_err(io_err)?;
+            tx.set_durability(Durability::Immediate).map_err(io_err)?;
+            {
+                let mut t = tx.open_table(LOG).map_err(io_err)?;
+                for (i, bytes) in &encoded {
+                    t.insert(*i, bytes.as_slice()).map_err(io_err)?;
+                }
+            }
+            tx.commit().map_err(io_err)
+        })
+        .await;
+        let ok = r.is_ok();
+        callback.io_completed(r.map_err(|e| io::Error::other(e.to_string())));
+        if ok { Ok(()) } else { Err(io::Error::other("log append failed")) }
+    }
+
+    async fn truncate_after(
+        &mut self,
+        last_log_id: Option<LogIdOf<TypeConfig>>,
+    ) -> Result<(), io::Error> {
+        let from = last_log_id.map_or(0, |l| l.index + 1);
+        let db = self.db.clone();
+        blocking(move || {
+            let mut tx = db.begin_write().map_err(io_err)?;
+            tx.set_durability(Durability::Immediate).map_err(io_err)?;
+            tx.open_table(LOG)
+                .map_err(io_err)?
+                .retain_in(from.., |_, _| false)
+                .map_err(io_err)?;
+            tx.commit().map_err(io_err)
+        })
+        .await
+    }
+
+    async fn purge(&mut self, log_id: LogIdOf<TypeConfig>) -> Result<(), io::Error> {
+        let db = self.db.clone();
+        blocking(move || {
+            let bytes = serde_json::to_vec(&Some(log_id.clone())).map_err(io_err)?;
+            let mut tx = db.begin_write().map_err(io_err)?;
+            tx.set_durability(Durability::Immediate).map_err(io_err)?;
+            tx.open_table(META)
+                .map_err(io_err)?
+                .insert("purged", bytes.as_slice())
+                .map_err(io_err)?;
+            tx.open_table(LOG)
+                .map_err(io_err)?
+                .retain_in(..=log_id.index, |_, _| false)
+                .map_err(io_err)?;
+            tx.commit().map_err(io_err)
+        })
+        .await
+    }
+}
+
+/// What the state machine holds besides [`State`].
+#[derive(Default, Clone, Serialize, Deserialize)]
+pub struct Applied {
+    pub last_applied: Option<LogIdOf<TypeConfig>>,
+    pub membership: StoredMembershipOf<TypeConfig>,
+    pub state: State,
+}
+
+/// The state machine: [`State`] in memory, shared with the gRPC service for reads.
+#[derive(Clone)]
+pub struct StateMachine {
+    db: Arc<Database>,
+    pub(crate) inner: Arc<Mutex<Applied>>,
+}
+
+impl StateMachine {
+    /// Loads the last snapshot (or an empty state).
+    pub fn open(db: Arc<Database>) -> io::Result<Self> {
+        let mut applied = match get_json::<Applied>(&db, SNAPSHOT, "data")? {
+            Some(a) => a,
+            None => Applied::default(),
+        };
+        applied.state.rebuild();
+        Ok(Self {
+            db,
+            inner: Arc::new(Mutex::new(applied)),
+        })
+    }
+
+    pub fn shared(&self) -> Arc<Mutex<Applied>> {
+        self.inner.clone()
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    type SnapshotData = Vec<u8>;
+
+    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
+        let applied = self.inner.lock().clone();
+        let db = self.db.clone();
+        blocking(move || {
+            let data = serde_json::to_vec(&applied).map_err(io_err)?;
+            let meta = SnapshotMetaOf::<TypeConfig> {
+                last_log_id: applied.last_applied.clone(),
+                last_membership: applied.membership.clone(),
+            };
+            put_json(&db, SNAPSHOT, "meta", &meta)?;
+            put_json(&db, SNAPSHOT, "data", &applied)?;
+            Ok(SnapshotOf::<TypeConfig, Vec<u8>> {
+                meta,
+                snapshot: data,
+            })
+        })
+        .await
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = Vec<u8>;
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>), io::Error> {
+        let a = self.inner.lock();
+        Ok((a.last_applied.clone(), a.membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: futures::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>>
+            + Unpin
+            + OptionalSend,
+    {
+        while let Some((entry, responder)) = entries.try_next().await? {
+            let response = {
+                let mut a = self.inner.lock();
+                a.last_applied = Some(entry.log_id.clone());
+                match entry.payload {
+                    EntryPayload::Blank => Ok(Default::default()),
+                    EntryPayload::Normal(ref cmd) => a.state.apply(cmd),
+                    EntryPayload::Membership(ref m) => {
+                        a.membership =
+                            StoredMembershipOf::<TypeConfig>::new(Some(entry.log_id.clone()), m.clone());
+                        Ok(Default::default())
+                    }
+                }
+            };
+            if let Some(r) = responder {
+                r.send(response);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMetaOf<TypeConfig>,
+        snapshot: Vec<u8>,
+    ) -> Result<(), io::Error> {
+        let mut applied: Applied = serde_json::from_slice(&snapshot).map_err(io_err)?;
+        applied.state.rebuild();
+        let (db, meta2, a2) = (self.db.clone(), meta.clone(), applied.clone());
+        blocking(move || {
+            put_json(&db, SNAPSHOT, "meta", &meta2)?;
+            put_json(&db, SNAPSHOT, "data", &a2)
+        })
+        .await?;
+        *self.inner.lock() = applied;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>, io::Error> {
+        let Some(meta) = get_json::<SnapshotMetaOf<TypeConfig>>(&self.db, SNAPSHOT, "meta")? else {
+            return Ok(None);
+        };
+        let tx = self.db.begin_read().map_err(io_err)?;
+        let t = tx.open_table(SNAPSHOT).map_err(io_err)?;
+        let data = t
+            .get("data")
+            .map_err(io_err)?
+            .map(|v| v.value().to_vec())
+            .unwrap_or_default();
+        Ok(Some(SnapshotOf::<TypeConfig, Vec<u8>> {
+            meta,
+            snapshot: data,
+        }))
+    }
+}
