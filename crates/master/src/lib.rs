@@ -5,3 +5,9 @@ pub mod state;
 pub mod store;
 pub mod network;
 pub mod registry;
+pub mod convert;
+pub mod node;
+pub mod service;
+
+pub use node::{MasterOptions, serve};
+pub use registry::RegistryOptions;

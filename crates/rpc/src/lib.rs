@@ -9,10 +9,13 @@ pub mod pb {
 mod error;
 mod path;
 
-pub use error::{ErrorKind, MetaError, LEADER_METADATA};
+pub use error::{ErrorKind, LEADER_METADATA, MetaError};
 pub use path::{PathError, components, normalize};
 
 /// Most copies a file may ask for.
 pub const MAX_REPLICAS: u32 = 5;
 /// Most chunks one create/open/allocate call may ask for.
 pub const MAX_ALLOCATE: u32 = 8;
+
+mod masters;
+pub use masters::Masters;

@@ -1,0 +1,201 @@
+//! Protobuf ⇄ state conversions. Everything a client or chunkserver sends is validated here
+//! (and fuzzed: fuzz/fuzz_targets/meta_requests.rs) before it reaches the state machine.
+
+use crate::registry::Heartbeat;
+use crate::state::{Chunk, ChunkUpdate, Inode, Kind, Policy, ServerRecord, State};
+use cairn_rpc::{MAX_ALLOCATE, MAX_REPLICAS, MetaError, normalize, pb};
+use std::collections::BTreeSet;
+
+/// Replicas of a file whose create names none.
+pub const DEFAULT_REPLICAS: u8 = 3;
+const MAX_CLIENT_ID: usize = 128;
+const MAX_LABEL: usize = 255;
+/// Most chunk updates in one commit.
+const MAX_UPDATES: usize = 1024;
+/// Most chunks in one heartbeat (a full report of a large server is ~a million).
+const MAX_REPORT: usize = 16 << 20;
+const MAX_LOCATE: usize = 4096;
+
+pub fn path(p: &str) -> Result<String, MetaError> {
+    Ok(normalize(p)?)
+}
+
+pub fn client_id(s: &str) -> Result<String, MetaError> {
+    if s.is_empty() || s.len() > MAX_CLIENT_ID || s.chars().any(char::is_control) {
+        return Err(MetaError::invalid(format!(
+            "client id must be 1..={MAX_CLIENT_ID} printable bytes"
+        )));
+    }
+    Ok(s.to_owned())
+}
+
+pub fn chunk_count(n: u32) -> Result<usize, MetaError> {
+    if n > MAX_ALLOCATE {
+        return Err(MetaError::invalid(format!(
+            "at most {MAX_ALLOCATE} chunks per call, asked for {n}"
+        )));
+    }
+    Ok(n as usize)
+}
+
+pub fn policy(p: Option<&pb::Policy>) -> Result<Policy, MetaError> {
+    let p = p.cloned().unwrap_or_default();
+    let replicas = match p.replicas {
+        0 => DEFAULT_REPLICAS,
+        r if r <= MAX_REPLICAS => r as u8,
+        r => {
+            return Err(MetaError::invalid(format!(
+                "replicas must be 1..={MAX_REPLICAS}, not {r}"
+            )));
+        }
+    };
+    Ok(Policy {
+        replicas,
+        compression: p.compression,
+    })
+}
+
+pub fn updates(v: &[pb::ChunkUpdate]) -> Result<Vec<ChunkUpdate>, MetaError> {
+    if v.len() > MAX_UPDATES {
+        return Err(MetaError::invalid(format!("at most {MAX_UPDATES} chunk updates per commit")));
+    }
+    let mut seen = BTreeSet::new();
+    v.iter()
+        .map(|u| {
+            if !seen.insert(u.chunk_id) {
+                return Err(MetaError::invalid(format!("chunk {} updated twice", u.chunk_id)));
+            }
+            Ok(ChunkUpdate {
+                chunk_id: u.chunk_id,
+                length: u.length,
+                sealed: u.sealed,
+            })
+        })
+        .collect()
+}
+
+fn label(s: &str, what: &str) -> Result<String, MetaError> {
+    if s.len() > MAX_LABEL || s.chars().any(char::is_control) {
+        return Err(MetaError::invalid(format!("{what} must be at most {MAX_LABEL} printable bytes")));
+    }
+    Ok(s.to_owned())
+}
+
+pub fn server_record(r: &pb::RegisterRequest) -> Result<ServerRecord, MetaError> {
+    if r.server_id == 0 {
+        return Err(MetaError::invalid("server id 0 is reserved"));
+    }
+    if r.addr.parse::<std::net::SocketAddr>().is_err() {
+        return Err(MetaError::invalid(format!("{:?} is not an ip:port address", r.addr)));
+    }
+    Ok(ServerRecord {
+        id: r.server_id,
+        addr: r.addr.clone(),
+        host: label(&r.host, "host")?,
+        rack: label(&r.rack, "rack")?,
+        draining: false,
+    })
+}
+
+pub fn heartbeat(r: &pb::HeartbeatRequest) -> Result<Heartbeat, MetaError> {
+    if r.chunks.len() > MAX_REPORT || r.deleted.len() > MAX_REPORT {
+        return Err(MetaError::invalid("chunk report too large"));
+    }
+    Ok(Heartbeat {
+        server_id: r.server_id,
+        capacity: r.capacity_bytes,
+        used: r.used_bytes,
+        chunk_count: r.chunk_count,
+        load: r.load,
+        healthy: r.healthy,
+        pid: r.pid,
+        full_report: r.full_report,
+        chunks: r.chunks.iter().map(|c| c.id).collect(),
+        deleted: r.deleted.clone(),
+    })
+}
+
+pub fn locate(r: &pb::LocateRequest) -> Result<&[u64], MetaError> {
+    if r.chunk_ids.len() > MAX_LOCATE {
+        return Err(MetaError::invalid(format!("at most {MAX_LOCATE} chunks per locate")));
+    }
+    Ok(&r.chunk_ids)
+}
+
+pub fn chunk(c: &Chunk) -> pb::ChunkMeta {
+    pb::ChunkMeta {
+        id: c.id,
+        length: c.length,
+        sealed: c.sealed,
+        version: c.version,
+        servers: c.servers.clone(),
+    }
+}
+
+pub fn file(ino: &Inode) -> Option<pb::FileMeta> {
+    let Kind::File(f) = &ino.kind else { return None };
+    Some(pb::FileMeta {
+        inode: ino.id,
+        policy: Some(pb::Policy {
+            replicas: u32::from(f.policy.replicas),
+            compression: f.policy.compression,
+        }),
+        sealed: f.sealed,
+        ctime_ms: ino.ctime_ms,
+        mtime_ms: ino.mtime_ms,
+        chunks: f.chunks.iter().map(chunk).collect(),
+        lease: f.lease.as_ref().map(|l| pb::Lease {
+            holder: l.holder.clone(),
+            expires_ms: l.expires_ms,
+        }),
+        committed_length: f.committed_length(),
+    })
+}
+
+/// Addresses of the servers named by some chunks.
+pub fn server_addrs<'a>(
+    st: &State,
+    chunks: impl IntoIterator<Item = &'a pb::ChunkMeta>,
+) -> Vec<pb::ServerAddr> {
+    let ids: BTreeSet<u64> = chunks.into_iter().flat_map(|c| c.servers.iter().copied()).collect();
+    ids.into_iter()
+        .filter_map(|id| {
+            st.servers().get(&id).map(|s| pb::ServerAddr {
+                id,
+                addr: s.addr.clone(),
+            })
+        })
+        .collect()
+}
+
+pub fn file_reply(st: &State, ino: &Inode) -> pb::FileReply {
+    let f = file(ino);
+    let servers = f.as_ref().map(|f| server_addrs(st, &f.chunks)).unwrap_or_default();
+    pb::FileReply { file: f, servers }
+}
+
+pub fn node_reply(st: &State, path: &str, ino: &Inode) -> pb::NodeReply {
+    let r = file_reply(st, ino);
+    pb::NodeReply {
+        path: path.to_owned(),
+        is_dir: matches!(ino.kind, Kind::Dir),
+        inode: ino.id,
+        ctime_ms: ino.ctime_ms,
+        mtime_ms: ino.mtime_ms,
+        file: r.file,
+        servers: r.servers,
+    }
+}
+
+pub fn dir_entry(ino: &Inode) -> pb::DirEntry {
+    let f = ino.file();
+    pb::DirEntry {
+        name: ino.name.clone(),
+        is_dir: f.is_none(),
+        inode: ino.id,
+        length: f.map_or(0, |f| f.committed_length()),
+        chunks: f.map_or(0, |f| f.chunks.len() as u32),
+        sealed: f.is_some_and(|f| f.sealed),
+        mtime_ms: ino.mtime_ms,
+    }
+}

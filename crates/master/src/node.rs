@@ -1,0 +1,107 @@
+//! Starting one master: storage, Raft, and the gRPC server for clients, chunkservers and peers.
+
+use crate::network::{Network, RaftService};
+use crate::registry::{Registry, RegistryOptions};
+use crate::service::{Inner, MetaService};
+use crate::store::{LogStore, Raft, StateMachine, open_db};
+use cairn_rpc::pb::{meta_server::MetaServer, raft_server::RaftServer};
+use openraft::{BasicNode, Config, SnapshotPolicy};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How a master runs.
+#[derive(Debug, Clone)]
+pub struct MasterOptions {
+    /// This master's id in the group (≥ 1).
+    pub id: u64,
+    pub data_dir: PathBuf,
+    /// Address the others reach this master at (clients, chunkservers, peers).
+    pub advertise: String,
+    /// The group's masters at bootstrap (id → address), this one included. The master with the
+    /// lowest id initializes a new group; later starts ignore this (membership is in the log).
+    pub peers: BTreeMap<u64, String>,
+    /// How long a writer's lease lasts without renewal.
+    pub lease: Duration,
+    pub registry: RegistryOptions,
+    /// Log entries between snapshots.
+    pub snapshot_every: u64,
+}
+
+impl MasterOptions {
+    pub fn single(data_dir: PathBuf, advertise: String) -> Self {
+        Self {
+            id: 1,
+            data_dir,
+            peers: BTreeMap::from([(1, advertise.clone())]),
+            advertise,
+            lease: Duration::from_secs(20),
+            registry: RegistryOptions::default(),
+            snapshot_every: 10_000,
+        }
+    }
+}
+
+/// Runs a master on `listener` until `shutdown` completes.
+///
+/// # Errors
+/// The database does not open, Raft does not start, or the server fails.
+pub async fn serve(
+    opts: MasterOptions,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if opts.id == 0 {
+        return Err("master id must be at least 1".into());
+    }
+    std::fs::create_dir_all(&opts.data_dir)?;
+    let db = open_db(&opts.data_dir.join("master.redb"))?;
+    let sm = StateMachine::open(db.clone())?;
+    let shared = sm.shared();
+    let config = Config {
+        cluster_name: "cairn".into(),
+        heartbeat_interval: 100,
+        election_timeout_min: 400,
+        election_timeout_max: 800,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(opts.snapshot_every),
+        max_in_snapshot_log_to_keep: 1000,
+        ..Default::default()
+    }
+    .validate()?;
+    let raft: Raft =
+        Raft::new(opts.id, Arc::new(config), Network, LogStore::new(db.clone()), sm).await?;
+    if !raft.is_initialized().await? && opts.peers.keys().next() == Some(&opts.id) {
+        let members: BTreeMap<u64, BasicNode> = opts
+            .peers
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+            .collect();
+        tracing::info!(?members, "initializing a new master group");
+        raft.initialize(members).await?;
+    }
+    let meta = MetaService::new(Inner {
+        id: opts.id,
+        raft: raft.clone(),
+        sm: shared,
+        registry: parking_lot::Mutex::new(Registry::new(opts.registry.clone())),
+        lease: opts.lease,
+    });
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let result = tonic::transport::Server::builder()
+        .add_service(MetaServer::new(meta))
+        .add_service(RaftServer::new(RaftService { raft: raft.clone() }))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+    let _ = raft.shutdown().await;
+    drop(raft);
+    // The database closes when its last user (storage tasks finishing their work) lets go;
+    // a restart in the same process must not find it still open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while Arc::strong_count(&db) > 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    result?;
+    Ok(())
+}

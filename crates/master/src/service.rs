@@ -1,0 +1,454 @@
+//! The `Meta` gRPC service: every call is answered by the leader; followers redirect.
+
+use crate::convert;
+use crate::registry::{Registry, ServerState};
+use crate::state::{Command, Inode, Lease, Reply};
+use crate::store::{Applied, Raft};
+use cairn_rpc::{ErrorKind, MetaError, pb};
+use openraft::async_runtime::WatchReceiver;
+use openraft::{BasicNode, ReadPolicy};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tonic::{Request, Response, Status};
+
+type Rpc<T> = Result<Response<T>, Status>;
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[derive(Clone)]
+pub struct MetaService {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub id: u64,
+    pub raft: Raft,
+    pub sm: Arc<Mutex<Applied>>,
+    pub registry: Mutex<Registry>,
+    pub lease: Duration,
+}
+
+impl MetaService {
+    pub(crate) fn new(inner: Inner) -> Self {
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+}
+
+impl Inner {
+    /// Ok if this master leads; otherwise the redirect.
+    fn leader_check(&self) -> Result<(), MetaError> {
+        let m = self.raft.metrics().borrow_watched().clone();
+        if m.current_leader == Some(self.id) {
+            return Ok(());
+        }
+        let addr = m.current_leader.and_then(|l| {
+            m.membership_config
+                .membership()
+                .get_node(&l)
+                .map(|n| n.addr.clone())
+        });
+        Err(MetaError::not_leader(addr))
+    }
+
+    /// A linearizable read point: this master leads and its state machine has applied
+    /// everything committed before the read.
+    async fn read_barrier(&self) -> Result<(), MetaError> {
+        self.leader_check()?;
+        self.raft
+            .ensure_linearizable(ReadPolicy::LeaseRead)
+            .await
+            .map_err(|e| match e.forward_to_leader() {
+                Some(f) => MetaError::not_leader(f.leader_node.as_ref().map(|n| n.addr.clone())),
+                None => MetaError::new(ErrorKind::Unavailable, e.to_string()),
+            })?;
+        Ok(())
+    }
+
+    async fn write(&self, cmd: Command) -> Result<Reply, MetaError> {
+        match self.raft.client_write(cmd).await {
+            Ok(r) => r.data,
+            Err(e) => Err(match e.forward_to_leader() {
+                Some(f) => MetaError::not_leader(f.leader_node.as_ref().map(|n| n.addr.clone())),
+                None => MetaError::new(ErrorKind::Unavailable, e.to_string()),
+            }),
+        }
+    }
+
+    fn place(&self, replicas: u8, count: usize) -> Result<Vec<Vec<u64>>, MetaError> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let servers = self.sm.lock().state.servers().clone();
+        self.registry
+            .lock()
+            .place(&servers, usize::from(replicas), count, Instant::now())
+    }
+
+    fn file_reply(&self, ino: Option<Inode>) -> Result<pb::FileReply, MetaError> {
+        let ino = ino.ok_or_else(|| MetaError::internal("command returned no inode"))?;
+        Ok(convert::file_reply(&self.sm.lock().state, &ino))
+    }
+
+    fn replicas_of(&self, path: &str) -> Result<u8, MetaError> {
+        let a = self.sm.lock();
+        let ino = a.state.lookup(path)?;
+        ino.file().map(|f| f.policy.replicas).ok_or_else(|| {
+            MetaError::new(ErrorKind::IsADirectory, format!("{path}: is a directory"))
+        })
+    }
+}
+
+fn ok<T>(r: Result<T, MetaError>) -> Rpc<T> {
+    r.map(Response::new).map_err(Status::from)
+}
+
+#[tonic::async_trait]
+impl pb::meta_server::Meta for MetaService {
+    async fn mkdir(&self, req: Request<pb::MkdirRequest>) -> Rpc<pb::NodeReply> {
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            let reply = self
+                .inner
+                .write(Command::Mkdir {
+                    path: path.clone(),
+                    parents: r.parents,
+                    now_ms: now_ms(),
+                })
+                .await?;
+            let ino = reply.inode.ok_or_else(|| MetaError::internal("no inode"))?;
+            Ok(convert::node_reply(&self.inner.sm.lock().state, &path, &ino))
+        }
+        .await)
+    }
+
+    async fn create(&self, req: Request<pb::CreateRequest>) -> Rpc<pb::FileReply> {
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            let policy = convert::policy(r.policy.as_ref())?;
+            let count = convert::chunk_count(r.chunks)?;
+            let now = now_ms();
+            let lease = if r.client_id.is_empty() {
+                None
+            } else {
+                Some(Lease {
+                    holder: convert::client_id(&r.client_id)?,
+                    expires_ms: now + self.inner.lease.as_millis() as u64,
+                })
+            };
+            self.inner.leader_check()?;
+            let placements = self.inner.place(policy.replicas, count)?;
+            let reply = self
+                .inner
+                .write(Command::Create {
+                    path,
+                    policy,
+                    parents: r.parents,
+                    now_ms: now,
+                    lease,
+                    placements,
+                })
+                .await?;
+            self.inner.file_reply(reply.inode)
+        }
+        .await)
+    }
+
+    async fn open_write(&self, req: Request<pb::OpenWriteRequest>) -> Rpc<pb::FileReply> {
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            let holder = convert::client_id(&r.client_id)?;
+            let count = convert::chunk_count(r.chunks)?;
+            self.inner.read_barrier().await?;
+            let placements = self.inner.place(self.inner.replicas_of(&path)?, count)?;
+            let now = now_ms();
+            let reply = self
+                .inner
+                .write(Command::OpenWrite {
+                    path,
+                    now_ms: now,
+                    lease: Lease {
+                        holder,
+                        expires_ms: now + self.inner.lease.as_millis() as u64,
+                    },
+                    placements,
+                })
+                .await?;
+            self.inner.file_reply(reply.inode)
+        }
+        .await)
+    }
+
+    async fn stat(&self, req: Request<pb::PathRequest>) -> Rpc<pb::NodeReply> {
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            self.inner.read_barrier().await?;
+            let a = self.inner.sm.lock();
+            let ino = a.state.lookup(&path)?;
+            Ok(convert::node_reply(&a.state, &path, ino))
+        }
+        .await)
+    }
+
+    async fn list(&self, req: Request<pb::PathRequest>) -> Rpc<pb::ListReply> {
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            self.inner.read_barrier().await?;
+            let a = self.inner.sm.lock();
+            let entries = a.state.list(&path)?.into_iter().map(convert::dir_entry).collect();
+            Ok(pb::ListReply { entries })
+        }
+        .await)
+    }
+
+    async fn rename(&self, req: Request<pb::RenameRequest>) -> Rpc<pb::Empty> {
+        let r = req.into_inner();
+        ok(async {
+            let from = convert::path(&r.from)?;
+            let to = convert::path(&r.to)?;
+            self.inner
+                .write(Command::Rename {
+                    from,
+                    to,
+                    now_ms: now_ms(),
+                })
+                .await?;
+            Ok(pb::Empty {})
+        }
+        .await)
+    }
+
+    async fn delete(&self, req: Request<pb::PathRequest>) -> Rpc<pb::Empty> {
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            self.inner.write(Command::Delete { path }).await?;
+            Ok(pb::Empty {})
+        }
+        .await)
+    }
+
+    async fn allocate_chunks(&self, req: Request<pb::AllocateRequest>) -> Rpc<pb::FileReply> {
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            let holder = convert::client_id(&r.client_id)?;
+            let count = convert::chunk_count(r.chunks)?;
+            self.inner.read_barrier().await?;
+            let placements = self.inner.place(self.inner.replicas_of(&path)?, count)?;
+            let reply = self
+                .inner
+                .write(Command::Allocate {
+                    path,
+                    holder,
+                    now_ms: now_ms(),
+                    placements,
+                })
+                .await?;
+            self.inner.file_reply(reply.inode)
+        }
+        .await)
+    }
+
+    async fn commit(&self, req: Request<pb::CommitRequest>) -> Rpc<pb::FileReply> {
+        let r = req.into_inner();
+        ok(async {
+            let now = now_ms();
+            let cmd = Command::Commit {
+                path: convert::path(&r.path)?,
+                holder: convert::client_id(&r.client_id)?,
+                now_ms: now,
+                updates: convert::updates(&r.updates)?,
+                trim: r.trim,
+                release: r.release,
+                seal: r.seal,
+                lease_until_ms: now + self.inner.lease.as_millis() as u64,
+            };
+            let reply = self.inner.write(cmd).await?;
+            self.inner.file_reply(reply.inode)
+        }
+        .await)
+    }
+
+    async fn locate(&self, req: Request<pb::LocateRequest>) -> Rpc<pb::LocateReply> {
+        let r = req.into_inner();
+        ok(async {
+            let ids = convert::locate(&r)?;
+            self.inner.read_barrier().await?;
+            let a = self.inner.sm.lock();
+            let chunks: Vec<pb::ChunkMeta> = ids
+                .iter()
+                .map(|id| a.state.chunk(*id).map(|(_, c)| convert::chunk(c)).unwrap_or_default())
+                .collect();
+            let servers = convert::server_addrs(&a.state, &chunks);
+            Ok(pb::LocateReply { chunks, servers })
+        }
+        .await)
+    }
+
+    async fn register(&self, req: Request<pb::RegisterRequest>) -> Rpc<pb::RegisterReply> {
+        let r = req.into_inner();
+        ok(async {
+            let rec = convert::server_record(&r)?;
+            self.inner.read_barrier().await?;
+            let known = self.inner.sm.lock().state.servers().get(&rec.id).cloned();
+            let same = known.is_some_and(|k| k.addr == rec.addr && k.host == rec.host && k.rack == rec.rack);
+            if !same {
+                self.inner.write(Command::Register { server: rec }).await?;
+            }
+            Ok(pb::RegisterReply {})
+        }
+        .await)
+    }
+
+    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Rpc<pb::HeartbeatReply> {
+        let r = req.into_inner();
+        ok(async {
+            let hb = convert::heartbeat(&r)?;
+            self.inner.leader_check()?;
+            let a = self.inner.sm.lock();
+            if !a.state.servers().contains_key(&hb.server_id) {
+                return Err(MetaError::not_found(format!(
+                    "chunkserver {} (register first)",
+                    hb.server_id
+                )));
+            }
+            let answer = self.inner.registry.lock().heartbeat(hb, &a.state, Instant::now());
+            Ok(pb::HeartbeatReply {
+                send_full_report: answer.send_full_report,
+                delete_chunks: answer.delete,
+            })
+        }
+        .await)
+    }
+
+    async fn status(&self, _req: Request<pb::Empty>) -> Rpc<pb::StatusReply> {
+        ok(async {
+            self.inner.leader_check()?;
+            let m = self.inner.raft.metrics().borrow_watched().clone();
+            let membership = m.membership_config.membership();
+            let voters: BTreeSet<u64> = membership.voter_ids().collect();
+            let masters = membership
+                .nodes()
+                .map(|(id, n)| pb::MasterStatus {
+                    id: *id,
+                    addr: n.addr.clone(),
+                    voter: voters.contains(id),
+                })
+                .collect();
+            let a = self.inner.sm.lock();
+            let reg = self.inner.registry.lock();
+            let now = Instant::now();
+            let servers = a
+                .state
+                .servers()
+                .values()
+                .map(|s| {
+                    let live = reg.live.get(&s.id);
+                    pb::ServerStatus {
+                        id: s.id,
+                        addr: s.addr.clone(),
+                        host: s.host.clone(),
+                        rack: s.rack.clone(),
+                        state: reg.state_of(s, now).name().into(),
+                        capacity_bytes: live.map_or(0, |l| l.capacity),
+                        used_bytes: live.map_or(0, |l| l.used),
+                        chunk_count: live.map_or(0, |l| l.chunk_count),
+                        load: live.map_or(0, |l| l.load),
+                        last_heartbeat_ms_ago: live
+                            .map_or(u64::MAX, |l| now.duration_since(l.last).as_millis() as u64),
+                        pid: live.map_or(0, |l| l.pid),
+                    }
+                })
+                .collect();
+            let (files, dirs, chunks, logical_bytes) = a.state.totals();
+            Ok(pb::StatusReply {
+                leader_id: self.inner.id,
+                term: m.current_term,
+                last_applied: m.last_applied.as_ref().map_or(0, |l| l.index),
+                masters,
+                servers,
+                files,
+                dirs,
+                chunks,
+                logical_bytes,
+                missing_replicas: reg.missing_replicas(&a.state),
+                pending_deletes: reg.pending_deletes(),
+            })
+        }
+        .await)
+    }
+
+    async fn change_membership(&self, req: Request<pb::MembershipRequest>) -> Rpc<pb::StatusReply> {
+        let r = req.into_inner();
+        let res: Result<(), MetaError> = async {
+            if r.masters.is_empty() {
+                return Err(MetaError::invalid("a group needs at least one master"));
+            }
+            self.inner.leader_check()?;
+            let known: BTreeMap<u64, String> = {
+                let m = self.inner.raft.metrics().borrow_watched().clone();
+                m.membership_config
+                    .membership()
+                    .nodes()
+                    .map(|(id, n)| (*id, n.addr.clone()))
+                    .collect()
+            };
+            let map = |e: openraft::error::RaftError<_, _>| MetaError::new(ErrorKind::Unavailable, e.to_string());
+            for m in &r.masters {
+                if known.get(&m.id) != Some(&m.addr) {
+                    self.inner
+                        .raft
+                        .add_learner(m.id, BasicNode { addr: m.addr.clone() }, true)
+                        .await
+                        .map_err(map)?;
+                }
+            }
+            let ids: BTreeSet<u64> = r.masters.iter().map(|m| m.id).collect();
+            self.inner.raft.change_membership(ids, false).await.map_err(map)?;
+            Ok(())
+        }
+        .await;
+        if let Err(e) = res {
+            return Err(e.into());
+        }
+        self.status(Request::new(pb::Empty {})).await
+    }
+
+    async fn set_server_state(&self, req: Request<pb::ServerStateRequest>) -> Rpc<pb::Empty> {
+        let r = req.into_inner();
+        ok(async {
+            let draining = match r.state.as_str() {
+                "draining" => true,
+                "up" => false,
+                s => return Err(MetaError::invalid(format!("state must be up or draining, not {s:?}"))),
+            };
+            self.inner
+                .write(Command::SetDraining {
+                    server_id: r.server_id,
+                    draining,
+                })
+                .await?;
+            Ok(pb::Empty {})
+        }
+        .await)
+    }
+}
+
+impl ServerState {
+    pub fn is_up(self) -> bool {
+        self == ServerState::Up
+    }
+}

@@ -1,0 +1,108 @@
+//! A client of the master group that finds the leader and follows redirects.
+
+use crate::pb::meta_client::MetaClient;
+use crate::{ErrorKind, MetaError};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+/// Calls go to the last known leader; a redirect switches to the leader it names, an
+/// unreachable master or one without a leader makes the call try the next address, with a
+/// short back-off, until `retry_for` has passed.
+pub struct Masters {
+    addrs: Vec<String>,
+    leader: Mutex<usize>,
+    clients: Mutex<HashMap<String, MetaClient<Channel>>>,
+    retry_for: Duration,
+}
+
+impl Masters {
+    /// # Errors
+    /// No address, or one that is not a `host:port`.
+    pub fn new(addrs: &[String]) -> Result<Self, MetaError> {
+        if addrs.is_empty() {
+            return Err(MetaError::invalid("no master address given"));
+        }
+        let s = Self {
+            addrs: addrs.to_vec(),
+            leader: Mutex::new(0),
+            clients: Mutex::new(HashMap::new()),
+            retry_for: Duration::from_secs(15),
+        };
+        for a in addrs {
+            s.client(a)?;
+        }
+        Ok(s)
+    }
+
+    /// How long a call keeps trying through elections and restarts (default 15 s).
+    #[must_use]
+    pub fn retry_for(mut self, d: Duration) -> Self {
+        self.retry_for = d;
+        self
+    }
+
+    pub fn addrs(&self) -> &[String] {
+        &self.addrs
+    }
+
+    fn client(&self, addr: &str) -> Result<MetaClient<Channel>, MetaError> {
+        if let Some(c) = self.clients.lock().get(addr) {
+            return Ok(c.clone());
+        }
+        let ch = Channel::from_shared(format!("http://{addr}"))
+            .map_err(|e| MetaError::invalid(format!("master address {addr:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let c = MetaClient::new(ch).max_decoding_message_size(256 << 20);
+        self.clients.lock().insert(addr.to_owned(), c.clone());
+        Ok(c)
+    }
+
+    /// Runs `f` against the leader.
+    ///
+    /// # Errors
+    /// The typed error the leader answered, or `Unavailable` when no leader answered in time.
+    pub async fn call<T, F, Fut>(&self, f: F) -> Result<T, MetaError>
+    where
+        F: Fn(MetaClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let deadline = Instant::now() + self.retry_for;
+        let mut backoff = Duration::from_millis(20);
+        let mut idx = *self.leader.lock();
+        let mut target = self.addrs[idx % self.addrs.len()].clone();
+        loop {
+            let err = match f(self.client(&target)?).await {
+                Ok(r) => {
+                    if let Some(i) = self.addrs.iter().position(|a| *a == target) {
+                        *self.leader.lock() = i;
+                    }
+                    return Ok(r.into_inner());
+                }
+                Err(s) => MetaError::from_status(&s),
+            };
+            let retry = match err.kind {
+                ErrorKind::NotLeader | ErrorKind::Unavailable => true,
+                // A new leader learns the chunkservers from their next heartbeat.
+                ErrorKind::NoServers => true,
+                _ => false,
+            };
+            if !retry || Instant::now() >= deadline {
+                return Err(err);
+            }
+            match (&err.kind, &err.leader) {
+                (ErrorKind::NotLeader, Some(l)) if *l != target => target = l.clone(),
+                _ => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    idx += 1;
+                    target = self.addrs[idx % self.addrs.len()].clone();
+                }
+            }
+        }
+    }
+}
