@@ -1,6 +1,6 @@
 //! `cairn chunkserver`: one chunkserver process serving its disks on the data plane.
 
-use cairn_chunkserver::{Chunkserver, DiskSet, DiskSetOptions, ServerOptions};
+use cairn_chunkserver::{Chunkserver, DiskSet, DiskSetOptions, ServerOptions, control};
 use cairn_chunkstore::{Durability, FormatOptions, OpenOptions};
 use std::path::PathBuf;
 
@@ -25,6 +25,21 @@ pub struct ChunkserverArgs {
     /// Write zeros over new store files (slower to create, steadier first-pass appends).
     #[arg(long)]
     zero_fill: bool,
+    /// The masters (`HOST:PORT,…`): register, heartbeat and report chunks to them. Without
+    /// it the server only serves the data plane.
+    #[arg(long, env = "CAIRN_MASTERS")]
+    masters: Option<String>,
+    /// Address clients reach the data plane at (default: the listen address).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Failure-domain labels used by placement.
+    #[arg(long, default_value = "")]
+    host: String,
+    #[arg(long, default_value = "")]
+    rack: String,
+    /// Milliseconds between heartbeats.
+    #[arg(long, default_value_t = 1000)]
+    heartbeat_ms: u64,
 }
 
 pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
@@ -52,7 +67,26 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
     let cs = Chunkserver::new(set, ServerOptions::default());
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(a.listen).await?;
-        println!("listening on {}", listener.local_addr()?);
+        let addr = listener.local_addr()?;
+        println!("listening on {addr}");
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let control = match &a.masters {
+            Some(m) => {
+                let opts = control::ControlOptions {
+                    masters: m.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
+                    server_id: control::server_id(&a.data_dir)?,
+                    advertise: a.advertise.clone().unwrap_or_else(|| addr.to_string()),
+                    host: a.host.clone(),
+                    rack: a.rack.clone(),
+                    interval: std::time::Duration::from_millis(a.heartbeat_ms.max(10)),
+                };
+                let mut rx = stop_rx.clone();
+                Some(tokio::spawn(control::run(cs.clone(), opts, async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })))
+            }
+            None => None,
+        };
         use std::io::Write;
         std::io::stdout().flush()?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -64,6 +98,11 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
                 }
             })
             .await;
+        let _ = stop_tx.send(true);
+        if let Some(c) = control {
+            let _ = c.await;
+        }
+        drop(stop_rx);
         anyhow::Ok(())
     })?;
     // Let in-flight requests finish, then close every store (a final checkpoint each).

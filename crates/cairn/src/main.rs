@@ -1,10 +1,14 @@
 //! `cairn`: run and operate a Cairn storage cluster.
 //!
-//! Today it carries the chunk store's benchmarks and `chunkserver`; the other cluster
-//! commands (`up`, `master`, `fs`, `status`) arrive with the masters.
+//! `up` runs a local cluster; `master` and `chunkserver` run one process each; `fs` and
+//! `status` use a running cluster; `bench` measures against the hardware's floor.
 
 mod bench;
 mod chunkserver;
+mod cluster;
+mod fs;
+mod master;
+mod up;
 
 use clap::{Parser, Subcommand};
 
@@ -24,11 +28,19 @@ enum Command {
     /// Benchmarks that print their numbers next to the hardware's in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run a local cluster: masters and chunkservers as supervised processes.
+    Up(up::UpArgs),
+    /// Run one master of the Raft group.
+    Master(master::MasterArgs),
     /// Run one chunkserver: serve this machine's disks on the data plane.
     Chunkserver(chunkserver::ChunkserverArgs),
+    /// Files: put, get, cat, append, ls, stat, rm, seal, mkdir, mv.
+    Fs(fs::FsArgs),
+    /// The cluster: masters, chunkservers, totals.
+    Status(fs::StatusArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG")
@@ -36,8 +48,19 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let r = match Cli::parse().command {
         Command::Bench(b) => bench::run(b),
         Command::Chunkserver(a) => chunkserver::run(a),
+        Command::Up(a) => up::run(a),
+        Command::Master(a) => master::run(a),
+        Command::Fs(a) => fs::run(a),
+        Command::Status(a) => fs::status(a),
+    };
+    match r {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }

@@ -95,6 +95,34 @@ impl DiskSet {
         Ok(store.clone())
     }
 
+    /// Every chunk with its length and seal, from every disk.
+    pub fn chunks(&self) -> HashMap<ChunkId, (u64, bool)> {
+        let mut out = HashMap::new();
+        for s in &self.stores {
+            for id in s.list() {
+                if let Ok(st) = s.stat(id) {
+                    out.insert(id, (st.length, st.sealed));
+                }
+            }
+        }
+        out
+    }
+
+    /// (capacity, used) bytes over all disks.
+    pub fn space(&self) -> (u64, u64) {
+        self.stores.iter().fold((0, 0), |(c, u), s| {
+            let sp = s.space();
+            let total = u64::from(sp.extents_total) * sp.extent_bytes;
+            let free = u64::from(sp.extents_free) * sp.extent_bytes;
+            (c + total, u + total - free)
+        })
+    }
+
+    /// Whether every disk is working.
+    pub fn healthy(&self) -> bool {
+        self.stores.iter().all(|s| !s.is_failed())
+    }
+
     /// Forgets a chunk (deleted, or a create that failed).
     pub fn unplace(&self, id: ChunkId) {
         self.placement.write().remove(&id);

@@ -8,6 +8,7 @@
 //! reads from the device itself. In-flight requests and payload bytes per connection are
 //! bounded; past the bound the reader stops reading the socket (TCP backpressure).
 
+pub mod control;
 mod disks;
 
 pub use disks::{DiskSet, DiskSetOptions};
@@ -45,6 +46,8 @@ impl Default for ServerOptions {
 pub struct Chunkserver {
     disks: DiskSet,
     opts: ServerOptions,
+    /// Requests being served right now (reported to the masters as load).
+    load: std::sync::atomic::AtomicU32,
 }
 
 /// A reply on its way to the writer task, with the permits it releases once written.
@@ -56,11 +59,20 @@ struct Reply {
 
 impl Chunkserver {
     pub fn new(disks: DiskSet, opts: ServerOptions) -> Arc<Self> {
-        Arc::new(Self { disks, opts })
+        Arc::new(Self {
+            disks,
+            opts,
+            load: std::sync::atomic::AtomicU32::new(0),
+        })
     }
 
     pub fn disks(&self) -> &DiskSet {
         &self.disks
+    }
+
+    /// Requests being served right now.
+    pub fn load(&self) -> u32 {
+        self.load.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The disks, to close them once the server is done.
@@ -162,7 +174,10 @@ impl Chunkserver {
             let this = self.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
-                let (header, payload) = this.handle(h, payload).await;
+                use std::sync::atomic::Ordering::Relaxed;
+                this.load.fetch_add(1, Relaxed);
+                let (header, payload) = this.clone().handle(h, payload).await;
+                this.load.fetch_sub(1, Relaxed);
                 let _ = tx.send(Reply {
                     header,
                     payload,

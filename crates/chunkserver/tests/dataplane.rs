@@ -3,7 +3,7 @@
 
 use cairn_chunkserver::{Chunkserver, DiskSet, DiskSetOptions, ServerOptions};
 use cairn_chunkstore::{FormatOptions, OpenOptions};
-use cairn_client::{DataConn, Error, Status};
+use cairn_client::{DataConn, DataError as Error, Status};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

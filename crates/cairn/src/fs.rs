@@ -1,0 +1,331 @@
+//! `cairn fs …` and `cairn status`: the cluster through the client SDK.
+
+use crate::cluster::ClusterArgs;
+use cairn_client::{Client, CreateOptions};
+use cairn_rpc::pb;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+#[derive(clap::Subcommand)]
+pub enum FsCommand {
+    /// Copy a local file into the cluster (a new file, sealed when complete).
+    Put {
+        local: PathBuf,
+        path: String,
+        #[arg(long, default_value_t = 3)]
+        replicas: u32,
+    },
+    /// Copy a file out of the cluster.
+    Get { path: String, local: PathBuf },
+    /// Print a file.
+    Cat { path: String },
+    /// Append standard input to a file (created if missing); prints the acknowledged offset.
+    Append {
+        path: String,
+        #[arg(long, default_value_t = 3)]
+        replicas: u32,
+    },
+    /// List a directory.
+    Ls {
+        #[arg(default_value = "/")]
+        path: String,
+        #[arg(short = 'l')]
+        long: bool,
+    },
+    Stat { path: String },
+    /// Delete a file or an empty directory.
+    Rm { path: String },
+    /// Seal a file: no more appends.
+    Seal { path: String },
+    Mkdir {
+        path: String,
+        #[arg(short = 'p')]
+        parents: bool,
+    },
+    /// Rename a file or directory.
+    Mv { from: String, to: String },
+}
+
+#[derive(clap::Args)]
+pub struct FsArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Print JSON (ls, stat, append, put).
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: FsCommand,
+}
+
+/// Pieces a transfer moves at a time.
+const PIECE: usize = 4 << 20;
+
+fn progress(total: u64, what: &str) -> indicatif::ProgressBar {
+    if total < (64 << 20) || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(total);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template"),
+    );
+    pb.set_message(what.to_owned());
+    pb
+}
+
+pub fn run(a: FsArgs) -> anyhow::Result<()> {
+    let masters = a.cluster.masters()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(fs(masters, a.json, a.command))
+}
+
+async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<()> {
+    let c = Client::connect(&masters).await?;
+    match cmd {
+        FsCommand::Put {
+            local,
+            path,
+            replicas,
+        } => {
+            let mut f = std::fs::File::open(&local)?;
+            let total = f.metadata()?.len();
+            let bar = progress(total, "put");
+            let mut w = c
+                .create(
+                    &path,
+                    CreateOptions {
+                        replicas,
+                        ..CreateOptions::default()
+                    },
+                )
+                .await?;
+            let mut buf = vec![0u8; PIECE];
+            loop {
+                let n = read_full(&mut f, &mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                w.append(&buf[..n]).await?;
+                bar.inc(n as u64);
+            }
+            let len = w.seal().await?;
+            bar.finish_and_clear();
+            if json {
+                println!("{}", serde_json::json!({"path": path, "length": len}));
+            } else {
+                println!("{path}: {len} bytes");
+            }
+        }
+        FsCommand::Get { path, local } => {
+            let st = c.stat(&path).await?;
+            anyhow::ensure!(!st.is_dir, "{path}: is a directory");
+            let bar = progress(st.length, "get");
+            let tmp = local.with_extension("cairn-partial");
+            let mut out = std::fs::File::create(&tmp)?;
+            copy_out(&c, &path, st.length, &mut out, &bar).await?;
+            out.sync_all()?;
+            std::fs::rename(&tmp, &local)?;
+            bar.finish_and_clear();
+        }
+        FsCommand::Cat { path } => {
+            let st = c.stat(&path).await?;
+            anyhow::ensure!(!st.is_dir, "{path}: is a directory");
+            let mut out = std::io::stdout().lock();
+            copy_out(&c, &path, st.length, &mut out, &indicatif::ProgressBar::hidden()).await?;
+            out.flush()?;
+        }
+        FsCommand::Append { path, replicas } => {
+            let mut data = Vec::new();
+            std::io::stdin().read_to_end(&mut data)?;
+            let mut w = match c.open_append(&path).await {
+                Ok(w) => w,
+                Err(cairn_client::Error::Meta(e)) if e.kind == cairn_rpc::ErrorKind::NotFound => {
+                    c.create(
+                        &path,
+                        CreateOptions {
+                            replicas,
+                            ..CreateOptions::default()
+                        },
+                    )
+                    .await?
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let at = w.append(&data).await?;
+            w.close().await?;
+            if json {
+                println!("{}", serde_json::json!({"path": path, "offset": at, "length": data.len()}));
+            } else {
+                println!("{at}");
+            }
+        }
+        FsCommand::Ls { path, long } => {
+            let entries = c.list(&path).await?;
+            if json {
+                println!("{}", serde_json::to_string(&entries)?);
+            } else {
+                for e in entries {
+                    let name = if e.is_dir { format!("{}/", e.name) } else { e.name };
+                    if long {
+                        println!(
+                            "{:>14} {:>6} {} {}",
+                            e.length,
+                            e.chunks,
+                            if e.is_dir {
+                                "dir   "
+                            } else if e.sealed {
+                                "sealed"
+                            } else {
+                                "open  "
+                            },
+                            name
+                        );
+                    } else {
+                        println!("{name}");
+                    }
+                }
+            }
+        }
+        FsCommand::Stat { path } => {
+            let st = c.stat(&path).await?;
+            if json {
+                println!("{}", serde_json::to_string(&st)?);
+            } else if st.is_dir {
+                println!("{}: directory", st.path);
+            } else {
+                println!(
+                    "{}: {} bytes, {} chunk(s), {} replicas, {}{}",
+                    st.path,
+                    st.length,
+                    st.chunks,
+                    st.replicas,
+                    if st.sealed { "sealed" } else { "open" },
+                    st.writer.map(|w| format!(", written by {w}")).unwrap_or_default()
+                );
+            }
+        }
+        FsCommand::Rm { path } => c.delete(&path).await?,
+        FsCommand::Seal { path } => {
+            let w = c.open_append(&path).await?;
+            let len = w.seal().await?;
+            println!("{path}: sealed at {len} bytes");
+        }
+        FsCommand::Mkdir { path, parents } => c.mkdir(&path, parents).await?,
+        FsCommand::Mv { from, to } => c.rename(&from, &to).await?,
+    }
+    Ok(())
+}
+
+fn read_full(f: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+async fn copy_out(
+    c: &Client,
+    path: &str,
+    length: u64,
+    out: &mut impl Write,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<()> {
+    let mut off = 0;
+    while off < length {
+        let n = (length - off).min(PIECE as u64) as usize;
+        let data = c.read(path, off, n).await?;
+        out.write_all(&data)?;
+        off += n as u64;
+        bar.inc(n as u64);
+    }
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn status(a: StatusArgs) -> anyhow::Result<()> {
+    let masters = a.cluster.masters()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let s: pb::StatusReply = rt.block_on(async {
+        let m = cairn_rpc::Masters::new(&masters)?.retry_for(std::time::Duration::from_secs(5));
+        m.call(|mut c| async move { c.status(pb::Empty {}).await }).await
+    })?;
+    if a.json {
+        let v = serde_json::json!({
+            "leader": s.leader_id,
+            "term": s.term,
+            "last_applied": s.last_applied,
+            "masters": s.masters.iter().map(|m| serde_json::json!({"id": m.id, "addr": m.addr, "voter": m.voter, "leader": m.id == s.leader_id})).collect::<Vec<_>>(),
+            "chunkservers": s.servers.iter().map(|c| serde_json::json!({
+                "id": c.id, "addr": c.addr, "host": c.host, "rack": c.rack, "state": c.state,
+                "pid": c.pid, "capacity_bytes": c.capacity_bytes, "used_bytes": c.used_bytes,
+                "chunks": c.chunk_count, "load": c.load,
+                "last_heartbeat_ms_ago": if c.last_heartbeat_ms_ago == u64::MAX { None } else { Some(c.last_heartbeat_ms_ago) },
+            })).collect::<Vec<_>>(),
+            "files": s.files, "dirs": s.dirs, "chunks": s.chunks, "logical_bytes": s.logical_bytes,
+            "missing_replicas": s.missing_replicas, "pending_deletes": s.pending_deletes,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("masters (term {}, last applied {}):", s.term, s.last_applied);
+    for m in &s.masters {
+        println!(
+            "  {:>3}  {:<22} {}{}",
+            m.id,
+            m.addr,
+            if m.id == s.leader_id { "leader" } else { "follower" },
+            if m.voter { "" } else { " (learner)" }
+        );
+    }
+    println!("chunkservers:");
+    println!("  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}", "id", "addr", "pid", "state", "capacity", "used", "chunks");
+    for c in &s.servers {
+        println!(
+            "  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}",
+            c.id,
+            c.addr,
+            c.pid,
+            c.state,
+            human(c.capacity_bytes),
+            human(c.used_bytes),
+            c.chunk_count
+        );
+    }
+    println!(
+        "totals: {} files, {} dirs, {} chunks, {} logical; {} missing replicas, {} chunks pending delete",
+        s.files,
+        s.dirs,
+        s.chunks,
+        human(s.logical_bytes),
+        s.missing_replicas,
+        s.pending_deletes
+    );
+    Ok(())
+}
+
+fn human(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < U.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", U[i]) }
+}

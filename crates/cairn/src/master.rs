@@ -1,0 +1,89 @@
+//! `cairn master`: one master of the Raft group.
+
+use cairn_master::{MasterOptions, RegistryOptions, serve};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct MasterArgs {
+    /// This master's id in the group (1, 2, 3, …).
+    #[arg(long, default_value_t = 1)]
+    id: u64,
+    /// Where the Raft log, votes and snapshots live (master.redb).
+    #[arg(long, default_value = "./cairn-data/master-1")]
+    data_dir: PathBuf,
+    /// Address for clients, chunkservers and the other masters. Printed as `listening on ADDR`.
+    #[arg(long, default_value = "127.0.0.1:7000")]
+    listen: std::net::SocketAddr,
+    /// Address the others use to reach this master (default: the listen address).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// The group at bootstrap: `1=HOST:PORT,2=HOST:PORT,…` (default: this master alone). The
+    /// lowest id initializes a new group; a master that has a log ignores this.
+    #[arg(long)]
+    peers: Option<String>,
+    /// Seconds a writer's lease lasts without renewal.
+    #[arg(long, default_value_t = 20)]
+    lease_secs: u64,
+    /// Seconds before a chunk no file owns is deleted from its chunkserver.
+    #[arg(long, default_value_t = 60)]
+    orphan_grace_secs: u64,
+}
+
+pub fn parse_peers(s: &str) -> anyhow::Result<BTreeMap<u64, String>> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (id, addr) = p
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("peer {p:?} is not ID=HOST:PORT"))?;
+            Ok((id.trim().parse()?, addr.trim().to_owned()))
+        })
+        .collect()
+}
+
+pub fn run(a: MasterArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("cairn-master")
+        .build()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(a.listen).await?;
+        let addr = listener.local_addr()?.to_string();
+        let advertise = a.advertise.clone().unwrap_or_else(|| addr.clone());
+        let peers = match &a.peers {
+            Some(p) => parse_peers(p)?,
+            None => BTreeMap::from([(a.id, advertise.clone())]),
+        };
+        anyhow::ensure!(
+            peers.contains_key(&a.id),
+            "--peers must name this master (id {})",
+            a.id
+        );
+        let opts = MasterOptions {
+            id: a.id,
+            data_dir: a.data_dir.clone(),
+            advertise,
+            peers,
+            lease: Duration::from_secs(a.lease_secs),
+            registry: RegistryOptions {
+                orphan_grace: Duration::from_secs(a.orphan_grace_secs),
+                ..RegistryOptions::default()
+            },
+            snapshot_every: 10_000,
+        };
+        println!("listening on {addr}");
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        serve(opts, listener, async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))
+    })
+}

@@ -1,0 +1,283 @@
+//! `cairn up`: a whole cluster on this machine, one OS process per master and chunkserver,
+//! supervised (a process that dies is restarted after a back-off).
+
+use crate::cluster::{ClusterFile, Proc};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct UpArgs {
+    /// Where every process keeps its data, logs and cluster.toml.
+    #[arg(long, default_value = "./cairn-data")]
+    data_dir: PathBuf,
+    #[arg(long, default_value_t = 3)]
+    chunkservers: usize,
+    /// Masters in the Raft group (1, 3 or 5).
+    #[arg(long, default_value_t = 1)]
+    masters: usize,
+    /// Size of each chunkserver's store file.
+    #[arg(long, default_value = "2g", value_parser = crate::bench::parse_size)]
+    disk_size: u64,
+    /// Do not restart processes that die.
+    #[arg(long)]
+    no_restart: bool,
+    /// Chunkserver durability: sync (default) or none (benchmarks only).
+    #[arg(long, default_value = "sync", value_parser = ["sync", "none"])]
+    durability: String,
+}
+
+struct Managed {
+    name: String,
+    kind: Kind,
+    index: usize,
+    args: Vec<String>,
+    child: Option<Child>,
+    started: Instant,
+    restart_at: Option<Instant>,
+    backoff: Duration,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Master,
+    Chunkserver,
+}
+
+fn free_port() -> anyhow::Result<String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.to_string())
+}
+
+fn spawn(exe: &Path, m: &Managed, logs: &Path) -> anyhow::Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(logs.join(format!("{}.log", m.name)))?;
+    Ok(Command::new(exe)
+        .args(&m.args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?)
+}
+
+pub fn run(a: UpArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.masters >= 1 && a.masters <= 7, "--masters must be 1..=7");
+    anyhow::ensure!(a.chunkservers >= 1, "--chunkservers must be at least 1");
+    let dir = a.data_dir.clone();
+    std::fs::create_dir_all(&dir)?;
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let exe = std::env::current_exe()?;
+    // The same directory brings back the same cluster: same ports, same data.
+    let old = ClusterFile::load(&dir)?.unwrap_or_default();
+    let mut file = ClusterFile::default();
+    for i in 0..a.masters {
+        let id = i as u64 + 1;
+        let addr = match old.master_procs.iter().find(|p| p.id == id) {
+            Some(p) => p.addr.clone(),
+            None => free_port()?,
+        };
+        file.master_procs.push(Proc {
+            id,
+            addr,
+            pid: 0,
+            data_dir: dir.join(format!("master-{id}")),
+        });
+    }
+    for i in 0..a.chunkservers {
+        let id = i as u64 + 1;
+        let addr = match old.chunkserver_procs.iter().find(|p| p.id == id) {
+            Some(p) => p.addr.clone(),
+            None => free_port()?,
+        };
+        file.chunkserver_procs.push(Proc {
+            id,
+            addr,
+            pid: 0,
+            data_dir: dir.join(format!("chunkserver-{id}")),
+        });
+    }
+    file.masters = file.master_procs.iter().map(|p| p.addr.clone()).collect();
+    let peers = file
+        .master_procs
+        .iter()
+        .map(|p| format!("{}={}", p.id, p.addr))
+        .collect::<Vec<_>>()
+        .join(",");
+    let masters_list = file.masters.join(",");
+    let mut procs = Vec::new();
+    for (i, p) in file.master_procs.iter().enumerate() {
+        procs.push(Managed {
+            name: format!("master-{}", p.id),
+            kind: Kind::Master,
+            index: i,
+            args: vec![
+                "master".into(),
+                "--id".into(),
+                p.id.to_string(),
+                "--data-dir".into(),
+                p.data_dir.display().to_string(),
+                "--listen".into(),
+                p.addr.clone(),
+                "--peers".into(),
+                peers.clone(),
+            ],
+            child: None,
+            started: Instant::now(),
+            restart_at: Some(Instant::now()),
+            backoff: Duration::from_millis(500),
+        });
+    }
+    for (i, p) in file.chunkserver_procs.iter().enumerate() {
+        procs.push(Managed {
+            name: format!("chunkserver-{}", p.id),
+            kind: Kind::Chunkserver,
+            index: i,
+            args: vec![
+                "chunkserver".into(),
+                "--data-dir".into(),
+                p.data_dir.display().to_string(),
+                "--listen".into(),
+                p.addr.clone(),
+                "--masters".into(),
+                masters_list.clone(),
+                "--disk-size".into(),
+                a.disk_size.to_string(),
+                "--durability".into(),
+                a.durability.clone(),
+                "--host".into(),
+                format!("local-{}", p.id),
+            ],
+            child: None,
+            started: Instant::now(),
+            restart_at: Some(Instant::now()),
+            backoff: Duration::from_millis(500),
+        });
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        signal_flag(sig, stop.clone())?;
+    }
+
+    let mut announced = false;
+    let began = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let mut changed = false;
+        for m in &mut procs {
+            if let Some(c) = &mut m.child
+                && let Some(status) = c.try_wait()?
+            {
+                m.child = None;
+                changed = true;
+                if a.no_restart {
+                    eprintln!("cairn up: {} exited ({status}); not restarting (--no-restart)", m.name);
+                } else {
+                    // Back off harder when it keeps dying young.
+                    if m.started.elapsed() > Duration::from_secs(30) {
+                        m.backoff = Duration::from_millis(500);
+                    }
+                    eprintln!(
+                        "cairn up: {} exited ({status}); restarting in {:?} (log: {})",
+                        m.name,
+                        m.backoff,
+                        logs.join(format!("{}.log", m.name)).display()
+                    );
+                    m.restart_at = Some(Instant::now() + m.backoff);
+                    m.backoff = (m.backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+            if m.child.is_none()
+                && let Some(at) = m.restart_at
+                && Instant::now() >= at
+            {
+                m.restart_at = None;
+                m.child = Some(spawn(&exe, m, &logs)?);
+                m.started = Instant::now();
+                changed = true;
+            }
+        }
+        if changed {
+            for m in &procs {
+                let pid = m.child.as_ref().map_or(0, Child::id);
+                match m.kind {
+                    Kind::Master => file.master_procs[m.index].pid = pid,
+                    Kind::Chunkserver => file.chunkserver_procs[m.index].pid = pid,
+                }
+            }
+            file.store(&dir)?;
+        }
+        if !announced && began.elapsed() > Duration::from_millis(300) {
+            announced = true;
+            println!("cairn up: {} master(s), {} chunkserver(s); data in {}", a.masters, a.chunkservers, dir.display());
+            for p in &file.master_procs {
+                println!("  master {}       {}  pid {}", p.id, p.addr, p.pid);
+            }
+            for p in &file.chunkserver_procs {
+                println!("  chunkserver {}  {}  pid {}", p.id, p.addr, p.pid);
+            }
+            println!("  cluster file   {}", ClusterFile::path(&dir).display());
+            println!("  logs           {}", logs.display());
+            println!("try: cairn status; cairn fs put README.md /readme; cairn fs cat /readme   (Ctrl-C stops the cluster)");
+            use std::io::Write;
+            std::io::stdout().flush()?;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    eprintln!("cairn up: stopping");
+    // Chunkservers first (they checkpoint their stores), then the masters.
+    for kind in [Kind::Chunkserver, Kind::Master] {
+        for m in procs.iter().filter(|m| m.kind == kind) {
+            if let Some(c) = &m.child {
+                // SAFETY: kill(2) on our own child's pid.
+                unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for m in procs.iter_mut().filter(|m| m.kind == kind) {
+            if let Some(c) = &mut m.child {
+                loop {
+                    if c.try_wait()?.is_some() {
+                        break;
+                    }
+                    if Instant::now() >= deadline {
+                        eprintln!("cairn up: {} did not stop in 10 s; killing it", m.name);
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            m.child = None;
+        }
+    }
+    for p in file.master_procs.iter_mut().chain(file.chunkserver_procs.iter_mut()) {
+        p.pid = 0;
+    }
+    file.store(&dir)?;
+    eprintln!("cairn up: stopped");
+    Ok(())
+}
+
+/// Sets `flag` when signal `sig` arrives.
+fn signal_flag(sig: i32, flag: Arc<AtomicBool>) -> anyhow::Result<()> {
+    // A small tokio runtime would do too; a thread blocked in sigwait is simpler here.
+    static FLAGS: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+    let f = FLAGS.get_or_init(|| flag.clone()).clone();
+    extern "C" fn on_signal(_: i32) {
+        if let Some(f) = FLAGS.get() {
+            f.store(true, Ordering::Relaxed);
+        }
+    }
+    let _ = f;
+    // SAFETY: installing an async-signal-safe handler (one atomic store).
+    let r = unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    anyhow::ensure!(r != libc::SIG_ERR, "cannot install a handler for signal {sig}");
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! The chunkserver's side of the control plane: register with the masters, heartbeat every
+//! second with capacity, load and health, report chunks (all of them when the leader asks,
+//! the changes otherwise), and delete the orphans the leader names.
+
+use crate::Chunkserver;
+use cairn_rpc::{ErrorKind, Masters, pb};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct ControlOptions {
+    pub masters: Vec<String>,
+    pub server_id: u64,
+    /// The data-plane address clients reach this server at.
+    pub advertise: String,
+    pub host: String,
+    pub rack: String,
+    pub interval: Duration,
+}
+
+/// This server's id: read from `DIR/server-id`, or made (random, non-zero) and stored there on
+/// the first start.
+///
+/// # Errors
+/// The file cannot be read or written, or does not hold a number.
+pub fn server_id(dir: &Path) -> std::io::Result<u64> {
+    let path = dir.join("server-id");
+    match std::fs::read_to_string(&path) {
+        Ok(s) => s.trim().parse().map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir)?;
+            let id = loop {
+                let id = rand::random::<u64>() >> 12; // fits in a JSON number exactly
+                if id != 0 {
+                    break id;
+                }
+            };
+            let tmp = dir.join("server-id.tmp");
+            std::fs::write(&tmp, format!("{id}\n"))?;
+            std::fs::File::open(&tmp)?.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(dir)?.sync_all()?;
+            Ok(id)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs until `shutdown` resolves.
+pub async fn run(
+    cs: Arc<Chunkserver>,
+    opts: ControlOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let masters = match Masters::new(&opts.masters) {
+        Ok(m) => m.retry_for(Duration::from_secs(2)),
+        Err(e) => {
+            tracing::error!(error = %e, "no usable master address; not reporting");
+            return;
+        }
+    };
+    let mut registered = false;
+    let mut full = true;
+    let mut last: HashMap<u64, (u64, bool)> = HashMap::new();
+    loop {
+        let step = async {
+            if !registered {
+                masters
+                    .call(|mut c| {
+                        let r = pb::RegisterRequest {
+                            server_id: opts.server_id,
+                            addr: opts.advertise.clone(),
+                            host: opts.host.clone(),
+                            rack: opts.rack.clone(),
+                        };
+                        async move { c.register(r).await }
+                    })
+                    .await?;
+                registered = true;
+                full = true;
+                tracing::info!(id = opts.server_id, "registered with the masters");
+            }
+            let disks = cs.disks();
+            let now = disks.chunks();
+            let (capacity, used) = disks.space();
+            let report = |id: &u64, (length, sealed): &(u64, bool)| pb::ChunkReport {
+                id: *id,
+                length: *length,
+                sealed: *sealed,
+            };
+            let (chunks, deleted): (Vec<_>, Vec<_>) = if full {
+                (now.iter().map(|(i, v)| report(i, v)).collect(), Vec::new())
+            } else {
+                (
+                    now.iter()
+                        .filter(|(i, v)| last.get(i) != Some(v))
+                        .map(|(i, v)| report(i, v))
+                        .collect(),
+                    last.keys().filter(|i| !now.contains_key(i)).copied().collect(),
+                )
+            };
+            let req = pb::HeartbeatRequest {
+                server_id: opts.server_id,
+                capacity_bytes: capacity,
+                used_bytes: used,
+                chunk_count: now.len() as u64,
+                load: cs.load(),
+                healthy: disks.healthy(),
+                full_report: full,
+                chunks,
+                deleted,
+                pid: std::process::id(),
+            };
+            let reply = masters
+                .call(|mut c| {
+                    let r = req.clone();
+                    async move { c.heartbeat(r).await }
+                })
+                .await?;
+            last = now;
+            full = reply.send_full_report;
+            for id in reply.delete_chunks {
+                let r = match disks.find(id) {
+                    Ok(store) => store.delete_async(id).await,
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(()) => {
+                        disks.unplace(id);
+                        tracing::info!(chunk = id, "deleted orphan chunk");
+                    }
+                    Err(e) => tracing::warn!(chunk = id, error = %e, "orphan delete failed"),
+                }
+            }
+            Ok::<bool, cairn_rpc::MetaError>(full)
+        };
+        let again_now = match step.await {
+            Ok(again) => again,
+            Err(e) => {
+                if e.kind == ErrorKind::NotFound {
+                    registered = false; // a master that lost us (new group): register again
+                }
+                full = true;
+                tracing::warn!(error = %e, "heartbeat failed");
+                false
+            }
+        };
+        if !again_now {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(opts.interval) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! The data-plane connection to one chunkserver (docs/formats/wire.md).
+
+pub use cairn_proto::frame::Status;
+use cairn_proto::frame::{FLAG_SEALED, FrameError, HEADER_BYTES, Header, MAX_PAYLOAD, Opcode};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+/// What went wrong.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[error("connecting to {addr}: {message}")]
+    Connect { addr: SocketAddr, message: String },
+    #[error("connection to {addr} lost: {message}")]
+    ConnectionLost { addr: SocketAddr, message: String },
+    #[error("bad frame from {addr}: {source}")]
+    Frame {
+        addr: SocketAddr,
+        source: FrameError,
+    },
+    #[error("{status:?} from the chunkserver: {message}")]
+    Status {
+        status: Status,
+        /// The chunk length for WRONG_OFFSET / SEALED / OUT_OF_RANGE, the failing offset for
+        /// CORRUPT, else 0.
+        offset: u64,
+        message: String,
+    },
+    #[error("payload of {0} bytes is larger than a frame carries")]
+    TooLarge(usize),
+}
+
+impl Error {
+    /// The server's status, if this is a status error.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            Error::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A chunk's state as a chunkserver reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkInfo {
+    pub length: u64,
+    pub version: u64,
+    pub sealed: bool,
+    /// CRC32C of the whole chunk when sealed, else 0.
+    pub crc32c: u32,
+}
+
+type Pending = Arc<Mutex<PendingState>>;
+
+/// A reply: its header and payload.
+type Frame = (Header, Vec<u8>);
+
+/// Counters of one connection.
+#[derive(Debug, Default)]
+pub struct ConnStats {
+    pub requests: AtomicU64,
+    /// Replies that arrived after the reply to a later request.
+    pub out_of_order_replies: AtomicU64,
+}
+
+struct PendingState {
+    waiting: HashMap<u64, oneshot::Sender<Result<Frame>>>,
+    /// Set when the connection is gone: new requests fail at once.
+    dead: Option<String>,
+}
+
+/// A multiplexed data-plane connection to one chunkserver.
+pub struct DataConn {
+    addr: SocketAddr,
+    stats: Arc<ConnStats>,
+    tx: mpsc::Sender<(Header, Vec<u8>)>,
+    pending: Pending,
+    next_id: AtomicU64,
+}
+
+/// Requests queued for the socket before senders wait.
+const SEND_QUEUE: usize = 256;
+
+impl DataConn {
+    /// Connects to a chunkserver.
+    pub async fn connect(addr: SocketAddr) -> Result<Self> {
+        let stream = TcpStream::connect(addr).await.map_err(|e| Error::Connect {
+            addr,
+            message: e.to_string(),
+        })?;
+        let _ = stream.set_nodelay(true);
+        let (mut rd, wr) = stream.into_split();
+        let (tx, mut rx) = mpsc::channel::<(Header, Vec<u8>)>(SEND_QUEUE);
+        let pending: Pending = Arc::new(Mutex::new(PendingState {
+            waiting: HashMap::new(),
+            dead: None,
+        }));
+        let p = pending.clone();
+        tokio::spawn(async move {
+            let mut wr = BufWriter::with_capacity(256 << 10, wr);
+            let r: std::io::Result<()> = async {
+                while let Some(first) = rx.recv().await {
+                    let mut next = Some(first);
+                    while let Some((h, payload)) = next {
+                        wr.write_all(&h.encode()).await?;
+                        wr.write_all(&payload).await?;
+                        next = rx.try_recv().ok();
+                    }
+                    wr.flush().await?;
+                }
+                Ok(())
+            }
+            .await;
+            if let Err(e) = r {
+                fail_all(&p, addr, format!("write: {e}"));
+            }
+        });
+        let p = pending.clone();
+        let stats = Arc::new(ConnStats::default());
+        let st = stats.clone();
+        tokio::spawn(async move {
+            let mut newest = 0u64;
+            let why = loop {
+                let mut hb = [0u8; HEADER_BYTES];
+                if let Err(e) = rd.read_exact(&mut hb).await {
+                    break format!("read: {e}");
+                }
+                let h = match Header::decode(&hb) {
+                    Ok(h) => h,
+                    Err(e) => break format!("bad frame: {e}"),
+                };
+                let mut payload = vec![0u8; h.length as usize];
+                if let Err(e) = rd.read_exact(&mut payload).await {
+                    break format!("read: {e}");
+                }
+                let r = match h.check_payload(&payload) {
+                    Ok(()) => Ok((h, payload)),
+                    Err(source) => Err(Error::Frame { addr, source }),
+                };
+                if h.request_id < newest {
+                    st.out_of_order_replies.fetch_add(1, Ordering::Relaxed);
+                }
+                newest = newest.max(h.request_id);
+                let Some(w) = p.lock().waiting.remove(&h.request_id) else {
+                    break format!("a reply to unknown request {}", h.request_id);
+                };
+                let bad = r.is_err();
+                let _ = w.send(r);
+                if bad {
+                    break "bad payload CRC".into();
+                }
+            };
+            fail_all(&p, addr, why);
+        });
+        Ok(Self {
+            addr,
+            stats,
+            tx,
+            pending,
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn stats(&self) -> &ConnStats {
+        &self.stats
+    }
+
+    async fn call(&self, mut h: Header, payload: Vec<u8>) -> Result<(Header, Vec<u8>)> {
+        if payload.len() > MAX_PAYLOAD as usize {
+            return Err(Error::TooLarge(payload.len()));
+        }
+        h = h.with_payload(&payload);
+        h.request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let (reply, rx) = oneshot::channel();
+        {
+            let mut p = self.pending.lock();
+            if let Some(why) = &p.dead {
+                return Err(Error::ConnectionLost {
+                    addr: self.addr,
+                    message: why.clone(),
+                });
+            }
+            p.waiting.insert(h.request_id, reply);
+        }
+        let lost = |message: String| Error::ConnectionLost {
+            addr: self.addr,
+            message,
+        };
+        if self.tx.send((h, payload)).await.is_err() {
+            self.pending.lock().waiting.remove(&h.request_id);
+            return Err(lost("writer gone".into()));
+        }
+        let (rh, rp) = rx.await.map_err(|_| lost("reply dropped".into()))??;
+        match rh.status() {
+            Some(Status::Ok) => Ok((rh, rp)),
+            Some(status) => Err(Error::Status {
+                status,
+                offset: rh.offset,
+                message: String::from_utf8_lossy(&rp).into_owned(),
+            }),
+            None => Err(Error::Status {
+                status: Status::Io,
+                offset: rh.offset,
+                message: format!("unknown status code {}", rh.status),
+            }),
+        }
+    }
+
+    /// Creates a chunk, appending `first` (may be empty) in the same trip. Returns the
+    /// chunk's length.
+    pub async fn create(&self, chunk_id: u64, version: u64, first: &[u8]) -> Result<u64> {
+        let mut h = Header::request(Opcode::Create, 0, chunk_id);
+        h.arg = version;
+        Ok(self.call(h, first.to_vec()).await?.0.offset)
+    }
+
+    /// Appends at `offset` (the chunk's current length). Returns the new length.
+    pub async fn append(&self, chunk_id: u64, offset: u64, data: &[u8]) -> Result<u64> {
+        let mut h = Header::request(Opcode::Append, 0, chunk_id);
+        h.offset = offset;
+        Ok(self.call(h, data.to_vec()).await?.0.offset)
+    }
+
+    /// Reads `len` bytes at `offset`; the payload CRC is checked end to end.
+    pub async fn read(&self, chunk_id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut h = Header::request(Opcode::Read, 0, chunk_id);
+        h.offset = offset;
+        h.arg = len as u64;
+        let (rh, data) = self.call(h, Vec::new()).await?;
+        if data.len() != len {
+            return Err(Error::Status {
+                status: Status::Io,
+                offset: rh.offset,
+                message: format!("asked for {len} bytes, got {}", data.len()),
+            });
+        }
+        Ok(data)
+    }
+
+    pub async fn seal(&self, chunk_id: u64) -> Result<ChunkInfo> {
+        let (h, p) = self
+            .call(Header::request(Opcode::Seal, 0, chunk_id), Vec::new())
+            .await?;
+        info(self.addr, &h, &p)
+    }
+
+    pub async fn stat(&self, chunk_id: u64) -> Result<ChunkInfo> {
+        let (h, p) = self
+            .call(Header::request(Opcode::Stat, 0, chunk_id), Vec::new())
+            .await?;
+        info(self.addr, &h, &p)
+    }
+
+    pub async fn delete(&self, chunk_id: u64) -> Result<()> {
+        self.call(Header::request(Opcode::Delete, 0, chunk_id), Vec::new())
+            .await?;
+        Ok(())
+    }
+
+    pub async fn ping(&self) -> Result<()> {
+        self.call(Header::request(Opcode::Ping, 0, 0), Vec::new())
+            .await?;
+        Ok(())
+    }
+}
+
+/// A stat/seal reply: a sealed chunk's CRC is the 4-byte payload.
+fn info(addr: SocketAddr, h: &Header, payload: &[u8]) -> Result<ChunkInfo> {
+    let sealed = h.flags & FLAG_SEALED != 0;
+    let crc32c = match (sealed, payload) {
+        (true, &[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]),
+        (false, []) => 0,
+        _ => {
+            return Err(Error::ConnectionLost {
+                addr,
+                message: format!("stat reply with a {}-byte payload", payload.len()),
+            });
+        }
+    };
+    Ok(ChunkInfo {
+        length: h.offset,
+        version: h.arg,
+        sealed,
+        crc32c,
+    })
+}
+
+fn fail_all(p: &Pending, addr: SocketAddr, why: String) {
+    let mut st = p.lock();
+    if st.dead.is_none() {
+        tracing::debug!(%addr, %why, "data connection closed");
+        st.dead = Some(why.clone());
+    }
+    for (_, w) in st.waiting.drain() {
+        let _ = w.send(Err(Error::ConnectionLost {
+            addr,
+            message: why.clone(),
+        }));
+    }
+}
