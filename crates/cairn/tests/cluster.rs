@@ -1,0 +1,304 @@
+//! End to end: real master and chunkserver processes on loopback, used through the SDK.
+
+mod common;
+
+use cairn_client::{ClientOptions, CreateOptions, Error};
+use cairn_rpc::ErrorKind;
+use common::{Cluster, bytes};
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+fn small_chunks() -> ClientOptions {
+    ClientOptions {
+        chunk_size: 128 << 10,
+        renew_every: Duration::from_millis(500),
+        ..ClientOptions::default()
+    }
+}
+
+fn meta_kind(e: &Error) -> Option<ErrorKind> {
+    match e {
+        Error::Meta(m) => Some(m.kind),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_round_trip_and_concurrent_writers_read_back_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let c = cl.client_with(small_chunks()).await;
+
+    // put/get of random files, compared byte for byte (several chunks for the big ones).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for (i, size) in [0usize, 1, 4095, (1 << 20) + 7, 3 << 20].into_iter().enumerate() {
+        let mut data = vec![0u8; size];
+        rng.fill(&mut data[..]);
+        let path = format!("/put/f{i}");
+        let mut w = c.create(&path, CreateOptions::default()).await.unwrap();
+        for piece in data.chunks(300_000) {
+            w.append(piece).await.unwrap();
+        }
+        assert_eq!(w.seal().await.unwrap(), size as u64);
+        let st = c.stat(&path).await.unwrap();
+        assert_eq!((st.length, st.sealed, st.replicas), (size as u64, true, 3));
+        assert_eq!(c.read(&path, 0, size).await.unwrap(), data, "{path}");
+        for _ in 0..5 {
+            if size == 0 {
+                break;
+            }
+            let off = rng.random_range(0..size);
+            let len = rng.random_range(0..=(size - off).min(200_000));
+            assert_eq!(
+                c.read(&path, off as u64, len).await.unwrap(),
+                &data[off..off + len]
+            );
+        }
+    }
+
+    // Eight writers, 250 appends each of 1..3000 bytes, chunk switches every 128 KiB.
+    let mut tasks = Vec::new();
+    for wtr in 0..8u64 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let path = format!("/logs/w{wtr}");
+            let mut w = c.create(&path, CreateOptions::default()).await.unwrap();
+            let mut rng = rand::rngs::StdRng::seed_from_u64(wtr);
+            let mut expect = 0u64;
+            for _ in 0..250 {
+                let len = rng.random_range(1..3000usize);
+                let at = w.append(&bytes(wtr, expect, len)).await.unwrap();
+                assert_eq!(at, expect, "appends of one writer are ordered");
+                expect += len as u64;
+            }
+            assert_eq!(w.close().await.unwrap(), expect);
+            (path, wtr, expect)
+        }));
+    }
+    for t in tasks {
+        let (path, seed, len) = t.await.unwrap();
+        let st = c.stat(&path).await.unwrap();
+        assert_eq!(st.length, len);
+        assert!(st.chunks > 1, "{path}: {} chunks", st.chunks);
+        assert_eq!(c.read(&path, 0, len as usize).await.unwrap(), bytes(seed, 0, len as usize));
+    }
+    let names: Vec<_> = c.list("/logs").await.unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(names, (0..8).map(|i| format!("w{i}")).collect::<Vec<_>>());
+
+    // Bad input: clear, typed errors, and the servers keep serving.
+    let e = c.stat("/nope").await.unwrap_err();
+    assert_eq!(meta_kind(&e), Some(ErrorKind::NotFound));
+    let e = c.read("/put/f2", 4000, 200).await.unwrap_err();
+    assert!(matches!(e, Error::OutOfRange { length: 4095, .. }), "{e}");
+    let e = c.create("/put/f2", CreateOptions::default()).await.err().unwrap();
+    assert_eq!(meta_kind(&e), Some(ErrorKind::AlreadyExists));
+    let e = c.open_append("/put/f2").await.err().unwrap();
+    assert_eq!(meta_kind(&e), Some(ErrorKind::Sealed));
+    let e = c.create("no-slash", CreateOptions::default()).await.err().unwrap();
+    assert_eq!(meta_kind(&e), Some(ErrorKind::InvalidArgument));
+    let mut held = c.create("/held", CreateOptions::default()).await.unwrap();
+    held.append(b"x").await.unwrap();
+    let other = cl.client().await;
+    let e = other.open_append("/held").await.err().unwrap();
+    assert_eq!(meta_kind(&e), Some(ErrorKind::LeaseHeld), "{e}");
+    // Garbage on the master's port and on a chunkserver's data port.
+    for addr in [&cl.masters[0].addr, &cl.chunkservers[0].addr] {
+        use tokio::io::AsyncWriteExt;
+        let mut s = tokio::net::TcpStream::connect(addr.as_str()).await.unwrap();
+        let _ = s.write_all(&[0xAB; 4096]).await;
+    }
+    held.append(b"y").await.unwrap();
+    assert_eq!(held.close().await.unwrap(), 2);
+    assert_eq!(c.read("/held", 0, 2).await.unwrap(), b"xy");
+    c.rename("/held", "/put/held").await.unwrap();
+    assert_eq!(c.read("/put/held", 0, 2).await.unwrap(), b"xy");
+    let e = c.delete("/put").await.unwrap_err();
+    assert_eq!(meta_kind(&e), Some(ErrorKind::DirectoryNotEmpty));
+    c.delete("/put/held").await.unwrap();
+    assert_eq!(meta_kind(&c.stat("/put/held").await.unwrap_err()), Some(ErrorKind::NotFound));
+}
+
+/// One writer's acknowledged appends: (file offset, record seed, length).
+type Acked = Vec<(u64, u64, usize)>;
+
+static REOPENS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Appends records until `stop`, reopening the file whenever an append fails (a killed server).
+async fn keep_writing(
+    c: cairn_client::Client,
+    path: String,
+    seed: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Acked {
+    let mut acked = Vec::new();
+    let mut w = c.create(&path, CreateOptions::default()).await.unwrap();
+    let mut n = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let len = 512 + (n as usize * 37) % 3000;
+        let rec = bytes(seed * 1_000_003 + n, 0, len);
+        match w.append(&rec).await {
+            Ok(at) => acked.push((at, seed * 1_000_003 + n, len)),
+            Err(_) => {
+                REOPENS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // Reopen: the open chunk is sealed at what all reachable replicas hold.
+                let deadline = Instant::now() + Duration::from_secs(60);
+                w = loop {
+                    match c.open_append(&path).await {
+                        Ok(w) => break w,
+                        Err(e) => {
+                            assert!(Instant::now() < deadline, "{path}: cannot reopen: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                };
+            }
+        }
+        n += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut cur = Some(w);
+    loop {
+        let w = match cur.take() {
+            Some(w) => w,
+            None => match c.open_append(&path).await {
+                Ok(w) => w,
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "{path}: cannot reopen to close: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        match w.close().await {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{path}: cannot close: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    acked
+}
+
+async fn check_acked(c: &cairn_client::Client, path: &str, acked: &Acked) {
+    assert!(acked.len() > 20, "{path}: only {} appends acknowledged", acked.len());
+    for &(at, seed, len) in acked {
+        let got = c.read(path, at, len).await.unwrap_or_else(|e| panic!("{path}@{at}: {e}"));
+        assert!(got == bytes(seed, 0, len), "{path}@{at}: acknowledged record changed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_a_chunkserver_and_of_the_master_loses_no_acknowledged_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cl = Cluster::start(dir.path(), 1, 4).await;
+    let c = cl.client_with(small_chunks()).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..4u64)
+        .map(|i| tokio::spawn(keep_writing(c.clone(), format!("/k/w{i}"), i + 1, stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cl.chunkservers[1].kill();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    cl.chunkservers[1].start();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cl.masters[0].kill();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    cl.masters[0].start();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut all = BTreeMap::new();
+    for (i, w) in writers.into_iter().enumerate() {
+        all.insert(format!("/k/w{i}"), w.await.unwrap());
+    }
+    // Canary: the kill did hit the writers (else this test proves nothing).
+    assert!(REOPENS.load(std::sync::atomic::Ordering::Relaxed) > 0, "no append failed");
+    // Everything acknowledged is there, after the kills and with every process back.
+    cl.wait_servers_up(4, Duration::from_secs(30)).await;
+    let fresh = cl.client().await;
+    for (path, acked) in &all {
+        check_acked(&fresh, path, acked).await;
+    }
+    // And again after a clean restart of the whole cluster.
+    for p in cl.chunkservers.iter_mut().chain(cl.masters.iter_mut()) {
+        p.stop();
+    }
+    for p in cl.masters.iter_mut().chain(cl.chunkservers.iter_mut()) {
+        p.start();
+    }
+    cl.wait_servers_up(4, Duration::from_secs(30)).await;
+    let fresh = cl.client().await;
+    for (path, acked) in &all {
+        check_acked(&fresh, path, acked).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_masters_survive_sigkill_of_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cl = Cluster::start(dir.path(), 3, 3).await;
+    let before = cl.status().await.unwrap();
+    let c = cl.client_with(small_chunks()).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Metadata-heavy writers: every file is a create, appends across chunks, a close.
+    let writers: Vec<_> = (0..3u64)
+        .map(|i| {
+            let (c, stop) = (c.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut done: Vec<(String, u64, usize)> = Vec::new();
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let path = format!("/m/w{i}/f{n}");
+                    let seed = i * 1_000_003 + n;
+                    let len = 1000 + (n as usize * 7919) % 200_000;
+                    let r = async {
+                        let mut w = c.create(&path, CreateOptions::default()).await?;
+                        for (k, piece) in bytes(seed, 0, len).chunks(50_000).enumerate() {
+                            w.append(piece).await.map(|at| assert_eq!(at, k as u64 * 50_000))?;
+                        }
+                        w.close().await
+                    }
+                    .await;
+                    if r.is_ok() {
+                        done.push((path, seed, len));
+                    }
+                    n += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let old = cl.leader().await;
+    cl.masters[old as usize - 1].kill();
+    let t = Instant::now();
+    let new = loop {
+        if let Ok(s) = cl.status().await
+            && s.leader_id != old
+        {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no new leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("new leader {} after {:?}", new.leader_id, t.elapsed());
+    assert!(new.term > before.term);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut files = Vec::new();
+    for w in writers {
+        files.extend(w.await.unwrap());
+    }
+    assert!(files.len() > 10, "only {} files written", files.len());
+    cl.masters[old as usize - 1].start();
+    let fresh = cl.client().await;
+    for (path, seed, len) in &files {
+        let st = fresh.stat(path).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(st.length, *len as u64, "{path}");
+        assert!(fresh.read(path, 0, *len).await.unwrap() == bytes(*seed, 0, *len), "{path}");
+    }
+    let s = cl.status().await.unwrap();
+    assert_eq!(s.masters.len(), 3);
+    assert!(s.files >= files.len() as u64);
+}

@@ -1,0 +1,196 @@
+//! A cluster of real `cairn master` and `cairn chunkserver` processes on loopback, for the
+//! end-to-end tests. Each process can be SIGKILLed and started again on the same port and data.
+
+#![allow(dead_code)]
+
+use cairn_client::{Client, ClientOptions};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Proc {
+    pub name: String,
+    pub args: Vec<String>,
+    pub addr: String,
+    pub child: Option<Child>,
+}
+
+impl Proc {
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "{} already running", self.name);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(&self.args)
+            .env("CAIRN_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start cairn");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.starts_with("listening on "),
+            "{}: unexpected first line {line:?}",
+            self.name
+        );
+        self.child = Some(child);
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill(); // SIGKILL
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let status = c.wait().unwrap();
+            assert!(status.success(), "{} exited with {status}", self.name);
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub masters: Vec<Proc>,
+    pub chunkservers: Vec<Proc>,
+}
+
+impl Cluster {
+    /// Starts `m` masters (one Raft group) and `c` chunkservers, and waits until every
+    /// chunkserver is up at the leader.
+    pub async fn start(dir: &Path, m: usize, c: usize) -> Self {
+        let maddrs: Vec<String> = (0..m).map(|_| free_addr()).collect();
+        let peers = maddrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let masters = maddrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| Proc {
+                name: format!("master-{}", i + 1),
+                args: vec![
+                    "master".into(),
+                    "--id".into(),
+                    (i + 1).to_string(),
+                    "--data-dir".into(),
+                    dir.join(format!("master-{}", i + 1)).display().to_string(),
+                    "--listen".into(),
+                    a.clone(),
+                    "--peers".into(),
+                    peers.clone(),
+                    "--lease-secs".into(),
+                    "5".into(),
+                ],
+                addr: a.clone(),
+                child: None,
+            })
+            .collect();
+        let chunkservers = (0..c)
+            .map(|i| {
+                let a = free_addr();
+                Proc {
+                    name: format!("chunkserver-{}", i + 1),
+                    args: vec![
+                        "chunkserver".into(),
+                        "--data-dir".into(),
+                        dir.join(format!("cs-{}", i + 1)).display().to_string(),
+                        "--listen".into(),
+                        a.clone(),
+                        "--masters".into(),
+                        maddrs.join(","),
+                        "--disk-size".into(),
+                        "256m".into(),
+                        "--heartbeat-ms".into(),
+                        "200".into(),
+                    ],
+                    addr: a,
+                    child: None,
+                }
+            })
+            .collect();
+        let mut cl = Self {
+            dir: dir.to_path_buf(),
+            masters,
+            chunkservers,
+        };
+        for p in cl.masters.iter_mut().chain(cl.chunkservers.iter_mut()) {
+            p.start();
+        }
+        cl.wait_servers_up(c, Duration::from_secs(30)).await;
+        cl
+    }
+
+    pub fn master_addrs(&self) -> Vec<String> {
+        self.masters.iter().map(|p| p.addr.clone()).collect()
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.master_addrs()).await.unwrap()
+    }
+
+    pub async fn client_with(&self, opts: ClientOptions) -> Client {
+        Client::with_options(&self.master_addrs(), opts).await.unwrap()
+    }
+
+    pub async fn status(&self) -> Result<cairn_rpc::pb::StatusReply, cairn_rpc::MetaError> {
+        let m = cairn_rpc::Masters::new(&self.master_addrs())
+            .unwrap()
+            .retry_for(Duration::from_secs(10));
+        m.call(|mut c| async move { c.status(cairn_rpc::pb::Empty {}).await })
+            .await
+    }
+
+    /// Waits until the leader sees `n` chunkservers up.
+    pub async fn wait_servers_up(&self, n: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(s) = self.status().await
+                && s.servers.iter().filter(|s| s.state == "up").count() >= n
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "chunkservers not up in {within:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The id of the current leader (1-based index into `masters`).
+    pub async fn leader(&self) -> u64 {
+        self.status().await.unwrap().leader_id
+    }
+}
+
+/// Deterministic bytes: file `seed`, position `pos`.
+pub fn byte(seed: u64, pos: u64) -> u8 {
+    (pos.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed.wrapping_mul(0xD6E8_FEB8_6659_FD93))
+        .to_le_bytes()[5]
+}
+
+pub fn bytes(seed: u64, from: u64, len: usize) -> Vec<u8> {
+    (from..from + len as u64).map(|p| byte(seed, p)).collect()
+}
