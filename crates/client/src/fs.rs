@@ -895,6 +895,12 @@ impl FlatLogFile {
 
     /// Seals every replica of the active chunk and records its length at the masters.
     async fn seal_active(&mut self) -> Result<()> {
+        let update = self.seal_active_replicas().await?;
+        self.commit(vec![update], false, false, false).await
+    }
+
+    /// Seals every replica of the active chunk; returns the update for the masters.
+    async fn seal_active_replicas(&mut self) -> Result<pb::ChunkUpdate> {
         let i = self.active.expect("active");
         let (id, servers) = (self.chunks[i].id, self.chunks[i].servers.clone());
         let results = join_all(servers.iter().map(|s| {
@@ -907,18 +913,11 @@ impl FlatLogFile {
         }
         self.chunks[i].length = self.active_len;
         self.chunks[i].sealed = true;
-        self.commit(
-            vec![pb::ChunkUpdate {
-                chunk_id: id,
-                length: self.active_len,
-                sealed: true,
-            }],
-            false,
-            false,
-            false,
-        )
-        .await?;
-        Ok(())
+        Ok(pb::ChunkUpdate {
+            chunk_id: id,
+            length: self.active_len,
+            sealed: true,
+        })
     }
 
     async fn commit(
@@ -955,12 +954,11 @@ impl FlatLogFile {
         if let Some(r) = self.renew.take() {
             r.abort();
         }
+        // One master call: the sealed chunk's length, unused spares trimmed, lease released.
         let mut updates = Vec::new();
         if self.active.is_some() && self.active_len > 0 {
-            self.seal_active().await?;
+            updates.push(self.seal_active_replicas().await?);
         }
-        // Spares stay unused: trim them.
-        let _ = &mut updates;
         self.commit(updates, true, true, seal).await?;
         self.client.inner.cache.lock().pop(&self.path);
         Ok(self.length)
