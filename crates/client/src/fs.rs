@@ -954,10 +954,22 @@ impl FlatLogFile {
         if let Some(r) = self.renew.take() {
             r.abort();
         }
-        // One master call: the sealed chunk's length, unused spares trimmed, lease released.
+        // One master call: the chunk's final length (sealed in the stream meta), unused spares
+        // trimmed, lease released. The replicas are not sealed here: sealing fences off an
+        // *other* writer, and this writer is the one stopping; no writer appends to a chunk the
+        // masters hold sealed, and a reader never reads past the masters' length.
         let mut updates = Vec::new();
-        if self.active.is_some() && self.active_len > 0 {
-            updates.push(self.seal_active_replicas().await?);
+        if let Some(i) = self.active
+            && self.active_len > 0
+        {
+            let c = &mut self.chunks[i];
+            c.length = self.active_len;
+            c.sealed = true;
+            updates.push(pb::ChunkUpdate {
+                chunk_id: c.id,
+                length: self.active_len,
+                sealed: true,
+            });
         }
         self.commit(updates, true, true, seal).await?;
         self.client.inner.cache.lock().pop(&self.path);

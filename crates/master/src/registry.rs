@@ -160,11 +160,15 @@ impl Registry {
                 live.orphans.entry(c).or_insert(now);
             }
         }
+        // Chunk ids are never reused: an id below the next one to be allocated that no file
+        // owns was deleted or trimmed, and goes now. A higher id (allocated by a log entry this
+        // master has not applied yet) waits out the grace period.
         let grace = self.opts.orphan_grace;
+        let next = state.next_chunk_id();
         let delete = live
             .orphans
             .iter()
-            .filter(|(_, since)| now.duration_since(**since) >= grace)
+            .filter(|(c, since)| **c < next || now.duration_since(**since) >= grace)
             .map(|(c, _)| *c)
             .collect();
         HeartbeatAnswer {
@@ -347,6 +351,44 @@ mod tests {
             .count();
         // Server 4 has 1/100 of the others' free space: ~3 of 3000 expected.
         assert!(n4 < 60, "full server chosen {n4} times of 3000");
+    }
+
+    #[test]
+    fn chunks_of_deleted_files_go_at_once() {
+        let now = Instant::now();
+        let mut reg = Registry::new(RegistryOptions::default());
+        let mut st = State::default();
+        let f = st
+            .apply(&crate::state::Command::Create {
+                path: "/f".into(),
+                policy: crate::state::Policy {
+                    replicas: 1,
+                    compression: false,
+                },
+                parents: false,
+                now_ms: 0,
+                lease: None,
+                placements: vec![vec![7], vec![7]],
+            })
+            .unwrap();
+        let ids: Vec<u64> = f.inode.unwrap().file().unwrap().chunks.iter().map(|c| c.id).collect();
+        let hb = |chunks: Vec<u64>| Heartbeat {
+            server_id: 7,
+            capacity: 1,
+            used: 0,
+            chunk_count: 0,
+            load: 0,
+            healthy: true,
+            pid: 0,
+            full_report: true,
+            chunks,
+            deleted: vec![],
+        };
+        assert!(reg.heartbeat(hb(ids.clone()), &st, now).delete.is_empty());
+        st.apply(&crate::state::Command::Delete { path: "/f".into() }).unwrap();
+        let mut d = reg.heartbeat(hb(ids.clone()), &st, now).delete;
+        d.sort();
+        assert_eq!(d, ids, "deleted file's chunks are named at the next heartbeat");
     }
 
     #[test]

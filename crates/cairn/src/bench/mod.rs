@@ -3,6 +3,7 @@
 //! JSON object per run.
 
 mod chunkstore;
+mod cluster;
 mod floor;
 mod recovery;
 
@@ -14,12 +15,21 @@ pub enum BenchCommand {
     Chunkstore(chunkstore::Args),
     /// Recovery time of a store with data written after its last checkpoint.
     Recovery(recovery::Args),
+    /// Appends through the SDK against a running cluster (one file per writer).
+    Append(cluster::Args),
+    /// Reads through the SDK against a running cluster.
+    Read(cluster::Args),
+    /// File create + first append + close through the SDK against a running cluster.
+    Create(cluster::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Chunkstore(a) => chunkstore::run(a),
         BenchCommand::Recovery(a) => recovery::run(a),
+        BenchCommand::Append(a) => cluster::run(cluster::Op::Append, a),
+        BenchCommand::Read(a) => cluster::run(cluster::Op::Read, a),
+        BenchCommand::Create(a) => cluster::run(cluster::Op::Create, a),
     }
 }
 

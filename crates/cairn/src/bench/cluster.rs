@@ -1,0 +1,294 @@
+//! `cairn bench append|read|create`: the SDK against a running cluster, next to the same-run
+//! floor — a raw O_DIRECT write + fdatasync (or read) loop of the same size on the chunkservers'
+//! filesystem, plus a loopback TCP round trip carrying the same bytes.
+
+use super::{Latency, floor, histogram, loadavg, parse_size};
+use cairn_chunkstore::Disk;
+use crate::cluster::ClusterArgs;
+use cairn_client::{Client, ClientOptions, CreateOptions};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Bytes per operation (create: bytes of the first append).
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
+    size: u64,
+    /// Operations in flight: one writer (its own file) or reader each.
+    #[arg(long, default_value_t = 1)]
+    depth: usize,
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    #[arg(long, default_value_t = 3)]
+    replicas: u32,
+    /// A directory on the chunkservers' filesystem, for the disk floor's file.
+    #[arg(long, default_value = "./cairn-data")]
+    floor_dir: PathBuf,
+    /// Print only JSON lines.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    op: &'static str,
+    size: u64,
+    depth: usize,
+    replicas: u32,
+    seconds: f64,
+    ops: u64,
+    errors: u64,
+    ops_per_s: f64,
+    mib_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    max_us: f64,
+    floor: &'static str,
+    floor_p50_us: f64,
+    floor_p999_us: f64,
+    floor_ops_per_s: f64,
+    floor_mib_per_s: f64,
+    /// The loopback round trip alone (size bytes out, a 64-byte reply back).
+    rtt_p50_us: f64,
+    rtt_p999_us: f64,
+    /// p50 / (disk floor p50 + rtt p50); likewise p99.9.
+    ratio_p50: f64,
+    ratio_p999: f64,
+    /// Appends: MiB/s ÷ (floor MiB/s ÷ replicas), all replicas share one disk here.
+    /// Reads and creates: ops/s ÷ floor ops/s.
+    ratio_ops: f64,
+    loadavg: f64,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+pub enum Op {
+    Append,
+    Read,
+    Create,
+}
+
+pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
+    let masters = a.cluster.masters()?;
+    anyhow::ensure!(a.depth >= 1, "--depth must be at least 1");
+    let size = a.size as usize;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let client = rt.block_on(Client::with_options(&masters, ClientOptions::default()))?;
+    std::fs::create_dir_all(&a.floor_dir)?;
+    let fdisk = floor::floor_file(&a.floor_dir, (a.depth as u64 * size as u64 * 64).max(256 << 20))?;
+    let prefix = format!("/bench-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos()));
+    // Reads need data: one file per reader, 64 operations long, sealed.
+    if op == Op::Read {
+        rt.block_on(async {
+            for d in 0..a.depth {
+                let mut w = client
+                    .create(&format!("{prefix}/r{d}"), create_opts(a.replicas))
+                    .await?;
+                let buf = vec![0x5Au8; size];
+                for _ in 0..64 {
+                    w.append(&buf).await?;
+                }
+                w.seal().await?;
+            }
+            anyhow::Ok(())
+        })?;
+    }
+    for run in 0..a.runs {
+        let write = op != Op::Read;
+        let fl = floor::run(
+            fdisk.clone(),
+            (0, fdisk.capacity()),
+            write,
+            size,
+            a.depth,
+            a.seconds,
+            true,
+        )?;
+        let rtt = rt.block_on(loopback_rtt(size, a.seconds.min(3.0)))?;
+        let (ops, errors, secs, lat) = rt.block_on(measure(op, &client, &prefix, run, &a))?;
+        let mib = |ops: u64, s: f64| ops as f64 * size as f64 / s / f64::from(1 << 20);
+        let floor_ops_per_s = fl.ops as f64 / fl.seconds;
+        let ops_per_s = ops as f64 / secs;
+        let r = Report {
+            op: match op {
+                Op::Append => "append",
+                Op::Read => "read",
+                Op::Create => "create",
+            },
+            size: a.size,
+            depth: a.depth,
+            replicas: a.replicas,
+            seconds: secs,
+            ops,
+            errors,
+            ops_per_s,
+            mib_per_s: mib(ops, secs),
+            p50_us: lat.p50_us,
+            p99_us: lat.p99_us,
+            p999_us: lat.p999_us,
+            max_us: lat.max_us,
+            floor: if write {
+                "raw O_DIRECT pwrite+fdatasync loop + loopback TCP round trip"
+            } else {
+                "raw O_DIRECT pread loop + loopback TCP round trip"
+            },
+            floor_p50_us: fl.latency.p50_us,
+            floor_p999_us: fl.latency.p999_us,
+            floor_ops_per_s,
+            floor_mib_per_s: mib(fl.ops, fl.seconds),
+            rtt_p50_us: rtt.p50_us,
+            rtt_p999_us: rtt.p999_us,
+            ratio_p50: lat.p50_us / (fl.latency.p50_us + rtt.p50_us),
+            ratio_p999: lat.p999_us / (fl.latency.p999_us + rtt.p999_us),
+            ratio_ops: if op == Op::Append {
+                mib(ops, secs) / (mib(fl.ops, fl.seconds) / f64::from(a.replicas))
+            } else {
+                ops_per_s / floor_ops_per_s
+            },
+            loadavg: loadavg(),
+        };
+        println!("{}", serde_json::to_string(&r)?);
+    }
+    // Clean up what the benchmark wrote.
+    rt.block_on(async {
+        if let Ok(entries) = client.list(&prefix).await {
+            for e in entries {
+                let _ = client.delete(&format!("{prefix}/{}", e.name)).await;
+            }
+        }
+        let _ = client.delete(&prefix).await;
+    });
+    Ok(())
+}
+
+fn create_opts(replicas: u32) -> CreateOptions {
+    CreateOptions {
+        replicas,
+        ..CreateOptions::default()
+    }
+}
+
+async fn measure(
+    op: Op,
+    client: &Client,
+    prefix: &str,
+    run: usize,
+    a: &Args,
+) -> anyhow::Result<(u64, u64, f64, Latency)> {
+    let size = a.size as usize;
+    let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for d in 0..a.depth {
+        let client = client.clone();
+        let path = format!("{prefix}/{}{run}-{d}", if op == Op::Create { "c" } else { "w" });
+        let replicas = a.replicas;
+        tasks.push(tokio::spawn(async move {
+            let mut h = histogram();
+            let mut errors = 0u64;
+            let buf = vec![0xA5u8; size];
+            match op {
+                Op::Append => {
+                    let mut w = client.create(&path, create_opts(replicas)).await?;
+                    while Instant::now() < deadline {
+                        let s = Instant::now();
+                        match w.append(&buf).await {
+                            Ok(_) => h.record(s.elapsed().as_nanos() as u64)?,
+                            Err(_) => {
+                                errors += 1;
+                                w = client.open_append(&path).await?;
+                            }
+                        }
+                    }
+                    let _ = w.close().await;
+                }
+                Op::Read => {
+                    let path = format!("{}/r{d}", path.rsplit_once('/').map_or("", |p| p.0));
+                    let mut i = 0u64;
+                    while Instant::now() < deadline {
+                        let s = Instant::now();
+                        match client.read(&path, (i % 64) * size as u64, size).await {
+                            Ok(_) => h.record(s.elapsed().as_nanos() as u64)?,
+                            Err(_) => errors += 1,
+                        }
+                        i += 1;
+                    }
+                }
+                Op::Create => {
+                    let mut i = 0u64;
+                    while Instant::now() < deadline {
+                        let s = Instant::now();
+                        let r = async {
+                            let mut w = client.create(&format!("{path}-{i}"), create_opts(replicas)).await?;
+                            w.append(&buf).await?;
+                            w.close().await
+                        }
+                        .await;
+                        match r {
+                            Ok(_) => {
+                                h.record(s.elapsed().as_nanos() as u64)?;
+                                // Untimed: keep the disks from filling with small chunks.
+                                let _ = client.delete(&format!("{path}-{i}")).await;
+                            }
+                            Err(e) => {
+                                if errors == 0 {
+                                    eprintln!("bench: first create error: {e}");
+                                }
+                                errors += 1;
+                            }
+                        }
+                        i += 1;
+                    }
+                }
+            }
+            anyhow::Ok((h, errors))
+        }));
+    }
+    let mut all = histogram();
+    let mut errors = 0;
+    for t in tasks {
+        let (h, e) = t.await??;
+        all.add(h)?;
+        errors += e;
+    }
+    Ok((all.len(), errors, t0.elapsed().as_secs_f64(), Latency::of(&all)))
+}
+
+/// A loopback TCP echo: `size` bytes to a server task, 64 bytes back, one at a time.
+async fn loopback_rtt(size: usize, seconds: f64) -> anyhow::Result<Latency> {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let server = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await?;
+        s.set_nodelay(true)?;
+        let mut buf = vec![0u8; size];
+        loop {
+            if s.read_exact(&mut buf).await.is_err() {
+                return anyhow::Ok(());
+            }
+            s.write_all(&[0u8; 64]).await?;
+        }
+    });
+    let mut c = tokio::net::TcpStream::connect(addr).await?;
+    c.set_nodelay(true)?;
+    let out = Arc::new(vec![1u8; size]);
+    let mut back = [0u8; 64];
+    let mut h = histogram();
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    while Instant::now() < deadline {
+        let s = Instant::now();
+        c.write_all(&out).await?;
+        c.read_exact(&mut back).await?;
+        h.record(s.elapsed().as_nanos() as u64)?;
+    }
+    drop(c);
+    let _ = server.await;
+    Ok(Latency::of(&h))
+}

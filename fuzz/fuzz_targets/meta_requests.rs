@@ -1,0 +1,84 @@
+//! Every control-plane request a client or chunkserver can send, from arbitrary bytes: the
+//! protobuf decode, the validation in `cairn_master::convert`, and — for what validates — the
+//! state machine applying it. Also the masters' Raft messages (JSON bodies of `Raft.Call`).
+//! Never panics; a state machine stays consistent.
+#![no_main]
+use cairn_master::convert;
+use cairn_master::state::{Command, Lease, State};
+use cairn_master::store::TypeConfig;
+use cairn_rpc::pb;
+use libfuzzer_sys::fuzz_target;
+use prost::Message;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&kind, body)) = data.split_first() else {
+        return;
+    };
+    let mut st = State::default();
+    match kind % 9 {
+        0 => {
+            if let Ok(r) = pb::CreateRequest::decode(body)
+                && let (Ok(path), Ok(policy), Ok(n)) =
+                    (convert::path(&r.path), convert::policy(r.policy.as_ref()), convert::chunk_count(r.chunks))
+            {
+                let cmd = Command::Create {
+                    path,
+                    policy,
+                    parents: r.parents,
+                    now_ms: 1,
+                    lease: convert::client_id(&r.client_id).ok().map(|holder| Lease { holder, expires_ms: 2 }),
+                    placements: vec![vec![1, 2, 3]; n],
+                };
+                if let Ok(reply) = st.apply(&cmd) {
+                    let ino = reply.inode.expect("create returns the inode");
+                    let _ = convert::file_reply(&st, &ino);
+                }
+            }
+        }
+        1 => {
+            if let Ok(r) = pb::CommitRequest::decode(body) {
+                let _ = (convert::path(&r.path), convert::client_id(&r.client_id), convert::updates(&r.updates));
+            }
+        }
+        2 => {
+            if let Ok(r) = pb::RegisterRequest::decode(body)
+                && let Ok(rec) = convert::server_record(&r)
+            {
+                st.apply(&Command::Register { server: rec }).expect("valid record registers");
+            }
+        }
+        3 => {
+            if let Ok(r) = pb::HeartbeatRequest::decode(body) {
+                let _ = convert::heartbeat(&r);
+            }
+        }
+        4 => {
+            if let Ok(r) = pb::MkdirRequest::decode(body)
+                && let Ok(path) = convert::path(&r.path)
+            {
+                let _ = st.apply(&Command::Mkdir { path: path.clone(), parents: r.parents, now_ms: 1 });
+                let _ = st.list(&path);
+            }
+        }
+        5 => {
+            if let Ok(r) = pb::RenameRequest::decode(body)
+                && let (Ok(from), Ok(to)) = (convert::path(&r.from), convert::path(&r.to))
+            {
+                let _ = st.apply(&Command::Mkdir { path: from.clone(), parents: true, now_ms: 1 });
+                let _ = st.apply(&Command::Rename { from, to, now_ms: 2 });
+            }
+        }
+        6 => {
+            if let Ok(r) = pb::LocateRequest::decode(body) {
+                let _ = convert::locate(&r);
+            }
+        }
+        7 => {
+            let _ = serde_json::from_slice::<openraft::raft::AppendEntriesRequest<TypeConfig>>(body);
+        }
+        _ => {
+            let _ = serde_json::from_slice::<openraft::raft::VoteRequest<TypeConfig>>(body);
+            let _ = pb::RaftMessage::decode(body);
+        }
+    }
+});
