@@ -73,7 +73,12 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
         let control = match &a.masters {
             Some(m) => {
                 let opts = control::ControlOptions {
-                    masters: m.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
+                    masters: m
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect(),
                     server_id: control::server_id(&a.data_dir)?,
                     advertise: a.advertise.clone().unwrap_or_else(|| addr.to_string()),
                     host: a.host.clone(),

@@ -16,9 +16,14 @@ pub enum FsCommand {
         replicas: u32,
     },
     /// Copy a file out of the cluster.
-    Get { path: String, local: PathBuf },
+    Get {
+        path: String,
+        local: PathBuf,
+    },
     /// Print a file.
-    Cat { path: String },
+    Cat {
+        path: String,
+    },
     /// Append standard input to a file (created if missing); prints the acknowledged offset.
     Append {
         path: String,
@@ -32,18 +37,27 @@ pub enum FsCommand {
         #[arg(short = 'l')]
         long: bool,
     },
-    Stat { path: String },
+    Stat {
+        path: String,
+    },
     /// Delete a file or an empty directory.
-    Rm { path: String },
+    Rm {
+        path: String,
+    },
     /// Seal a file: no more appends.
-    Seal { path: String },
+    Seal {
+        path: String,
+    },
     Mkdir {
         path: String,
         #[arg(short = 'p')]
         parents: bool,
     },
     /// Rename a file or directory.
-    Mv { from: String, to: String },
+    Mv {
+        from: String,
+        to: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -136,7 +150,14 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
             let st = c.stat(&path).await?;
             anyhow::ensure!(!st.is_dir, "{path}: is a directory");
             let mut out = std::io::stdout().lock();
-            copy_out(&c, &path, st.length, &mut out, &indicatif::ProgressBar::hidden()).await?;
+            copy_out(
+                &c,
+                &path,
+                st.length,
+                &mut out,
+                &indicatif::ProgressBar::hidden(),
+            )
+            .await?;
             out.flush()?;
         }
         FsCommand::Append { path, replicas } => {
@@ -159,7 +180,10 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
             let at = w.append(&data).await?;
             w.close().await?;
             if json {
-                println!("{}", serde_json::json!({"path": path, "offset": at, "length": data.len()}));
+                println!(
+                    "{}",
+                    serde_json::json!({"path": path, "offset": at, "length": data.len()})
+                );
             } else {
                 println!("{at}");
             }
@@ -170,7 +194,11 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
                 println!("{}", serde_json::to_string(&entries)?);
             } else {
                 for e in entries {
-                    let name = if e.is_dir { format!("{}/", e.name) } else { e.name };
+                    let name = if e.is_dir {
+                        format!("{}/", e.name)
+                    } else {
+                        e.name
+                    };
                     if long {
                         println!(
                             "{:>14} {:>6} {} {}",
@@ -205,7 +233,9 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
                     st.chunks,
                     st.replicas,
                     if st.sealed { "sealed" } else { "open" },
-                    st.writer.map(|w| format!(", written by {w}")).unwrap_or_default()
+                    st.writer
+                        .map(|w| format!(", written by {w}"))
+                        .unwrap_or_default()
                 );
             }
         }
@@ -260,10 +290,13 @@ pub struct StatusArgs {
 
 pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     let masters = a.cluster.masters()?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let s: pb::StatusReply = rt.block_on(async {
         let m = cairn_rpc::Masters::new(&masters)?.retry_for(std::time::Duration::from_secs(5));
-        m.call(|mut c| async move { c.status(pb::Empty {}).await }).await
+        m.call(|mut c| async move { c.status(pb::Empty {}).await })
+            .await
     })?;
     if a.json {
         let v = serde_json::json!({
@@ -283,18 +316,28 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("masters (term {}, last applied {}):", s.term, s.last_applied);
+    println!(
+        "masters (term {}, last applied {}):",
+        s.term, s.last_applied
+    );
     for m in &s.masters {
         println!(
             "  {:>3}  {:<22} {}{}",
             m.id,
             m.addr,
-            if m.id == s.leader_id { "leader" } else { "follower" },
+            if m.id == s.leader_id {
+                "leader"
+            } else {
+                "follower"
+            },
             if m.voter { "" } else { " (learner)" }
         );
     }
     println!("chunkservers:");
-    println!("  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}", "id", "addr", "pid", "state", "capacity", "used", "chunks");
+    println!(
+        "  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}",
+        "id", "addr", "pid", "state", "capacity", "used", "chunks"
+    );
     for c in &s.servers {
         println!(
             "  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}",
@@ -327,5 +370,9 @@ fn human(b: u64) -> String {
         v /= 1024.0;
         i += 1;
     }
-    if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", U[i]) }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
 }

@@ -175,7 +175,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 m.child = None;
                 changed = true;
                 if a.no_restart {
-                    eprintln!("cairn up: {} exited ({status}); not restarting (--no-restart)", m.name);
+                    eprintln!(
+                        "cairn up: {} exited ({status}); not restarting (--no-restart)",
+                        m.name
+                    );
                 } else {
                     // Back off harder when it keeps dying young.
                     if m.started.elapsed() > Duration::from_secs(30) {
@@ -213,7 +216,12 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         }
         if !announced && began.elapsed() > Duration::from_millis(300) {
             announced = true;
-            println!("cairn up: {} master(s), {} chunkserver(s); data in {}", a.masters, a.chunkservers, dir.display());
+            println!(
+                "cairn up: {} master(s), {} chunkserver(s); data in {}",
+                a.masters,
+                a.chunkservers,
+                dir.display()
+            );
             for p in &file.master_procs {
                 println!("  master {}       {}  pid {}", p.id, p.addr, p.pid);
             }
@@ -222,7 +230,9 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             }
             println!("  cluster file   {}", ClusterFile::path(&dir).display());
             println!("  logs           {}", logs.display());
-            println!("try: cairn status; cairn fs put README.md /readme; cairn fs cat /readme   (Ctrl-C stops the cluster)");
+            println!(
+                "try: cairn status; cairn fs put README.md /readme; cairn fs cat /readme   (Ctrl-C stops the cluster)"
+            );
             use std::io::Write;
             std::io::stdout().flush()?;
         }
@@ -257,7 +267,11 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             m.child = None;
         }
     }
-    for p in file.master_procs.iter_mut().chain(file.chunkserver_procs.iter_mut()) {
+    for p in file
+        .master_procs
+        .iter_mut()
+        .chain(file.chunkserver_procs.iter_mut())
+    {
         p.pid = 0;
     }
     file.store(&dir)?;
@@ -278,6 +292,9 @@ fn signal_flag(sig: i32, flag: Arc<AtomicBool>) -> anyhow::Result<()> {
     let _ = f;
     // SAFETY: installing an async-signal-safe handler (one atomic store).
     let r = unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    anyhow::ensure!(r != libc::SIG_ERR, "cannot install a handler for signal {sig}");
+    anyhow::ensure!(
+        r != libc::SIG_ERR,
+        "cannot install a handler for signal {sig}"
+    );
     Ok(())
 }

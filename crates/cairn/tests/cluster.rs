@@ -32,7 +32,10 @@ async fn files_round_trip_and_concurrent_writers_read_back_in_order() {
 
     // put/get of random files, compared byte for byte (several chunks for the big ones).
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    for (i, size) in [0usize, 1, 4095, (1 << 20) + 7, 3 << 20].into_iter().enumerate() {
+    for (i, size) in [0usize, 1, 4095, (1 << 20) + 7, 3 << 20]
+        .into_iter()
+        .enumerate()
+    {
         let mut data = vec![0u8; size];
         rng.fill(&mut data[..]);
         let path = format!("/put/f{i}");
@@ -81,9 +84,18 @@ async fn files_round_trip_and_concurrent_writers_read_back_in_order() {
         let st = c.stat(&path).await.unwrap();
         assert_eq!(st.length, len);
         assert!(st.chunks > 1, "{path}: {} chunks", st.chunks);
-        assert_eq!(c.read(&path, 0, len as usize).await.unwrap(), bytes(seed, 0, len as usize));
+        assert_eq!(
+            c.read(&path, 0, len as usize).await.unwrap(),
+            bytes(seed, 0, len as usize)
+        );
     }
-    let names: Vec<_> = c.list("/logs").await.unwrap().into_iter().map(|e| e.name).collect();
+    let names: Vec<_> = c
+        .list("/logs")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     assert_eq!(names, (0..8).map(|i| format!("w{i}")).collect::<Vec<_>>());
 
     // Bad input: clear, typed errors, and the servers keep serving.
@@ -91,11 +103,19 @@ async fn files_round_trip_and_concurrent_writers_read_back_in_order() {
     assert_eq!(meta_kind(&e), Some(ErrorKind::NotFound));
     let e = c.read("/put/f2", 4000, 200).await.unwrap_err();
     assert!(matches!(e, Error::OutOfRange { length: 4095, .. }), "{e}");
-    let e = c.create("/put/f2", CreateOptions::default()).await.err().unwrap();
+    let e = c
+        .create("/put/f2", CreateOptions::default())
+        .await
+        .err()
+        .unwrap();
     assert_eq!(meta_kind(&e), Some(ErrorKind::AlreadyExists));
     let e = c.open_append("/put/f2").await.err().unwrap();
     assert_eq!(meta_kind(&e), Some(ErrorKind::Sealed));
-    let e = c.create("no-slash", CreateOptions::default()).await.err().unwrap();
+    let e = c
+        .create("no-slash", CreateOptions::default())
+        .await
+        .err()
+        .unwrap();
     assert_eq!(meta_kind(&e), Some(ErrorKind::InvalidArgument));
     let mut held = c.create("/held", CreateOptions::default()).await.unwrap();
     held.append(b"x").await.unwrap();
@@ -116,7 +136,10 @@ async fn files_round_trip_and_concurrent_writers_read_back_in_order() {
     let e = c.delete("/put").await.unwrap_err();
     assert_eq!(meta_kind(&e), Some(ErrorKind::DirectoryNotEmpty));
     c.delete("/put/held").await.unwrap();
-    assert_eq!(meta_kind(&c.stat("/put/held").await.unwrap_err()), Some(ErrorKind::NotFound));
+    assert_eq!(
+        meta_kind(&c.stat("/put/held").await.unwrap_err()),
+        Some(ErrorKind::NotFound)
+    );
 }
 
 /// One writer's acknowledged appends: (file offset, record seed, length).
@@ -164,7 +187,10 @@ async fn keep_writing(
             None => match c.open_append(&path).await {
                 Ok(w) => w,
                 Err(e) => {
-                    assert!(Instant::now() < deadline, "{path}: cannot reopen to close: {e}");
+                    assert!(
+                        Instant::now() < deadline,
+                        "{path}: cannot reopen to close: {e}"
+                    );
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -182,10 +208,20 @@ async fn keep_writing(
 }
 
 async fn check_acked(c: &cairn_client::Client, path: &str, acked: &Acked) {
-    assert!(acked.len() > 20, "{path}: only {} appends acknowledged", acked.len());
+    assert!(
+        acked.len() > 20,
+        "{path}: only {} appends acknowledged",
+        acked.len()
+    );
     for &(at, seed, len) in acked {
-        let got = c.read(path, at, len).await.unwrap_or_else(|e| panic!("{path}@{at}: {e}"));
-        assert!(got == bytes(seed, 0, len), "{path}@{at}: acknowledged record changed");
+        let got = c
+            .read(path, at, len)
+            .await
+            .unwrap_or_else(|e| panic!("{path}@{at}: {e}"));
+        assert!(
+            got == bytes(seed, 0, len),
+            "{path}@{at}: acknowledged record changed"
+        );
     }
 }
 
@@ -196,7 +232,14 @@ async fn sigkill_of_a_chunkserver_and_of_the_master_loses_no_acknowledged_append
     let c = cl.client_with(small_chunks()).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writers: Vec<_> = (0..4u64)
-        .map(|i| tokio::spawn(keep_writing(c.clone(), format!("/k/w{i}"), i + 1, stop.clone())))
+        .map(|i| {
+            tokio::spawn(keep_writing(
+                c.clone(),
+                format!("/k/w{i}"),
+                i + 1,
+                stop.clone(),
+            ))
+        })
         .collect();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     cl.chunkservers[1].kill();
@@ -213,7 +256,10 @@ async fn sigkill_of_a_chunkserver_and_of_the_master_loses_no_acknowledged_append
         all.insert(format!("/k/w{i}"), w.await.unwrap());
     }
     // Canary: the kill did hit the writers (else this test proves nothing).
-    assert!(REOPENS.load(std::sync::atomic::Ordering::Relaxed) > 0, "no append failed");
+    assert!(
+        REOPENS.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no append failed"
+    );
     // Everything acknowledged is there, after the kills and with every process back.
     cl.wait_servers_up(4, Duration::from_secs(30)).await;
     let fresh = cl.client().await;
@@ -255,7 +301,9 @@ async fn three_masters_survive_sigkill_of_the_leader() {
                     let r = async {
                         let mut w = c.create(&path, CreateOptions::default()).await?;
                         for (k, piece) in bytes(seed, 0, len).chunks(50_000).enumerate() {
-                            w.append(piece).await.map(|at| assert_eq!(at, k as u64 * 50_000))?;
+                            w.append(piece)
+                                .await
+                                .map(|at| assert_eq!(at, k as u64 * 50_000))?;
                         }
                         w.close().await
                     }
@@ -294,9 +342,15 @@ async fn three_masters_survive_sigkill_of_the_leader() {
     cl.masters[old as usize - 1].start();
     let fresh = cl.client().await;
     for (path, seed, len) in &files {
-        let st = fresh.stat(path).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+        let st = fresh
+            .stat(path)
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
         assert_eq!(st.length, *len as u64, "{path}");
-        assert!(fresh.read(path, 0, *len).await.unwrap() == bytes(*seed, 0, *len), "{path}");
+        assert!(
+            fresh.read(path, 0, *len).await.unwrap() == bytes(*seed, 0, *len),
+            "{path}"
+        );
     }
     let s = cl.status().await.unwrap();
     assert_eq!(s.masters.len(), 3);

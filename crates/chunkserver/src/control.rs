@@ -104,7 +104,10 @@ pub async fn run(
                         .filter(|(i, v)| last.get(i) != Some(v))
                         .map(|(i, v)| report(i, v))
                         .collect(),
-                    last.keys().filter(|i| !now.contains_key(i)).copied().collect(),
+                    last.keys()
+                        .filter(|i| !now.contains_key(i))
+                        .copied()
+                        .collect(),
                 )
             };
             let req = pb::HeartbeatRequest {
@@ -120,10 +123,7 @@ pub async fn run(
                 pid: std::process::id(),
             };
             let reply = masters
-                .call(|mut c| {
-                    let r = req.clone();
-                    async move { c.heartbeat(r).await }
-                })
+                .send(req, |mut c, r| async move { c.heartbeat(r).await })
                 .await?;
             last = now;
             full = reply.send_full_report;

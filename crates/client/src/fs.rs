@@ -204,10 +204,7 @@ impl Client {
         };
         self.inner
             .masters
-            .call(|mut c| {
-                let r = req.clone();
-                async move { c.mkdir(r).await }
-            })
+            .send(req, |mut c, r| async move { c.mkdir(r).await })
             .await?;
         Ok(())
     }
@@ -230,10 +227,7 @@ impl Client {
         let reply = self
             .inner
             .masters
-            .call(|mut c| {
-                let r = req.clone();
-                async move { c.create(r).await }
-            })
+            .send(req, |mut c, r| async move { c.create(r).await })
             .await?;
         let file = self.absorb(reply)?;
         Ok(FlatLogFile::new(self.clone(), path, file))
@@ -253,10 +247,7 @@ impl Client {
         let reply = self
             .inner
             .masters
-            .call(|mut c| {
-                let r = req.clone();
-                async move { c.open_write(r).await }
-            })
+            .send(req, |mut c, r| async move { c.open_write(r).await })
             .await?;
         let file = self.absorb(reply)?;
         let mut w = FlatLogFile::new(self.clone(), path, file);
@@ -271,10 +262,7 @@ impl Client {
         let r = self
             .inner
             .masters
-            .call(|mut c| {
-                let r = req.clone();
-                async move { c.stat(r).await }
-            })
+            .send(req, |mut c, r| async move { c.stat(r).await })
             .await?;
         self.remember_addrs(&r.servers);
         let Some(f) = r.file else {
@@ -295,10 +283,7 @@ impl Client {
             sealed: f.sealed,
         };
         let length = self.live_length(&view).await;
-        self.inner
-            .cache
-            .lock()
-            .put(r.path.clone(), Arc::new(view));
+        self.inner.cache.lock().put(r.path.clone(), Arc::new(view));
         Ok(FileStat {
             path: r.path,
             is_dir: false,
@@ -319,10 +304,7 @@ impl Client {
         let r = self
             .inner
             .masters
-            .call(|mut c| {
-                let r = req.clone();
-                async move { c.list(r).await }
-            })
+            .send(req, |mut c, r| async move { c.list(r).await })
             .await?;
         Ok(r.entries
             .into_iter()
@@ -348,10 +330,7 @@ impl Client {
         };
         self.inner
             .masters
-            .call(|mut c| {
-                let r = req.clone();
-                async move { c.rename(r).await }
-            })
+            .send(req, |mut c, r| async move { c.rename(r).await })
             .await?;
         self.inner.cache.lock().clear();
         Ok(())
@@ -365,10 +344,7 @@ impl Client {
         let req = pb::PathRequest { path: path.into() };
         self.inner
             .masters
-            .call(|mut c| {
-                let r = req.clone();
-                async move { c.delete(r).await }
-            })
+            .send(req, |mut c, r| async move { c.delete(r).await })
             .await?;
         self.inner.cache.lock().clear();
         Ok(())
@@ -423,14 +399,14 @@ impl Client {
         let r = self
             .inner
             .masters
-            .call(|mut c| {
-                let r = req.clone();
-                async move { c.stat(r).await }
-            })
+            .send(req, |mut c, r| async move { c.stat(r).await })
             .await?;
         self.remember_addrs(&r.servers);
         let f = r.file.ok_or_else(|| {
-            MetaError::new(cairn_rpc::ErrorKind::IsADirectory, format!("{path}: is a directory"))
+            MetaError::new(
+                cairn_rpc::ErrorKind::IsADirectory,
+                format!("{path}: is a directory"),
+            )
         })?;
         let v = Arc::new(View {
             chunks: f.chunks,
@@ -473,13 +449,7 @@ impl Client {
             addr: addr.clone(),
             source: e,
         })?);
-        Ok(self
-            .inner
-            .conns
-            .lock()
-            .entry(server)
-            .or_insert(c)
-            .clone())
+        Ok(self.inner.conns.lock().entry(server).or_insert(c).clone())
     }
 
     /// Runs one data-plane call; a dead connection is dropped so the next call reconnects.
@@ -492,7 +462,10 @@ impl Client {
         match f(conn.clone()).await {
             Ok(v) => Ok(v),
             Err(e) => {
-                if matches!(e, DataError::ConnectionLost { .. } | DataError::Connect { .. }) {
+                if matches!(
+                    e,
+                    DataError::ConnectionLost { .. } | DataError::Connect { .. }
+                ) {
                     let mut conns = self.inner.conns.lock();
                     if conns.get(&server).is_some_and(|c| Arc::ptr_eq(c, &conn)) {
                         conns.remove(&server);
@@ -510,25 +483,40 @@ impl Client {
     /// The length every replica of an open chunk holds (0 where a replica lacks the chunk);
     /// `None` when no replica answered.
     async fn replicated_length(&self, c: &pb::ChunkMeta) -> Option<u64> {
-        let stats = join_all(c.servers.iter().map(|s| self.on(*s, |d| async move { d.stat(c.id).await }))).await;
-        let mut min: Option<u64> = None;
-        let mut answered = false;
+        self.replicas(c).await.min
+    }
+
+    /// Asks every replica of a chunk for its length.
+    async fn replicas(&self, c: &pb::ChunkMeta) -> Replicas {
+        let stats = join_all(
+            c.servers
+                .iter()
+                .map(|s| self.on(*s, |d| async move { d.stat(c.id).await })),
+        )
+        .await;
+        let mut r = Replicas {
+            exists: false,
+            min: None,
+        };
         for s in stats {
             let l = match s {
-                Ok(info) => info.length,
+                Ok(info) => {
+                    r.exists = true;
+                    info.length
+                }
                 Err(Error::Data {
-                    source: DataError::Status {
-                        status: Status::NotFound,
-                        ..
-                    },
+                    source:
+                        DataError::Status {
+                            status: Status::NotFound,
+                            ..
+                        },
                     ..
                 }) => 0,
                 Err(_) => continue,
             };
-            answered = true;
-            min = Some(min.map_or(l, |m: u64| m.min(l)));
+            r.min = Some(r.min.map_or(l, |m: u64| m.min(l)));
         }
-        if answered { min } else { None }
+        r
     }
 
     /// Readable bytes of each chunk: a sealed chunk's length; for an open chunk, what every
@@ -538,7 +526,10 @@ impl Client {
             if c.sealed {
                 c.length
             } else {
-                self.replicated_length(c).await.unwrap_or(c.length).max(c.length)
+                self.replicated_length(c)
+                    .await
+                    .unwrap_or(c.length)
+                    .max(c.length)
             }
         }))
         .await
@@ -570,7 +561,10 @@ impl Client {
             }
             for s in order {
                 let t = Instant::now();
-                match self.on(s, |d| async move { d.read(c.id, offset, len).await }).await {
+                match self
+                    .on(s, |d| async move { d.read(c.id, offset, len).await })
+                    .await
+                {
                     Ok(data) => {
                         let us = t.elapsed().as_secs_f64() * 1e6;
                         let mut lat = self.inner.latency.lock();
@@ -592,6 +586,13 @@ impl Client {
 
 fn known_length(v: &View) -> u64 {
     v.chunks.iter().map(|c| c.length).sum()
+}
+
+/// What the replicas of a chunk said: whether any has it, and the least length among those
+/// that answered (a replica without the chunk counts as 0); `None` when none answered.
+struct Replicas {
+    exists: bool,
+    min: Option<u64>,
 }
 
 /// Batches chunk-location look-ups: the first caller waits a moment for others, then one
@@ -616,7 +617,8 @@ impl Locator {
                     if batch.is_empty() {
                         me.flushing.store(false, Ordering::Release);
                         // A caller may have queued between the take and the store.
-                        if me.pending.lock().is_empty() || me.flushing.swap(true, Ordering::AcqRel) {
+                        if me.pending.lock().is_empty() || me.flushing.swap(true, Ordering::AcqRel)
+                        {
                             return;
                         }
                         continue;
@@ -627,10 +629,7 @@ impl Locator {
                     let r = client
                         .inner
                         .masters
-                        .call(|mut c| {
-                            let r = req.clone();
-                            async move { c.locate(r).await }
-                        })
+                        .send(req, |mut c, r| async move { c.locate(r).await })
                         .await;
                     match r {
                         Ok(reply) => {
@@ -671,7 +670,12 @@ pub struct FlatLogFile {
 
 impl FlatLogFile {
     fn new(client: Client, path: &str, file: pb::FileMeta) -> Self {
-        let length = file.chunks.iter().filter(|c| c.sealed).map(|c| c.length).sum();
+        let length = file
+            .chunks
+            .iter()
+            .filter(|c| c.sealed)
+            .map(|c| c.length)
+            .sum();
         let lease_lost = Arc::new(AtomicBool::new(false));
         let renew = {
             let (client, path, lost) = (client.clone(), path.to_owned(), lease_lost.clone());
@@ -687,10 +691,7 @@ impl FlatLogFile {
                     let r = client
                         .inner
                         .masters
-                        .call(|mut c| {
-                            let r = req.clone();
-                            async move { c.commit(r).await }
-                        })
+                        .send(req, |mut c, r| async move { c.commit(r).await })
                         .await;
                     if let Err(e) = r
                         && matches!(
@@ -737,38 +738,18 @@ impl FlatLogFile {
     async fn recover(&mut self) -> Result<()> {
         let mut updates = Vec::new();
         for c in self.chunks.iter_mut().filter(|c| !c.sealed) {
-            let stats = join_all(c.servers.iter().map(|s| {
-                let client = self.client.clone();
-                let id = c.id;
-                async move { client.on(*s, |d| async move { d.stat(id).await }).await }
-            }))
-            .await;
-            let mut exists = false;
-            let mut min: Option<u64> = None;
-            for s in &stats {
-                let l = match s {
-                    Ok(info) => {
-                        exists = true;
-                        info.length
-                    }
-                    Err(Error::Data {
-                        source: DataError::Status {
-                            status: Status::NotFound,
-                            ..
-                        },
-                        ..
-                    }) => 0,
-                    Err(_) => continue,
-                };
-                min = Some(min.map_or(l, |m: u64| m.min(l)));
-            }
+            let Replicas { exists, min } = self.client.replicas(c).await;
             if !exists {
                 continue; // never written: a spare, still usable
             }
             let len = min.unwrap_or(0).max(c.length);
             for s in &c.servers {
                 let id = c.id;
-                if let Err(e) = self.client.on(*s, |d| async move { d.seal(id).await }).await {
+                if let Err(e) = self
+                    .client
+                    .on(*s, |d| async move { d.seal(id).await })
+                    .await
+                {
                     tracing::warn!(chunk = id, server = s, error = %e, "seal during recovery failed");
                 }
             }
@@ -783,13 +764,21 @@ impl FlatLogFile {
         if !updates.is_empty() {
             self.commit(updates, false, false, false).await?;
         }
-        self.length = self.chunks.iter().filter(|c| c.sealed).map(|c| c.length).sum();
+        self.length = self
+            .chunks
+            .iter()
+            .filter(|c| c.sealed)
+            .map(|c| c.length)
+            .sum();
         Ok(())
     }
 
     fn check(&self) -> Result<()> {
         if let Some(f) = &self.failed {
-            return Err(Error::Writer(format!("{}: writer failed earlier: {f}", self.path)));
+            return Err(Error::Writer(format!(
+                "{}: writer failed earlier: {f}",
+                self.path
+            )));
         }
         if self.lease_lost.load(Ordering::Acquire) {
             return Err(Error::Writer(format!("{}: write lease lost", self.path)));
@@ -808,11 +797,11 @@ impl FlatLogFile {
         let mut rest = data;
         while !rest.is_empty() {
             let chunk_size = self.client.inner.opts.chunk_size;
-            if self.active.is_none() || self.active_len >= chunk_size {
-                if let Err(e) = self.switch_chunk().await {
-                    self.failed = Some(e.to_string());
-                    return Err(e);
-                }
+            if (self.active.is_none() || self.active_len >= chunk_size)
+                && let Err(e) = self.switch_chunk().await
+            {
+                self.failed = Some(e.to_string());
+                return Err(e);
             }
             let room = (chunk_size - self.active_len) as usize;
             let n = rest.len().min(room).min(self.client.inner.opts.max_append);
@@ -862,7 +851,8 @@ impl FlatLogFile {
             let _ = i;
         }
         let from = self.active.map_or(0, |i| i + 1);
-        let next = (from..self.chunks.len()).find(|&i| !self.chunks[i].sealed && self.chunks[i].length == 0);
+        let next = (from..self.chunks.len())
+            .find(|&i| !self.chunks[i].sealed && self.chunks[i].length == 0);
         let next = match next {
             Some(i) => i,
             None => {
@@ -875,10 +865,7 @@ impl FlatLogFile {
                     .client
                     .inner
                     .masters
-                    .call(|mut c| {
-                        let r = req.clone();
-                        async move { c.allocate_chunks(r).await }
-                    })
+                    .send(req, |mut c, r| async move { c.allocate_chunks(r).await })
                     .await?;
                 let f = self.client.absorb(r)?;
                 let known = self.chunks.len();
@@ -939,10 +926,7 @@ impl FlatLogFile {
             .client
             .inner
             .masters
-            .call(|mut c| {
-                let r = req.clone();
-                async move { c.commit(r).await }
-            })
+            .send(req, |mut c, r| async move { c.commit(r).await })
             .await?;
         let f = self.client.absorb(r)?;
         self.chunks = f.chunks;

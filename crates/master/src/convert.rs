@@ -57,13 +57,18 @@ pub fn policy(p: Option<&pb::Policy>) -> Result<Policy, MetaError> {
 
 pub fn updates(v: &[pb::ChunkUpdate]) -> Result<Vec<ChunkUpdate>, MetaError> {
     if v.len() > MAX_UPDATES {
-        return Err(MetaError::invalid(format!("at most {MAX_UPDATES} chunk updates per commit")));
+        return Err(MetaError::invalid(format!(
+            "at most {MAX_UPDATES} chunk updates per commit"
+        )));
     }
     let mut seen = BTreeSet::new();
     v.iter()
         .map(|u| {
             if !seen.insert(u.chunk_id) {
-                return Err(MetaError::invalid(format!("chunk {} updated twice", u.chunk_id)));
+                return Err(MetaError::invalid(format!(
+                    "chunk {} updated twice",
+                    u.chunk_id
+                )));
             }
             Ok(ChunkUpdate {
                 chunk_id: u.chunk_id,
@@ -76,7 +81,9 @@ pub fn updates(v: &[pb::ChunkUpdate]) -> Result<Vec<ChunkUpdate>, MetaError> {
 
 fn label(s: &str, what: &str) -> Result<String, MetaError> {
     if s.len() > MAX_LABEL || s.chars().any(char::is_control) {
-        return Err(MetaError::invalid(format!("{what} must be at most {MAX_LABEL} printable bytes")));
+        return Err(MetaError::invalid(format!(
+            "{what} must be at most {MAX_LABEL} printable bytes"
+        )));
     }
     Ok(s.to_owned())
 }
@@ -86,7 +93,10 @@ pub fn server_record(r: &pb::RegisterRequest) -> Result<ServerRecord, MetaError>
         return Err(MetaError::invalid("server id 0 is reserved"));
     }
     if r.addr.parse::<std::net::SocketAddr>().is_err() {
-        return Err(MetaError::invalid(format!("{:?} is not an ip:port address", r.addr)));
+        return Err(MetaError::invalid(format!(
+            "{:?} is not an ip:port address",
+            r.addr
+        )));
     }
     Ok(ServerRecord {
         id: r.server_id,
@@ -117,7 +127,9 @@ pub fn heartbeat(r: &pb::HeartbeatRequest) -> Result<Heartbeat, MetaError> {
 
 pub fn locate(r: &pb::LocateRequest) -> Result<&[u64], MetaError> {
     if r.chunk_ids.len() > MAX_LOCATE {
-        return Err(MetaError::invalid(format!("at most {MAX_LOCATE} chunks per locate")));
+        return Err(MetaError::invalid(format!(
+            "at most {MAX_LOCATE} chunks per locate"
+        )));
     }
     Ok(&r.chunk_ids)
 }
@@ -133,7 +145,9 @@ pub fn chunk(c: &Chunk) -> pb::ChunkMeta {
 }
 
 pub fn file(ino: &Inode) -> Option<pb::FileMeta> {
-    let Kind::File(f) = &ino.kind else { return None };
+    let Kind::File(f) = &ino.kind else {
+        return None;
+    };
     Some(pb::FileMeta {
         inode: ino.id,
         policy: Some(pb::Policy {
@@ -157,7 +171,10 @@ pub fn server_addrs<'a>(
     st: &State,
     chunks: impl IntoIterator<Item = &'a pb::ChunkMeta>,
 ) -> Vec<pb::ServerAddr> {
-    let ids: BTreeSet<u64> = chunks.into_iter().flat_map(|c| c.servers.iter().copied()).collect();
+    let ids: BTreeSet<u64> = chunks
+        .into_iter()
+        .flat_map(|c| c.servers.iter().copied())
+        .collect();
     ids.into_iter()
         .filter_map(|id| {
             st.servers().get(&id).map(|s| pb::ServerAddr {
@@ -170,7 +187,10 @@ pub fn server_addrs<'a>(
 
 pub fn file_reply(st: &State, ino: &Inode) -> pb::FileReply {
     let f = file(ino);
-    let servers = f.as_ref().map(|f| server_addrs(st, &f.chunks)).unwrap_or_default();
+    let servers = f
+        .as_ref()
+        .map(|f| server_addrs(st, &f.chunks))
+        .unwrap_or_default();
     pb::FileReply { file: f, servers }
 }
 

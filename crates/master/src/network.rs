@@ -2,13 +2,13 @@
 
 use crate::store::{Raft, TypeConfig};
 use cairn_rpc::pb::{self, raft_client::RaftClient};
+use openraft::BasicNode;
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
 use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf, VoteOf};
-use openraft::BasicNode;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::io;
@@ -72,7 +72,9 @@ impl Peer {
         let reply = match tokio::time::timeout(ttl, call).await {
             Ok(Ok(r)) => r.into_inner(),
             Ok(Err(status)) => return Err(unreachable(status.message()).into()),
-            Err(_) => return Err(unreachable(format!("{} did not answer in {ttl:?}", self.addr)).into()),
+            Err(_) => {
+                return Err(unreachable(format!("{} did not answer in {ttl:?}", self.addr)).into());
+            }
         };
         let r: Result<Resp, String> =
             serde_json::from_slice(&reply.body).map_err(|e| NetworkError::new(&e))?;
@@ -152,7 +154,11 @@ impl pb::raft_server::Raft for RaftService {
                 };
                 answer(self.raft.install_full_snapshot(s.vote, snap).await)?
             }
-            k => return Err(tonic::Status::invalid_argument(format!("unknown raft message {k}"))),
+            k => {
+                return Err(tonic::Status::invalid_argument(format!(
+                    "unknown raft message {k}"
+                )));
+            }
         };
         Ok(tonic::Response::new(pb::RaftMessage { kind: m.kind, body }))
     }

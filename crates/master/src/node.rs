@@ -70,8 +70,14 @@ pub async fn serve(
         ..Default::default()
     }
     .validate()?;
-    let raft: Raft =
-        Raft::new(opts.id, Arc::new(config), Network, LogStore::new(db.clone()), sm).await?;
+    let raft: Raft = Raft::new(
+        opts.id,
+        Arc::new(config),
+        Network,
+        LogStore::new(db.clone()),
+        sm,
+    )
+    .await?;
     if !raft.is_initialized().await? && opts.peers.keys().next() == Some(&opts.id) {
         let members: BTreeMap<u64, BasicNode> = opts
             .peers

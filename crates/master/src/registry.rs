@@ -154,7 +154,8 @@ impl Registry {
         // Reconcile: a chunk no file owns becomes an orphan; after the grace period it is
         // deleted. The grace covers a chunk whose file is being created right now.
         let reported = live.reported.as_ref().expect("set above");
-        live.orphans.retain(|c, _| reported.contains(c) && !state.owns_chunk(*c));
+        live.orphans
+            .retain(|c, _| reported.contains(c) && !state.owns_chunk(*c));
         for &c in reported {
             if !state.owns_chunk(c) {
                 live.orphans.entry(c).or_insert(now);
@@ -244,7 +245,12 @@ impl Registry {
                 let new_host = |c: &&(&ServerRecord, f64)| {
                     c.0.host.is_empty() || !chosen.iter().any(|s| s.host == c.0.host)
                 };
-                let mut pool: Vec<_> = candidates.iter().filter(fresh).filter(new_rack).filter(new_host).collect();
+                let mut pool: Vec<_> = candidates
+                    .iter()
+                    .filter(fresh)
+                    .filter(new_rack)
+                    .filter(new_host)
+                    .collect();
                 if pool.is_empty() {
                     pool = candidates.iter().filter(fresh).filter(new_host).collect();
                 }
@@ -371,7 +377,15 @@ mod tests {
                 placements: vec![vec![7], vec![7]],
             })
             .unwrap();
-        let ids: Vec<u64> = f.inode.unwrap().file().unwrap().chunks.iter().map(|c| c.id).collect();
+        let ids: Vec<u64> = f
+            .inode
+            .unwrap()
+            .file()
+            .unwrap()
+            .chunks
+            .iter()
+            .map(|c| c.id)
+            .collect();
         let hb = |chunks: Vec<u64>| Heartbeat {
             server_id: 7,
             capacity: 1,
@@ -385,10 +399,14 @@ mod tests {
             deleted: vec![],
         };
         assert!(reg.heartbeat(hb(ids.clone()), &st, now).delete.is_empty());
-        st.apply(&crate::state::Command::Delete { path: "/f".into() }).unwrap();
+        st.apply(&crate::state::Command::Delete { path: "/f".into() })
+            .unwrap();
         let mut d = reg.heartbeat(hb(ids.clone()), &st, now).delete;
         d.sort();
-        assert_eq!(d, ids, "deleted file's chunks are named at the next heartbeat");
+        assert_eq!(
+            d, ids,
+            "deleted file's chunks are named at the next heartbeat"
+        );
     }
 
     #[test]
@@ -411,11 +429,26 @@ mod tests {
             chunks,
             deleted,
         };
-        assert!(reg.heartbeat(hb(false, vec![], vec![]), &st, now).send_full_report);
-        assert!(reg.heartbeat(hb(true, vec![42], vec![]), &st, now).delete.is_empty());
-        let a = reg.heartbeat(hb(false, vec![], vec![]), &st, now + Duration::from_secs(11));
+        assert!(
+            reg.heartbeat(hb(false, vec![], vec![]), &st, now)
+                .send_full_report
+        );
+        assert!(
+            reg.heartbeat(hb(true, vec![42], vec![]), &st, now)
+                .delete
+                .is_empty()
+        );
+        let a = reg.heartbeat(
+            hb(false, vec![], vec![]),
+            &st,
+            now + Duration::from_secs(11),
+        );
         assert_eq!(a.delete, vec![42]);
-        let a = reg.heartbeat(hb(false, vec![], vec![42]), &st, now + Duration::from_secs(12));
+        let a = reg.heartbeat(
+            hb(false, vec![], vec![42]),
+            &st,
+            now + Duration::from_secs(12),
+        );
         assert!(a.delete.is_empty());
         assert_eq!(reg.pending_deletes(), 0);
     }

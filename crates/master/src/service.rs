@@ -1,7 +1,7 @@
 //! The `Meta` gRPC service: every call is answered by the leader; followers redirect.
 
 use crate::convert;
-use crate::registry::{Registry, ServerState};
+use crate::registry::Registry;
 use crate::state::{Command, Inode, Lease, Reply};
 use crate::store::{Applied, Raft};
 use cairn_rpc::{ErrorKind, MetaError, pb};
@@ -125,7 +125,11 @@ impl pb::meta_server::Meta for MetaService {
                 })
                 .await?;
             let ino = reply.inode.ok_or_else(|| MetaError::internal("no inode"))?;
-            Ok(convert::node_reply(&self.inner.sm.lock().state, &path, &ino))
+            Ok(convert::node_reply(
+                &self.inner.sm.lock().state,
+                &path,
+                &ino,
+            ))
         }
         .await)
     }
@@ -207,7 +211,12 @@ impl pb::meta_server::Meta for MetaService {
             let path = convert::path(&r.path)?;
             self.inner.read_barrier().await?;
             let a = self.inner.sm.lock();
-            let entries = a.state.list(&path)?.into_iter().map(convert::dir_entry).collect();
+            let entries = a
+                .state
+                .list(&path)?
+                .into_iter()
+                .map(convert::dir_entry)
+                .collect();
             Ok(pb::ListReply { entries })
         }
         .await)
@@ -290,7 +299,12 @@ impl pb::meta_server::Meta for MetaService {
             let a = self.inner.sm.lock();
             let chunks: Vec<pb::ChunkMeta> = ids
                 .iter()
-                .map(|id| a.state.chunk(*id).map(|(_, c)| convert::chunk(c)).unwrap_or_default())
+                .map(|id| {
+                    a.state
+                        .chunk(*id)
+                        .map(|(_, c)| convert::chunk(c))
+                        .unwrap_or_default()
+                })
                 .collect();
             let servers = convert::server_addrs(&a.state, &chunks);
             Ok(pb::LocateReply { chunks, servers })
@@ -304,7 +318,8 @@ impl pb::meta_server::Meta for MetaService {
             let rec = convert::server_record(&r)?;
             self.inner.read_barrier().await?;
             let known = self.inner.sm.lock().state.servers().get(&rec.id).cloned();
-            let same = known.is_some_and(|k| k.addr == rec.addr && k.host == rec.host && k.rack == rec.rack);
+            let same = known
+                .is_some_and(|k| k.addr == rec.addr && k.host == rec.host && k.rack == rec.rack);
             if !same {
                 self.inner.write(Command::Register { server: rec }).await?;
             }
@@ -325,7 +340,11 @@ impl pb::meta_server::Meta for MetaService {
                     hb.server_id
                 )));
             }
-            let answer = self.inner.registry.lock().heartbeat(hb, &a.state, Instant::now());
+            let answer = self
+                .inner
+                .registry
+                .lock()
+                .heartbeat(hb, &a.state, Instant::now());
             Ok(pb::HeartbeatReply {
                 send_full_report: answer.send_full_report,
                 delete_chunks: answer.delete,
@@ -406,18 +425,30 @@ impl pb::meta_server::Meta for MetaService {
                     .map(|(id, n)| (*id, n.addr.clone()))
                     .collect()
             };
-            let map = |e: openraft::error::RaftError<_, _>| MetaError::new(ErrorKind::Unavailable, e.to_string());
+            let map = |e: openraft::error::RaftError<_, _>| {
+                MetaError::new(ErrorKind::Unavailable, e.to_string())
+            };
             for m in &r.masters {
                 if known.get(&m.id) != Some(&m.addr) {
                     self.inner
                         .raft
-                        .add_learner(m.id, BasicNode { addr: m.addr.clone() }, true)
+                        .add_learner(
+                            m.id,
+                            BasicNode {
+                                addr: m.addr.clone(),
+                            },
+                            true,
+                        )
                         .await
                         .map_err(map)?;
                 }
             }
             let ids: BTreeSet<u64> = r.masters.iter().map(|m| m.id).collect();
-            self.inner.raft.change_membership(ids, false).await.map_err(map)?;
+            self.inner
+                .raft
+                .change_membership(ids, false)
+                .await
+                .map_err(map)?;
             Ok(())
         }
         .await;
@@ -433,7 +464,11 @@ impl pb::meta_server::Meta for MetaService {
             let draining = match r.state.as_str() {
                 "draining" => true,
                 "up" => false,
-                s => return Err(MetaError::invalid(format!("state must be up or draining, not {s:?}"))),
+                s => {
+                    return Err(MetaError::invalid(format!(
+                        "state must be up or draining, not {s:?}"
+                    )));
+                }
             };
             self.inner
                 .write(Command::SetDraining {
@@ -444,11 +479,5 @@ impl pb::meta_server::Meta for MetaService {
             Ok(pb::Empty {})
         }
         .await)
-    }
-}
-
-impl ServerState {
-    pub fn is_up(self) -> bool {
-        self == ServerState::Up
     }
 }

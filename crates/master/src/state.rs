@@ -161,7 +161,9 @@ impl fmt::Display for Command {
             Command::Mkdir { path, .. } => write!(f, "mkdir {path}"),
             Command::Create { path, .. } => write!(f, "create {path}"),
             Command::OpenWrite { path, .. } => write!(f, "open-write {path}"),
-            Command::Allocate { path, placements, .. } => {
+            Command::Allocate {
+                path, placements, ..
+            } => {
                 write!(f, "allocate {path} +{}", placements.len())
             }
             Command::Commit { path, .. } => write!(f, "commit {path}"),
@@ -549,16 +551,17 @@ impl State {
                 check_writer(path, f, holder, *now_ms)?;
                 // Validate everything before changing anything.
                 for u in updates {
-                    let c = f.chunks.iter().find(|c| c.id == u.chunk_id).ok_or_else(|| {
-                        MetaError::invalid(format!("{path}: chunk {} is not in it", u.chunk_id))
-                    })?;
+                    let c = f
+                        .chunks
+                        .iter()
+                        .find(|c| c.id == u.chunk_id)
+                        .ok_or_else(|| {
+                            MetaError::invalid(format!("{path}: chunk {} is not in it", u.chunk_id))
+                        })?;
                     if c.sealed && (u.length != c.length || !u.sealed) {
                         return Err(MetaError::new(
                             ErrorKind::Sealed,
-                            format!(
-                                "{path}: chunk {} is sealed at {} bytes",
-                                c.id, c.length
-                            ),
+                            format!("{path}: chunk {} is sealed at {} bytes", c.id, c.length),
                         ));
                     }
                     if u.length < c.length {
@@ -673,9 +676,10 @@ impl State {
                 server_id,
                 draining,
             } => {
-                let s = self.servers.get_mut(server_id).ok_or_else(|| {
-                    MetaError::not_found(format!("chunkserver {server_id}"))
-                })?;
+                let s = self
+                    .servers
+                    .get_mut(server_id)
+                    .ok_or_else(|| MetaError::not_found(format!("chunkserver {server_id}")))?;
                 s.draining = *draining;
                 Ok(Reply::default())
             }
@@ -740,11 +744,25 @@ mod tests {
         })
         .unwrap();
         create(&mut s, "/a/f", Some("c1"), 2).unwrap();
-        assert_eq!(kind(create(&mut s, "/a/f", None, 0)), ErrorKind::AlreadyExists);
-        assert_eq!(kind(create(&mut s, "/a/f/x", None, 0)), ErrorKind::NotADirectory);
-        let names: Vec<_> = s.list("/a").unwrap().iter().map(|i| i.name.clone()).collect();
+        assert_eq!(
+            kind(create(&mut s, "/a/f", None, 0)),
+            ErrorKind::AlreadyExists
+        );
+        assert_eq!(
+            kind(create(&mut s, "/a/f/x", None, 0)),
+            ErrorKind::NotADirectory
+        );
+        let names: Vec<_> = s
+            .list("/a")
+            .unwrap()
+            .iter()
+            .map(|i| i.name.clone())
+            .collect();
         assert_eq!(names, ["b", "f"]);
-        assert_eq!(kind(Ok(Reply::default()).and(s.list("/a/f").map(|_| Reply::default()))), ErrorKind::NotADirectory);
+        assert_eq!(
+            kind(Ok(Reply::default()).and(s.list("/a/f").map(|_| Reply::default()))),
+            ErrorKind::NotADirectory
+        );
         // Rename a directory; the file moves with it. Not into itself.
         s.apply(&Command::Rename {
             from: "/a".into(),
@@ -753,7 +771,10 @@ mod tests {
         })
         .unwrap();
         assert!(s.lookup("/z/f").is_ok());
-        assert_eq!(kind(s.lookup("/a/f").map(|_| Reply::default())), ErrorKind::NotFound);
+        assert_eq!(
+            kind(s.lookup("/a/f").map(|_| Reply::default())),
+            ErrorKind::NotFound
+        );
         assert_eq!(
             kind(s.apply(&Command::Rename {
                 from: "/z".into(),
@@ -768,8 +789,14 @@ mod tests {
         );
         let f = s.lookup("/z/f").unwrap().file().unwrap().clone();
         assert!(s.owns_chunk(f.chunks[0].id));
-        s.apply(&Command::Delete { path: "/z/f".into() }).unwrap();
-        assert!(!s.owns_chunk(f.chunks[0].id), "deleted file's chunks are garbage");
+        s.apply(&Command::Delete {
+            path: "/z/f".into(),
+        })
+        .unwrap();
+        assert!(
+            !s.owns_chunk(f.chunks[0].id),
+            "deleted file's chunks are garbage"
+        );
         // Snapshot round trip rebuilds the indexes.
         let mut back: State = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
         back.rebuild();
@@ -812,14 +839,20 @@ mod tests {
                 lease_until_ms: 16_000,
             })
         };
-        assert_eq!(kind(commit(&mut s, "w2", 10, false, false, false)), ErrorKind::LeaseLost);
+        assert_eq!(
+            kind(commit(&mut s, "w2", 10, false, false, false)),
+            ErrorKind::LeaseLost
+        );
         commit(&mut s, "w1", 100, false, false, false).unwrap();
         assert_eq!(
             kind(commit(&mut s, "w1", 50, false, false, false)),
             ErrorKind::InvalidArgument,
             "no shrinking"
         );
-        let r = commit(&mut s, "w1", 100, true, true, true).unwrap().inode.unwrap();
+        let r = commit(&mut s, "w1", 100, true, true, true)
+            .unwrap()
+            .inode
+            .unwrap();
         let fm = r.file().unwrap();
         assert_eq!(fm.chunks.len(), 1, "trim drops the unused spare");
         assert!(!s.owns_chunk(chunks[1].id));
@@ -828,6 +861,9 @@ mod tests {
         // Lease released: another writer may open; an expired lease may be taken too.
         open(&mut s, "w2", 7_000).unwrap();
         open(&mut s, "w3", 20_000).unwrap();
-        assert_eq!(kind(commit(&mut s, "w2", 100, true, false, false)), ErrorKind::LeaseLost);
+        assert_eq!(
+            kind(commit(&mut s, "w2", 100, true, false, false)),
+            ErrorKind::LeaseLost
+        );
     }
 }

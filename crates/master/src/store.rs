@@ -147,7 +147,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
         let purged: Option<LogIdOf<TypeConfig>> = get_json(&self.db, META, "purged")?;
-        let last = self.last_entry()?.or_else(|| purged.clone());
+        let last = self.last_entry()?.or(purged);
         Ok(LogState {
             last_purged_log_id: purged,
             last_log_id: last,
@@ -159,7 +159,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &VoteOf<TypeConfig>) -> Result<(), io::Error> {
-        let (db, vote) = (self.db.clone(), vote.clone());
+        let (db, vote) = (self.db.clone(), *vote);
         blocking(move || put_json(&db, META, "vote", &vote)).await
     }
 
@@ -187,7 +187,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(get_json::<Option<LogIdOf<TypeConfig>>>(&self.db, META, "committed")?.flatten())
     }
 
-    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = EntryOf<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -211,7 +215,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         .await;
         let ok = r.is_ok();
         callback.io_completed(r.map_err(|e| io::Error::other(e.to_string())));
-        if ok { Ok(()) } else { Err(io::Error::other("log append failed")) }
+        if ok {
+            Ok(())
+        } else {
+            Err(io::Error::other("log append failed"))
+        }
     }
 
     async fn truncate_after(
@@ -235,7 +243,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogIdOf<TypeConfig>) -> Result<(), io::Error> {
         let db = self.db.clone();
         blocking(move || {
-            let bytes = serde_json::to_vec(&Some(log_id.clone())).map_err(io_err)?;
+            let bytes = serde_json::to_vec(&Some(log_id)).map_err(io_err)?;
             let mut tx = db.begin_write().map_err(io_err)?;
             tx.set_durability(Durability::Immediate).map_err(io_err)?;
             tx.open_table(META)
@@ -270,10 +278,7 @@ pub struct StateMachine {
 impl StateMachine {
     /// Loads the last snapshot (or an empty state).
     pub fn open(db: Arc<Database>) -> io::Result<Self> {
-        let mut applied = match get_json::<Applied>(&db, SNAPSHOT, "data")? {
-            Some(a) => a,
-            None => Applied::default(),
-        };
+        let mut applied = get_json::<Applied>(&db, SNAPSHOT, "data")?.unwrap_or_default();
         applied.state.rebuild();
         Ok(Self {
             db,
@@ -295,7 +300,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         blocking(move || {
             let data = serde_json::to_vec(&applied).map_err(io_err)?;
             let meta = SnapshotMetaOf::<TypeConfig> {
-                last_log_id: applied.last_applied.clone(),
+                last_log_id: applied.last_applied,
                 last_membership: applied.membership.clone(),
             };
             put_json(&db, SNAPSHOT, "meta", &meta)?;
@@ -317,7 +322,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         &mut self,
     ) -> Result<(Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>), io::Error> {
         let a = self.inner.lock();
-        Ok((a.last_applied.clone(), a.membership.clone()))
+        Ok((a.last_applied, a.membership.clone()))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
@@ -329,13 +334,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         while let Some((entry, responder)) = entries.try_next().await? {
             let response = {
                 let mut a = self.inner.lock();
-                a.last_applied = Some(entry.log_id.clone());
+                a.last_applied = Some(entry.log_id);
                 match entry.payload {
                     EntryPayload::Blank => Ok(Default::default()),
                     EntryPayload::Normal(ref cmd) => a.state.apply(cmd),
                     EntryPayload::Membership(ref m) => {
                         a.membership =
-                            StoredMembershipOf::<TypeConfig>::new(Some(entry.log_id.clone()), m.clone());
+                            StoredMembershipOf::<TypeConfig>::new(Some(entry.log_id), m.clone());
                         Ok(Default::default())
                     }
                 }

@@ -11,7 +11,9 @@ struct Running {
 }
 
 async fn start(dir: &std::path::Path, port: u16) -> Running {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let mut opts = MasterOptions::single(dir.to_path_buf(), addr.clone());
     opts.snapshot_every = 50;
@@ -46,7 +48,7 @@ async fn namespace_over_grpc_survives_restart() {
     let dir = tempfile::tempdir().unwrap();
     let m = start(dir.path(), 0).await;
     let port: u16 = m.addr.rsplit(':').next().unwrap().parse().unwrap();
-    let c = Masters::new(&[m.addr.clone()]).unwrap();
+    let c = Masters::new(std::slice::from_ref(&m.addr)).unwrap();
     c.call(|mut c| async move {
         c.mkdir(pb::MkdirRequest {
             path: "/logs/app".into(),
@@ -82,7 +84,9 @@ async fn namespace_over_grpc_survives_restart() {
         .unwrap_err();
     assert_eq!(e.kind, ErrorKind::InvalidArgument);
     // A chunk needs chunkservers: none registered yet → NoServers (after the client's retries).
-    let quick = Masters::new(&[m.addr.clone()]).unwrap().retry_for(Duration::from_millis(200));
+    let quick = Masters::new(std::slice::from_ref(&m.addr))
+        .unwrap()
+        .retry_for(Duration::from_millis(200));
     let e = quick
         .call(|mut c| async move {
             c.create(pb::CreateRequest {
@@ -149,15 +153,21 @@ async fn namespace_over_grpc_survives_restart() {
 
     // Restart on the same port and directory: everything is still there.
     let m = start(dir.path(), port).await;
-    let c = Masters::new(&[m.addr.clone()]).unwrap();
+    let c = Masters::new(std::slice::from_ref(&m.addr)).unwrap();
     let l = c
         .call(|mut c| async move { c.list(path("/logs/app")).await })
         .await
         .unwrap();
     assert_eq!(l.entries.len(), 100);
-    let st = c.call(|mut c| async move { c.stat(path("/x")).await }).await.unwrap();
+    let st = c
+        .call(|mut c| async move { c.stat(path("/x")).await })
+        .await
+        .unwrap();
     assert_eq!(st.file.unwrap().chunks.len(), 2);
-    let status = c.call(|mut c| async move { c.status(pb::Empty {}).await }).await.unwrap();
+    let status = c
+        .call(|mut c| async move { c.status(pb::Empty {}).await })
+        .await
+        .unwrap();
     assert_eq!(status.files, 101);
     assert_eq!(status.servers.len(), 3);
     m.stop().await;

@@ -37,11 +37,31 @@ pub enum ErrorKind {
 impl ErrorKind {
     const ALL: [(ErrorKind, &'static str, Code); 13] = [
         (ErrorKind::NotFound, "not-found", Code::NotFound),
-        (ErrorKind::AlreadyExists, "already-exists", Code::AlreadyExists),
-        (ErrorKind::NotADirectory, "not-a-directory", Code::FailedPrecondition),
-        (ErrorKind::IsADirectory, "is-a-directory", Code::FailedPrecondition),
-        (ErrorKind::DirectoryNotEmpty, "directory-not-empty", Code::FailedPrecondition),
-        (ErrorKind::InvalidArgument, "invalid-argument", Code::InvalidArgument),
+        (
+            ErrorKind::AlreadyExists,
+            "already-exists",
+            Code::AlreadyExists,
+        ),
+        (
+            ErrorKind::NotADirectory,
+            "not-a-directory",
+            Code::FailedPrecondition,
+        ),
+        (
+            ErrorKind::IsADirectory,
+            "is-a-directory",
+            Code::FailedPrecondition,
+        ),
+        (
+            ErrorKind::DirectoryNotEmpty,
+            "directory-not-empty",
+            Code::FailedPrecondition,
+        ),
+        (
+            ErrorKind::InvalidArgument,
+            "invalid-argument",
+            Code::InvalidArgument,
+        ),
         (ErrorKind::LeaseHeld, "lease-held", Code::Aborted),
         (ErrorKind::LeaseLost, "lease-lost", Code::Aborted),
         (ErrorKind::Sealed, "sealed", Code::FailedPrecondition),
@@ -52,11 +72,17 @@ impl ErrorKind {
     ];
 
     fn name(self) -> &'static str {
-        Self::ALL.iter().find(|e| e.0 == self).map_or("internal", |e| e.1)
+        Self::ALL
+            .iter()
+            .find(|e| e.0 == self)
+            .map_or("internal", |e| e.1)
     }
 
     fn code(self) -> Code {
-        Self::ALL.iter().find(|e| e.0 == self).map_or(Code::Internal, |e| e.2)
+        Self::ALL
+            .iter()
+            .find(|e| e.0 == self)
+            .map_or(Code::Internal, |e| e.2)
     }
 
     fn from_name(name: &str) -> Option<Self> {
@@ -84,7 +110,10 @@ impl MetaError {
     }
 
     pub fn not_found(what: impl std::fmt::Display) -> Self {
-        Self::new(ErrorKind::NotFound, format!("{what}: no such file or directory"))
+        Self::new(
+            ErrorKind::NotFound,
+            format!("{what}: no such file or directory"),
+        )
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {

@@ -62,6 +62,20 @@ impl Masters {
         Ok(c)
     }
 
+    /// Sends `req` to the leader with `f` (e.g. `|mut c, r| async move { c.stat(r).await }`),
+    /// cloning it for each retry.
+    ///
+    /// # Errors
+    /// As [`Masters::call`].
+    pub async fn send<Req, T, F, Fut>(&self, req: Req, f: F) -> Result<T, MetaError>
+    where
+        Req: Clone,
+        F: Fn(MetaClient<Channel>, Req) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.call(|c| f(c, req.clone())).await
+    }
+
     /// Runs `f` against the leader.
     ///
     /// # Errors

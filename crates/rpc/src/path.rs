@@ -67,7 +67,10 @@ mod tests {
         assert_eq!(components("/a//b"), Err(PathError::BadComponent));
         assert_eq!(components("/a/../b"), Err(PathError::BadComponent));
         assert_eq!(components("/a\0"), Err(PathError::Nul));
-        assert_eq!(components(&format!("/{}", "x".repeat(256))), Err(PathError::NameTooLong));
+        assert_eq!(
+            components(&format!("/{}", "x".repeat(256))),
+            Err(PathError::NameTooLong)
+        );
         assert_eq!(components(&"/x".repeat(3000)), Err(PathError::TooLong));
     }
 }

@@ -3,8 +3,8 @@
 //! filesystem, plus a loopback TCP round trip carrying the same bytes.
 
 use super::{Latency, floor, histogram, loadavg, parse_size};
-use cairn_chunkstore::Disk;
 use crate::cluster::ClusterArgs;
+use cairn_chunkstore::Disk;
 use cairn_client::{Client, ClientOptions, CreateOptions};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -79,11 +79,22 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
     let masters = a.cluster.masters()?;
     anyhow::ensure!(a.depth >= 1, "--depth must be at least 1");
     let size = a.size as usize;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let client = rt.block_on(Client::with_options(&masters, ClientOptions::default()))?;
     std::fs::create_dir_all(&a.floor_dir)?;
-    let fdisk = floor::floor_file(&a.floor_dir, (a.depth as u64 * size as u64 * 64).max(256 << 20))?;
-    let prefix = format!("/bench-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos()));
+    let fdisk = floor::floor_file(
+        &a.floor_dir,
+        (a.depth as u64 * size as u64 * 64).max(256 << 20),
+    )?;
+    let prefix = format!(
+        "/bench-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    );
     // Reads need data: one file per reader, 64 operations long, sealed.
     if op == Op::Read {
         rt.block_on(async {
@@ -188,7 +199,10 @@ async fn measure(
     let mut tasks = Vec::new();
     for d in 0..a.depth {
         let client = client.clone();
-        let path = format!("{prefix}/{}{run}-{d}", if op == Op::Create { "c" } else { "w" });
+        let path = format!(
+            "{prefix}/{}{run}-{d}",
+            if op == Op::Create { "c" } else { "w" }
+        );
         let replicas = a.replicas;
         tasks.push(tokio::spawn(async move {
             let mut h = histogram();
@@ -226,7 +240,9 @@ async fn measure(
                     while Instant::now() < deadline {
                         let s = Instant::now();
                         let r = async {
-                            let mut w = client.create(&format!("{path}-{i}"), create_opts(replicas)).await?;
+                            let mut w = client
+                                .create(&format!("{path}-{i}"), create_opts(replicas))
+                                .await?;
                             w.append(&buf).await?;
                             w.close().await
                         }
@@ -258,7 +274,12 @@ async fn measure(
         all.add(h)?;
         errors += e;
     }
-    Ok((all.len(), errors, t0.elapsed().as_secs_f64(), Latency::of(&all)))
+    Ok((
+        all.len(),
+        errors,
+        t0.elapsed().as_secs_f64(),
+        Latency::of(&all),
+    ))
 }
 
 /// A loopback TCP echo: `size` bytes to a server task, 64 bytes back, one at a time.

@@ -154,7 +154,9 @@ impl Cluster {
     }
 
     pub async fn client_with(&self, opts: ClientOptions) -> Client {
-        Client::with_options(&self.master_addrs(), opts).await.unwrap()
+        Client::with_options(&self.master_addrs(), opts)
+            .await
+            .unwrap()
     }
 
     pub async fn status(&self) -> Result<cairn_rpc::pb::StatusReply, cairn_rpc::MetaError> {
@@ -174,7 +176,10 @@ impl Cluster {
             {
                 return;
             }
-            assert!(Instant::now() < deadline, "chunkservers not up in {within:?}");
+            assert!(
+                Instant::now() < deadline,
+                "chunkservers not up in {within:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
