@@ -3,6 +3,7 @@
 //! `up` runs a local cluster; `master` and `chunkserver` run one process each; `fs` and
 //! `status` use a running cluster; `bench` measures against the hardware's floor.
 
+mod admin;
 mod bench;
 mod chunkserver;
 mod cluster;
@@ -38,6 +39,8 @@ enum Command {
     Fs(fs::FsArgs),
     /// The cluster: masters, chunkservers, totals.
     Status(fs::StatusArgs),
+    /// Operators: change the master group, drain chunkservers.
+    Admin(admin::AdminArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -55,6 +58,7 @@ fn main() -> std::process::ExitCode {
         Command::Master(a) => master::run(a),
         Command::Fs(a) => fs::run(a),
         Command::Status(a) => fs::status(a),
+        Command::Admin(a) => admin::run(a),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

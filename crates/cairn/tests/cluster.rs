@@ -356,3 +356,85 @@ async fn three_masters_survive_sigkill_of_the_leader() {
     assert_eq!(s.masters.len(), 3);
     assert!(s.files >= files.len() as u64);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_master_grows_to_three_with_the_admin_command_then_loses_its_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cl = Cluster::start(dir.path(), 1, 3).await;
+    let c = cl.client().await;
+    let mut w = c.create("/before", CreateOptions::default()).await.unwrap();
+    w.append(b"written with one master").await.unwrap();
+    w.close().await.unwrap();
+    // Two more masters, started with the full list (they wait to be added).
+    let addrs = [
+        cl.masters[0].addr.clone(),
+        common::free_addr(),
+        common::free_addr(),
+    ];
+    let peers = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    for id in 2..=3usize {
+        let mut p = common::Proc {
+            name: format!("master-{id}"),
+            args: vec![
+                "master".into(),
+                "--id".into(),
+                id.to_string(),
+                "--data-dir".into(),
+                dir.path()
+                    .join(format!("master-{id}"))
+                    .display()
+                    .to_string(),
+                "--listen".into(),
+                addrs[id - 1].clone(),
+                "--peers".into(),
+                peers.clone(),
+            ],
+            addr: addrs[id - 1].clone(),
+            child: None,
+        };
+        p.start();
+        cl.masters.push(p);
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["admin", "--cluster", &addrs[0], "masters", &peers])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = cl.status().await.unwrap();
+    assert_eq!(s.masters.iter().filter(|m| m.voter).count(), 3);
+    // Chunkservers learn the new group from their next heartbeat (every 200 ms here).
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The first master goes; the other two elect a leader and have everything.
+    cl.masters[0].kill();
+    let t = Instant::now();
+    loop {
+        if let Ok(s) = cl.status().await
+            && s.leader_id != 1
+        {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no new leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fresh = cl.client().await;
+    assert_eq!(
+        fresh.read("/before", 0, 23).await.unwrap(),
+        b"written with one master"
+    );
+    let mut w = fresh
+        .create("/after", CreateOptions::default())
+        .await
+        .unwrap();
+    w.append(b"two of three").await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(fresh.read("/after", 0, 12).await.unwrap(), b"two of three");
+}

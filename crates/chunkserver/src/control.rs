@@ -60,7 +60,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    let masters = match Masters::new(&opts.masters) {
+    let mut known = opts.masters.clone();
+    let mut masters = match Masters::new(&opts.masters) {
         Ok(m) => m.retry_for(Duration::from_secs(2)),
         Err(e) => {
             tracing::error!(error = %e, "no usable master address; not reporting");
@@ -127,6 +128,17 @@ pub async fn run(
                 .await?;
             last = now;
             full = reply.send_full_report;
+            // Follow changes of the master group (`cairn admin masters`).
+            if !reply.masters.is_empty() && reply.masters != known {
+                match Masters::new(&reply.masters) {
+                    Ok(m) => {
+                        tracing::info!(masters = ?reply.masters, "master group changed");
+                        masters = m.retry_for(Duration::from_secs(2));
+                        known = reply.masters.clone();
+                    }
+                    Err(e) => tracing::warn!(error = %e, "bad master list from the leader"),
+                }
+            }
             for id in reply.delete_chunks {
                 let r = match disks.find(id) {
                     Ok(store) => store.delete_async(id).await,

@@ -345,9 +345,16 @@ impl pb::meta_server::Meta for MetaService {
                 .registry
                 .lock()
                 .heartbeat(hb, &a.state, Instant::now());
+            let masters = a
+                .membership
+                .membership()
+                .nodes()
+                .map(|(_, n)| n.addr.clone())
+                .collect();
             Ok(pb::HeartbeatReply {
                 send_full_report: answer.send_full_report,
                 delete_chunks: answer.delete,
+                masters,
             })
         }
         .await)
