@@ -129,7 +129,6 @@ pub struct DirEntry {
 #[derive(Debug, Clone)]
 struct View {
     chunks: Vec<pb::ChunkMeta>,
-    sealed: bool,
 }
 
 /// A handle on the cluster. Cheap to clone; clones share connections and caches.
@@ -280,7 +279,6 @@ impl Client {
         };
         let view = View {
             chunks: f.chunks.clone(),
-            sealed: f.sealed,
         };
         let length = self.live_length(&view).await;
         self.inner.cache.lock().put(r.path.clone(), Arc::new(view));
@@ -355,9 +353,15 @@ impl Client {
     /// # Errors
     /// The range is past the readable end, the file is missing, or no replica can serve it.
     pub async fn read(&self, path: &str, offset: u64, len: usize) -> Result<Vec<u8>> {
+        // Sealed chunks never change: a cached list whose chunks are all sealed serves any
+        // range inside them without asking the masters (a file that grew is asked again).
         let cached = self.inner.cache.lock().get(path).cloned();
         let view = match cached {
-            Some(v) if v.sealed && known_length(&v) >= offset + len as u64 => v,
+            Some(v)
+                if v.chunks.iter().all(|c| c.sealed) && known_length(&v) >= offset + len as u64 =>
+            {
+                v
+            }
             _ => self.refresh(path).await?,
         };
         let lengths = self.lengths(&view).await;
@@ -408,10 +412,7 @@ impl Client {
                 format!("{path}: is a directory"),
             )
         })?;
-        let v = Arc::new(View {
-            chunks: f.chunks,
-            sealed: f.sealed,
-        });
+        let v = Arc::new(View { chunks: f.chunks });
         self.inner.cache.lock().put(path.to_owned(), v.clone());
         Ok(v)
     }
