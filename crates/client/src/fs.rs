@@ -577,8 +577,8 @@ impl Client {
                         // A failing server goes to the back of the line (a 1 s penalty that
                         // later successes wear off; blacklisting with probes is issue 5).
                         let mut lat = self.inner.latency.lock();
-                        let e = lat.entry(s).or_insert(0.0);
-                        *e = e.max(1e6);
+                        let penalty = lat.entry(s).or_insert(0.0);
+                        *penalty = penalty.max(1e6);
                         last = e.to_string();
                     }
                 }
