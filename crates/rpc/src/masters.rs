@@ -13,7 +13,8 @@ use tonic::transport::Channel;
 /// short back-off, until `retry_for` has passed.
 pub struct Masters {
     addrs: Vec<String>,
-    leader: Mutex<usize>,
+    /// The last master that answered (possibly one not in `addrs`, learned from a redirect).
+    leader: Mutex<Option<String>>,
     clients: Mutex<HashMap<String, MetaClient<Channel>>>,
     retry_for: Duration,
 }
@@ -27,7 +28,7 @@ impl Masters {
         }
         let s = Self {
             addrs: addrs.to_vec(),
-            leader: Mutex::new(0),
+            leader: Mutex::new(None),
             clients: Mutex::new(HashMap::new()),
             retry_for: Duration::from_secs(15),
         };
@@ -87,14 +88,16 @@ impl Masters {
     {
         let deadline = Instant::now() + self.retry_for;
         let mut backoff = Duration::from_millis(20);
-        let mut idx = *self.leader.lock();
-        let mut target = self.addrs[idx % self.addrs.len()].clone();
+        let mut idx = 0;
+        let mut target = self
+            .leader
+            .lock()
+            .clone()
+            .unwrap_or_else(|| self.addrs[0].clone());
         loop {
             let err = match f(self.client(&target)?).await {
                 Ok(r) => {
-                    if let Some(i) = self.addrs.iter().position(|a| *a == target) {
-                        *self.leader.lock() = i;
-                    }
+                    *self.leader.lock() = Some(target);
                     return Ok(r.into_inner());
                 }
                 Err(s) => MetaError::from_status(&s),
