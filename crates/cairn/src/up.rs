@@ -74,33 +74,28 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     // The same directory brings back the same cluster: same ports, same data.
     let old = ClusterFile::load(&dir)?.unwrap_or_default();
-    let mut file = ClusterFile::default();
-    for i in 0..a.masters {
-        let id = i as u64 + 1;
-        let addr = match old.master_procs.iter().find(|p| p.id == id) {
-            Some(p) => p.addr.clone(),
-            None => free_port()?,
-        };
-        file.master_procs.push(Proc {
-            id,
-            addr,
-            pid: 0,
-            data_dir: dir.join(format!("master-{id}")),
-        });
-    }
-    for i in 0..a.chunkservers {
-        let id = i as u64 + 1;
-        let addr = match old.chunkserver_procs.iter().find(|p| p.id == id) {
-            Some(p) => p.addr.clone(),
-            None => free_port()?,
-        };
-        file.chunkserver_procs.push(Proc {
-            id,
-            addr,
-            pid: 0,
-            data_dir: dir.join(format!("chunkserver-{id}")),
-        });
-    }
+    // Same ids keep their ports from cluster.toml; new ones get a free port.
+    let procs_of = |n: usize, old: &[Proc], name: &str| -> anyhow::Result<Vec<Proc>> {
+        (1..=n as u64)
+            .map(|id| {
+                let addr = match old.iter().find(|p| p.id == id) {
+                    Some(p) => p.addr.clone(),
+                    None => free_port()?,
+                };
+                Ok(Proc {
+                    id,
+                    addr,
+                    pid: 0,
+                    data_dir: dir.join(format!("{name}-{id}")),
+                })
+            })
+            .collect()
+    };
+    let mut file = ClusterFile {
+        master_procs: procs_of(a.masters, &old.master_procs, "master")?,
+        chunkserver_procs: procs_of(a.chunkservers, &old.chunkserver_procs, "chunkserver")?,
+        ..ClusterFile::default()
+    };
     file.masters = file.master_procs.iter().map(|p| p.addr.clone()).collect();
     let peers = file
         .master_procs

@@ -32,7 +32,6 @@ impl Client {
     }
 
     pub fn create(&self, path: &str, opts: CreateOptions) -> Result<FlatLogFile> {
-        let _g = self.rt.enter();
         let f = self.rt.block_on(self.inner.create(path, opts))?;
         Ok(FlatLogFile {
             rt: self.rt.clone(),
@@ -41,7 +40,6 @@ impl Client {
     }
 
     pub fn open_append(&self, path: &str) -> Result<FlatLogFile> {
-        let _g = self.rt.enter();
         let f = self.rt.block_on(self.inner.open_append(path))?;
         Ok(FlatLogFile {
             rt: self.rt.clone(),
@@ -100,14 +98,5 @@ impl FlatLogFile {
     pub fn seal(mut self) -> Result<u64> {
         let f = self.inner.take().expect("present");
         self.rt.block_on(f.seal())
-    }
-}
-
-impl Drop for FlatLogFile {
-    fn drop(&mut self) {
-        if let Some(f) = self.inner.take() {
-            let _g = self.rt.enter();
-            drop(f);
-        }
     }
 }

@@ -254,9 +254,8 @@ impl Client {
         Ok(w)
     }
 
-    /// # Errors
-    /// The path does not exist or is refused.
-    pub async fn stat(&self, path: &str) -> Result<FileStat> {
+    /// The masters' `Stat`, remembering the servers' addresses it names.
+    async fn stat_node(&self, path: &str) -> Result<pb::NodeReply> {
         let req = pb::PathRequest { path: path.into() };
         let r = self
             .inner
@@ -264,6 +263,13 @@ impl Client {
             .send(req, |mut c, r| async move { c.stat(r).await })
             .await?;
         self.remember_addrs(&r.servers);
+        Ok(r)
+    }
+
+    /// # Errors
+    /// The path does not exist or is refused.
+    pub async fn stat(&self, path: &str) -> Result<FileStat> {
+        let r = self.stat_node(path).await?;
         let Some(f) = r.file else {
             return Ok(FileStat {
                 path: r.path,
@@ -399,13 +405,7 @@ impl Client {
     }
 
     async fn refresh(&self, path: &str) -> Result<Arc<View>> {
-        let req = pb::PathRequest { path: path.into() };
-        let r = self
-            .inner
-            .masters
-            .send(req, |mut c, r| async move { c.stat(r).await })
-            .await?;
-        self.remember_addrs(&r.servers);
+        let r = self.stat_node(path).await?;
         let f = r.file.ok_or_else(|| {
             MetaError::new(
                 cairn_rpc::ErrorKind::IsADirectory,
@@ -848,11 +848,8 @@ impl FlatLogFile {
     /// Seals the active chunk (if it has data) and moves to the next spare, allocating more
     /// when none is left.
     async fn switch_chunk(&mut self) -> Result<()> {
-        if let Some(i) = self.active
-            && self.active_len > 0
-        {
+        if self.active.is_some() && self.active_len > 0 {
             self.seal_active().await?;
-            let _ = i;
         }
         let from = self.active.map_or(0, |i| i + 1);
         let next = (from..self.chunks.len())
@@ -886,12 +883,6 @@ impl FlatLogFile {
 
     /// Seals every replica of the active chunk and records its length at the masters.
     async fn seal_active(&mut self) -> Result<()> {
-        let update = self.seal_active_replicas().await?;
-        self.commit(vec![update], false, false, false).await
-    }
-
-    /// Seals every replica of the active chunk; returns the update for the masters.
-    async fn seal_active_replicas(&mut self) -> Result<pb::ChunkUpdate> {
         let i = self.active.expect("active");
         let (id, servers) = (self.chunks[i].id, self.chunks[i].servers.clone());
         let results = join_all(servers.iter().map(|s| {
@@ -904,11 +895,12 @@ impl FlatLogFile {
         }
         self.chunks[i].length = self.active_len;
         self.chunks[i].sealed = true;
-        Ok(pb::ChunkUpdate {
+        let update = pb::ChunkUpdate {
             chunk_id: id,
             length: self.active_len,
             sealed: true,
-        })
+        };
+        self.commit(vec![update], false, false, false).await
     }
 
     async fn commit(

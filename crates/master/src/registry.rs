@@ -289,19 +289,26 @@ mod tests {
         }
     }
 
+    fn hb(server_id: u64, full_report: bool, chunks: Vec<u64>, deleted: Vec<u64>) -> Heartbeat {
+        Heartbeat {
+            server_id,
+            capacity: 100 << 30,
+            used: 0,
+            chunk_count: 0,
+            load: 0,
+            healthy: true,
+            pid: 0,
+            full_report,
+            chunks,
+            deleted,
+        }
+    }
+
     fn beat(r: &mut Registry, id: u64, used: u64, now: Instant) {
         r.heartbeat(
             Heartbeat {
-                server_id: id,
-                capacity: 100 << 30,
                 used,
-                chunk_count: 0,
-                load: 0,
-                healthy: true,
-                pid: 0,
-                full_report: true,
-                chunks: vec![],
-                deleted: vec![],
+                ..hb(id, true, vec![], vec![])
             },
             &State::default(),
             now,
@@ -386,18 +393,7 @@ mod tests {
             .iter()
             .map(|c| c.id)
             .collect();
-        let hb = |chunks: Vec<u64>| Heartbeat {
-            server_id: 7,
-            capacity: 1,
-            used: 0,
-            chunk_count: 0,
-            load: 0,
-            healthy: true,
-            pid: 0,
-            full_report: true,
-            chunks,
-            deleted: vec![],
-        };
+        let hb = |chunks: Vec<u64>| hb(7, true, chunks, vec![]);
         assert!(reg.heartbeat(hb(ids.clone()), &st, now).delete.is_empty());
         st.apply(&crate::state::Command::Delete { path: "/f".into() })
             .unwrap();
@@ -417,18 +413,7 @@ mod tests {
             ..Default::default()
         });
         let st = State::default();
-        let hb = |full, chunks: Vec<u64>, deleted: Vec<u64>| Heartbeat {
-            server_id: 7,
-            capacity: 1,
-            used: 0,
-            chunk_count: 0,
-            load: 0,
-            healthy: true,
-            pid: 0,
-            full_report: full,
-            chunks,
-            deleted,
-        };
+        let hb = |full, chunks: Vec<u64>, deleted: Vec<u64>| hb(7, full, chunks, deleted);
         assert!(
             reg.heartbeat(hb(false, vec![], vec![]), &st, now)
                 .send_full_report

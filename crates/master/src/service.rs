@@ -43,6 +43,11 @@ impl MetaService {
 }
 
 impl Inner {
+    /// When a lease granted or renewed at `now_ms` expires.
+    fn lease_until(&self, now_ms: u64) -> u64 {
+        now_ms + self.lease.as_millis() as u64
+    }
+
     /// Ok if this master leads; otherwise the redirect.
     fn leader_check(&self) -> Result<(), MetaError> {
         let m = self.raft.metrics().borrow_watched().clone();
@@ -146,7 +151,7 @@ impl pb::meta_server::Meta for MetaService {
             } else {
                 Some(Lease {
                     holder: convert::client_id(&r.client_id)?,
-                    expires_ms: now + self.inner.lease.as_millis() as u64,
+                    expires_ms: self.inner.lease_until(now),
                 })
             };
             self.inner.leader_check()?;
@@ -183,7 +188,7 @@ impl pb::meta_server::Meta for MetaService {
                     now_ms: now,
                     lease: Lease {
                         holder,
-                        expires_ms: now + self.inner.lease.as_millis() as u64,
+                        expires_ms: self.inner.lease_until(now),
                     },
                     placements,
                 })
@@ -283,7 +288,7 @@ impl pb::meta_server::Meta for MetaService {
                 trim: r.trim,
                 release: r.release,
                 seal: r.seal,
-                lease_until_ms: now + self.inner.lease.as_millis() as u64,
+                lease_until_ms: self.inner.lease_until(now),
             };
             let reply = self.inner.write(cmd).await?;
             self.inner.file_reply(reply.inode)
