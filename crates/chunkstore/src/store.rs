@@ -311,12 +311,66 @@ impl ChunkStore {
     /// # Errors
     /// `NotFound`, `StoreFailed`, `Io`.
     pub fn seal(&self, chunk_id: ChunkId) -> Result<ChunkStat> {
-        Self::wait(self.submit(|reply| Request::Seal { chunk_id, reply })?)
+        Self::wait(self.submit(|reply| Request::Seal {
+            chunk_id,
+            at: None,
+            reply,
+        })?)
     }
 
     /// Async form of [`ChunkStore::seal`].
     pub fn seal_async(&self, chunk_id: ChunkId) -> impl Future<Output = Result<ChunkStat>> + '_ {
-        self.submit_async(move |reply| Request::Seal { chunk_id, reply })
+        self.submit_async(move |reply| Request::Seal {
+            chunk_id,
+            at: None,
+            reply,
+        })
+    }
+
+    /// Seals the chunk at `length`, which may be below its current length: the bytes past it
+    /// are dropped (a replicated writer seals every replica at the length a quorum holds).
+    /// Reads the kept bytes to compute their CRC, so it blocks; call it off the async runtime.
+    /// Idempotent at the same length.
+    ///
+    /// # Errors
+    /// `OutOfRange { length }` when the chunk is shorter than `length`; `Sealed { length }` when
+    /// it is already sealed at another length; `NotFound`, `Corruption`, `StoreFailed`, `Io`.
+    pub fn seal_at(&self, chunk_id: ChunkId, length: u64) -> Result<ChunkStat> {
+        let st = self.stat(chunk_id)?;
+        if st.sealed && length != st.length {
+            let length = st.length;
+            return Err(Error::Sealed { chunk_id, length });
+        }
+        if length > st.length {
+            return Err(Error::OutOfRange {
+                chunk_id,
+                offset: 0,
+                len: length,
+                length: st.length,
+            });
+        }
+        if length == st.length {
+            // The CRC of [0, length) never changes, even if appends land meanwhile.
+            return Self::wait(self.submit(|reply| Request::Seal {
+                chunk_id,
+                at: Some((length, st.crc32c)),
+                reply,
+            })?);
+        }
+        let mut crc = 0u32;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut off = 0u64;
+        while off < length {
+            let n = ((length - off) as usize).min(buf.len());
+            self.read_into(chunk_id, off, &mut buf[..n])?;
+            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            off += n as u64;
+        }
+        Self::wait(self.submit(|reply| Request::Seal {
+            chunk_id,
+            at: Some((length, crc)),
+            reply,
+        })?)
     }
 
     /// Deletes the chunk; its extents are reused once the delete is durable.

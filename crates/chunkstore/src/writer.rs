@@ -37,8 +37,11 @@ pub(crate) enum Request {
         data: Prepared,
         reply: Reply<u64>,
     },
+    /// Seal at the current length, or at `at = (length, crc of [0, length))`, which may be
+    /// shorter than the chunk (the bytes past it are dropped).
     Seal {
         chunk_id: ChunkId,
+        at: Option<(u64, u32)>,
         reply: Reply<ChunkStat>,
     },
     Delete {
@@ -190,7 +193,7 @@ struct Batch {
     log_bytes: usize,
     creates: Vec<(ChunkId, u64, u64, Reply<()>)>,
     created: HashMap<ChunkId, u64>,
-    seals: Vec<(ChunkId, Reply<ChunkStat>)>,
+    seals: Vec<(ChunkId, (u64, u32), Reply<ChunkStat>)>,
     deletes: Vec<(ChunkId, Reply<()>)>,
     touched: HashSet<ChunkId>,
     deferred: HashSet<ChunkId>,
@@ -713,30 +716,62 @@ impl Writer {
                 plan.replies.push((reply, end));
                 b.touched.insert(chunk_id);
             }
-            Request::Seal { chunk_id, reply } => {
+            Request::Seal {
+                chunk_id,
+                at,
+                reply,
+            } => {
                 if failed {
                     return send(reply, Err(Error::StoreFailed));
                 }
                 if b.touched.contains(&chunk_id) || !self.log_has_room(b, 29) {
-                    return self.defer(b, chunk_id, Request::Seal { chunk_id, reply });
+                    return self.defer(
+                        b,
+                        chunk_id,
+                        Request::Seal {
+                            chunk_id,
+                            at,
+                            reply,
+                        },
+                    );
                 }
                 let index = self.shared.index.read();
                 let Some(c) = index.chunks.get(&chunk_id) else {
                     return send(reply, Err(Error::NotFound { chunk_id }));
                 };
+                let (length, crc) = match at {
+                    Some((len, _)) if len > c.length => {
+                        let length = c.length;
+                        return send(
+                            reply,
+                            Err(Error::OutOfRange {
+                                chunk_id,
+                                offset: 0,
+                                len,
+                                length,
+                            }),
+                        );
+                    }
+                    Some((len, crc)) if len < c.length => (len, crc),
+                    _ => (c.length, c.crc),
+                };
                 if c.sealed {
+                    if length != c.length {
+                        let length = c.length;
+                        return send(reply, Err(Error::Sealed { chunk_id, length }));
+                    }
                     let stat = ChunkStat::of(chunk_id, c);
                     return send(reply, Ok(stat));
                 }
                 let entry = LogEntry::Seal {
                     chunk_id,
                     epoch: c.epoch,
-                    length: c.length,
-                    crc: c.crc,
+                    length,
+                    crc,
                 };
                 drop(index);
                 self.push_log(b, entry);
-                b.seals.push((chunk_id, reply));
+                b.seals.push((chunk_id, (length, crc), reply));
                 b.touched.insert(chunk_id);
             }
             Request::Delete { chunk_id, reply } => {
@@ -1059,11 +1094,15 @@ impl Writer {
                 replies_ok.extend(plan.replies);
             }
             let mut seal_replies = Vec::new();
-            for (id, reply) in b.seals.drain(..) {
+            for (id, (length, crc), reply) in b.seals.drain(..) {
                 let entry = index
                     .chunks
                     .get_mut(&id)
                     .expect("sealed chunk is in the index");
+                // A seal below the length drops the bytes past it. Its extents stay with the
+                // chunk until it is deleted (recovery releases them at the next mount).
+                entry.length = length;
+                entry.crc = crc;
                 entry.sealed = true;
                 self.tails.remove(&id);
                 seal_replies.push((reply, ChunkStat::of(id, entry)));
@@ -1126,7 +1165,7 @@ impl Writer {
         for (_, _, _, reply) in b.creates {
             send(reply, Err(e.clone()));
         }
-        for (_, reply) in b.seals {
+        for (_, _, reply) in b.seals {
             send(reply, Err(e.clone()));
         }
         for (_, reply) in b.deletes {

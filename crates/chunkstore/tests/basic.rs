@@ -192,3 +192,48 @@ fn reopen_after_clean_close_keeps_everything() {
     }
     let _ = OpenOptions::default();
 }
+
+/// A replicated writer seals every replica at the length a quorum holds: a replica with more
+/// drops the bytes past it, across a crash (log replay) and a clean close (checkpoint).
+#[test]
+fn seal_at_a_shorter_length_drops_the_tail() {
+    for clean in [false, true] {
+        let (disk, store) = fault_store(11);
+        store.create(3, 1).unwrap();
+        let mut off = 0;
+        for n in [5000, 70_000, 300] {
+            off = store.append(3, off, &pattern(3, off, n)).unwrap();
+        }
+        assert!(matches!(
+            store.seal_at(3, off + 1),
+            Err(Error::OutOfRange { length, .. }) if length == off
+        ));
+        let keep = 5000 + 70_000;
+        let st = store.seal_at(3, keep).unwrap();
+        assert!(st.sealed);
+        assert_eq!(st.length, keep);
+        assert_eq!(st.crc32c, crc32c::crc32c(&pattern(3, 0, keep as usize)));
+        assert_eq!(store.seal_at(3, keep).unwrap(), st, "idempotent");
+        assert!(matches!(
+            store.seal_at(3, 10),
+            Err(Error::Sealed { length, .. }) if length == keep
+        ));
+        assert!(matches!(
+            store.read(3, keep, 1),
+            Err(Error::OutOfRange { .. })
+        ));
+        let image = if clean {
+            store.close().unwrap();
+            disk.crash(cairn_chunkstore::CrashPolicy::DropAll)
+        } else {
+            disk.crash(cairn_chunkstore::CrashPolicy::DropAll)
+        };
+        let (_d, store, _) = reopen(image, 12);
+        assert_eq!(store.stat(3).unwrap(), st, "clean close: {clean}");
+        assert_eq!(
+            store.read(3, 0, keep as usize).unwrap(),
+            pattern(3, 0, keep as usize)
+        );
+        assert!(store.read(3, keep, 1).is_err());
+    }
+}

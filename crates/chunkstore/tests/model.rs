@@ -45,6 +45,8 @@ enum Op {
         wrong_offset: bool,
     },
     Seal(u8),
+    /// Seal at `f / 65536` of the chunk's length (a quorum's length, maybe shorter).
+    SealAt(u8, u16),
     Delete(u8),
     Read {
         id: u8,
@@ -79,6 +81,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => id.clone().prop_map(Op::Create),
         8 => (id.clone(), len, proptest::bool::weighted(0.1)).prop_map(|(id, len, wrong_offset)| Op::Append { id, len, wrong_offset }),
         1 => id.clone().prop_map(Op::Seal),
+        1 => (id.clone(), any::<u16>()).prop_map(|(id, f)| Op::SealAt(id, f)),
         1 => id.clone().prop_map(Op::Delete),
         2 => (id.clone(), any::<u16>(), any::<u16>()).prop_map(|(id, at, len)| Op::Read { id, at, len }),
         1 => Just(Op::Checkpoint),
@@ -186,6 +189,25 @@ impl Harness {
                 (Some(c), Ok(stat)) if stat.length == c.data.len() as u64 => c.sealed = true,
                 (_, other) => return Err(format!("seal {id}: {other:?}")),
             },
+            Op::SealAt(id, f) => {
+                let key = id as u64;
+                let cur = self.model.get(&key).map(|c| (c.data.len() as u64, c.sealed));
+                let at = cur.map_or(0, |(len, _)| len * u64::from(f) / 65536);
+                match (cur, self.store().seal_at(key, at)) {
+                    (None, Err(Error::NotFound { .. })) => {}
+                    (Some((len, true)), Err(Error::Sealed { length, .. }))
+                        if at != len && length == len => {}
+                    (Some(_), Ok(stat)) if stat.length == at && stat.sealed => {
+                        let c = self.model.get_mut(&key).expect("present");
+                        c.data.truncate(at as usize);
+                        c.sealed = true;
+                        if stat.crc32c != crc32c::crc32c(&c.data) {
+                            return Err(format!("seal_at {id}: crc {:#x}", stat.crc32c));
+                        }
+                    }
+                    (_, other) => return Err(format!("seal_at {id} {at}: {other:?}")),
+                }
+            }
             Op::Delete(id) => match (
                 self.model.contains_key(&(id as u64)),
                 self.store().delete(id as u64),
