@@ -50,20 +50,24 @@ fn data(id: u64, from: u64, len: usize) -> Vec<u8> {
 async fn sigkill_during_appends_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let (mut child, addr) = start(dir.path());
-    let conn = Arc::new(DataConn::connect(addr).await.unwrap());
+    let conn = Arc::new(
+        DataConn::connect(addr, std::time::Duration::from_secs(30))
+            .await
+            .unwrap(),
+    );
     let chunks = 8u64;
     let mut writers = Vec::new();
     for id in 0..chunks {
         let conn = conn.clone();
         writers.push(tokio::spawn(async move {
             // The last acknowledged length; an error (the kill) ends the writer.
-            let mut acked = match conn.create(id, 1, &data(id, 0, 1000)).await {
+            let mut acked = match conn.create(id, 1, data(id, 0, 1000)).await {
                 Ok(n) => n,
                 Err(_) => return None,
             };
             for k in 0u64.. {
                 let size = 512 + ((k * 7919 + id * 104_729) % 60_000) as usize;
-                match conn.append(id, acked, &data(id, acked, size)).await {
+                match conn.append(id, acked, data(id, acked, size)).await {
                     Ok(n) => acked = n,
                     Err(_) => break,
                 }
@@ -88,7 +92,9 @@ async fn sigkill_during_appends_loses_nothing_acknowledged() {
     );
 
     let (mut child, addr) = start(dir.path());
-    let conn = DataConn::connect(addr).await.unwrap();
+    let conn = DataConn::connect(addr, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
     for (id, acked) in acked.iter().enumerate() {
         let id = id as u64;
         let Some(acked) = *acked else { continue };

@@ -3,6 +3,7 @@
 //! the changes otherwise), and delete the orphans the leader names.
 
 use crate::Chunkserver;
+use crate::repair::Repairer;
 use cairn_rpc::{ErrorKind, Masters, pb};
 use std::collections::HashMap;
 use std::path::Path;
@@ -59,6 +60,7 @@ pub async fn run(
     opts: ControlOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    let repairer = Repairer::new(cs.clone());
     tokio::pin!(shutdown);
     let mut known = opts.masters.clone();
     let mut masters = match Masters::new(&opts.masters) {
@@ -122,10 +124,24 @@ pub async fn run(
                 chunks,
                 deleted,
                 pid: std::process::id(),
+                repaired: repairer.take_done(),
+                repairing: repairer.running(),
             };
-            let reply = masters
+            let repaired = req.repaired.clone();
+            let reply = match masters
                 .send(req, |mut c, r| async move { c.heartbeat(r).await })
-                .await?;
+                .await
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    repairer.put_back(repaired);
+                    return Err(e);
+                }
+            };
+            repairer.set_rate(reply.repair_bytes_per_sec);
+            for task in reply.repairs {
+                repairer.start(task);
+            }
             last = now;
             full = reply.send_full_report;
             // Follow changes of the master group (`cairn admin masters`).

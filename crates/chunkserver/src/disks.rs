@@ -109,12 +109,17 @@ impl DiskSet {
     }
 
     /// (capacity, used) bytes over all disks.
+    ///
+    /// A disk whose chunk table fills faster than its extents counts as used in proportion to
+    /// the table, so that placement avoids it before creates start failing.
     pub fn space(&self) -> (u64, u64) {
         self.stores.iter().fold((0, 0), |(c, u), s| {
             let sp = s.space();
             let total = u64::from(sp.extents_total) * sp.extent_bytes;
             let free = u64::from(sp.extents_free) * sp.extent_bytes;
-            (c + total, u + total - free)
+            let by_table = (total as u128 * sp.chunks as u128 / u128::from(sp.max_chunks.max(1)))
+                .min(u128::from(total)) as u64;
+            (c + total, u + (total - free).max(by_table))
         })
     }
 

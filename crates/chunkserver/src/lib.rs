@@ -10,11 +10,15 @@
 
 pub mod control;
 mod disks;
+pub mod repair;
 
 pub use disks::{DiskSet, DiskSetOptions};
 
 use cairn_chunkstore::Error as StoreError;
-use cairn_proto::frame::{FLAG_SEALED, FrameError, HEADER_BYTES, Header, Opcode, Status};
+use cairn_proto::fault::FaultSpec;
+use cairn_proto::frame::{
+    FLAG_SEAL_AT, FLAG_SEALED, FrameError, HEADER_BYTES, Header, Opcode, Status,
+};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
@@ -30,6 +34,8 @@ pub struct ServerOptions {
     pub max_in_flight_bytes: usize,
     /// Largest read served in one request.
     pub max_read: u64,
+    /// Accept FAULT requests (`--fault-injection`): for tests and drills only.
+    pub fault_injection: bool,
 }
 
 impl Default for ServerOptions {
@@ -38,6 +44,7 @@ impl Default for ServerOptions {
             max_in_flight: 128,
             max_in_flight_bytes: 256 << 20,
             max_read: 64 << 20,
+            fault_injection: false,
         }
     }
 }
@@ -48,6 +55,8 @@ pub struct Chunkserver {
     opts: ServerOptions,
     /// Requests being served right now (reported to the masters as load).
     load: std::sync::atomic::AtomicU32,
+    /// The injected faults (with `fault_injection`); a change wakes stalled requests.
+    faults: tokio::sync::watch::Sender<FaultSpec>,
 }
 
 /// A reply on its way to the writer task, with the permits it releases once written.
@@ -63,7 +72,13 @@ impl Chunkserver {
             disks,
             opts,
             load: std::sync::atomic::AtomicU32::new(0),
+            faults: tokio::sync::watch::Sender::new(FaultSpec::default()),
         })
+    }
+
+    /// The faults injected right now.
+    pub fn faults(&self) -> FaultSpec {
+        *self.faults.borrow()
     }
 
     pub fn disks(&self) -> &DiskSet {
@@ -196,8 +211,14 @@ impl Chunkserver {
                 format!("unknown opcode {}", h.opcode),
             );
         };
-        if !payload.is_empty() && !matches!(op, Opcode::Create | Opcode::Append) {
+        if !payload.is_empty() && !matches!(op, Opcode::Create | Opcode::Append | Opcode::Fault) {
             return error_reply(&h, Status::BadRequest, format!("{op:?} carries no payload"));
+        }
+        if op == Opcode::Fault {
+            return self.set_faults(&h, &payload);
+        }
+        if let Some(rep) = self.inject(&h, op).await {
+            return rep;
         }
         let id = h.chunk_id;
         let r: Result<(Header, Vec<u8>), StoreError> = match op {
@@ -252,6 +273,18 @@ impl Chunkserver {
                     Err(_) => return error_reply(&h, Status::Io, "read task failed".into()),
                 }
             }
+            Opcode::Seal if h.flags & FLAG_SEAL_AT != 0 => {
+                // Computing the kept bytes' CRC reads them: off the runtime.
+                let store = match self.disks.find(id) {
+                    Ok(s) => s,
+                    Err(e) => return store_error_reply(&h, &e),
+                };
+                let at = h.offset;
+                match tokio::task::spawn_blocking(move || store.seal_at(id, at)).await {
+                    Ok(r) => r.map(|st| stat_reply(&h, &st)),
+                    Err(_) => return error_reply(&h, Status::Io, "seal task failed".into()),
+                }
+            }
             Opcode::Seal => {
                 async {
                     let store = self.disks.find(id)?;
@@ -260,6 +293,7 @@ impl Chunkserver {
                 }
                 .await
             }
+            Opcode::Fault => unreachable!("answered above"),
             Opcode::Stat => self
                 .disks
                 .find(id)
@@ -279,6 +313,69 @@ impl Chunkserver {
             Ok(rep) => rep,
             Err(e) => store_error_reply(&h, &e),
         }
+    }
+}
+
+impl Chunkserver {
+    /// A FAULT request: replaces the injected faults (refused unless enabled).
+    fn set_faults(&self, h: &Header, payload: &[u8]) -> (Header, Vec<u8>) {
+        if !self.opts.fault_injection {
+            return error_reply(
+                h,
+                Status::BadRequest,
+                "fault injection is off on this chunkserver (start it with --fault-injection)"
+                    .into(),
+            );
+        }
+        match FaultSpec::decode(payload) {
+            Ok(spec) => {
+                tracing::warn!(?spec, "injected faults changed");
+                self.faults.send_replace(spec);
+                (h.reply(Status::Ok), Vec::new())
+            }
+            Err(e) => error_reply(h, Status::BadRequest, e.to_string()),
+        }
+    }
+
+    /// Applies the injected faults to one request: holds it while stalled, delays it, or
+    /// answers it with an injected error.
+    async fn inject(&self, h: &Header, op: Opcode) -> Option<(Header, Vec<u8>)> {
+        if !self.opts.fault_injection {
+            return None;
+        }
+        let mut rx = self.faults.subscribe();
+        let spec = loop {
+            let spec = *rx.borrow_and_update();
+            if spec.disk_only && matches!(op, Opcode::Stat | Opcode::Ping) {
+                return None;
+            }
+            if !spec.stall {
+                break spec;
+            }
+            if rx.changed().await.is_err() {
+                return None;
+            }
+        };
+        let wait = u64::from(spec.delay_ms)
+            + if spec.jitter_ms > 0 {
+                rand::random_range(0..=u64::from(spec.jitter_ms))
+            } else {
+                0
+            };
+        if wait > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        }
+        if spec.error_ppm > 0 && rand::random_range(0..1_000_000) < spec.error_ppm {
+            return Some(error_reply(h, Status::Io, "injected fault".into()));
+        }
+        if spec.disk_full && matches!(op, Opcode::Create | Opcode::Append) {
+            return Some(error_reply(
+                h,
+                Status::NoSpace,
+                "injected fault: disk full".into(),
+            ));
+        }
+        None
     }
 }
 

@@ -58,13 +58,15 @@ fn bytes(seed: u64, len: usize) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_and_its_errors() {
     let s = server(2, ServerOptions::default()).await;
-    let c = DataConn::connect(s.addr).await.unwrap();
+    let c = DataConn::connect(s.addr, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
     c.ping().await.unwrap();
     // Create with the first append piggybacked, then appends at the expected offset.
     let first = bytes(1, 10_000);
-    assert_eq!(c.create(7, 3, &first).await.unwrap(), 10_000);
+    assert_eq!(c.create(7, 3, first.clone()).await.unwrap(), 10_000);
     let more = bytes(2, 70_000);
-    assert_eq!(c.append(7, 10_000, &more).await.unwrap(), 80_000);
+    assert_eq!(c.append(7, 10_000, more.clone()).await.unwrap(), 80_000);
     let mut whole = first.clone();
     whole.extend_from_slice(&more);
     assert_eq!(c.read(7, 0, 80_000).await.unwrap(), whole);
@@ -72,7 +74,7 @@ async fn every_operation_and_its_errors() {
     let st = c.stat(7).await.unwrap();
     assert_eq!((st.length, st.version, st.sealed), (80_000, 3, false));
     // A wrong offset is refused with the chunk's current length.
-    let e = c.append(7, 5, b"x").await.unwrap_err();
+    let e = c.append(7, 5, &b"x"[..]).await.unwrap_err();
     assert!(
         matches!(
             e,
@@ -93,7 +95,7 @@ async fn every_operation_and_its_errors() {
         c.stat(8).await.unwrap_err().status(),
         Some(Status::NotFound)
     );
-    let e = c.create(7, 1, b"").await.unwrap_err();
+    let e = c.create(7, 1, &b""[..]).await.unwrap_err();
     assert_eq!(e.status(), Some(Status::AlreadyExists));
     // Seal: the chunk CRC, then no more appends.
     let sealed = c.seal(7).await.unwrap();
@@ -101,7 +103,7 @@ async fn every_operation_and_its_errors() {
     assert_eq!(sealed.crc32c, crc32c::crc32c(&whole));
     assert_eq!(c.stat(7).await.unwrap(), sealed);
     assert_eq!(
-        c.append(7, 80_000, b"y").await.unwrap_err().status(),
+        c.append(7, 80_000, &b"y"[..]).await.unwrap_err().status(),
         Some(Status::Sealed)
     );
     // Delete frees the id.
@@ -110,7 +112,7 @@ async fn every_operation_and_its_errors() {
         c.read(7, 0, 1).await.unwrap_err().status(),
         Some(Status::NotFound)
     );
-    assert_eq!(c.create(7, 4, b"again").await.unwrap(), 5);
+    assert_eq!(c.create(7, 4, &b"again"[..]).await.unwrap(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,20 +127,24 @@ async fn many_requests_in_flight_on_one_connection_come_back_out_of_order() {
         },
     )
     .await;
-    let c = Arc::new(DataConn::connect(s.addr).await.unwrap());
+    let c = Arc::new(
+        DataConn::connect(s.addr, std::time::Duration::from_secs(30))
+            .await
+            .unwrap(),
+    );
     let chunks = 16u64;
     let appends = 20usize;
     let mut tasks = Vec::new();
     for id in 0..chunks {
         let c = c.clone();
         tasks.push(tokio::spawn(async move {
-            let mut len = c.create(id, 1, b"").await.unwrap();
+            let mut len = c.create(id, 1, &b""[..]).await.unwrap();
             let mut whole = Vec::new();
             for k in 0..appends {
                 // Mixed sizes: a 300 KiB append is in flight beside 1 KiB ones.
                 let size = if k % 5 == 0 { 300 << 10 } else { 1 << 10 };
                 let data = bytes(id * 1000 + k as u64, size);
-                len = c.append(id, len, &data).await.unwrap();
+                len = c.append(id, len, data.clone()).await.unwrap();
                 whole.extend_from_slice(&data);
             }
             assert_eq!(c.read(id, 0, whole.len()).await.unwrap(), whole);
@@ -163,8 +169,10 @@ async fn many_requests_in_flight_on_one_connection_come_back_out_of_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_frame_closes_that_connection_only() {
     let s = server(1, ServerOptions::default()).await;
-    let good = DataConn::connect(s.addr).await.unwrap();
-    good.create(1, 1, b"kept").await.unwrap();
+    let good = DataConn::connect(s.addr, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    good.create(1, 1, &b"kept"[..]).await.unwrap();
     // Garbage: the server closes this connection without a reply.
     let mut raw = tokio::net::TcpStream::connect(s.addr).await.unwrap();
     raw.write_all(&[0xAB; 64]).await.unwrap();
@@ -207,7 +215,7 @@ async fn a_corrupt_frame_closes_that_connection_only() {
         .unwrap_or(0);
     assert_eq!(n, 0);
     // An append larger than the store takes: a typed TOO_LARGE, and the connection lives on.
-    let e = good.append(1, 4, &vec![7u8; 5 << 20]).await.unwrap_err();
+    let e = good.append(1, 4, vec![7u8; 5 << 20]).await.unwrap_err();
     assert_eq!(e.status(), Some(Status::TooLarge), "{e}");
     // The good connection never noticed.
     assert_eq!(good.read(1, 0, 4).await.unwrap(), b"kept");

@@ -191,7 +191,10 @@ impl Harness {
             },
             Op::SealAt(id, f) => {
                 let key = id as u64;
-                let cur = self.model.get(&key).map(|c| (c.data.len() as u64, c.sealed));
+                let cur = self
+                    .model
+                    .get(&key)
+                    .map(|c| (c.data.len() as u64, c.sealed));
                 let at = cur.map_or(0, |(len, _)| len * u64::from(f) / 65536);
                 match (cur, self.store().seal_at(key, at)) {
                     (None, Err(Error::NotFound { .. })) => {}

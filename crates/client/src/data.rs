@@ -1,7 +1,11 @@
 //! The data-plane connection to one chunkserver (docs/formats/wire.md).
 
+use bytes::Bytes;
+pub use cairn_proto::fault::FaultSpec;
 pub use cairn_proto::frame::Status;
-use cairn_proto::frame::{FLAG_SEALED, FrameError, HEADER_BYTES, Header, MAX_PAYLOAD, Opcode};
+use cairn_proto::frame::{
+    FLAG_SEAL_AT, FLAG_SEALED, FrameError, HEADER_BYTES, Header, MAX_PAYLOAD, Opcode,
+};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -18,6 +22,11 @@ pub enum Error {
     Connect { addr: SocketAddr, message: String },
     #[error("connection to {addr} lost: {message}")]
     ConnectionLost { addr: SocketAddr, message: String },
+    #[error("no reply from {addr} within {after:?}")]
+    Timeout {
+        addr: SocketAddr,
+        after: std::time::Duration,
+    },
     #[error("bad frame from {addr}: {source}")]
     Frame {
         addr: SocketAddr,
@@ -42,6 +51,15 @@ impl Error {
             Error::Status { status, .. } => Some(*status),
             _ => None,
         }
+    }
+
+    /// The server may answer if asked again (it was unreachable or slow), as opposed to an
+    /// answer that asking again would repeat.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Connect { .. } | Error::ConnectionLost { .. } | Error::Timeout { .. }
+        ) || self.status() == Some(Status::ShuttingDown)
     }
 }
 
@@ -80,24 +98,32 @@ struct PendingState {
 pub struct DataConn {
     addr: SocketAddr,
     stats: Arc<ConnStats>,
-    tx: mpsc::Sender<(Header, Vec<u8>)>,
+    tx: mpsc::Sender<(Header, Bytes)>,
     pending: Pending,
     next_id: AtomicU64,
+    /// A request without a reply after this long fails with [`Error::Timeout`].
+    timeout: std::time::Duration,
 }
 
 /// Requests queued for the socket before senders wait.
 const SEND_QUEUE: usize = 256;
 
 impl DataConn {
-    /// Connects to a chunkserver.
-    pub async fn connect(addr: SocketAddr) -> Result<Self> {
-        let stream = TcpStream::connect(addr).await.map_err(|e| Error::Connect {
-            addr,
-            message: e.to_string(),
-        })?;
+    /// Connects to a chunkserver; requests time out after `timeout` (the connect too).
+    pub async fn connect(addr: SocketAddr, timeout: std::time::Duration) -> Result<Self> {
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| Error::Timeout {
+                addr,
+                after: timeout,
+            })?
+            .map_err(|e| Error::Connect {
+                addr,
+                message: e.to_string(),
+            })?;
         let _ = stream.set_nodelay(true);
         let (mut rd, wr) = stream.into_split();
-        let (tx, mut rx) = mpsc::channel::<(Header, Vec<u8>)>(SEND_QUEUE);
+        let (tx, mut rx) = mpsc::channel::<(Header, Bytes)>(SEND_QUEUE);
         let pending: Pending = Arc::new(Mutex::new(PendingState {
             waiting: HashMap::new(),
             dead: None,
@@ -165,6 +191,7 @@ impl DataConn {
             tx,
             pending,
             next_id: AtomicU64::new(1),
+            timeout,
         })
     }
 
@@ -176,7 +203,7 @@ impl DataConn {
         &self.stats
     }
 
-    async fn call(&self, mut h: Header, payload: Vec<u8>) -> Result<(Header, Vec<u8>)> {
+    async fn call(&self, mut h: Header, payload: Bytes) -> Result<(Header, Vec<u8>)> {
         if payload.len() > MAX_PAYLOAD as usize {
             return Err(Error::TooLarge(payload.len()));
         }
@@ -202,7 +229,16 @@ impl DataConn {
             self.pending.lock().waiting.remove(&h.request_id);
             return Err(lost("writer gone".into()));
         }
-        let (rh, rp) = rx.await.map_err(|_| lost("reply dropped".into()))??;
+        let (rh, rp) = match tokio::time::timeout(self.timeout, rx).await {
+            Ok(r) => r.map_err(|_| lost("reply dropped".into()))??,
+            Err(_) => {
+                self.pending.lock().waiting.remove(&h.request_id);
+                return Err(Error::Timeout {
+                    addr: self.addr,
+                    after: self.timeout,
+                });
+            }
+        };
         match rh.status() {
             Some(Status::Ok) => Ok((rh, rp)),
             Some(status) => Err(Error::Status {
@@ -220,17 +256,22 @@ impl DataConn {
 
     /// Creates a chunk, appending `first` (may be empty) in the same trip. Returns the
     /// chunk's length.
-    pub async fn create(&self, chunk_id: u64, version: u64, first: &[u8]) -> Result<u64> {
+    pub async fn create(
+        &self,
+        chunk_id: u64,
+        version: u64,
+        first: impl Into<Bytes>,
+    ) -> Result<u64> {
         let mut h = Header::request(Opcode::Create, 0, chunk_id);
         h.arg = version;
-        Ok(self.call(h, first.to_vec()).await?.0.offset)
+        Ok(self.call(h, first.into()).await?.0.offset)
     }
 
     /// Appends at `offset` (the chunk's current length). Returns the new length.
-    pub async fn append(&self, chunk_id: u64, offset: u64, data: &[u8]) -> Result<u64> {
+    pub async fn append(&self, chunk_id: u64, offset: u64, data: impl Into<Bytes>) -> Result<u64> {
         let mut h = Header::request(Opcode::Append, 0, chunk_id);
         h.offset = offset;
-        Ok(self.call(h, data.to_vec()).await?.0.offset)
+        Ok(self.call(h, data.into()).await?.0.offset)
     }
 
     /// Reads `len` bytes at `offset`; the payload CRC is checked end to end.
@@ -238,7 +279,7 @@ impl DataConn {
         let mut h = Header::request(Opcode::Read, 0, chunk_id);
         h.offset = offset;
         h.arg = len as u64;
-        let (rh, data) = self.call(h, Vec::new()).await?;
+        let (rh, data) = self.call(h, Bytes::new()).await?;
         if data.len() != len {
             return Err(Error::Status {
                 status: Status::Io,
@@ -251,26 +292,49 @@ impl DataConn {
 
     pub async fn seal(&self, chunk_id: u64) -> Result<ChunkInfo> {
         let (h, p) = self
-            .call(Header::request(Opcode::Seal, 0, chunk_id), Vec::new())
+            .call(Header::request(Opcode::Seal, 0, chunk_id), Bytes::new())
             .await?;
         info(self.addr, &h, &p)
     }
 
     pub async fn stat(&self, chunk_id: u64) -> Result<ChunkInfo> {
         let (h, p) = self
-            .call(Header::request(Opcode::Stat, 0, chunk_id), Vec::new())
+            .call(Header::request(Opcode::Stat, 0, chunk_id), Bytes::new())
             .await?;
         info(self.addr, &h, &p)
     }
 
     pub async fn delete(&self, chunk_id: u64) -> Result<()> {
-        self.call(Header::request(Opcode::Delete, 0, chunk_id), Vec::new())
+        self.call(Header::request(Opcode::Delete, 0, chunk_id), Bytes::new())
             .await?;
         Ok(())
     }
 
+    /// Seals the chunk at `length`, dropping any bytes past it (`OUT_OF_RANGE` when the
+    /// replica holds less).
+    pub async fn seal_at(&self, chunk_id: u64, length: u64) -> Result<ChunkInfo> {
+        let mut h = Header::request(Opcode::Seal, 0, chunk_id);
+        h.flags |= FLAG_SEAL_AT;
+        h.offset = length;
+        let (h, p) = self.call(h, Bytes::new()).await?;
+        info(self.addr, &h, &p)
+    }
+
     pub async fn ping(&self) -> Result<()> {
-        self.call(Header::request(Opcode::Ping, 0, 0), Vec::new())
+        self.call(Header::request(Opcode::Ping, 0, 0), Bytes::new())
+            .await?;
+        Ok(())
+    }
+
+    /// Replaces the server's injected faults (refused unless it runs with
+    /// `--fault-injection`).
+    pub async fn fault(&self, spec: &FaultSpec) -> Result<()> {
+        let payload = if spec.is_clear() {
+            Bytes::new()
+        } else {
+            Bytes::copy_from_slice(&spec.encode())
+        };
+        self.call(Header::request(Opcode::Fault, 0, 0), payload)
             .await?;
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! The FlatLogFile API: the client that replicates appends itself.
 
 use crate::data::{DataConn, Error as DataError};
+pub use crate::writer::FlatLogFile;
 use cairn_proto::frame::Status;
 use cairn_rpc::{Masters, MetaError, pb};
 use futures::future::join_all;
@@ -62,6 +63,17 @@ pub struct ClientOptions {
     pub retry_for: Duration,
     /// How often a writer renews its lease.
     pub renew_every: Duration,
+    /// A data-plane request without a reply after this long has failed (the replica is then
+    /// retried or given up; see the chasing settings).
+    pub request_timeout: Duration,
+    /// Chasing: how long a replica may stay behind the acknowledged length (`t`).
+    pub chase_timeout: Duration,
+    /// Chasing: a replica behind by less than this after `chase_timeout` is still waited for
+    /// (`k`); one further behind is sealed and dropped, and the masters re-replicate the chunk.
+    pub chase_retry_bytes: u64,
+    /// Chasing: bytes of acknowledged appends this client keeps for lagging replicas, over all
+    /// its writers. When full, appends wait for every replica instead.
+    pub chase_memory: u64,
 }
 
 impl Default for ClientOptions {
@@ -73,6 +85,10 @@ impl Default for ClientOptions {
             cache_entries: 4096,
             retry_for: Duration::from_secs(15),
             renew_every: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            chase_timeout: Duration::from_millis(500),
+            chase_retry_bytes: 1 << 20,
+            chase_memory: 64 << 20,
         }
     }
 }
@@ -82,6 +98,9 @@ impl Default for ClientOptions {
 pub struct CreateOptions {
     /// Copies of every chunk.
     pub replicas: u32,
+    /// Copies durable before an append is acknowledged (a majority of `replicas`); `None` is
+    /// the least majority (2 of 3).
+    pub min_copy: Option<u32>,
     pub compression: bool,
     /// Create missing parent directories.
     pub parents: bool,
@@ -91,6 +110,7 @@ impl Default for CreateOptions {
     fn default() -> Self {
         Self {
             replicas: 3,
+            min_copy: None,
             compression: false,
             parents: true,
         }
@@ -107,6 +127,7 @@ pub struct FileStat {
     pub chunks: usize,
     pub sealed: bool,
     pub replicas: u32,
+    pub min_copy: u32,
     pub ctime_ms: u64,
     pub mtime_ms: u64,
     /// Who holds the write lease, if anyone.
@@ -127,25 +148,38 @@ pub struct DirEntry {
 
 /// A file's chunk list as the client caches it.
 #[derive(Debug, Clone)]
-struct View {
+pub(crate) struct View {
     chunks: Vec<pb::ChunkMeta>,
+    /// Copies that make a byte readable (the file's MinCopy).
+    min_copy: usize,
+}
+
+impl View {
+    fn of(f: &pb::FileMeta) -> Self {
+        Self {
+            chunks: f.chunks.clone(),
+            min_copy: f.policy.as_ref().map_or(1, |p| p.min_copy.max(1)) as usize,
+        }
+    }
 }
 
 /// A handle on the cluster. Cheap to clone; clones share connections and caches.
 #[derive(Clone)]
 pub struct Client {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    masters: Masters,
-    opts: ClientOptions,
-    client_id: String,
+pub(crate) struct Inner {
+    pub(crate) masters: Masters,
+    pub(crate) opts: ClientOptions,
+    pub(crate) client_id: String,
+    /// Bytes held for lagging replicas by all writers (chasing memory).
+    pub(crate) chasing: std::sync::atomic::AtomicU64,
     addrs: Mutex<HashMap<u64, String>>,
     conns: Mutex<HashMap<u64, Arc<DataConn>>>,
     /// Smoothed read latency per server (µs), to pick the replica to read from.
     latency: Mutex<HashMap<u64, f64>>,
-    cache: Mutex<LruCache<String, Arc<View>>>,
+    pub(crate) cache: Mutex<LruCache<String, Arc<View>>>,
     locate: Locator,
 }
 
@@ -180,6 +214,7 @@ impl Client {
                 latency: Mutex::new(HashMap::new()),
                 cache: Mutex::new(LruCache::new(cache)),
                 locate: Locator::default(),
+                chasing: std::sync::atomic::AtomicU64::new(0),
                 opts,
             }),
         })
@@ -218,6 +253,7 @@ impl Client {
             policy: Some(pb::Policy {
                 replicas: opts.replicas,
                 compression: opts.compression,
+                min_copy: opts.min_copy.unwrap_or(0),
             }),
             client_id: self.inner.client_id.clone(),
             chunks: 1 + self.inner.opts.prefetch,
@@ -233,7 +269,7 @@ impl Client {
     }
 
     /// Opens an existing file for appending. Chunks a previous writer left open are sealed at
-    /// the length all their replicas hold, and appends go on in a new chunk.
+    /// the length MinCopy of their replicas hold, and appends go on in a new chunk.
     ///
     /// # Errors
     /// The file does not exist, is sealed, or another writer holds its lease.
@@ -278,14 +314,13 @@ impl Client {
                 chunks: 0,
                 sealed: false,
                 replicas: 0,
+                min_copy: 0,
                 ctime_ms: r.ctime_ms,
                 mtime_ms: r.mtime_ms,
                 writer: None,
             });
         };
-        let view = View {
-            chunks: f.chunks.clone(),
-        };
+        let view = View::of(&f);
         let length = self.live_length(&view).await;
         self.inner.cache.lock().put(r.path.clone(), Arc::new(view));
         Ok(FileStat {
@@ -295,6 +330,7 @@ impl Client {
             chunks: f.chunks.len(),
             sealed: f.sealed,
             replicas: f.policy.map_or(0, |p| p.replicas),
+            min_copy: f.policy.map_or(0, |p| p.min_copy),
             ctime_ms: f.ctime_ms,
             mtime_ms: f.mtime_ms,
             writer: f.lease.map(|l| l.holder),
@@ -354,7 +390,8 @@ impl Client {
         Ok(())
     }
 
-    /// Reads `len` bytes at `offset`. Bytes are readable once every replica acknowledged them.
+    /// Reads `len` bytes at `offset`. Bytes are readable once MinCopy replicas hold them
+    /// durably (an append may be readable a moment before its writer hears so).
     ///
     /// # Errors
     /// The range is past the readable end, the file is missing, or no replica can serve it.
@@ -412,12 +449,12 @@ impl Client {
                 format!("{path}: is a directory"),
             )
         })?;
-        let v = Arc::new(View { chunks: f.chunks });
+        let v = Arc::new(View::of(&f));
         self.inner.cache.lock().put(path.to_owned(), v.clone());
         Ok(v)
     }
 
-    fn remember_addrs(&self, servers: &[pb::ServerAddr]) {
+    pub(crate) fn remember_addrs(&self, servers: &[pb::ServerAddr]) {
         let mut a = self.inner.addrs.lock();
         for s in servers {
             if a.get(&s.id) != Some(&s.addr) {
@@ -427,7 +464,7 @@ impl Client {
         }
     }
 
-    fn absorb(&self, r: pb::FileReply) -> Result<pb::FileMeta> {
+    pub(crate) fn absorb(&self, r: pb::FileReply) -> Result<pb::FileMeta> {
         self.remember_addrs(&r.servers);
         r.file
             .ok_or_else(|| MetaError::internal("reply without a file").into())
@@ -445,16 +482,20 @@ impl Client {
             .cloned()
             .ok_or(Error::UnknownServer(server))?;
         let sock = addr.parse().map_err(|_| Error::UnknownServer(server))?;
-        let c = Arc::new(DataConn::connect(sock).await.map_err(|e| Error::Data {
-            server,
-            addr: addr.clone(),
-            source: e,
-        })?);
+        let c = Arc::new(
+            DataConn::connect(sock, self.inner.opts.request_timeout)
+                .await
+                .map_err(|e| Error::Data {
+                    server,
+                    addr: addr.clone(),
+                    source: e,
+                })?,
+        );
         Ok(self.inner.conns.lock().entry(server).or_insert(c).clone())
     }
 
     /// Runs one data-plane call; a dead connection is dropped so the next call reconnects.
-    async fn on<T, F, Fut>(&self, server: u64, f: F) -> Result<T>
+    pub(crate) async fn on<T, F, Fut>(&self, server: u64, f: F) -> Result<T>
     where
         F: FnOnce(Arc<DataConn>) -> Fut,
         Fut: std::future::Future<Output = crate::data::Result<T>>,
@@ -481,14 +522,8 @@ impl Client {
         }
     }
 
-    /// The length every replica of an open chunk holds (0 where a replica lacks the chunk);
-    /// `None` when no replica answered.
-    async fn replicated_length(&self, c: &pb::ChunkMeta) -> Option<u64> {
-        self.replicas(c).await.min
-    }
-
     /// Asks every replica of a chunk for its length.
-    async fn replicas(&self, c: &pb::ChunkMeta) -> Replicas {
+    pub(crate) async fn replicas(&self, c: &pb::ChunkMeta) -> Replicas {
         let stats = join_all(
             c.servers
                 .iter()
@@ -497,9 +532,9 @@ impl Client {
         .await;
         let mut r = Replicas {
             exists: false,
-            min: None,
+            lengths: Vec::new(),
         };
-        for s in stats {
+        for (s, server) in stats.into_iter().zip(&c.servers) {
             let l = match s {
                 Ok(info) => {
                     r.exists = true;
@@ -515,20 +550,21 @@ impl Client {
                 }) => 0,
                 Err(_) => continue,
             };
-            r.min = Some(r.min.map_or(l, |m: u64| m.min(l)));
+            r.lengths.push((*server, l));
         }
         r
     }
 
-    /// Readable bytes of each chunk: a sealed chunk's length; for an open chunk, what every
-    /// replica holds (the master's committed length if no replica answers).
+    /// Readable bytes of each chunk: a sealed chunk's length; for an open chunk, what MinCopy
+    /// replicas hold (the master's committed length if fewer answer).
     async fn lengths(&self, v: &View) -> Vec<u64> {
         join_all(v.chunks.iter().map(|c| async move {
             if c.sealed {
                 c.length
             } else {
-                self.replicated_length(c)
+                self.replicas(c)
                     .await
+                    .quorum_length(v.min_copy)
                     .unwrap_or(c.length)
                     .max(c.length)
             }
@@ -592,11 +628,21 @@ fn known_length(v: &View) -> u64 {
     v.chunks.iter().map(|c| c.length).sum()
 }
 
-/// What the replicas of a chunk said: whether any has it, and the least length among those
-/// that answered (a replica without the chunk counts as 0); `None` when none answered.
-struct Replicas {
-    exists: bool,
-    min: Option<u64>,
+/// What the replicas of a chunk said: whether any has it, and the length of each that
+/// answered (a replica without the chunk counts as 0).
+pub(crate) struct Replicas {
+    pub exists: bool,
+    pub lengths: Vec<(u64, u64)>,
+}
+
+impl Replicas {
+    /// The length at least `min_copy` of the answering replicas hold: every byte below it is
+    /// durable on a quorum. `None` when fewer than `min_copy` answered.
+    pub fn quorum_length(&self, min_copy: usize) -> Option<u64> {
+        let mut l: Vec<u64> = self.lengths.iter().map(|x| x.1).collect();
+        l.sort_unstable_by(|a, b| b.cmp(a));
+        l.get(min_copy.max(1) - 1).copied()
+    }
 }
 
 /// Batches chunk-location look-ups: the first caller waits a moment for others, then one
@@ -653,331 +699,5 @@ impl Locator {
         }
         rx.await
             .map_err(|_| Error::Meta(MetaError::internal("locate batch dropped")))?
-    }
-}
-
-/// A file open for appending. Appends are ordered; each is acknowledged when every replica of
-/// its chunk has it durably. Close (or seal) when done: otherwise the lease runs out and the
-/// next writer recovers the open chunk.
-pub struct FlatLogFile {
-    client: Client,
-    path: String,
-    chunks: Vec<pb::ChunkMeta>,
-    /// Index in `chunks` of the chunk being written.
-    active: Option<usize>,
-    active_len: u64,
-    length: u64,
-    failed: Option<String>,
-    lease_lost: Arc<AtomicBool>,
-    renew: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl FlatLogFile {
-    fn new(client: Client, path: &str, file: pb::FileMeta) -> Self {
-        let length = file
-            .chunks
-            .iter()
-            .filter(|c| c.sealed)
-            .map(|c| c.length)
-            .sum();
-        let lease_lost = Arc::new(AtomicBool::new(false));
-        let renew = {
-            let (client, path, lost) = (client.clone(), path.to_owned(), lease_lost.clone());
-            tokio::spawn(async move {
-                let every = client.inner.opts.renew_every;
-                loop {
-                    tokio::time::sleep(every).await;
-                    let req = pb::CommitRequest {
-                        path: path.clone(),
-                        client_id: client.inner.client_id.clone(),
-                        ..Default::default()
-                    };
-                    let r = client
-                        .inner
-                        .masters
-                        .send(req, |mut c, r| async move { c.commit(r).await })
-                        .await;
-                    if let Err(e) = r
-                        && matches!(
-                            e.kind,
-                            cairn_rpc::ErrorKind::LeaseLost
-                                | cairn_rpc::ErrorKind::NotFound
-                                | cairn_rpc::ErrorKind::Sealed
-                        )
-                    {
-                        tracing::warn!(%path, error = %e, "write lease lost");
-                        lost.store(true, Ordering::Release);
-                        return;
-                    }
-                }
-            })
-        };
-        Self {
-            client,
-            path: path.to_owned(),
-            chunks: file.chunks,
-            active: None,
-            active_len: 0,
-            length,
-            failed: None,
-            lease_lost,
-            renew: Some(renew),
-        }
-    }
-
-    pub fn path(&self) -> &str {
-        &self.path
-    }
-
-    /// Bytes in the file (acknowledged appends included).
-    pub fn len(&self) -> u64 {
-        self.length
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.length == 0
-    }
-
-    /// Seals chunks a previous writer left open, at the length all reachable replicas hold.
-    async fn recover(&mut self) -> Result<()> {
-        let mut updates = Vec::new();
-        for c in self.chunks.iter_mut().filter(|c| !c.sealed) {
-            let Replicas { exists, min } = self.client.replicas(c).await;
-            if !exists {
-                continue; // never written: a spare, still usable
-            }
-            let len = min.unwrap_or(0).max(c.length);
-            for s in &c.servers {
-                let id = c.id;
-                if let Err(e) = self
-                    .client
-                    .on(*s, |d| async move { d.seal(id).await })
-                    .await
-                {
-                    tracing::warn!(chunk = id, server = s, error = %e, "seal during recovery failed");
-                }
-            }
-            c.length = len;
-            c.sealed = true;
-            updates.push(pb::ChunkUpdate {
-                chunk_id: c.id,
-                length: len,
-                sealed: true,
-            });
-        }
-        if !updates.is_empty() {
-            self.commit(updates, false, false, false).await?;
-        }
-        self.length = self
-            .chunks
-            .iter()
-            .filter(|c| c.sealed)
-            .map(|c| c.length)
-            .sum();
-        Ok(())
-    }
-
-    fn check(&self) -> Result<()> {
-        if let Some(f) = &self.failed {
-            return Err(Error::Writer(format!(
-                "{}: writer failed earlier: {f}",
-                self.path
-            )));
-        }
-        if self.lease_lost.load(Ordering::Acquire) {
-            return Err(Error::Writer(format!("{}: write lease lost", self.path)));
-        }
-        Ok(())
-    }
-
-    /// Appends `data`; returns the file offset it starts at. Appends longer than
-    /// [`ClientOptions::max_append`] or crossing a chunk boundary go as several pieces.
-    ///
-    /// # Errors
-    /// A replica failed (the writer is then unusable; reopen the file), or the lease is lost.
-    pub async fn append(&mut self, data: &[u8]) -> Result<u64> {
-        self.check()?;
-        let start = self.length;
-        let mut rest = data;
-        while !rest.is_empty() {
-            let chunk_size = self.client.inner.opts.chunk_size;
-            if (self.active.is_none() || self.active_len >= chunk_size)
-                && let Err(e) = self.switch_chunk().await
-            {
-                self.failed = Some(e.to_string());
-                return Err(e);
-            }
-            let room = (chunk_size - self.active_len) as usize;
-            let n = rest.len().min(room).min(self.client.inner.opts.max_append);
-            if let Err(e) = self.write_piece(&rest[..n]).await {
-                self.failed = Some(e.to_string());
-                return Err(e);
-            }
-            rest = &rest[n..];
-        }
-        Ok(start)
-    }
-
-    /// Sends one piece to every replica of the active chunk in parallel.
-    async fn write_piece(&mut self, piece: &[u8]) -> Result<()> {
-        let c = &self.chunks[self.active.expect("switched")];
-        let (id, version, offset) = (c.id, c.version, self.active_len);
-        let results = join_all(c.servers.iter().map(|s| {
-            let client = &self.client;
-            async move {
-                client
-                    .on(*s, |d| async move {
-                        if offset == 0 {
-                            d.create(id, version, piece).await
-                        } else {
-                            d.append(id, offset, piece).await
-                        }
-                    })
-                    .await
-            }
-        }))
-        .await;
-        for r in results {
-            r?;
-        }
-        self.active_len += piece.len() as u64;
-        self.length += piece.len() as u64;
-        Ok(())
-    }
-
-    /// Seals the active chunk (if it has data) and moves to the next spare, allocating more
-    /// when none is left.
-    async fn switch_chunk(&mut self) -> Result<()> {
-        if self.active.is_some() && self.active_len > 0 {
-            self.seal_active().await?;
-        }
-        let from = self.active.map_or(0, |i| i + 1);
-        let next = (from..self.chunks.len())
-            .find(|&i| !self.chunks[i].sealed && self.chunks[i].length == 0);
-        let next = match next {
-            Some(i) => i,
-            None => {
-                let req = pb::AllocateRequest {
-                    path: self.path.clone(),
-                    client_id: self.client.inner.client_id.clone(),
-                    chunks: 1 + self.client.inner.opts.prefetch,
-                };
-                let r = self
-                    .client
-                    .inner
-                    .masters
-                    .send(req, |mut c, r| async move { c.allocate_chunks(r).await })
-                    .await?;
-                let f = self.client.absorb(r)?;
-                let known = self.chunks.len();
-                self.chunks = f.chunks;
-                (known.min(self.chunks.len())..self.chunks.len())
-                    .find(|&i| !self.chunks[i].sealed && self.chunks[i].length == 0)
-                    .ok_or_else(|| MetaError::internal("allocation returned no chunk"))?
-            }
-        };
-        self.active = Some(next);
-        self.active_len = 0;
-        Ok(())
-    }
-
-    /// Seals every replica of the active chunk and records its length at the masters.
-    async fn seal_active(&mut self) -> Result<()> {
-        let i = self.active.expect("active");
-        let (id, servers) = (self.chunks[i].id, self.chunks[i].servers.clone());
-        let results = join_all(servers.iter().map(|s| {
-            let client = &self.client;
-            async move { client.on(*s, |d| async move { d.seal(id).await }).await }
-        }))
-        .await;
-        for r in results {
-            r?;
-        }
-        self.chunks[i].length = self.active_len;
-        self.chunks[i].sealed = true;
-        let update = pb::ChunkUpdate {
-            chunk_id: id,
-            length: self.active_len,
-            sealed: true,
-        };
-        self.commit(vec![update], false, false, false).await
-    }
-
-    async fn commit(
-        &mut self,
-        updates: Vec<pb::ChunkUpdate>,
-        trim: bool,
-        release: bool,
-        seal: bool,
-    ) -> Result<()> {
-        let req = pb::CommitRequest {
-            path: self.path.clone(),
-            client_id: self.client.inner.client_id.clone(),
-            updates,
-            trim,
-            release,
-            seal,
-        };
-        let r = self
-            .client
-            .inner
-            .masters
-            .send(req, |mut c, r| async move { c.commit(r).await })
-            .await?;
-        let f = self.client.absorb(r)?;
-        self.chunks = f.chunks;
-        Ok(())
-    }
-
-    async fn finish(mut self, seal: bool) -> Result<u64> {
-        self.check()?;
-        if let Some(r) = self.renew.take() {
-            r.abort();
-        }
-        // One master call: the chunk's final length (sealed in the stream meta), unused spares
-        // trimmed, lease released. The replicas are not sealed here: sealing fences off an
-        // *other* writer, and this writer is the one stopping; no writer appends to a chunk the
-        // masters hold sealed, and a reader never reads past the masters' length.
-        let mut updates = Vec::new();
-        if let Some(i) = self.active
-            && self.active_len > 0
-        {
-            let c = &mut self.chunks[i];
-            c.length = self.active_len;
-            c.sealed = true;
-            updates.push(pb::ChunkUpdate {
-                chunk_id: c.id,
-                length: self.active_len,
-                sealed: true,
-            });
-        }
-        self.commit(updates, true, true, seal).await?;
-        self.client.inner.cache.lock().pop(&self.path);
-        Ok(self.length)
-    }
-
-    /// Seals the open chunk, gives the lease back and returns the file's length. The file
-    /// stays appendable by the next [`Client::open_append`].
-    ///
-    /// # Errors
-    /// A replica or the masters failed; the data acknowledged so far stays readable.
-    pub async fn close(self) -> Result<u64> {
-        self.finish(false).await
-    }
-
-    /// Like [`FlatLogFile::close`], and the file can never be appended to again.
-    ///
-    /// # Errors
-    /// As [`FlatLogFile::close`].
-    pub async fn seal(self) -> Result<u64> {
-        self.finish(true).await
-    }
-}
-
-impl Drop for FlatLogFile {
-    fn drop(&mut self) {
-        if let Some(r) = self.renew.take() {
-            r.abort();
-        }
     }
 }

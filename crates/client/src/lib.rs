@@ -3,7 +3,9 @@
 //! A [`Client`] talks to the masters for metadata (gRPC, following the leader) and straight to
 //! the chunkservers for data ([`DataConn`], one multiplexed connection per server). Files are
 //! FlatLogFiles: append-only, read anywhere, sealed once done. The client replicates every
-//! append to all of a chunk's servers itself and acknowledges it when all are durable.
+//! append to all of a chunk's servers itself and acknowledges it once MinCopy of them (2 of 3
+//! by default) are durable, chasing the others; a chunk whose replicas fail is sealed and the
+//! append goes on in a new one (see [`FlatLogFile`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), cairn_client::Error> {
@@ -22,6 +24,10 @@
 pub mod blocking;
 mod data;
 mod fs;
+mod writer;
 
-pub use data::{ChunkInfo, ConnStats, DataConn, Error as DataError, Result as DataResult, Status};
+pub use data::{
+    ChunkInfo, ConnStats, DataConn, Error as DataError, FaultSpec, Result as DataResult, Status,
+};
 pub use fs::{Client, ClientOptions, CreateOptions, DirEntry, Error, FileStat, FlatLogFile};
+pub use writer::WriterStats;

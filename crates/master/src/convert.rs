@@ -1,8 +1,8 @@
 //! Protobuf ⇄ state conversions. Everything a client or chunkserver sends is validated here
 //! (and fuzzed: fuzz/fuzz_targets/meta_requests.rs) before it reaches the state machine.
 
-use crate::registry::Heartbeat;
-use crate::state::{Chunk, ChunkUpdate, Inode, Kind, Policy, ServerRecord, State};
+use crate::registry::{Heartbeat, RepairResult, Reported};
+use crate::state::{Chunk, ChunkUpdate, Config, Inode, Kind, Policy, ServerRecord, State};
 use cairn_rpc::{MAX_ALLOCATE, MAX_REPLICAS, MetaError, normalize, pb};
 use std::collections::BTreeSet;
 
@@ -15,6 +15,9 @@ const MAX_UPDATES: usize = 1024;
 /// Most chunks in one heartbeat (a full report of a large server is ~a million).
 const MAX_REPORT: usize = 16 << 20;
 const MAX_LOCATE: usize = 4096;
+const MAX_EXCLUDE: usize = 1024;
+/// The least repair bandwidth cap (1 MiB/s): repair must make progress.
+const MIN_REPAIR_BYTES_PER_SEC: u64 = 1 << 20;
 
 pub fn path(p: &str) -> Result<String, MetaError> {
     Ok(normalize(p)?)
@@ -49,10 +52,52 @@ pub fn policy(p: Option<&pb::Policy>) -> Result<Policy, MetaError> {
             )));
         }
     };
+    let min_copy = match p.min_copy {
+        0 => Policy::majority(replicas),
+        m if m <= u32::from(replicas) && 2 * m > u32::from(replicas) => m as u8,
+        m => {
+            return Err(MetaError::invalid(format!(
+                "min_copy must be a majority of the {replicas} replicas (2 * min_copy > replicas, \
+                 min_copy <= replicas), not {m}"
+            )));
+        }
+    };
     Ok(Policy {
         replicas,
         compression: p.compression,
+        min_copy,
     })
+}
+
+pub fn drops(v: &[pb::ReplicaDrop]) -> Result<Vec<(u64, u64)>, MetaError> {
+    if v.len() > MAX_UPDATES {
+        return Err(MetaError::invalid(format!(
+            "at most {MAX_UPDATES} replica drops per commit"
+        )));
+    }
+    Ok(v.iter().map(|d| (d.chunk_id, d.server_id)).collect())
+}
+
+pub fn exclude(v: &[u64]) -> Result<BTreeSet<u64>, MetaError> {
+    if v.len() > MAX_EXCLUDE {
+        return Err(MetaError::invalid(format!(
+            "at most {MAX_EXCLUDE} excluded chunkservers"
+        )));
+    }
+    Ok(v.iter().copied().collect())
+}
+
+pub fn config(r: &pb::ConfigRequest, current: &Config) -> Result<Config, MetaError> {
+    let mut c = current.clone();
+    if r.repair_bytes_per_sec != 0 {
+        if r.repair_bytes_per_sec < MIN_REPAIR_BYTES_PER_SEC {
+            return Err(MetaError::invalid(format!(
+                "repair bandwidth must be at least {MIN_REPAIR_BYTES_PER_SEC} bytes/s"
+            )));
+        }
+        c.repair_bytes_per_sec = r.repair_bytes_per_sec;
+    }
+    Ok(c)
 }
 
 pub fn updates(v: &[pb::ChunkUpdate]) -> Result<Vec<ChunkUpdate>, MetaError> {
@@ -108,7 +153,11 @@ pub fn server_record(r: &pb::RegisterRequest) -> Result<ServerRecord, MetaError>
 }
 
 pub fn heartbeat(r: &pb::HeartbeatRequest) -> Result<Heartbeat, MetaError> {
-    if r.chunks.len() > MAX_REPORT || r.deleted.len() > MAX_REPORT {
+    if r.chunks.len() > MAX_REPORT
+        || r.deleted.len() > MAX_REPORT
+        || r.repaired.len() > MAX_REPORT
+        || r.repairing.len() > MAX_REPORT
+    {
         return Err(MetaError::invalid("chunk report too large"));
     }
     Ok(Heartbeat {
@@ -120,8 +169,31 @@ pub fn heartbeat(r: &pb::HeartbeatRequest) -> Result<Heartbeat, MetaError> {
         healthy: r.healthy,
         pid: r.pid,
         full_report: r.full_report,
-        chunks: r.chunks.iter().map(|c| c.id).collect(),
+        chunks: r
+            .chunks
+            .iter()
+            .map(|c| {
+                (
+                    c.id,
+                    Reported {
+                        length: c.length,
+                        sealed: c.sealed,
+                    },
+                )
+            })
+            .collect(),
         deleted: r.deleted.clone(),
+        repaired: r
+            .repaired
+            .iter()
+            .map(|d| RepairResult {
+                chunk_id: d.chunk_id,
+                ok: d.ok,
+                length: d.length,
+                error: d.error.chars().take(512).collect(),
+            })
+            .collect(),
+        repairing: r.repairing.clone(),
     })
 }
 
@@ -153,6 +225,7 @@ pub fn file(ino: &Inode) -> Option<pb::FileMeta> {
         policy: Some(pb::Policy {
             replicas: u32::from(f.policy.replicas),
             compression: f.policy.compression,
+            min_copy: u32::from(f.policy.min_copy()),
         }),
         sealed: f.sealed,
         ctime_ms: ino.ctime_ms,

@@ -5,6 +5,7 @@ pub mod convert;
 pub mod network;
 pub mod node;
 pub mod registry;
+pub mod repair;
 pub mod service;
 pub mod state;
 pub mod store;

@@ -94,12 +94,25 @@ pub async fn serve(
         registry: parking_lot::Mutex::new(Registry::new(opts.registry.clone())),
         lease: opts.lease,
     });
+    let scanner = {
+        let meta = meta.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                meta.scan_repairs();
+            }
+        })
+    };
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let result = tonic::transport::Server::builder()
         .add_service(MetaServer::new(meta))
         .add_service(RaftServer::new(RaftService { raft: raft.clone() }))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
+    scanner.abort();
+    let _ = scanner.await;
     let _ = raft.shutdown().await;
     drop(raft);
     // The database closes when its last user (storage tasks finishing their work) lets go;

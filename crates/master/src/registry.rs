@@ -3,10 +3,11 @@
 //! None of this is replicated. A new leader starts empty, asks every server for a full chunk
 //! report on its first heartbeat, and counts a server as down until it has heard from it.
 
+use crate::repair::Repairs;
 use crate::state::{ChunkId, ServerId, ServerRecord, State};
-use cairn_rpc::{ErrorKind, MetaError};
+use cairn_rpc::{ErrorKind, MetaError, pb};
 use rand::Rng;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// Timing of the registry.
@@ -18,6 +19,8 @@ pub struct RegistryOptions {
     pub down_after: Duration,
     /// A reported chunk that no file owns is deleted after this long.
     pub orphan_grace: Duration,
+    /// A sealed chunk short of copies for this long is repaired (reports lag a heartbeat).
+    pub repair_after: Duration,
 }
 
 impl Default for RegistryOptions {
@@ -26,8 +29,25 @@ impl Default for RegistryOptions {
             suspect_after: Duration::from_secs(5),
             down_after: Duration::from_secs(15),
             orphan_grace: Duration::from_secs(60),
+            repair_after: Duration::from_secs(3),
         }
     }
+}
+
+/// A chunk as a server reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    pub length: u64,
+    pub sealed: bool,
+}
+
+/// A repair a server finished.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairResult {
+    pub chunk_id: ChunkId,
+    pub ok: bool,
+    pub length: u64,
+    pub error: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +80,9 @@ pub struct Live {
     pub healthy: bool,
     pub pid: u32,
     /// The chunks the server holds, once it sent a full report.
-    pub reported: Option<HashSet<ChunkId>>,
+    pub reported: Option<HashMap<ChunkId, Reported>>,
+    /// Repairs it said it is running, at its last heartbeat.
+    pub repairing: HashSet<ChunkId>,
     /// Chunks it holds that no file owns, and since when.
     orphans: HashMap<ChunkId, Instant>,
 }
@@ -69,6 +91,7 @@ pub struct Live {
 pub struct Registry {
     pub opts: RegistryOptions,
     pub live: BTreeMap<ServerId, Live>,
+    pub repairs: Repairs,
 }
 
 /// One heartbeat, already validated.
@@ -81,13 +104,20 @@ pub struct Heartbeat {
     pub healthy: bool,
     pub pid: u32,
     pub full_report: bool,
-    pub chunks: Vec<ChunkId>,
+    pub chunks: Vec<(ChunkId, Reported)>,
     pub deleted: Vec<ChunkId>,
+    pub repaired: Vec<RepairResult>,
+    pub repairing: Vec<ChunkId>,
 }
 
 pub struct HeartbeatAnswer {
     pub send_full_report: bool,
     pub delete: Vec<ChunkId>,
+    /// Repairs for the server to start.
+    pub repairs: Vec<pb::RepairTask>,
+    pub repair_bytes_per_sec: u64,
+    /// Finished repairs to record in the replicated state.
+    pub finished: Vec<crate::state::Command>,
 }
 
 impl Registry {
@@ -95,6 +125,29 @@ impl Registry {
         Self {
             opts,
             live: BTreeMap::new(),
+            repairs: Repairs::default(),
+        }
+    }
+
+    /// Whether `server` holds a good copy of a chunk of `length` bytes: it is up (or only
+    /// suspect) and not draining, and its report (if it sent one) has at least those bytes.
+    pub fn holds(
+        &self,
+        rec: Option<&ServerRecord>,
+        chunk: ChunkId,
+        length: u64,
+        now: Instant,
+    ) -> bool {
+        let Some(rec) = rec else { return false };
+        if !matches!(
+            self.state_of(rec, now),
+            ServerState::Up | ServerState::Suspect
+        ) {
+            return false;
+        }
+        match self.live.get(&rec.id).and_then(|l| l.reported.as_ref()) {
+            Some(r) => r.get(&chunk).is_some_and(|c| c.length >= length),
+            None => true,
         }
     }
 
@@ -128,6 +181,7 @@ impl Registry {
             healthy: true,
             pid: 0,
             reported: None,
+            repairing: HashSet::new(),
             orphans: HashMap::new(),
         });
         live.last = now;
@@ -137,6 +191,16 @@ impl Registry {
         live.load = hb.load;
         live.healthy = hb.healthy;
         live.pid = hb.pid;
+        live.repairing = hb.repairing.iter().copied().collect();
+        let server = hb.server_id;
+        let finished: Vec<_> = self
+            .repairs
+            .results(server, &hb.repaired, state)
+            .into_iter()
+            .map(|c| self.finish_command(c, state, now))
+            .collect();
+        self.repairs.adopt(server, &hb.repairing, state, now);
+        let live = self.live.get_mut(&server).expect("inserted above");
         if hb.full_report {
             live.reported = Some(hb.chunks.iter().copied().collect());
         } else if let Some(r) = &mut live.reported {
@@ -149,15 +213,27 @@ impl Registry {
             return HeartbeatAnswer {
                 send_full_report: true,
                 delete: Vec::new(),
+                repairs: Vec::new(),
+                repair_bytes_per_sec: 0,
+                finished,
             };
         }
-        // Reconcile: a chunk no file owns becomes an orphan; after the grace period it is
-        // deleted. The grace covers a chunk whose file is being created right now.
+        // Reconcile: a chunk no file owns, or whose file no longer lists this server (a
+        // replica a writer gave up on, a copy a repair replaced), becomes an orphan; after the
+        // grace period it is deleted. The grace covers a chunk whose file is being created
+        // right now. A chunk this server is being repaired onto is not an orphan.
+        let repairs = &self.repairs;
+        let unwanted = |c: ChunkId| {
+            let listed = state
+                .chunk(c)
+                .is_some_and(|(_, chunk)| chunk.servers.contains(&server));
+            !listed && !live.repairing.contains(&c) && !repairs.targets(c, server)
+        };
         let reported = live.reported.as_ref().expect("set above");
         live.orphans
-            .retain(|c, _| reported.contains(c) && !state.owns_chunk(*c));
-        for &c in reported {
-            if !state.owns_chunk(c) {
+            .retain(|c, _| reported.contains_key(c) && unwanted(*c));
+        for &c in reported.keys() {
+            if unwanted(c) {
                 live.orphans.entry(c).or_insert(now);
             }
         }
@@ -172,9 +248,13 @@ impl Registry {
             .filter(|(c, since)| **c < next || now.duration_since(**since) >= grace)
             .map(|(c, _)| *c)
             .collect();
+        let repairs = self.repairs.take_tasks(server);
         HeartbeatAnswer {
             send_full_report: false,
             delete,
+            repairs,
+            repair_bytes_per_sec: self.repairs.share(state.config().repair_bytes_per_sec),
+            finished,
         }
     }
 
@@ -193,7 +273,7 @@ impl Registry {
             }
             for s in &c.servers {
                 if let Some(Some(r)) = self.live.get(s).map(|l| l.reported.as_ref())
-                    && !r.contains(&c.id)
+                    && !r.contains_key(&c.id)
                 {
                     n += 1;
                 }
@@ -202,41 +282,93 @@ impl Registry {
         n
     }
 
-    /// Chooses the servers of `count` new chunks with `replicas` copies each: distinct
-    /// servers, distinct racks (then hosts) while there are enough, at random weighted by free
-    /// space and divided by load.
-    ///
-    /// # Errors
-    /// Fewer than `replicas` servers are up.
-    pub fn place(
+    /// Servers that may take a new copy, with their placement weight (free space divided by
+    /// load): up, not draining, not in `exclude`.
+    fn candidates<'a>(
         &self,
-        servers: &BTreeMap<ServerId, ServerRecord>,
-        replicas: usize,
-        count: usize,
+        servers: &'a BTreeMap<ServerId, ServerRecord>,
+        exclude: &BTreeSet<ServerId>,
         now: Instant,
-    ) -> Result<Vec<Vec<ServerId>>, MetaError> {
-        let candidates: Vec<(&ServerRecord, f64)> = servers
+    ) -> Vec<(&'a ServerRecord, f64)> {
+        servers
             .values()
-            .filter(|r| self.state_of(r, now) == ServerState::Up)
+            .filter(|r| self.state_of(r, now) == ServerState::Up && !exclude.contains(&r.id))
             .map(|r| {
                 let l = &self.live[&r.id];
                 let free = l.capacity.saturating_sub(l.used).max(1 << 20) as f64;
                 (r, free / (1.0 + f64::from(l.load)))
             })
-            .collect();
-        if candidates.len() < replicas {
+            .collect()
+    }
+
+    /// Chooses the servers of `count` new chunks with `replicas` copies each: distinct
+    /// servers, distinct racks (then hosts) while there are enough, at random weighted by free
+    /// space and divided by load. Servers in `exclude` (a writer just saw them fail) are
+    /// avoided while enough others are up. With fewer servers up than `replicas` but at least
+    /// `min_copy`, chunks get as many copies as there are servers (repair adds the rest once
+    /// the chunk is sealed and servers return).
+    ///
+    /// # Errors
+    /// Fewer than `min_copy` servers are up.
+    pub fn place(
+        &self,
+        servers: &BTreeMap<ServerId, ServerRecord>,
+        replicas: usize,
+        min_copy: usize,
+        count: usize,
+        exclude: &BTreeSet<ServerId>,
+        now: Instant,
+    ) -> Result<Vec<Vec<ServerId>>, MetaError> {
+        let mut candidates = self.candidates(servers, exclude, now);
+        if candidates.len() < replicas && !exclude.is_empty() {
+            candidates = self.candidates(servers, &BTreeSet::new(), now);
+        }
+        if candidates.len() < min_copy.max(1) {
             return Err(MetaError::new(
                 ErrorKind::NoServers,
                 format!(
-                    "need {replicas} chunkservers up for a new chunk, {} are",
+                    "need {min_copy} chunkservers up for a new chunk ({replicas} for all its \
+                     copies), {} are",
                     candidates.len()
                 ),
             ));
         }
+        let replicas = replicas.min(candidates.len());
+        Ok((0..count)
+            .map(|_| Self::choose(&candidates, replicas, &[]))
+            .collect())
+    }
+
+    /// A server for one more copy of a chunk held by `existing`: up, not one of them, on
+    /// another rack (then host) than the good copies where possible.
+    pub fn place_copy(
+        &self,
+        servers: &BTreeMap<ServerId, ServerRecord>,
+        existing: &[ServerId],
+        good: &[ServerId],
+        now: Instant,
+    ) -> Option<ServerId> {
+        let exclude: BTreeSet<ServerId> = existing.iter().copied().collect();
+        let candidates = self.candidates(servers, &exclude, now);
+        if candidates.is_empty() {
+            return None;
+        }
+        let chosen: Vec<&ServerRecord> = good.iter().filter_map(|s| servers.get(s)).collect();
+        Self::choose(&candidates, chosen.len() + 1, &chosen)
+            .last()
+            .copied()
+    }
+
+    /// Adds servers to `already` until there are `replicas`; returns the new ones' ids after
+    /// `already`'s.
+    fn choose(
+        candidates: &[(&ServerRecord, f64)],
+        replicas: usize,
+        already: &[&ServerRecord],
+    ) -> Vec<ServerId> {
         let mut rng = rand::rng();
-        let mut out = Vec::with_capacity(count);
-        for _ in 0..count {
-            let mut chosen: Vec<&ServerRecord> = Vec::with_capacity(replicas);
+        let mut chosen: Vec<&ServerRecord> = already.to_vec();
+        {
             while chosen.len() < replicas {
                 let fresh = |c: &&(&ServerRecord, f64)| !chosen.iter().any(|s| s.id == c.0.id);
                 let new_rack = |c: &&(&ServerRecord, f64)| {
@@ -269,9 +401,8 @@ impl Registry {
                 }
                 chosen.push(pick);
             }
-            out.push(chosen.iter().map(|s| s.id).collect());
         }
-        Ok(out)
+        chosen.iter().map(|s| s.id).collect()
     }
 }
 
@@ -299,8 +430,21 @@ mod tests {
             healthy: true,
             pid: 0,
             full_report,
-            chunks,
+            chunks: chunks
+                .into_iter()
+                .map(|c| {
+                    (
+                        c,
+                        Reported {
+                            length: 0,
+                            sealed: false,
+                        },
+                    )
+                })
+                .collect(),
             deleted,
+            repaired: vec![],
+            repairing: vec![],
         }
     }
 
@@ -324,7 +468,10 @@ mod tests {
             servers.insert(id, rec(id, &format!("h{id}"), rack));
             beat(&mut reg, id, 0, now);
         }
-        for p in reg.place(&servers, 3, 200, now).unwrap() {
+        for p in reg
+            .place(&servers, 3, 2, 200, &BTreeSet::new(), now)
+            .unwrap()
+        {
             let mut racks: Vec<_> = p.iter().map(|id| servers[id].rack.clone()).collect();
             racks.sort();
             racks.dedup();
@@ -336,15 +483,32 @@ mod tests {
             beat(&mut reg, id, 0, later);
         }
         assert_eq!(reg.state_of(&servers[&5], later), ServerState::Down);
-        for p in reg.place(&servers, 3, 50, later).unwrap() {
+        for p in reg
+            .place(&servers, 3, 2, 50, &BTreeSet::new(), later)
+            .unwrap()
+        {
             assert!(!p.contains(&5));
             let mut d = p.clone();
             d.sort();
             d.dedup();
             assert_eq!(d.len(), 3);
         }
-        let e = reg.place(&servers, 5, 1, later).unwrap_err();
+        let e = reg
+            .place(&servers, 5, 5, 1, &BTreeSet::new(), later)
+            .unwrap_err();
         assert_eq!(e.kind, ErrorKind::NoServers);
+        // Fewer servers up than copies, but a MinCopy quorum: as many copies as servers.
+        let p = reg
+            .place(&servers, 5, 3, 1, &BTreeSet::new(), later)
+            .unwrap();
+        assert_eq!(p[0].len(), 4);
+        // Excluded servers are avoided while enough others are up, used when not.
+        let ex = BTreeSet::from([1, 2]);
+        for p in reg.place(&servers, 2, 2, 50, &ex, later).unwrap() {
+            assert!(!p.contains(&1) && !p.contains(&2), "{p:?}");
+        }
+        let p = reg.place(&servers, 3, 2, 1, &ex, later).unwrap();
+        assert_eq!(p[0].len(), 3);
     }
 
     #[test]
@@ -357,7 +521,7 @@ mod tests {
             beat(&mut reg, id, if id == 4 { 99 << 30 } else { 0 }, now);
         }
         let n4 = reg
-            .place(&servers, 1, 3000, now)
+            .place(&servers, 1, 1, 3000, &BTreeSet::new(), now)
             .unwrap()
             .iter()
             .filter(|p| p[0] == 4)
@@ -377,6 +541,7 @@ mod tests {
                 policy: crate::state::Policy {
                     replicas: 1,
                     compression: false,
+                    min_copy: 0,
                 },
                 parents: false,
                 now_ms: 0,
@@ -436,5 +601,186 @@ mod tests {
         );
         assert!(a.delete.is_empty());
         assert_eq!(reg.pending_deletes(), 0);
+    }
+
+    /// A sealed chunk on [1, 2, 3] whose server 3 goes down is copied to server 4 from a good
+    /// copy; the new location replaces 3, and 3's copy is an orphan when it comes back.
+    #[test]
+    fn a_down_servers_chunks_are_repaired_elsewhere() {
+        use crate::state::{ChunkUpdate, Command, Lease, Policy};
+        let t0 = Instant::now();
+        let mut reg = Registry::new(RegistryOptions {
+            repair_after: Duration::from_secs(3),
+            ..Default::default()
+        });
+        let mut st = State::default();
+        for id in 1..=4 {
+            st.apply(&Command::Register {
+                server: rec(id, &format!("h{id}"), ""),
+            })
+            .unwrap();
+        }
+        st.apply(&Command::Create {
+            path: "/f".into(),
+            policy: Policy {
+                replicas: 3,
+                compression: false,
+                min_copy: 2,
+            },
+            parents: false,
+            now_ms: 0,
+            lease: Some(Lease {
+                holder: "w".into(),
+                expires_ms: 1_000_000,
+            }),
+            placements: vec![vec![1, 2, 3]],
+        })
+        .unwrap();
+        let chunk = st.chunks().next().unwrap().id;
+        st.apply(&Command::Commit {
+            path: "/f".into(),
+            holder: "w".into(),
+            now_ms: 1,
+            updates: vec![ChunkUpdate {
+                chunk_id: chunk,
+                length: 5000,
+                sealed: true,
+            }],
+            trim: false,
+            release: true,
+            seal: false,
+            lease_until_ms: 0,
+            drops: vec![],
+        })
+        .unwrap();
+        let full = |id: u64, chunks: &[u64]| Heartbeat {
+            chunks: chunks
+                .iter()
+                .map(|c| {
+                    (
+                        *c,
+                        Reported {
+                            length: 5000,
+                            sealed: true,
+                        },
+                    )
+                })
+                .collect(),
+            ..hb(id, true, vec![], vec![])
+        };
+        for id in 1..=3 {
+            reg.heartbeat(full(id, &[chunk]), &st, t0);
+        }
+        reg.heartbeat(full(4, &[]), &st, t0);
+        reg.scan_repairs(&st, t0);
+        assert_eq!(reg.repairs.under_replicated, 0);
+
+        // 20 s later server 3 is down; the others beat on.
+        let t1 = t0 + Duration::from_secs(20);
+        for id in [1, 2] {
+            reg.heartbeat(full(id, &[chunk]), &st, t1);
+        }
+        reg.heartbeat(full(4, &[]), &st, t1);
+        reg.scan_repairs(&st, t1);
+        assert!(
+            reg.repairs.take_tasks(4).is_empty(),
+            "not before repair_after"
+        );
+        let t2 = t1 + Duration::from_secs(4);
+        for id in [1, 2] {
+            reg.heartbeat(full(id, &[chunk]), &st, t2);
+        }
+        reg.scan_repairs(&st, t2);
+        assert_eq!(reg.repairs.under_replicated, 1);
+        assert_eq!(reg.repairs.under_replicated_bytes, 5000);
+        let a = reg.heartbeat(full(4, &[]), &st, t2);
+        assert_eq!(a.repairs.len(), 1);
+        let task = &a.repairs[0];
+        assert_eq!((task.chunk_id, task.length), (chunk, 5000));
+        let mut sources: Vec<u64> = task.sources.iter().map(|s| s.id).collect();
+        sources.sort();
+        assert_eq!(sources, vec![1, 2]);
+        assert!(a.repair_bytes_per_sec > 0);
+        reg.scan_repairs(&st, t2);
+        assert_eq!(reg.repairs.running(), 1, "one task per chunk at a time");
+
+        // The copy shows up in 4's report while it runs: not an orphan.
+        let mut busy = full(4, &[chunk]);
+        busy.full_report = false;
+        busy.repairing = vec![chunk];
+        assert!(reg.heartbeat(busy, &st, t2).delete.is_empty());
+        // Done: the new location replaces the down one.
+        let mut done = hb(4, false, vec![], vec![]);
+        done.repaired = vec![RepairResult {
+            chunk_id: chunk,
+            ok: true,
+            length: 5000,
+            error: String::new(),
+        }];
+        let a = reg.heartbeat(done, &st, t2);
+        assert_eq!(
+            a.finished,
+            vec![Command::Repaired {
+                chunk_id: chunk,
+                length: 5000,
+                server: 4,
+                remove: vec![3],
+            }]
+        );
+        st.apply(&a.finished[0]).unwrap();
+        reg.repairs.committed(chunk, true, t2);
+        assert_eq!(st.chunk(chunk).unwrap().1.servers, vec![1, 2, 4]);
+        assert_eq!((reg.repairs.done, reg.repairs.bytes), (1, 5000));
+        reg.scan_repairs(&st, t2);
+        assert_eq!(reg.repairs.under_replicated, 0);
+        // Server 3 comes back with its old copy: deleted at once.
+        let back = reg.heartbeat(full(3, &[chunk]), &st, t2);
+        assert_eq!(back.delete, vec![chunk]);
+    }
+
+    /// A replica a writer dropped is no longer a location, and its copy is deleted.
+    #[test]
+    fn a_dropped_replica_is_an_orphan() {
+        use crate::state::{Command, Lease, Policy};
+        let now = Instant::now();
+        let mut reg = Registry::new(RegistryOptions::default());
+        let mut st = State::default();
+        st.apply(&Command::Create {
+            path: "/f".into(),
+            policy: Policy {
+                replicas: 3,
+                compression: false,
+                min_copy: 2,
+            },
+            parents: false,
+            now_ms: 0,
+            lease: Some(Lease {
+                holder: "w".into(),
+                expires_ms: 1_000_000,
+            }),
+            placements: vec![vec![1, 2, 3]],
+        })
+        .unwrap();
+        let chunk = st.chunks().next().unwrap().id;
+        assert!(
+            reg.heartbeat(hb(3, true, vec![chunk], vec![]), &st, now)
+                .delete
+                .is_empty()
+        );
+        st.apply(&Command::Commit {
+            path: "/f".into(),
+            holder: "w".into(),
+            now_ms: 1,
+            updates: vec![],
+            trim: false,
+            release: false,
+            seal: false,
+            lease_until_ms: 0,
+            drops: vec![(chunk, 3)],
+        })
+        .unwrap();
+        assert_eq!(st.chunk(chunk).unwrap().1.servers, vec![1, 2]);
+        let a = reg.heartbeat(hb(3, false, vec![], vec![]), &st, now);
+        assert_eq!(a.delete, vec![chunk]);
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::convert;
 use crate::registry::Registry;
-use crate::state::{Command, Inode, Lease, Reply};
+use crate::state::{Command, Inode, Lease, Policy, Reply};
 use crate::store::{Applied, Raft};
 use cairn_rpc::{ErrorKind, MetaError, pb};
 use openraft::async_runtime::WatchReceiver;
@@ -39,6 +39,11 @@ impl MetaService {
         Self {
             inner: Arc::new(inner),
         }
+    }
+
+    /// One pass of the leader's repair scan.
+    pub(crate) fn scan_repairs(&self) {
+        self.inner.scan_repairs();
     }
 }
 
@@ -87,14 +92,38 @@ impl Inner {
         }
     }
 
-    fn place(&self, replicas: u8, count: usize) -> Result<Vec<Vec<u64>>, MetaError> {
+    fn place(
+        &self,
+        policy: &Policy,
+        count: usize,
+        exclude: &BTreeSet<u64>,
+    ) -> Result<Vec<Vec<u64>>, MetaError> {
         if count == 0 {
             return Ok(Vec::new());
         }
         let servers = self.sm.lock().state.servers().clone();
-        self.registry
-            .lock()
-            .place(&servers, usize::from(replicas), count, Instant::now())
+        self.registry.lock().place(
+            &servers,
+            usize::from(policy.replicas),
+            usize::from(policy.min_copy()),
+            count,
+            exclude,
+            Instant::now(),
+        )
+    }
+
+    /// One leader pass of the repair scan (docs/masters.md, "Repair").
+    pub(crate) fn scan_repairs(&self) {
+        if self.leader_check().is_err() {
+            // A follower keeps no tasks: a new leader starts from the targets' reports.
+            let mut reg = self.registry.lock();
+            if reg.repairs.running() > 0 {
+                reg.repairs = Default::default();
+            }
+            return;
+        }
+        let a = self.sm.lock();
+        self.registry.lock().scan_repairs(&a.state, Instant::now());
     }
 
     fn file_reply(&self, ino: Option<Inode>) -> Result<pb::FileReply, MetaError> {
@@ -102,10 +131,10 @@ impl Inner {
         Ok(convert::file_reply(&self.sm.lock().state, &ino))
     }
 
-    fn replicas_of(&self, path: &str) -> Result<u8, MetaError> {
+    fn policy_of(&self, path: &str) -> Result<Policy, MetaError> {
         let a = self.sm.lock();
         let ino = a.state.lookup(path)?;
-        ino.file().map(|f| f.policy.replicas).ok_or_else(|| {
+        ino.file().map(|f| f.policy).ok_or_else(|| {
             MetaError::new(ErrorKind::IsADirectory, format!("{path}: is a directory"))
         })
     }
@@ -155,7 +184,7 @@ impl pb::meta_server::Meta for MetaService {
                 })
             };
             self.inner.leader_check()?;
-            let placements = self.inner.place(policy.replicas, count)?;
+            let placements = self.inner.place(&policy, count, &BTreeSet::new())?;
             let reply = self
                 .inner
                 .write(Command::Create {
@@ -179,7 +208,8 @@ impl pb::meta_server::Meta for MetaService {
             let holder = convert::client_id(&r.client_id)?;
             let count = convert::chunk_count(r.chunks)?;
             self.inner.read_barrier().await?;
-            let placements = self.inner.place(self.inner.replicas_of(&path)?, count)?;
+            let policy = self.inner.policy_of(&path)?;
+            let placements = self.inner.place(&policy, count, &BTreeSet::new())?;
             let now = now_ms();
             let reply = self
                 .inner
@@ -260,8 +290,10 @@ impl pb::meta_server::Meta for MetaService {
             let path = convert::path(&r.path)?;
             let holder = convert::client_id(&r.client_id)?;
             let count = convert::chunk_count(r.chunks)?;
+            let exclude = convert::exclude(&r.exclude)?;
             self.inner.read_barrier().await?;
-            let placements = self.inner.place(self.inner.replicas_of(&path)?, count)?;
+            let policy = self.inner.policy_of(&path)?;
+            let placements = self.inner.place(&policy, count, &exclude)?;
             let reply = self
                 .inner
                 .write(Command::Allocate {
@@ -289,6 +321,7 @@ impl pb::meta_server::Meta for MetaService {
                 release: r.release,
                 seal: r.seal,
                 lease_until_ms: self.inner.lease_until(now),
+                drops: convert::drops(&r.drops)?,
             };
             let reply = self.inner.write(cmd).await?;
             self.inner.file_reply(reply.inode)
@@ -338,28 +371,49 @@ impl pb::meta_server::Meta for MetaService {
         ok(async {
             let hb = convert::heartbeat(&r)?;
             self.inner.leader_check()?;
-            let a = self.inner.sm.lock();
-            if !a.state.servers().contains_key(&hb.server_id) {
-                return Err(MetaError::not_found(format!(
-                    "chunkserver {} (register first)",
-                    hb.server_id
-                )));
+            let (answer, masters) = {
+                let a = self.inner.sm.lock();
+                if !a.state.servers().contains_key(&hb.server_id) {
+                    return Err(MetaError::not_found(format!(
+                        "chunkserver {} (register first)",
+                        hb.server_id
+                    )));
+                }
+                let answer = self
+                    .inner
+                    .registry
+                    .lock()
+                    .heartbeat(hb, &a.state, Instant::now());
+                let masters: Vec<String> = a
+                    .membership
+                    .membership()
+                    .nodes()
+                    .map(|(_, n)| n.addr.clone())
+                    .collect();
+                (answer, masters)
+            };
+            // Finished repairs become locations (through Raft) before the task is forgotten,
+            // so the new copy is never taken for an orphan.
+            for cmd in answer.finished {
+                let Command::Repaired { chunk_id, .. } = cmd else {
+                    continue;
+                };
+                let r = self.inner.write(cmd).await;
+                if let Err(e) = &r {
+                    tracing::warn!(chunk = chunk_id, error = %e, "recording a repair failed");
+                }
+                self.inner
+                    .registry
+                    .lock()
+                    .repairs
+                    .committed(chunk_id, r.is_ok(), Instant::now());
             }
-            let answer = self
-                .inner
-                .registry
-                .lock()
-                .heartbeat(hb, &a.state, Instant::now());
-            let masters = a
-                .membership
-                .membership()
-                .nodes()
-                .map(|(_, n)| n.addr.clone())
-                .collect();
             Ok(pb::HeartbeatReply {
                 send_full_report: answer.send_full_report,
                 delete_chunks: answer.delete,
                 masters,
+                repairs: answer.repairs,
+                repair_bytes_per_sec: answer.repair_bytes_per_sec,
             })
         }
         .await)
@@ -417,6 +471,15 @@ impl pb::meta_server::Meta for MetaService {
                 logical_bytes,
                 missing_replicas: reg.missing_replicas(&a.state),
                 pending_deletes: reg.pending_deletes(),
+                under_replicated: reg.repairs.under_replicated,
+                under_replicated_bytes: reg.repairs.under_replicated_bytes,
+                repairs_running: reg.repairs.running() as u64,
+                repairs_done: reg.repairs.done,
+                repairs_failed: reg.repairs.failed,
+                repaired_bytes: reg.repairs.bytes,
+                repair_rate: reg.repairs.rate(now),
+                repair_bytes_per_sec: a.state.config().repair_bytes_per_sec,
+                lost_chunks: reg.repairs.lost,
             })
         }
         .await)
@@ -488,6 +551,17 @@ impl pb::meta_server::Meta for MetaService {
                     draining,
                 })
                 .await?;
+            Ok(pb::Empty {})
+        }
+        .await)
+    }
+
+    async fn set_config(&self, req: Request<pb::ConfigRequest>) -> Rpc<pb::Empty> {
+        let r = req.into_inner();
+        ok(async {
+            self.inner.read_barrier().await?;
+            let config = convert::config(&r, self.inner.sm.lock().state.config())?;
+            self.inner.write(Command::SetConfig { config }).await?;
             Ok(pb::Empty {})
         }
         .await)

@@ -24,6 +24,44 @@ pub const ROOT: InodeId = 1;
 pub struct Policy {
     pub replicas: u8,
     pub compression: bool,
+    /// Copies durable before an append is acknowledged (chasing): `2 * min_copy > replicas`.
+    /// 0 (snapshots from before issue 5) means the least majority.
+    #[serde(default)]
+    pub min_copy: u8,
+}
+
+impl Policy {
+    /// The least majority of `replicas`: 1 of 1, 2 of 2, 2 of 3, 3 of 4, 3 of 5.
+    pub fn majority(replicas: u8) -> u8 {
+        replicas / 2 + 1
+    }
+
+    /// The effective MinCopy.
+    pub fn min_copy(&self) -> u8 {
+        if self.min_copy == 0 {
+            Self::majority(self.replicas)
+        } else {
+            self.min_copy
+        }
+    }
+}
+
+/// Cluster-wide settings changed at run time (`cairn admin set`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    /// Bytes/s all repairs together may copy.
+    pub repair_bytes_per_sec: u64,
+}
+
+/// Default repair bandwidth cap: 64 MiB/s.
+pub const DEFAULT_REPAIR_BYTES_PER_SEC: u64 = 64 << 20;
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            repair_bytes_per_sec: DEFAULT_REPAIR_BYTES_PER_SEC,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -137,6 +175,9 @@ pub enum Command {
         seal: bool,
         /// New lease expiry (ignored with `release`).
         lease_until_ms: u64,
+        /// (chunk, server): replicas the writer gave up on; no longer locations.
+        #[serde(default)]
+        drops: Vec<(ChunkId, ServerId)>,
     },
     Rename {
         from: String,
@@ -152,6 +193,18 @@ pub enum Command {
     SetDraining {
         server_id: ServerId,
         draining: bool,
+    },
+    /// A repair copied a sealed chunk to `server`: it becomes a location and `remove` (the
+    /// copies that were down, draining or stale) stop being locations. Ignored when the chunk
+    /// is gone or its length changed meanwhile.
+    Repaired {
+        chunk_id: ChunkId,
+        length: u64,
+        server: ServerId,
+        remove: Vec<ServerId>,
+    },
+    SetConfig {
+        config: Config,
     },
 }
 
@@ -174,6 +227,10 @@ impl fmt::Display for Command {
                 server_id,
                 draining,
             } => write!(f, "set-draining {server_id} {draining}"),
+            Command::Repaired {
+                chunk_id, server, ..
+            } => write!(f, "repaired {chunk_id} on {server}"),
+            Command::SetConfig { config } => write!(f, "set-config {config:?}"),
         }
     }
 }
@@ -193,6 +250,8 @@ pub struct State {
     next_inode: InodeId,
     next_chunk: ChunkId,
     servers: BTreeMap<ServerId, ServerRecord>,
+    #[serde(default)]
+    config: Config,
     /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
     #[serde(skip)]
     dentries: BTreeMap<(InodeId, String), InodeId>,
@@ -220,6 +279,7 @@ impl Default for State {
             next_inode: ROOT + 1,
             next_chunk: 1,
             servers: BTreeMap::new(),
+            config: Config::default(),
             dentries: BTreeMap::new(),
             chunk_owner: HashMap::new(),
         }
@@ -255,6 +315,18 @@ impl State {
                 }
             }
         }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Every file's chunks with the file's policy (for the repair scan).
+    pub fn chunks_with_policy(&self) -> impl Iterator<Item = (&Policy, &Chunk)> {
+        self.inodes
+            .values()
+            .filter_map(Inode::file)
+            .flat_map(|f| f.chunks.iter().map(move |c| (&f.policy, c)))
     }
 
     pub fn servers(&self) -> &BTreeMap<ServerId, ServerRecord> {
@@ -491,6 +563,13 @@ impl State {
                         cairn_rpc::MAX_REPLICAS
                     )));
                 }
+                let m = policy.min_copy();
+                if m > policy.replicas || 2 * m <= policy.replicas {
+                    return Err(MetaError::invalid(format!(
+                        "min_copy {m} of {} replicas: it must be a majority",
+                        policy.replicas
+                    )));
+                }
                 let (parent, name) = self.parent_for_new(path, *parents, *now_ms)?;
                 let chunks = self.new_chunks(placements);
                 let id = self.insert(
@@ -546,10 +625,18 @@ impl State {
                 release,
                 seal,
                 lease_until_ms,
+                drops,
             } => {
                 let (id, f) = self.file_mut(path)?;
                 check_writer(path, f, holder, *now_ms)?;
                 // Validate everything before changing anything.
+                for (chunk, _) in drops {
+                    if !f.chunks.iter().any(|c| c.id == *chunk) {
+                        return Err(MetaError::invalid(format!(
+                            "{path}: chunk {chunk} is not in it"
+                        )));
+                    }
+                }
                 for u in updates {
                     let c = f
                         .chunks
@@ -579,6 +666,17 @@ impl State {
                         .expect("validated");
                     c.length = u.length;
                     c.sealed |= u.sealed;
+                }
+                for (chunk, server) in drops {
+                    let c = f
+                        .chunks
+                        .iter_mut()
+                        .find(|c| c.id == *chunk)
+                        .expect("validated");
+                    // The last location is never dropped: a chunk keeps one copy to repair from.
+                    if c.servers.len() > 1 {
+                        c.servers.retain(|s| s != server);
+                    }
                 }
                 let mut dropped = Vec::new();
                 if *trim || *seal {
@@ -683,6 +781,37 @@ impl State {
                 s.draining = *draining;
                 Ok(Reply::default())
             }
+            Command::Repaired {
+                chunk_id,
+                length,
+                server,
+                remove,
+            } => {
+                let Some(owner) = self.chunk_owner.get(chunk_id).copied() else {
+                    return Ok(Reply::default());
+                };
+                let Some(Inode {
+                    kind: Kind::File(f),
+                    ..
+                }) = self.inodes.get_mut(&owner)
+                else {
+                    return Ok(Reply::default());
+                };
+                if let Some(c) = f.chunks.iter_mut().find(|c| c.id == *chunk_id)
+                    && c.sealed
+                    && c.length == *length
+                {
+                    if !c.servers.contains(server) {
+                        c.servers.push(*server);
+                    }
+                    c.servers.retain(|s| s == server || !remove.contains(s));
+                }
+                Ok(Reply::default())
+            }
+            Command::SetConfig { config } => {
+                self.config = config.clone();
+                Ok(Reply::default())
+            }
         }
     }
 }
@@ -714,6 +843,7 @@ mod tests {
             policy: Policy {
                 replicas: 3,
                 compression: false,
+                min_copy: 0,
             },
             parents: false,
             now_ms: 1000,
@@ -837,6 +967,7 @@ mod tests {
                 release,
                 seal: false,
                 lease_until_ms: 16_000,
+                drops: vec![],
             })
         };
         assert_eq!(

@@ -17,7 +17,10 @@ pub const MAX_PAYLOAD: u32 = 64 << 20;
 pub const FLAG_REPLY: u16 = 1;
 /// `flags` bit in stat/seal replies: the chunk is sealed.
 pub const FLAG_SEALED: u16 = 2;
-const KNOWN_FLAGS: u16 = FLAG_REPLY | FLAG_SEALED;
+/// `flags` bit in seal requests: seal at `offset`, which may be below the chunk's length (the
+/// bytes past it are dropped).
+pub const FLAG_SEAL_AT: u16 = 4;
+const KNOWN_FLAGS: u16 = FLAG_REPLY | FLAG_SEALED | FLAG_SEAL_AT;
 
 /// The header as laid out on the wire.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy)]
@@ -52,11 +55,14 @@ pub enum Opcode {
     Delete = 5,
     Stat = 6,
     Ping = 7,
+    /// Fault injection (servers started with `--fault-injection` only): the payload is a
+    /// [`crate::fault::FaultSpec`]; an empty payload clears every fault.
+    Fault = 8,
 }
 
 impl Opcode {
     /// Every opcode, at index `code - 1`.
-    const ALL: [Self; 7] = [
+    const ALL: [Self; 8] = [
         Self::Create,
         Self::Append,
         Self::Read,
@@ -64,6 +70,7 @@ impl Opcode {
         Self::Delete,
         Self::Stat,
         Self::Ping,
+        Self::Fault,
     ];
 
     pub fn from_u8(v: u8) -> Option<Self> {
@@ -300,7 +307,12 @@ mod tests {
     fn header() -> impl Strategy<Value = Header> {
         (
             any::<u8>(),
-            prop_oneof![Just(0u16), Just(FLAG_REPLY), Just(FLAG_REPLY | FLAG_SEALED)],
+            prop_oneof![
+                Just(0u16),
+                Just(FLAG_SEAL_AT),
+                Just(FLAG_REPLY),
+                Just(FLAG_REPLY | FLAG_SEALED)
+            ],
             any::<u64>(),
             any::<u64>(),
             any::<u64>(),
@@ -357,7 +369,7 @@ mod tests {
             assert_eq!(Opcode::from_u8(*op as u8), Some(*op));
         }
         assert_eq!(Opcode::from_u8(0), None);
-        assert_eq!(Opcode::from_u8(8), None);
+        assert_eq!(Opcode::from_u8(9), None);
         for (i, st) in Status::ALL.iter().enumerate() {
             assert_eq!(*st as usize, i);
             assert_eq!(Status::from_u16(*st as u16), Some(*st));

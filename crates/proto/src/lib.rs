@@ -1,8 +1,10 @@
 //! Cairn's wire formats.
 //!
-//! Today: the data-plane frame between clients and chunkservers ([`frame`],
-//! docs/formats/wire.md). The control plane (gRPC) arrives with the masters.
+//! The data-plane frame between clients and chunkservers ([`frame`], docs/formats/wire.md)
+//! and the payload of its fault-injection request ([`fault`]). The control plane is gRPC
+//! (`cairn-rpc`).
 
+pub mod fault;
 pub mod frame;
 
 pub use frame::{FrameError, HEADER_BYTES, Header, MAX_PAYLOAD, Opcode, Status};

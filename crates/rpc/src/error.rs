@@ -136,7 +136,8 @@ impl MetaError {
     }
 
     /// Reads an error back from a gRPC status. A status without Cairn's metadata (a transport
-    /// failure, a proxy) becomes `Unavailable` for transport codes and `Internal` otherwise.
+    /// failure, a proxy) becomes `Unavailable` for transport codes (retried by [`crate::Masters`])
+    /// and `Internal` otherwise.
     pub fn from_status(s: &Status) -> Self {
         let kind = s
             .metadata()
@@ -144,7 +145,9 @@ impl MetaError {
             .and_then(|v| v.to_str().ok())
             .and_then(ErrorKind::from_name)
             .unwrap_or(match s.code() {
-                Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
+                // Unknown without Cairn's metadata: the connection broke mid-call (a master
+                // killed while answering); the call may or may not have been applied.
+                Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
                     ErrorKind::Unavailable
                 }
                 Code::NotFound => ErrorKind::NotFound,

@@ -1,0 +1,225 @@
+//! Repairs (docs/masters.md, "Repair"): the masters name a sealed chunk and the servers that
+//! hold good copies; this server pulls the bytes from one of them over the data plane (CRC
+//! checked end to end), writes its own copy, seals it and reports the result with its next
+//! heartbeat. Copies run under this server's share of the cluster's repair bandwidth cap.
+
+use crate::Chunkserver;
+use cairn_client::DataConn;
+use cairn_rpc::pb;
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+
+/// Bytes read from the source per request.
+const PIECE: u64 = 1 << 20;
+/// Copies running at once.
+const CONCURRENT: usize = 4;
+/// A source request without a reply after this long fails over to the next source.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The repairs of one chunkserver.
+pub struct Repairer {
+    cs: Arc<Chunkserver>,
+    running: Mutex<HashSet<u64>>,
+    done: Mutex<Vec<pb::RepairDone>>,
+    bucket: Bucket,
+    slots: Arc<Semaphore>,
+    /// Bytes copied since start (for metrics).
+    pub copied: AtomicU64,
+}
+
+impl Repairer {
+    pub fn new(cs: Arc<Chunkserver>) -> Arc<Self> {
+        Arc::new(Self {
+            cs,
+            running: Mutex::new(HashSet::new()),
+            done: Mutex::new(Vec::new()),
+            bucket: Bucket::new(64 << 20),
+            slots: Arc::new(Semaphore::new(CONCURRENT)),
+            copied: AtomicU64::new(0),
+        })
+    }
+
+    /// This server's share of the repair bandwidth cap, from the leader.
+    pub fn set_rate(&self, bytes_per_sec: u64) {
+        if bytes_per_sec > 0 {
+            self.bucket.rate.store(bytes_per_sec, Ordering::Relaxed);
+        }
+    }
+
+    /// Repairs running now.
+    pub fn running(&self) -> Vec<u64> {
+        self.running.lock().iter().copied().collect()
+    }
+
+    /// Finished repairs not yet reported.
+    pub fn take_done(&self) -> Vec<pb::RepairDone> {
+        std::mem::take(&mut *self.done.lock())
+    }
+
+    /// Puts back results a failed heartbeat did not deliver.
+    pub fn put_back(&self, done: Vec<pb::RepairDone>) {
+        self.done.lock().extend(done);
+    }
+
+    /// Starts a repair unless the same chunk is being repaired already.
+    pub fn start(self: &Arc<Self>, task: pb::RepairTask) {
+        if !self.running.lock().insert(task.chunk_id) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let _slot = this.slots.clone().acquire_owned().await;
+            let t0 = Instant::now();
+            let id = task.chunk_id;
+            let r = this.copy(&task).await;
+            let done = match r {
+                Ok((length, crc32c)) => {
+                    tracing::info!(chunk = id, length, elapsed = ?t0.elapsed(), "chunk repaired");
+                    pb::RepairDone {
+                        chunk_id: id,
+                        ok: true,
+                        length,
+                        crc32c,
+                        error: String::new(),
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(chunk = id, %error, "repair failed");
+                    if let Ok(store) = this.cs.disks().find(id)
+                        && store.delete_async(id).await.is_ok()
+                    {
+                        this.cs.disks().unplace(id);
+                    }
+                    pb::RepairDone {
+                        chunk_id: id,
+                        ok: false,
+                        length: 0,
+                        crc32c: 0,
+                        error,
+                    }
+                }
+            };
+            this.done.lock().push(done);
+            this.running.lock().remove(&id);
+        });
+    }
+
+    /// Copies the chunk from the first source that serves it; returns the sealed copy's length
+    /// and CRC.
+    async fn copy(&self, task: &pb::RepairTask) -> Result<(u64, u32), String> {
+        let (id, length) = (task.chunk_id, task.length);
+        let disks = self.cs.disks();
+        if let Ok(store) = disks.find(id) {
+            let st = store.stat(id).map_err(|e| e.to_string())?;
+            if st.sealed && st.length == length {
+                return Ok((st.length, st.crc32c)); // an earlier try finished
+            }
+            store.delete_async(id).await.map_err(|e| e.to_string())?;
+            disks.unplace(id);
+        }
+        let store = disks.place(id).map_err(|e| e.to_string())?;
+        if let Err(e) = store.create_async(id, task.version).await {
+            disks.unplace(id);
+            return Err(e.to_string());
+        }
+        let mut sources = Vec::new();
+        for s in &task.sources {
+            match s.addr.parse() {
+                Ok(a) => sources.push((s.id, a)),
+                Err(_) => tracing::warn!(addr = %s.addr, "bad source address"),
+            }
+        }
+        let mut conns: Vec<Option<DataConn>> = sources.iter().map(|_| None).collect();
+        let mut off = 0u64;
+        let mut source_crc = None;
+        while off < length {
+            let n = (length - off).min(PIECE);
+            self.bucket.take(n).await;
+            let mut last = String::from("no source");
+            let mut data = None;
+            for (i, (sid, addr)) in sources.iter().enumerate() {
+                if conns[i].is_none() {
+                    match DataConn::connect(*addr, TIMEOUT).await {
+                        Ok(c) => conns[i] = Some(c),
+                        Err(e) => {
+                            last = format!("source {sid}: {e}");
+                            continue;
+                        }
+                    }
+                }
+                let c = conns[i].as_ref().expect("connected");
+                if off == 0
+                    && let Ok(info) = c.stat(id).await
+                    && info.sealed
+                    && info.length == length
+                {
+                    source_crc = Some(info.crc32c);
+                }
+                match c.read(id, off, n as usize).await {
+                    Ok(d) => {
+                        data = Some(d);
+                        break;
+                    }
+                    Err(e) => {
+                        last = format!("source {sid}: {e}");
+                        conns[i] = None;
+                    }
+                }
+            }
+            let data = data.ok_or(last)?;
+            store
+                .append_async(id, off, &data)
+                .await
+                .map_err(|e| e.to_string())?;
+            off += n;
+            self.copied.fetch_add(n, Ordering::Relaxed);
+        }
+        let st = store.seal_async(id).await.map_err(|e| e.to_string())?;
+        if let Some(crc) = source_crc
+            && crc != st.crc32c
+        {
+            return Err(format!(
+                "copy CRC {:#010x} differs from the source's {crc:#010x}",
+                st.crc32c
+            ));
+        }
+        Ok((st.length, st.crc32c))
+    }
+}
+
+/// A token bucket: `take(n)` waits until `n` bytes fit the rate. Allows a burst of 100 ms
+/// (at least one piece).
+struct Bucket {
+    rate: AtomicU64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl Bucket {
+    fn new(rate: u64) -> Self {
+        Self {
+            rate: AtomicU64::new(rate),
+            state: Mutex::new((0.0, Instant::now())),
+        }
+    }
+
+    async fn take(&self, n: u64) {
+        let wait = {
+            let rate = self.rate.load(Ordering::Relaxed).max(1) as f64;
+            let burst = (rate / 10.0).max(PIECE as f64);
+            let mut st = self.state.lock();
+            let now = Instant::now();
+            st.0 = (st.0 + now.duration_since(st.1).as_secs_f64() * rate).min(burst);
+            st.1 = now;
+            st.0 -= n as f64;
+            if st.0 >= 0.0 {
+                return;
+            }
+            Duration::from_secs_f64(-st.0 / rate)
+        };
+        tokio::time::sleep(wait).await;
+    }
+}

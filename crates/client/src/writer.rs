@@ -1,0 +1,929 @@
+//! The writer of a FlatLogFile: replication by the client, chasing and non-stop write
+//! (seeds/000 §3.3; docs/client.md).
+//!
+//! Each replica of the chunk being written has a *pipe*: a task that sends that replica the
+//! file's pieces in order, one at a time, retrying through connection loss and timeouts. An
+//! append hands its piece to every pipe and is acknowledged once MinCopy pipes made it durable;
+//! the others chase. A replica still behind `chase_timeout` after the acknowledgement is waited
+//! for while it is less than `chase_retry_bytes` behind, and otherwise dropped: sealed where it
+//! is, named to the masters, who stop listing it and re-replicate the chunk once it is sealed.
+//! When fewer than MinCopy replicas can go on, the chunk is sealed at the acknowledged length
+//! and the append continues in the next chunk (non-stop write): the application sees latency,
+//! not an error.
+
+use crate::data::Error as DataError;
+use crate::fs::{Client, Error, Replicas, Result};
+use bytes::Bytes;
+use cairn_proto::frame::Status;
+use cairn_rpc::{ErrorKind, MetaError, pb};
+use futures::future::join_all;
+use parking_lot::Mutex;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, mpsc};
+
+/// A piece of the file on its way to one replica: `data` at chunk offset `offset`.
+#[derive(Clone)]
+struct Piece {
+    offset: u64,
+    data: Bytes,
+}
+
+impl Piece {
+    fn end(&self) -> u64 {
+        self.offset + self.data.len() as u64
+    }
+}
+
+/// What the pipes of the active chunk report.
+#[derive(Default)]
+struct Progress {
+    state: Mutex<Vec<ReplicaState>>,
+    changed: Notify,
+}
+
+#[derive(Default, Clone)]
+struct ReplicaState {
+    /// Bytes of the chunk this replica holds durably.
+    durable: u64,
+    /// The last error; `hard` when asking again would not help.
+    error: Option<String>,
+    hard: bool,
+}
+
+impl Progress {
+    fn update(&self, i: usize, f: impl FnOnce(&mut ReplicaState)) {
+        f(&mut self.state.lock()[i]);
+        self.changed.notify_waiters();
+    }
+}
+
+/// One replica of the active chunk.
+struct Pipe {
+    server: u64,
+    tx: Option<mpsc::UnboundedSender<Piece>>,
+    task: tokio::task::JoinHandle<()>,
+    /// Since when the replica is behind the acknowledged length.
+    behind_since: Option<Instant>,
+    dropped: bool,
+}
+
+/// The chunk being written.
+struct Active {
+    /// Index in the file's chunk list.
+    idx: usize,
+    id: u64,
+    /// Bytes acknowledged (durable on MinCopy replicas).
+    acked: u64,
+    pipes: Vec<Pipe>,
+    progress: Arc<Progress>,
+    /// Bytes this writer counts in the client's chasing memory.
+    held: u64,
+}
+
+/// Why an append could not finish in the active chunk.
+enum Stuck {
+    /// Fewer than MinCopy replicas can go on: seal the chunk and continue in a new one.
+    Switch(String),
+}
+
+/// A file open for appending. Appends are ordered; each is acknowledged once MinCopy replicas
+/// of its chunk hold it durably. Close (or seal) when done: otherwise the lease runs out and
+/// the next writer recovers the open chunk.
+pub struct FlatLogFile {
+    client: Client,
+    path: String,
+    chunks: Vec<pb::ChunkMeta>,
+    min_copy: usize,
+    active: Option<Active>,
+    /// Acknowledged bytes in the file.
+    length: u64,
+    failed: Option<String>,
+    lease_lost: Arc<AtomicBool>,
+    renew: Option<tokio::task::JoinHandle<()>>,
+    /// Replicas given up on, not yet told to the masters.
+    drops: Vec<pb::ReplicaDrop>,
+    /// Servers that failed this writer: avoided when chunks are allocated.
+    bad: BTreeSet<u64>,
+    stats: WriterStats,
+}
+
+/// What a writer went through (for tests, benchmarks and metrics).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Appends acknowledged before every replica had them.
+    pub chased: u64,
+    /// Replicas dropped (failed, or too far behind).
+    pub dropped: u64,
+    /// Chunks sealed early because too few replicas could go on (non-stop write).
+    pub switches: u64,
+    /// Appends that waited for every replica because the chasing memory was full.
+    pub memory_waits: u64,
+}
+
+impl FlatLogFile {
+    pub(crate) fn new(client: Client, path: &str, file: pb::FileMeta) -> Self {
+        let length = file
+            .chunks
+            .iter()
+            .filter(|c| c.sealed)
+            .map(|c| c.length)
+            .sum();
+        let min_copy = file.policy.as_ref().map_or(1, |p| p.min_copy.max(1)) as usize;
+        let lease_lost = Arc::new(AtomicBool::new(false));
+        let renew = {
+            let (client, path, lost) = (client.clone(), path.to_owned(), lease_lost.clone());
+            tokio::spawn(async move {
+                let every = client.inner.opts.renew_every;
+                loop {
+                    tokio::time::sleep(every).await;
+                    let req = pb::CommitRequest {
+                        path: path.clone(),
+                        client_id: client.inner.client_id.clone(),
+                        ..Default::default()
+                    };
+                    let r = client
+                        .inner
+                        .masters
+                        .send(req, |mut c, r| async move { c.commit(r).await })
+                        .await;
+                    if let Err(e) = r
+                        && matches!(
+                            e.kind,
+                            ErrorKind::LeaseLost | ErrorKind::NotFound | ErrorKind::Sealed
+                        )
+                    {
+                        tracing::warn!(%path, error = %e, "write lease lost");
+                        lost.store(true, Ordering::Release);
+                        return;
+                    }
+                }
+            })
+        };
+        Self {
+            client,
+            path: path.to_owned(),
+            chunks: file.chunks,
+            min_copy,
+            active: None,
+            length,
+            failed: None,
+            lease_lost,
+            renew: Some(renew),
+            drops: Vec::new(),
+            bad: BTreeSet::new(),
+            stats: WriterStats::default(),
+        }
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Bytes in the file (acknowledged appends included).
+    pub fn len(&self) -> u64 {
+        self.length
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.length == 0
+    }
+
+    /// Chasing and non-stop-write counters of this writer.
+    pub fn stats(&self) -> &WriterStats {
+        &self.stats
+    }
+
+    /// Seals chunks a previous writer left open, at the length MinCopy of their replicas hold
+    /// (every acknowledged byte is there); replicas holding less are dropped.
+    pub(crate) async fn recover(&mut self) -> Result<()> {
+        let mut updates = Vec::new();
+        let min_copy = self.min_copy;
+        for c in self.chunks.iter_mut().filter(|c| !c.sealed) {
+            let r: Replicas = self.client.replicas(c).await;
+            if !r.exists {
+                continue; // never written: a spare, still usable
+            }
+            let Some(len) = r.quorum_length(min_copy) else {
+                return Err(MetaError::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "{}: chunk {} was left open and only {} of its replicas answer; {} are \
+                         needed to know its length",
+                        self.path,
+                        c.id,
+                        r.lengths.len(),
+                        min_copy
+                    ),
+                )
+                .into());
+            };
+            let len = len.max(c.length);
+            let id = c.id;
+            let sealed = join_all(r.lengths.iter().map(|(s, l)| {
+                let client = &self.client;
+                async move {
+                    let res = if *l >= len {
+                        client
+                            .on(*s, |d| async move { d.seal_at(id, len).await })
+                            .await
+                            .map(|_| ())
+                    } else {
+                        Err(Error::Writer(format!("holds {l} of {len} bytes")))
+                    };
+                    (*s, res)
+                }
+            }))
+            .await;
+            for (s, res) in sealed {
+                if let Err(e) = res {
+                    tracing::warn!(chunk = id, server = s, error = %e, "replica dropped during recovery");
+                    self.drops.push(pb::ReplicaDrop {
+                        chunk_id: id,
+                        server_id: s,
+                    });
+                }
+            }
+            c.length = len;
+            c.sealed = true;
+            updates.push(pb::ChunkUpdate {
+                chunk_id: id,
+                length: len,
+                sealed: true,
+            });
+        }
+        if !updates.is_empty() || !self.drops.is_empty() {
+            self.commit(updates, false, false, false).await?;
+        }
+        self.length = self
+            .chunks
+            .iter()
+            .filter(|c| c.sealed)
+            .map(|c| c.length)
+            .sum();
+        Ok(())
+    }
+
+    fn check(&self) -> Result<()> {
+        if let Some(f) = &self.failed {
+            return Err(Error::Writer(format!(
+                "{}: writer failed earlier: {f}",
+                self.path
+            )));
+        }
+        if self.lease_lost.load(Ordering::Acquire) {
+            return Err(Error::Writer(format!("{}: write lease lost", self.path)));
+        }
+        Ok(())
+    }
+
+    /// Appends `data`; returns the file offset it starts at. Appends longer than
+    /// [`crate::ClientOptions::max_append`] or crossing a chunk boundary go as several pieces.
+    /// A replica failing does not fail the append: it is dropped, or the chunk is sealed and
+    /// the append goes on in a new chunk.
+    ///
+    /// # Errors
+    /// No chunk could take the data within [`crate::ClientOptions::retry_for`] (too few
+    /// chunkservers, masters unreachable), or the lease is lost; the writer is then unusable
+    /// (reopen the file).
+    pub async fn append(&mut self, data: &[u8]) -> Result<u64> {
+        self.check()?;
+        let start = self.length;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let r = self.append_piece(&mut rest).await;
+            if let Err(e) = r {
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+        }
+        Ok(start)
+    }
+
+    /// Appends the head of `rest` that fits the active chunk, advancing `rest` past it.
+    async fn append_piece(&mut self, rest: &mut &[u8]) -> Result<()> {
+        let opts = &self.client.inner.opts;
+        let (chunk_size, max_append, retry_for) =
+            (opts.chunk_size, opts.max_append, opts.retry_for);
+        let give_up = Instant::now() + retry_for;
+        loop {
+            if self.active.as_ref().is_none_or(|a| a.acked >= chunk_size) {
+                if self.active.is_some() {
+                    self.finish_chunk(true).await?;
+                }
+                self.next_chunk().await?;
+            }
+            let a = self.active.as_ref().expect("a chunk is active");
+            let room = (chunk_size - a.acked) as usize;
+            let n = rest.len().min(room).min(max_append);
+            let piece = Piece {
+                offset: a.acked,
+                data: Bytes::copy_from_slice(&rest[..n]),
+            };
+            match self.replicate(piece).await {
+                Ok(()) => {
+                    self.length += n as u64;
+                    *rest = &rest[n..];
+                    return Ok(());
+                }
+                Err(Stuck::Switch(why)) => {
+                    tracing::warn!(path = %self.path, %why, "sealing the chunk and going on in a new one");
+                    self.stats.switches += 1;
+                    self.finish_chunk(false).await?;
+                    if Instant::now() >= give_up {
+                        return Err(Error::Writer(format!(
+                            "{}: no chunk took the append within {retry_for:?}: {why}",
+                            self.path
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends one piece to every replica and waits for MinCopy of them (or all, when the
+    /// chasing memory is full).
+    async fn replicate(&mut self, piece: Piece) -> std::result::Result<(), Stuck> {
+        let inner = self.client.inner.clone();
+        let opts = &inner.opts;
+        let n = piece.data.len() as u64;
+        let all = inner.chasing.load(Ordering::Relaxed) + n > opts.chase_memory;
+        if all {
+            self.stats.memory_waits += 1;
+        }
+        let a = self.active.as_mut().expect("active");
+        let end = piece.end();
+        for p in a.pipes.iter().filter(|p| !p.dropped) {
+            if let Some(tx) = &p.tx {
+                let _ = tx.send(piece.clone());
+            }
+        }
+        let deadline = Instant::now() + opts.request_timeout;
+        let tick = (opts.chase_timeout / 4).max(Duration::from_millis(10));
+        loop {
+            let a = self.active.as_mut().expect("active");
+            let progress = a.progress.clone();
+            let changed = progress.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let (live, done, errors) = {
+                let st = progress.state.lock();
+                let live: Vec<usize> = (0..a.pipes.len())
+                    .filter(|&i| !a.pipes[i].dropped && !st[i].hard)
+                    .collect();
+                let done = live.iter().filter(|&&i| st[i].durable >= end).count();
+                let errors: Vec<String> = (0..a.pipes.len())
+                    .filter_map(|i| {
+                        let e = st[i].error.as_ref()?;
+                        Some(format!("server {}: {e}", a.pipes[i].server))
+                    })
+                    .collect();
+                (live.len(), done, errors)
+            };
+            if live < self.min_copy {
+                return Err(Stuck::Switch(format!(
+                    "{live} of the chunk's replicas can go on, {} are needed ({})",
+                    self.min_copy,
+                    errors.join("; ")
+                )));
+            }
+            let need = if all { live } else { self.min_copy };
+            if done >= need {
+                a.acked = end;
+                if done < live {
+                    self.stats.chased += 1;
+                }
+                self.after_ack().await;
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                if done >= self.min_copy {
+                    // Waiting for every replica (memory full): the laggards are given up.
+                    self.drop_behind(end, "did not keep up while chasing memory was full");
+                    continue;
+                }
+                return Err(Stuck::Switch(format!(
+                    "only {done} replicas acknowledged within {:?}",
+                    opts.request_timeout
+                )));
+            }
+            if all && done >= self.min_copy {
+                self.reap(end);
+            }
+            tokio::select! {
+                () = &mut changed => {}
+                () = tokio::time::sleep(tick.min(deadline - now)) => {}
+            }
+        }
+    }
+
+    /// After an acknowledgement: note who is behind, give up on those too far behind, account
+    /// the chasing memory, and tell the masters about dropped replicas.
+    async fn after_ack(&mut self) {
+        let a = self.active.as_mut().expect("active");
+        let acked = a.acked;
+        self.reap(acked);
+        if !self.drops.is_empty() {
+            // The masters learn about a dropped replica at once (it stops being a location).
+            if let Err(e) = self.commit(Vec::new(), false, false, false).await {
+                tracing::warn!(path = %self.path, error = %e, "reporting dropped replicas failed");
+            }
+        }
+    }
+
+    /// Applies the chasing rules to the replicas behind `acked`, then recounts the memory held
+    /// for the laggards.
+    fn reap(&mut self, acked: u64) {
+        let opts = &self.client.inner.opts;
+        let (t, k) = (opts.chase_timeout, opts.chase_retry_bytes);
+        let now = Instant::now();
+        let a = self.active.as_mut().expect("active");
+        let st = a.progress.state.lock().clone();
+        let mut give_up = Vec::new();
+        for (i, p) in a.pipes.iter_mut().enumerate() {
+            if p.dropped {
+                continue;
+            }
+            let r = &st[i];
+            if r.durable >= acked {
+                p.behind_since = None;
+                continue;
+            }
+            let since = *p.behind_since.get_or_insert(now);
+            let age = now.duration_since(since);
+            let lag = acked - r.durable;
+            if r.hard {
+                give_up.push((i, r.error.clone().unwrap_or_default()));
+            } else if age > t && (lag >= k || r.error.is_some()) {
+                give_up.push((i, format!("{lag} bytes behind after {age:?}")));
+            } else if age > 4 * t {
+                give_up.push((
+                    i,
+                    format!(
+                        "behind for {age:?}{}",
+                        r.error
+                            .as_ref()
+                            .map(|e| format!(" ({e})"))
+                            .unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+        for (i, why) in give_up {
+            self.drop_pipe(i, &why);
+        }
+        self.account();
+    }
+
+    /// Gives up on every live replica that does not hold `end` bytes yet.
+    fn drop_behind(&mut self, end: u64, why: &str) {
+        let a = self.active.as_ref().expect("active");
+        let st = a.progress.state.lock().clone();
+        let behind: Vec<usize> = (0..a.pipes.len())
+            .filter(|&i| !a.pipes[i].dropped && st[i].durable < end)
+            .collect();
+        for i in behind {
+            self.drop_pipe(i, why);
+        }
+        self.account();
+    }
+
+    /// Stops sending to a replica, seals it where it is (so no late append lands) and queues
+    /// it for the masters.
+    fn drop_pipe(&mut self, i: usize, why: &str) {
+        let a = self.active.as_mut().expect("active");
+        let p = &mut a.pipes[i];
+        p.dropped = true;
+        p.tx = None;
+        p.task.abort();
+        tracing::warn!(path = %self.path, chunk = a.id, server = p.server, %why, "replica dropped");
+        self.stats.dropped += 1;
+        self.bad.insert(p.server);
+        self.drops.push(pb::ReplicaDrop {
+            chunk_id: a.id,
+            server_id: p.server,
+        });
+        let (client, server, id) = (self.client.clone(), p.server, a.id);
+        tokio::spawn(async move {
+            let _ = client.on(server, |d| async move { d.seal(id).await }).await;
+        });
+    }
+
+    /// Recounts the bytes held for replicas behind the acknowledged length.
+    fn account(&mut self) {
+        let Some(a) = self.active.as_mut() else {
+            return;
+        };
+        let st = a.progress.state.lock();
+        let slowest = (0..a.pipes.len())
+            .filter(|&i| !a.pipes[i].dropped)
+            .map(|i| st[i].durable)
+            .min()
+            .unwrap_or(a.acked);
+        drop(st);
+        let held = a.acked.saturating_sub(slowest);
+        let chasing = &self.client.inner.chasing;
+        if held > a.held {
+            chasing.fetch_add(held - a.held, Ordering::Relaxed);
+        } else {
+            chasing.fetch_sub(a.held - held, Ordering::Relaxed);
+        }
+        a.held = held;
+    }
+
+    /// Ends the active chunk at its acknowledged length: seals every replica there (dropping
+    /// the ones that hold less), records the length and the dropped replicas at the masters.
+    /// With `wait`, replicas still chasing get up to `chase_timeout` to catch up first.
+    async fn finish_chunk(&mut self, wait: bool) -> Result<()> {
+        if wait {
+            self.catch_up().await;
+        }
+        let Some(mut a) = self.active.take() else {
+            return Ok(());
+        };
+        let (id, len) = (a.id, a.acked);
+        for p in &mut a.pipes {
+            p.tx = None;
+            p.task.abort();
+        }
+        let live: Vec<u64> = a
+            .pipes
+            .iter()
+            .filter(|p| !p.dropped)
+            .map(|p| p.server)
+            .collect();
+        let sealed = join_all(live.iter().map(|&s| {
+            let client = &self.client;
+            async move {
+                (
+                    s,
+                    client
+                        .on(s, |d| async move { d.seal_at(id, len).await })
+                        .await,
+                )
+            }
+        }))
+        .await;
+        for (s, r) in sealed {
+            match r {
+                Ok(_) => {}
+                // It lacks acknowledged bytes, or refused: not a copy of this chunk.
+                Err(Error::Data { source, .. }) if !source.is_transient() => {
+                    tracing::warn!(chunk = id, server = s, error = %source, "replica dropped at seal");
+                    self.stats.dropped += 1;
+                    self.bad.insert(s);
+                    self.drops.push(pb::ReplicaDrop {
+                        chunk_id: id,
+                        server_id: s,
+                    });
+                }
+                // Unreachable: it stays a location (it most likely holds the bytes; the
+                // masters check its report before counting it as a copy).
+                Err(e) => {
+                    tracing::warn!(chunk = id, server = s, error = %e, "replica not sealed");
+                    self.bad.insert(s);
+                }
+            }
+        }
+        let chasing = &self.client.inner.chasing;
+        chasing.fetch_sub(a.held, Ordering::Relaxed);
+        self.chunks[a.idx].length = len;
+        self.chunks[a.idx].sealed = true;
+        let update = pb::ChunkUpdate {
+            chunk_id: id,
+            length: len,
+            sealed: true,
+        };
+        self.commit(vec![update], false, false, false).await
+    }
+
+    /// Waits up to `chase_timeout` for the replicas behind the acknowledged length, then gives
+    /// up on the ones still behind.
+    async fn catch_up(&mut self) {
+        let t = self.client.inner.opts.chase_timeout;
+        let deadline = Instant::now() + t;
+        loop {
+            let Some(a) = self.active.as_ref() else {
+                return;
+            };
+            let progress = a.progress.clone();
+            let changed = progress.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let behind = {
+                let st = progress.state.lock();
+                (0..a.pipes.len())
+                    .any(|i| !a.pipes[i].dropped && !st[i].hard && st[i].durable < a.acked)
+            };
+            let now = Instant::now();
+            if !behind || now >= deadline {
+                let acked = a.acked;
+                self.drop_behind(acked, "still behind when the chunk was finished");
+                return;
+            }
+            tokio::select! {
+                () = &mut changed => {}
+                () = tokio::time::sleep(deadline - now) => {}
+            }
+        }
+    }
+
+    /// Makes the next spare chunk active (one on none of the servers that failed this writer),
+    /// allocating when there is none.
+    async fn next_chunk(&mut self) -> Result<()> {
+        let from = self
+            .chunks
+            .iter()
+            .rposition(|c| c.sealed || c.length > 0)
+            .map_or(0, |i| i + 1);
+        let usable = |c: &pb::ChunkMeta, bad: &BTreeSet<u64>| {
+            !c.sealed && c.length == 0 && !c.servers.iter().any(|s| bad.contains(s))
+        };
+        let mut next = (from..self.chunks.len()).find(|&i| usable(&self.chunks[i], &self.bad));
+        if next.is_none() {
+            let req = pb::AllocateRequest {
+                path: self.path.clone(),
+                client_id: self.client.inner.client_id.clone(),
+                chunks: 1 + self.client.inner.opts.prefetch,
+                exclude: self.bad.iter().copied().collect(),
+            };
+            let r = self
+                .client
+                .inner
+                .masters
+                .send(req, |mut c, r| async move { c.allocate_chunks(r).await })
+                .await?;
+            let f = self.client.absorb(r)?;
+            let known = self.chunks.len();
+            self.chunks = f.chunks;
+            // The masters avoid the failed servers while enough others are up; when they
+            // cannot, the fresh chunks are used anyway.
+            next = (known.min(self.chunks.len())..self.chunks.len())
+                .find(|&i| !self.chunks[i].sealed && self.chunks[i].length == 0);
+        }
+        let idx = next.ok_or_else(|| MetaError::internal("allocation returned no chunk"))?;
+        let c = &self.chunks[idx];
+        let progress = Arc::new(Progress {
+            state: Mutex::new(vec![ReplicaState::default(); c.servers.len()]),
+            changed: Notify::new(),
+        });
+        let pipes = c
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(i, &server)| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let task = tokio::spawn(pipe(
+                    self.client.clone(),
+                    server,
+                    c.id,
+                    c.version,
+                    i,
+                    rx,
+                    progress.clone(),
+                ));
+                Pipe {
+                    server,
+                    tx: Some(tx),
+                    task,
+                    behind_since: None,
+                    dropped: false,
+                }
+            })
+            .collect();
+        self.active = Some(Active {
+            idx,
+            id: c.id,
+            acked: 0,
+            pipes,
+            progress,
+            held: 0,
+        });
+        Ok(())
+    }
+
+    async fn commit(
+        &mut self,
+        updates: Vec<pb::ChunkUpdate>,
+        trim: bool,
+        release: bool,
+        seal: bool,
+    ) -> Result<()> {
+        let req = pb::CommitRequest {
+            path: self.path.clone(),
+            client_id: self.client.inner.client_id.clone(),
+            updates,
+            trim,
+            release,
+            seal,
+            drops: std::mem::take(&mut self.drops),
+        };
+        let r = self
+            .client
+            .inner
+            .masters
+            .send(req.clone(), |mut c, r| async move { c.commit(r).await })
+            .await;
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                self.drops = req.drops;
+                return Err(e.into());
+            }
+        };
+        let f = self.client.absorb(r)?;
+        // Keep the active chunk's place: the masters' list has the same chunks in the same
+        // order (a commit never removes chunks before the last one with data).
+        self.chunks = f.chunks;
+        Ok(())
+    }
+
+    async fn finish(mut self, seal: bool) -> Result<u64> {
+        self.check()?;
+        if let Some(r) = self.renew.take() {
+            r.abort();
+        }
+        // One master call: the chunk's final length (sealed in the stream meta), unused spares
+        // trimmed, lease released. The replicas are not sealed here: sealing fences off an
+        // *other* writer, and this writer is the one stopping; no writer appends to a chunk the
+        // masters hold sealed, and a reader never reads past the masters' length. Replicas
+        // still chasing get `chase_timeout` to catch up, else they are dropped.
+        self.catch_up().await;
+        let mut updates = Vec::new();
+        if let Some(mut a) = self.active.take() {
+            for p in &mut a.pipes {
+                p.tx = None;
+                p.task.abort();
+            }
+            self.client
+                .inner
+                .chasing
+                .fetch_sub(a.held, Ordering::Relaxed);
+            if a.acked > 0 {
+                let c = &mut self.chunks[a.idx];
+                c.length = a.acked;
+                c.sealed = true;
+                updates.push(pb::ChunkUpdate {
+                    chunk_id: c.id,
+                    length: a.acked,
+                    sealed: true,
+                });
+            }
+        }
+        let r = self.commit(updates, true, true, seal).await;
+        self.client.inner.cache.lock().pop(&self.path);
+        match r {
+            Ok(()) => Ok(self.length),
+            // A master that died while answering may have applied the commit, and its retry
+            // then finds the lease released (or the file sealed): the file says whether it did.
+            Err(Error::Meta(e)) if matches!(e.kind, ErrorKind::LeaseLost | ErrorKind::Sealed) => {
+                let st = self.client.stat(&self.path).await?;
+                let mine = st.writer.as_deref() == Some(self.client.client_id());
+                if !mine && st.length == self.length && (st.sealed || !seal) {
+                    Ok(self.length)
+                } else {
+                    Err(Error::Meta(e))
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Ends the open chunk, gives the lease back and returns the file's length. The file
+    /// stays appendable by the next [`Client::open_append`].
+    ///
+    /// # Errors
+    /// The masters failed; the data acknowledged so far stays readable.
+    pub async fn close(self) -> Result<u64> {
+        self.finish(false).await
+    }
+
+    /// Like [`FlatLogFile::close`], and the file can never be appended to again.
+    ///
+    /// # Errors
+    /// As [`FlatLogFile::close`].
+    pub async fn seal(self) -> Result<u64> {
+        self.finish(true).await
+    }
+}
+
+impl Drop for FlatLogFile {
+    fn drop(&mut self) {
+        if let Some(r) = self.renew.take() {
+            r.abort();
+        }
+        if let Some(a) = self.active.take() {
+            for p in &a.pipes {
+                p.task.abort();
+            }
+            self.client
+                .inner
+                .chasing
+                .fetch_sub(a.held, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Sends one replica its pieces in order, one at a time. Connection loss and timeouts are
+/// retried (after checking what the replica holds) until the writer drops the replica; any
+/// other error ends the pipe.
+async fn pipe(
+    client: Client,
+    server: u64,
+    chunk: u64,
+    version: u64,
+    i: usize,
+    mut rx: mpsc::UnboundedReceiver<Piece>,
+    progress: Arc<Progress>,
+) {
+    while let Some(p) = rx.recv().await {
+        let mut attempt = 0u32;
+        loop {
+            let r = send(&client, server, chunk, version, &p, attempt > 0).await;
+            match r {
+                Ok(()) => {
+                    progress.update(i, |s| {
+                        s.durable = p.end();
+                        s.error = None;
+                    });
+                    break;
+                }
+                Err(e) => {
+                    let transient =
+                        matches!(&e, Error::Data { source, .. } if source.is_transient());
+                    progress.update(i, |s| {
+                        s.error = Some(e.to_string());
+                        s.hard = !transient;
+                    });
+                    if !transient {
+                        return;
+                    }
+                    attempt += 1;
+                    let backoff = Duration::from_millis(10 << attempt.min(6));
+                    tokio::time::sleep(backoff).await;
+                }
+            }
+        }
+    }
+}
+
+/// One piece to one replica. A retry first asks the replica what it holds: the earlier try
+/// may have landed.
+async fn send(
+    client: &Client,
+    server: u64,
+    chunk: u64,
+    version: u64,
+    p: &Piece,
+    retry: bool,
+) -> Result<()> {
+    let (offset, end) = (p.offset, p.end());
+    // The first piece creates the chunk (piggybacked), unless a retry finds it there.
+    let mut create = offset == 0;
+    if retry {
+        let st = client
+            .on(server, |d| async move { d.stat(chunk).await })
+            .await;
+        match st {
+            Ok(info) if info.length == end => return Ok(()),
+            Ok(info) if info.length == offset => create = false,
+            Ok(info) => {
+                return Err(Error::Data {
+                    server,
+                    addr: String::new(),
+                    source: DataError::Status {
+                        status: Status::WrongOffset,
+                        offset: info.length,
+                        message: format!(
+                            "replica holds {} bytes; the next piece starts at {offset}",
+                            info.length
+                        ),
+                    },
+                });
+            }
+            Err(Error::Data {
+                source:
+                    DataError::Status {
+                        status: Status::NotFound,
+                        ..
+                    },
+                ..
+            }) if offset == 0 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let data = p.data.clone();
+    client
+        .on(server, |d| async move {
+            if create {
+                d.create(chunk, version, data).await
+            } else {
+                d.append(chunk, offset, data).await
+            }
+        })
+        .await
+        .map(|_| ())
+}

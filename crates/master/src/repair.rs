@@ -1,0 +1,320 @@
+//! Re-replication (docs/masters.md, "Repair"): the leader finds sealed chunks with fewer good
+//! copies than their policy asks and has a chunkserver copy them from a good one, under a
+//! cluster-wide bandwidth cap.
+//!
+//! A scan every second counts the chunks short of copies. A chunk short for longer than
+//! `repair_after` (reports lag a heartbeat) gets one repair task at a time: a target chosen like
+//! a new chunk's (up, not already a location, another rack than the good copies), handed out
+//! with the target's next heartbeat reply. The target pulls the bytes over the data plane,
+//! seals its copy and reports the result in a later heartbeat; the leader then records the new
+//! location and drops the bad ones (down, draining, stale) through Raft. Tasks live in the
+//! leader's memory only: a new leader adopts the repairs targets say they are running and
+//! schedules the rest again.
+
+use crate::registry::{Registry, RepairResult};
+use crate::state::{ChunkId, Command, ServerId, State};
+use cairn_rpc::pb;
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// Repairs one target runs at once.
+const PER_TARGET: usize = 4;
+/// Repairs running in the whole cluster at once.
+const TOTAL: usize = 256;
+/// A task the target neither runs nor reported this long after it was handed out is lost.
+const LOST_AFTER: Duration = Duration::from_secs(10);
+/// Window of the repair rate.
+const RATE_WINDOW: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+struct Task {
+    target: ServerId,
+    length: u64,
+    handed_out: Instant,
+    /// The result came back and its Raft command is being written.
+    committing: bool,
+}
+
+/// Counters and running tasks of the repair service.
+#[derive(Default)]
+pub struct Repairs {
+    running: HashMap<ChunkId, Task>,
+    outbox: HashMap<ServerId, Vec<pb::RepairTask>>,
+    /// Chunks short of copies, and since when.
+    short_since: HashMap<ChunkId, Instant>,
+    completions: VecDeque<(Instant, u64)>,
+    pub done: u64,
+    pub failed: u64,
+    pub bytes: u64,
+    /// From the last scan.
+    pub under_replicated: u64,
+    pub under_replicated_bytes: u64,
+    pub lost: u64,
+}
+
+impl Repairs {
+    /// Whether `server` is the target of a running repair of `chunk`.
+    pub fn targets(&self, chunk: ChunkId, server: ServerId) -> bool {
+        self.running.get(&chunk).is_some_and(|t| t.target == server)
+    }
+
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Bytes/s repaired over the last window.
+    pub fn rate(&self, now: Instant) -> u64 {
+        let bytes: u64 = self
+            .completions
+            .iter()
+            .filter(|(t, _)| now.duration_since(*t) <= RATE_WINDOW)
+            .map(|(_, b)| b)
+            .sum();
+        bytes / RATE_WINDOW.as_secs()
+    }
+
+    /// One target's share of the cluster's cap: the cap split over the targets at work.
+    pub fn share(&self, cap: u64) -> u64 {
+        let mut targets: Vec<ServerId> = self.running.values().map(|t| t.target).collect();
+        targets.sort_unstable();
+        targets.dedup();
+        cap / targets.len().max(1) as u64
+    }
+
+    /// The tasks waiting for `server`'s heartbeat.
+    pub fn take_tasks(&mut self, server: ServerId) -> Vec<pb::RepairTask> {
+        self.outbox.remove(&server).unwrap_or_default()
+    }
+
+    /// Repairs a server says it runs that this leader does not know (it was elected since):
+    /// adopted, so the copy is not taken for an orphan and not scheduled twice.
+    pub fn adopt(&mut self, server: ServerId, repairing: &[ChunkId], state: &State, now: Instant) {
+        for &c in repairing {
+            if let Some((_, chunk)) = state.chunk(c)
+                && chunk.sealed
+            {
+                self.running.entry(c).or_insert(Task {
+                    target: server,
+                    length: chunk.length,
+                    handed_out: now,
+                    committing: false,
+                });
+            }
+        }
+    }
+
+    /// Takes a target's results: the successful ones become `Repaired` commands.
+    pub fn results(
+        &mut self,
+        server: ServerId,
+        results: &[RepairResult],
+        state: &State,
+    ) -> Vec<Command> {
+        let mut out = Vec::new();
+        for r in results {
+            let Some(t) = self.running.get_mut(&r.chunk_id) else {
+                continue;
+            };
+            if t.target != server || t.committing {
+                continue;
+            }
+            if r.ok && r.length == t.length {
+                t.committing = true;
+                let remove = state
+                    .chunk(r.chunk_id)
+                    .map(|(_, c)| c.servers.clone())
+                    .unwrap_or_default();
+                out.push(Command::Repaired {
+                    chunk_id: r.chunk_id,
+                    length: r.length,
+                    server,
+                    // Narrowed to the copies that are not good by `finish_command`.
+                    remove,
+                });
+            } else {
+                tracing::warn!(chunk = r.chunk_id, server, error = %r.error, "repair failed");
+                self.running.remove(&r.chunk_id);
+                self.failed += 1;
+            }
+        }
+        out
+    }
+
+    /// The `Repaired` command of `chunk` was written (or failed to be): the task is over.
+    pub fn committed(&mut self, chunk: ChunkId, ok: bool, now: Instant) {
+        if let Some(t) = self.running.remove(&chunk) {
+            if ok {
+                self.done += 1;
+                self.bytes += t.length;
+                self.completions.push_back((now, t.length));
+            } else {
+                self.failed += 1;
+            }
+        }
+        while self
+            .completions
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) > RATE_WINDOW)
+        {
+            self.completions.pop_front();
+        }
+    }
+}
+
+impl Registry {
+    /// Good copies of a chunk among its locations.
+    pub fn good_copies(
+        &self,
+        state: &State,
+        chunk: ChunkId,
+        length: u64,
+        servers: &[ServerId],
+        now: Instant,
+    ) -> Vec<ServerId> {
+        servers
+            .iter()
+            .copied()
+            .filter(|s| self.holds(state.servers().get(s), chunk, length, now))
+            .collect()
+    }
+
+    /// The scan: counts what is short of copies and hands out new tasks.
+    pub fn scan_repairs(&mut self, state: &State, now: Instant) {
+        // Tasks whose target went down, or that the target never started.
+        let lost: Vec<ChunkId> = self
+            .repairs
+            .running
+            .iter()
+            .filter(|(c, t)| {
+                !t.committing && {
+                    let live = self.live.get(&t.target);
+                    let gone = state.servers().get(&t.target).is_none_or(|r| {
+                        self.state_of(r, now) == crate::registry::ServerState::Down
+                    });
+                    let forgotten = now.duration_since(t.handed_out) > LOST_AFTER
+                        && live.is_none_or(|l| !l.repairing.contains(c));
+                    gone || forgotten
+                }
+            })
+            .map(|(c, _)| *c)
+            .collect();
+        for c in lost {
+            let t = self.repairs.running.remove(&c).expect("listed");
+            tracing::warn!(
+                chunk = c,
+                target = t.target,
+                "repair lost; scheduling it again"
+            );
+            self.repairs.failed += 1;
+            if let Some(q) = self.repairs.outbox.get_mut(&t.target) {
+                q.retain(|x| x.chunk_id != c);
+            }
+        }
+        let (mut under, mut under_bytes, mut lost_chunks) = (0, 0, 0);
+        let mut short = HashMap::new();
+        let mut wanted = Vec::new();
+        for (policy, c) in state.chunks_with_policy() {
+            if !c.sealed || c.length == 0 {
+                continue;
+            }
+            let good = self.good_copies(state, c.id, c.length, &c.servers, now);
+            if good.len() >= usize::from(policy.replicas) {
+                continue;
+            }
+            let since = *self.repairs.short_since.get(&c.id).unwrap_or(&now);
+            short.insert(c.id, since);
+            if now.duration_since(since) < self.opts.repair_after {
+                continue;
+            }
+            under += 1;
+            under_bytes += c.length;
+            if good.is_empty() {
+                lost_chunks += 1;
+                continue;
+            }
+            if !self.repairs.running.contains_key(&c.id) {
+                wanted.push((c.id, c.version, c.length, c.servers.clone(), good));
+            }
+        }
+        self.repairs.short_since = short;
+        self.repairs.under_replicated = under;
+        self.repairs.under_replicated_bytes = under_bytes;
+        self.repairs.lost = lost_chunks;
+
+        let mut per_target: HashMap<ServerId, usize> = HashMap::new();
+        for t in self.repairs.running.values() {
+            *per_target.entry(t.target).or_default() += 1;
+        }
+        for (chunk_id, version, length, servers, mut good) in wanted {
+            if self.repairs.running.len() >= TOTAL {
+                break;
+            }
+            let Some(target) = self.place_copy(state.servers(), &servers, &good, now) else {
+                continue;
+            };
+            let n = per_target.entry(target).or_default();
+            if *n >= PER_TARGET {
+                continue;
+            }
+            *n += 1;
+            // Up sources first, then the least loaded.
+            good.sort_by_key(|s| {
+                let l = self.live.get(s);
+                (
+                    state.servers().get(s).map(|r| self.state_of(r, now))
+                        != Some(crate::registry::ServerState::Up),
+                    l.map_or(u32::MAX, |l| l.load),
+                )
+            });
+            let sources = good
+                .iter()
+                .filter_map(|s| {
+                    state.servers().get(s).map(|r| pb::ServerAddr {
+                        id: *s,
+                        addr: r.addr.clone(),
+                    })
+                })
+                .collect();
+            self.repairs.running.insert(
+                chunk_id,
+                Task {
+                    target,
+                    length,
+                    handed_out: now,
+                    committing: false,
+                },
+            );
+            self.repairs
+                .outbox
+                .entry(target)
+                .or_default()
+                .push(pb::RepairTask {
+                    chunk_id,
+                    version,
+                    length,
+                    sources,
+                });
+        }
+    }
+
+    /// A `Repaired` command keeps as locations only the new copy and the good ones.
+    pub fn finish_command(&self, cmd: Command, state: &State, now: Instant) -> Command {
+        match cmd {
+            Command::Repaired {
+                chunk_id,
+                length,
+                server,
+                remove,
+            } => {
+                let good = self.good_copies(state, chunk_id, length, &remove, now);
+                Command::Repaired {
+                    chunk_id,
+                    length,
+                    server,
+                    remove: remove.into_iter().filter(|s| !good.contains(s)).collect(),
+                }
+            }
+            other => other,
+        }
+    }
+}
