@@ -1,6 +1,8 @@
-//! `cairn admin …`: change the master group, drain chunkservers.
+//! `cairn admin …`: change the master group, drain chunkservers, set the repair bandwidth,
+//! inject faults into chunkservers started with `--fault-injection`.
 
 use crate::cluster::ClusterArgs;
+use cairn_client::{DataConn, FaultSpec};
 use cairn_rpc::{Masters, pb};
 
 #[derive(clap::Args)]
@@ -20,6 +22,75 @@ pub enum AdminCommand {
     Drain { server_id: u64 },
     /// Place new chunks on a drained chunkserver again.
     Undrain { server_id: u64 },
+    /// Change a cluster setting: `repair-bandwidth 100m` (bytes/s all repairs share).
+    Set { setting: String, value: String },
+    /// Make a chunkserver (started with --fault-injection) slow, failing or frozen; `--clear`
+    /// (or no fault option) removes every fault.
+    Fault(FaultArgs),
+}
+
+#[derive(clap::Args)]
+pub struct FaultArgs {
+    /// The chunkserver's id (`cairn status`).
+    #[arg(long)]
+    server: u64,
+    /// Hold every request this long.
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u32,
+    /// Plus a random extra hold of up to this long.
+    #[arg(long, default_value_t = 0)]
+    jitter_ms: u32,
+    /// Fail this fraction of requests (0..=1) with an I/O error.
+    #[arg(long, default_value_t = 0.0)]
+    error_rate: f64,
+    /// Hold every request until the fault is cleared (a frozen server).
+    #[arg(long)]
+    stall: bool,
+    /// Fail creates and appends with NO_SPACE.
+    #[arg(long)]
+    disk_full: bool,
+    /// Only requests that reach the disk (not stat and ping): a sick disk, a healthy process.
+    #[arg(long)]
+    disk_only: bool,
+    /// Remove every fault.
+    #[arg(long)]
+    clear: bool,
+}
+
+impl FaultArgs {
+    fn spec(&self) -> anyhow::Result<FaultSpec> {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.error_rate),
+            "--error-rate is a fraction in 0..=1"
+        );
+        if self.clear {
+            return Ok(FaultSpec::default());
+        }
+        Ok(FaultSpec {
+            delay_ms: self.delay_ms,
+            jitter_ms: self.jitter_ms,
+            error_ppm: (self.error_rate * 1e6).round() as u32,
+            stall: self.stall,
+            disk_full: self.disk_full,
+            disk_only: self.disk_only,
+        })
+    }
+}
+
+/// Sends a fault spec to a chunkserver found through the masters.
+pub async fn inject(m: &Masters, server: u64, spec: &FaultSpec) -> anyhow::Result<()> {
+    let s = m
+        .call(|mut c| async move { c.status(pb::Empty {}).await })
+        .await?;
+    let addr = s
+        .servers
+        .iter()
+        .find(|x| x.id == server)
+        .map(|x| x.addr.clone())
+        .ok_or_else(|| anyhow::anyhow!("no chunkserver {server} (see cairn status)"))?;
+    let conn = DataConn::connect(addr.parse()?, std::time::Duration::from_secs(5)).await?;
+    conn.fault(spec).await?;
+    Ok(())
 }
 
 pub fn run(a: AdminArgs) -> anyhow::Result<()> {
@@ -66,6 +137,27 @@ pub fn run(a: AdminArgs) -> anyhow::Result<()> {
                 m.send(req, |mut c, r| async move { c.set_server_state(r).await })
                     .await?;
                 println!("chunkserver {server_id}: {state}");
+            }
+            AdminCommand::Set { setting, value } => {
+                let req = match setting.as_str() {
+                    "repair-bandwidth" => pb::ConfigRequest {
+                        repair_bytes_per_sec: crate::bench::parse_size(&value)
+                            .map_err(|e| anyhow::anyhow!(e))?,
+                    },
+                    other => anyhow::bail!("unknown setting {other:?} (known: repair-bandwidth)"),
+                };
+                m.send(req, |mut c, r| async move { c.set_config(r).await })
+                    .await?;
+                println!("{setting} = {value}");
+            }
+            AdminCommand::Fault(f) => {
+                let spec = f.spec()?;
+                inject(&m, f.server, &spec).await?;
+                if spec.is_clear() {
+                    println!("chunkserver {}: no faults", f.server);
+                } else {
+                    println!("chunkserver {}: {spec:?}", f.server);
+                }
             }
         }
         anyhow::Ok(())

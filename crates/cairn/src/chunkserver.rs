@@ -40,6 +40,10 @@ pub struct ChunkserverArgs {
     /// Milliseconds between heartbeats.
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
+    /// Accept `cairn admin fault` (delays, errors, stalls, a full disk) for tests and drills.
+    /// Never on a server holding data anyone needs.
+    #[arg(long)]
+    fault_injection: bool,
 }
 
 pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
@@ -64,7 +68,13 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
         .enable_all()
         .thread_name("cairn-cs")
         .build()?;
-    let cs = Chunkserver::new(set, ServerOptions::default());
+    let cs = Chunkserver::new(
+        set,
+        ServerOptions {
+            fault_injection: a.fault_injection,
+            ..ServerOptions::default()
+        },
+    );
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(a.listen).await?;
         let addr = listener.local_addr()?;

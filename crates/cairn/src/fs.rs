@@ -14,6 +14,9 @@ pub enum FsCommand {
         path: String,
         #[arg(long, default_value_t = 3)]
         replicas: u32,
+        /// Copies durable before a write is acknowledged (default: a majority of --replicas).
+        #[arg(long)]
+        min_copy: Option<u32>,
     },
     /// Copy a file out of the cluster.
     Get {
@@ -29,6 +32,9 @@ pub enum FsCommand {
         path: String,
         #[arg(long, default_value_t = 3)]
         replicas: u32,
+        /// Copies durable before the append is acknowledged (new files only).
+        #[arg(long)]
+        min_copy: Option<u32>,
     },
     /// List a directory.
     Ls {
@@ -105,6 +111,7 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
             local,
             path,
             replicas,
+            min_copy,
         } => {
             let mut f = std::fs::File::open(&local)?;
             let total = f.metadata()?.len();
@@ -114,6 +121,7 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
                     &path,
                     CreateOptions {
                         replicas,
+                        min_copy,
                         ..CreateOptions::default()
                     },
                 )
@@ -160,7 +168,11 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
             .await?;
             out.flush()?;
         }
-        FsCommand::Append { path, replicas } => {
+        FsCommand::Append {
+            path,
+            replicas,
+            min_copy,
+        } => {
             let mut data = Vec::new();
             std::io::stdin().read_to_end(&mut data)?;
             let mut w = match c.open_append(&path).await {
@@ -170,6 +182,7 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
                         &path,
                         CreateOptions {
                             replicas,
+                            min_copy,
                             ..CreateOptions::default()
                         },
                     )
@@ -227,11 +240,12 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
                 println!("{}: directory", st.path);
             } else {
                 println!(
-                    "{}: {} bytes, {} chunk(s), {} replicas, {}{}",
+                    "{}: {} bytes, {} chunk(s), {} replicas (writes acknowledged at {}), {}{}",
                     st.path,
                     st.length,
                     st.chunks,
                     st.replicas,
+                    st.min_copy,
                     if st.sealed { "sealed" } else { "open" },
                     st.writer
                         .map(|w| format!(", written by {w}"))
@@ -312,6 +326,15 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
             })).collect::<Vec<_>>(),
             "files": s.files, "dirs": s.dirs, "chunks": s.chunks, "logical_bytes": s.logical_bytes,
             "missing_replicas": s.missing_replicas, "pending_deletes": s.pending_deletes,
+            "repair": {
+                "under_replicated_chunks": s.under_replicated,
+                "under_replicated_bytes": s.under_replicated_bytes,
+                "lost_chunks": s.lost_chunks,
+                "running": s.repairs_running, "done": s.repairs_done, "failed": s.repairs_failed,
+                "repaired_bytes": s.repaired_bytes,
+                "rate_bytes_per_sec": s.repair_rate,
+                "bandwidth_cap_bytes_per_sec": s.repair_bytes_per_sec,
+            },
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -358,6 +381,19 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         human(s.logical_bytes),
         s.missing_replicas,
         s.pending_deletes
+    );
+    println!(
+        "repair: {} chunks ({}) under-replicated, {} lost; {} running, {} done, {} failed, \
+         {} copied; rate {}/s of a {}/s cap",
+        s.under_replicated,
+        human(s.under_replicated_bytes),
+        s.lost_chunks,
+        s.repairs_running,
+        s.repairs_done,
+        s.repairs_failed,
+        human(s.repaired_bytes),
+        human(s.repair_rate),
+        human(s.repair_bytes_per_sec)
     );
     Ok(())
 }

@@ -29,6 +29,15 @@ pub struct MasterArgs {
     /// Seconds before a chunk no file owns is deleted from its chunkserver.
     #[arg(long, default_value_t = 60)]
     orphan_grace_secs: u64,
+    /// A chunkserver silent this long is suspect (no new chunks go to it).
+    #[arg(long, default_value_t = 5000)]
+    suspect_after_ms: u64,
+    /// A chunkserver silent this long is down: its chunks are re-replicated elsewhere.
+    #[arg(long, default_value_t = 15000)]
+    down_after_ms: u64,
+    /// A sealed chunk short of copies this long is repaired.
+    #[arg(long, default_value_t = 3000)]
+    repair_after_ms: u64,
 }
 
 pub fn parse_peers(s: &str) -> anyhow::Result<BTreeMap<u64, String>> {
@@ -69,7 +78,9 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
             lease: Duration::from_secs(a.lease_secs),
             registry: RegistryOptions {
                 orphan_grace: Duration::from_secs(a.orphan_grace_secs),
-                ..RegistryOptions::default()
+                suspect_after: Duration::from_millis(a.suspect_after_ms),
+                down_after: Duration::from_millis(a.down_after_ms.max(a.suspect_after_ms)),
+                repair_after: Duration::from_millis(a.repair_after_ms),
             },
             snapshot_every: 10_000,
         };

@@ -27,6 +27,9 @@ pub struct UpArgs {
     /// Chunkserver durability: sync (default) or none (benchmarks only).
     #[arg(long, default_value = "sync", value_parser = ["sync", "none"])]
     durability: String,
+    /// Start the chunkservers with --fault-injection (`cairn admin fault`).
+    #[arg(long)]
+    fault_injection: bool,
 }
 
 struct Managed {
@@ -146,7 +149,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 a.durability.clone(),
                 "--host".into(),
                 format!("local-{}", p.id),
-            ],
+            ]
+            .into_iter()
+            .chain(a.fault_injection.then(|| "--fault-injection".to_string()))
+            .collect(),
             child: None,
             started: Instant::now(),
             restart_at: Some(Instant::now()),

@@ -665,6 +665,19 @@ impl FlatLogFile {
                 .find(|&i| !self.chunks[i].sealed && self.chunks[i].length == 0);
         }
         let idx = next.ok_or_else(|| MetaError::internal("allocation returned no chunk"))?;
+        // Spares passed over (on a failed server) are closed empty, so that no open chunk is
+        // left in the middle of the file.
+        let skipped: Vec<pb::ChunkUpdate> = (from..idx)
+            .filter(|&i| !self.chunks[i].sealed && self.chunks[i].length == 0)
+            .map(|i| pb::ChunkUpdate {
+                chunk_id: self.chunks[i].id,
+                length: 0,
+                sealed: true,
+            })
+            .collect();
+        if !skipped.is_empty() {
+            self.commit(skipped, false, false, false).await?;
+        }
         let c = &self.chunks[idx];
         let progress = Arc::new(Progress {
             state: Mutex::new(vec![ReplicaState::default(); c.servers.len()]),

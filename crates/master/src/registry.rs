@@ -263,12 +263,13 @@ impl Registry {
         self.live.values().map(|l| l.orphans.len() as u64).sum()
     }
 
-    /// Replicas the namespace places on a server whose full report lacks them. Chunks never
-    /// written (length 0, unsealed) are not counted: they are created by their first append.
+    /// Replicas the namespace places on a server whose full report lacks them. Empty chunks
+    /// are not counted: a spare is created by its first append, and a chunk sealed empty
+    /// (a spare passed over, a chunk whose first append failed) holds nothing.
     pub fn missing_replicas(&self, state: &State) -> u64 {
         let mut n = 0;
         for c in state.chunks() {
-            if c.length == 0 && !c.sealed {
+            if c.length == 0 {
                 continue;
             }
             for s in &c.servers {

@@ -30,11 +30,14 @@ impl Proc {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        assert!(
-            line.starts_with("listening on "),
-            "{}: unexpected first line {line:?}",
-            self.name
-        );
+        let Some(bound) = line.trim().strip_prefix("listening on ") else {
+            panic!("{}: unexpected first line {line:?}", self.name);
+        };
+        // A process started on port 0 keeps the port it got across restarts.
+        if let Some(i) = self.args.iter().position(|a| a == "--listen") {
+            self.args[i + 1] = bound.to_owned();
+        }
+        self.addr = bound.to_owned();
         self.child = Some(child);
     }
 
@@ -105,6 +108,12 @@ impl Cluster {
                     peers.clone(),
                     "--lease-secs".into(),
                     "5".into(),
+                    "--suspect-after-ms".into(),
+                    "2000".into(),
+                    "--down-after-ms".into(),
+                    "4000".into(),
+                    "--repair-after-ms".into(),
+                    "1000".into(),
                 ],
                 addr: a.clone(),
                 child: None,
@@ -112,7 +121,8 @@ impl Cluster {
             .collect();
         let chunkservers = (0..c)
             .map(|i| {
-                let a = free_addr();
+                // Port 0: the server picks a free port (no race with other tests).
+                let a = "127.0.0.1:0".to_string();
                 Proc {
                     name: format!("chunkserver-{}", i + 1),
                     args: vec![
@@ -127,6 +137,7 @@ impl Cluster {
                         "256m".into(),
                         "--heartbeat-ms".into(),
                         "200".into(),
+                        "--fault-injection".into(),
                     ],
                     addr: a,
                     child: None,
@@ -181,6 +192,54 @@ impl Cluster {
                 "chunkservers not up in {within:?}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Injects faults into chunkserver `i` (0-based).
+    pub async fn fault(&self, i: usize, spec: cairn_client::FaultSpec) {
+        let c = cairn_client::DataConn::connect(
+            self.chunkservers[i].addr.parse().unwrap(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        c.fault(&spec).await.unwrap();
+    }
+
+    /// The masters' id of chunkserver `i` (0-based).
+    pub async fn server_id(&self, i: usize) -> u64 {
+        let s = self.status().await.unwrap();
+        s.servers
+            .iter()
+            .find(|x| x.addr == self.chunkservers[i].addr)
+            .map(|x| x.id)
+            .expect("registered")
+    }
+
+    /// Waits until the leader counts no chunk short of copies and no repair running.
+    pub async fn wait_fully_replicated(&self, within: Duration) -> cairn_rpc::pb::StatusReply {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(s) = self.status().await
+                && s.under_replicated == 0
+                && s.repairs_running == 0
+                && s.lost_chunks == 0
+                && s.missing_replicas == 0
+            {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not fully replicated within {within:?}: {:?}",
+                self.status().await.map(|s| (
+                    s.under_replicated,
+                    s.repairs_running,
+                    s.repairs_failed,
+                    s.lost_chunks,
+                    s.missing_replicas
+                ))
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
