@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut st = State::default();
-    match kind % 9 {
+    match kind % 11 {
         0 => {
             if let Ok(r) = pb::CreateRequest::decode(body)
                 && let (Ok(path), Ok(policy), Ok(n)) =
@@ -36,8 +36,37 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         1 => {
-            if let Ok(r) = pb::CommitRequest::decode(body) {
-                let _ = (convert::path(&r.path), convert::client_id(&r.client_id), convert::updates(&r.updates));
+            if let Ok(r) = pb::CommitRequest::decode(body)
+                && let (Ok(path), Ok(holder), Ok(updates), Ok(drops)) = (
+                    convert::path(&r.path),
+                    convert::client_id(&r.client_id),
+                    convert::updates(&r.updates),
+                    convert::drops(&r.drops),
+                )
+            {
+                // Against a file this writer holds, with chunks 1 and 2 on servers 1..=3.
+                let _ = st.apply(&Command::Create {
+                    path: path.clone(),
+                    policy: convert::policy(None).expect("default policy"),
+                    parents: true,
+                    now_ms: 1,
+                    lease: Some(Lease { holder: holder.clone(), expires_ms: 10 }),
+                    placements: vec![vec![1, 2, 3]; 2],
+                });
+                let _ = st.apply(&Command::Commit {
+                    path,
+                    holder,
+                    now_ms: 2,
+                    updates,
+                    trim: r.trim,
+                    release: r.release,
+                    seal: r.seal,
+                    lease_until_ms: 5,
+                    drops,
+                });
+                for c in st.chunks() {
+                    assert!(!c.servers.is_empty(), "a chunk lost its last location");
+                }
             }
         }
         2 => {
@@ -71,6 +100,18 @@ fuzz_target!(|data: &[u8]| {
         6 => {
             if let Ok(r) = pb::LocateRequest::decode(body) {
                 let _ = convert::locate(&r);
+            }
+        }
+        9 => {
+            if let Ok(r) = pb::AllocateRequest::decode(body) {
+                let _ = (convert::path(&r.path), convert::exclude(&r.exclude));
+            }
+        }
+        10 => {
+            if let Ok(r) = pb::ConfigRequest::decode(body)
+                && let Ok(config) = convert::config(&r, st.config())
+            {
+                st.apply(&Command::SetConfig { config }).expect("valid config applies");
             }
         }
         7 => {
