@@ -34,6 +34,15 @@ pub struct Args {
     /// Print only JSON lines.
     #[arg(long)]
     json: bool,
+    /// After each healthy run, slow one chunkserver down this many times (an injected delay
+    /// of (N-1) x the healthy p50 per request) and run again; needs a cluster started with
+    /// --fault-injection. The second line's `vs_healthy_p999` is the SLA ratio.
+    #[arg(long)]
+    slow_one: Option<f64>,
+    /// SIGKILL one (local) chunkserver this many seconds into each run (`cairn up` restarts
+    /// it): `errors` and `max_us` show what the writers saw.
+    #[arg(long)]
+    kill_one_after: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -66,6 +75,14 @@ struct Report {
     /// Reads and creates: ops/s ÷ floor ops/s.
     ratio_ops: f64,
     loadavg: f64,
+    /// The fault during this run, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fault: Option<String>,
+    /// This run's p99.9 over the healthy run's just before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vs_healthy_p999: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vs_healthy_p99: Option<f64>,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -123,7 +140,14 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             true,
         )?;
         let rtt = rt.block_on(loopback_rtt(size, a.seconds.min(3.0)))?;
+        let killer = a
+            .kill_one_after
+            .map(|after| rt.spawn(kill_one(masters.clone(), after)));
         let (ops, errors, secs, lat) = rt.block_on(measure(op, &client, &prefix, run, &a))?;
+        let fault = match killer {
+            Some(k) => Some(rt.block_on(k)??),
+            None => None,
+        };
         let mib = |ops: u64, s: f64| ops as f64 * size as f64 / s / f64::from(1 << 20);
         let floor_ops_per_s = fl.ops as f64 / fl.seconds;
         let ops_per_s = ops as f64 / secs;
@@ -164,8 +188,40 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
                 ops_per_s / floor_ops_per_s
             },
             loadavg: loadavg(),
+            fault,
+            vs_healthy_p999: None,
+            vs_healthy_p99: None,
         };
         println!("{}", serde_json::to_string(&r)?);
+        if let Some(factor) = a.slow_one {
+            let delay_ms = ((factor - 1.0) * lat.p50_us / 1000.0).ceil().max(1.0) as u32;
+            let (server, how) = rt.block_on(slow_one(&masters, delay_ms))?;
+            let slow = rt.block_on(measure(op, &client, &prefix, run + 1000, &a));
+            rt.block_on(async {
+                let m = cairn_rpc::Masters::new(&masters)?;
+                crate::admin::inject(&m, server, &cairn_client::FaultSpec::default()).await
+            })?;
+            let (ops, errors, secs, sl) = slow?;
+            let s = Report {
+                seconds: secs,
+                ops,
+                errors,
+                ops_per_s: ops as f64 / secs,
+                mib_per_s: mib(ops, secs),
+                p50_us: sl.p50_us,
+                p99_us: sl.p99_us,
+                p999_us: sl.p999_us,
+                max_us: sl.max_us,
+                ratio_p50: sl.p50_us / (fl.latency.p50_us + rtt.p50_us),
+                ratio_p999: sl.p999_us / (fl.latency.p999_us + rtt.p999_us),
+                loadavg: loadavg(),
+                fault: Some(how),
+                vs_healthy_p999: Some(sl.p999_us / lat.p999_us),
+                vs_healthy_p99: Some(sl.p99_us / lat.p99_us),
+                ..r
+            };
+            println!("{}", serde_json::to_string(&s)?);
+        }
     }
     // Clean up what the benchmark wrote.
     rt.block_on(async {
@@ -177,6 +233,43 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
         let _ = client.delete(&prefix).await;
     });
     Ok(())
+}
+
+/// Slows the first chunkserver by `delay_ms` per request; returns its id and a description.
+async fn slow_one(masters: &[String], delay_ms: u32) -> anyhow::Result<(u64, String)> {
+    let m = cairn_rpc::Masters::new(masters)?;
+    let s = m
+        .call(|mut c| async move { c.status(cairn_rpc::pb::Empty {}).await })
+        .await?;
+    let server = s
+        .servers
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("no chunkserver"))?
+        .id;
+    let spec = cairn_client::FaultSpec {
+        delay_ms,
+        ..cairn_client::FaultSpec::default()
+    };
+    crate::admin::inject(&m, server, &spec).await?;
+    Ok((server, format!("chunkserver {server} +{delay_ms} ms per request")))
+}
+
+/// SIGKILLs the first local chunkserver after `after` seconds.
+async fn kill_one(masters: Vec<String>, after: f64) -> anyhow::Result<String> {
+    tokio::time::sleep(Duration::from_secs_f64(after)).await;
+    let m = cairn_rpc::Masters::new(&masters)?;
+    let s = m
+        .call(|mut c| async move { c.status(cairn_rpc::pb::Empty {}).await })
+        .await?;
+    let v = s
+        .servers
+        .iter()
+        .find(|x| x.pid != 0 && x.state == "up")
+        .ok_or_else(|| anyhow::anyhow!("no local chunkserver up to kill"))?;
+    // SAFETY: sending a signal to a pid the masters report; no memory is touched.
+    let rc = unsafe { libc::kill(v.pid as i32, libc::SIGKILL) };
+    anyhow::ensure!(rc == 0, "kill {}: {}", v.pid, std::io::Error::last_os_error());
+    Ok(format!("chunkserver {} (pid {}) SIGKILLed after {after} s", v.id, v.pid))
 }
 
 fn create_opts(replicas: u32) -> CreateOptions {
