@@ -604,23 +604,9 @@ mod tests {
         assert_eq!(reg.pending_deletes(), 0);
     }
 
-    /// A sealed chunk on [1, 2, 3] whose server 3 goes down is copied to server 4 from a good
-    /// copy; the new location replaces 3, and 3's copy is an orphan when it comes back.
-    #[test]
-    fn a_down_servers_chunks_are_repaired_elsewhere() {
-        use crate::state::{ChunkUpdate, Command, Lease, Policy};
-        let t0 = Instant::now();
-        let mut reg = Registry::new(RegistryOptions {
-            repair_after: Duration::from_secs(3),
-            ..Default::default()
-        });
-        let mut st = State::default();
-        for id in 1..=4 {
-            st.apply(&Command::Register {
-                server: rec(id, &format!("h{id}"), ""),
-            })
-            .unwrap();
-        }
+    /// Creates /f, written by "w", with one chunk on servers 1, 2, 3; returns the chunk.
+    fn open_file_on_1_2_3(st: &mut State) -> ChunkId {
+        use crate::state::{Command, Lease, Policy};
         st.apply(&Command::Create {
             path: "/f".into(),
             policy: Policy {
@@ -637,7 +623,27 @@ mod tests {
             placements: vec![vec![1, 2, 3]],
         })
         .unwrap();
-        let chunk = st.chunks().next().unwrap().id;
+        st.chunks().next().unwrap().id
+    }
+
+    /// A sealed chunk on [1, 2, 3] whose server 3 goes down is copied to server 4 from a good
+    /// copy; the new location replaces 3, and 3's copy is an orphan when it comes back.
+    #[test]
+    fn a_down_servers_chunks_are_repaired_elsewhere() {
+        use crate::state::{ChunkUpdate, Command};
+        let t0 = Instant::now();
+        let mut reg = Registry::new(RegistryOptions {
+            repair_after: Duration::from_secs(3),
+            ..Default::default()
+        });
+        let mut st = State::default();
+        for id in 1..=4 {
+            st.apply(&Command::Register {
+                server: rec(id, &format!("h{id}"), ""),
+            })
+            .unwrap();
+        }
+        let chunk = open_file_on_1_2_3(&mut st);
         st.apply(&Command::Commit {
             path: "/f".into(),
             holder: "w".into(),
@@ -742,27 +748,11 @@ mod tests {
     /// A replica a writer dropped is no longer a location, and its copy is deleted.
     #[test]
     fn a_dropped_replica_is_an_orphan() {
-        use crate::state::{Command, Lease, Policy};
+        use crate::state::Command;
         let now = Instant::now();
         let mut reg = Registry::new(RegistryOptions::default());
         let mut st = State::default();
-        st.apply(&Command::Create {
-            path: "/f".into(),
-            policy: Policy {
-                replicas: 3,
-                compression: false,
-                min_copy: 2,
-            },
-            parents: false,
-            now_ms: 0,
-            lease: Some(Lease {
-                holder: "w".into(),
-                expires_ms: 1_000_000,
-            }),
-            placements: vec![vec![1, 2, 3]],
-        })
-        .unwrap();
-        let chunk = st.chunks().next().unwrap().id;
+        let chunk = open_file_on_1_2_3(&mut st);
         assert!(
             reg.heartbeat(hb(3, true, vec![chunk], vec![]), &st, now)
                 .delete

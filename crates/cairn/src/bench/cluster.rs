@@ -251,7 +251,10 @@ async fn slow_one(masters: &[String], delay_ms: u32) -> anyhow::Result<(u64, Str
         ..cairn_client::FaultSpec::default()
     };
     crate::admin::inject(&m, server, &spec).await?;
-    Ok((server, format!("chunkserver {server} +{delay_ms} ms per request")))
+    Ok((
+        server,
+        format!("chunkserver {server} +{delay_ms} ms per request"),
+    ))
 }
 
 /// SIGKILLs the first local chunkserver after `after` seconds.
@@ -268,8 +271,16 @@ async fn kill_one(masters: Vec<String>, after: f64) -> anyhow::Result<String> {
         .ok_or_else(|| anyhow::anyhow!("no local chunkserver up to kill"))?;
     // SAFETY: sending a signal to a pid the masters report; no memory is touched.
     let rc = unsafe { libc::kill(v.pid as i32, libc::SIGKILL) };
-    anyhow::ensure!(rc == 0, "kill {}: {}", v.pid, std::io::Error::last_os_error());
-    Ok(format!("chunkserver {} (pid {}) SIGKILLed after {after} s", v.id, v.pid))
+    anyhow::ensure!(
+        rc == 0,
+        "kill {}: {}",
+        v.pid,
+        std::io::Error::last_os_error()
+    );
+    Ok(format!(
+        "chunkserver {} (pid {}) SIGKILLed after {after} s",
+        v.id, v.pid
+    ))
 }
 
 fn create_opts(replicas: u32) -> CreateOptions {
