@@ -368,21 +368,22 @@ impl FlatLogFile {
             let changed = progress.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let (live, done, errors) = {
+            let (live, done) = {
                 let st = progress.state.lock();
                 let live: Vec<usize> = (0..a.pipes.len())
                     .filter(|&i| !a.pipes[i].dropped && !st[i].hard)
                     .collect();
                 let done = live.iter().filter(|&&i| st[i].durable >= end).count();
+                (live.len(), done)
+            };
+            if live < self.min_copy {
+                let st = progress.state.lock();
                 let errors: Vec<String> = (0..a.pipes.len())
                     .filter_map(|i| {
                         let e = st[i].error.as_ref()?;
                         Some(format!("server {}: {e}", a.pipes[i].server))
                     })
                     .collect();
-                (live.len(), done, errors)
-            };
-            if live < self.min_copy {
                 return Err(Stuck::Switch(format!(
                     "{live} of the chunk's replicas can go on, {} are needed ({})",
                     self.min_copy,

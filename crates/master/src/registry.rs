@@ -195,9 +195,9 @@ impl Registry {
         let server = hb.server_id;
         let finished: Vec<_> = self
             .repairs
-            .results(server, &hb.repaired, state)
+            .results(server, &hb.repaired)
             .into_iter()
-            .map(|c| self.finish_command(c, state, now))
+            .map(|(chunk, length)| self.repaired(state, chunk, length, server, now))
             .collect();
         self.repairs.adopt(server, &hb.repairing, state, now);
         let live = self.live.get_mut(&server).expect("inserted above");

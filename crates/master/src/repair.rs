@@ -103,13 +103,9 @@ impl Repairs {
         }
     }
 
-    /// Takes a target's results: the successful ones become `Repaired` commands.
-    pub fn results(
-        &mut self,
-        server: ServerId,
-        results: &[RepairResult],
-        state: &State,
-    ) -> Vec<Command> {
+    /// Takes a target's results; returns the (chunk, length) of the successful ones, whose
+    /// tasks now wait for their `Repaired` command to be written.
+    pub fn results(&mut self, server: ServerId, results: &[RepairResult]) -> Vec<(ChunkId, u64)> {
         let mut out = Vec::new();
         for r in results {
             let Some(t) = self.running.get_mut(&r.chunk_id) else {
@@ -120,17 +116,7 @@ impl Repairs {
             }
             if r.ok && r.length == t.length {
                 t.committing = true;
-                let remove = state
-                    .chunk(r.chunk_id)
-                    .map(|(_, c)| c.servers.clone())
-                    .unwrap_or_default();
-                out.push(Command::Repaired {
-                    chunk_id: r.chunk_id,
-                    length: r.length,
-                    server,
-                    // Narrowed to the copies that are not good by `finish_command`.
-                    remove,
-                });
+                out.push((r.chunk_id, r.length));
             } else {
                 tracing::warn!(chunk = r.chunk_id, server, error = %r.error, "repair failed");
                 self.running.remove(&r.chunk_id);
@@ -176,6 +162,29 @@ impl Registry {
             .copied()
             .filter(|s| self.holds(state.servers().get(s), chunk, length, now))
             .collect()
+    }
+
+    /// The command recording a repair of `chunk` onto `server`: the new copy becomes a
+    /// location, the locations that are not good copies stop being ones.
+    pub fn repaired(
+        &self,
+        state: &State,
+        chunk_id: ChunkId,
+        length: u64,
+        server: ServerId,
+        now: Instant,
+    ) -> Command {
+        let servers = state
+            .chunk(chunk_id)
+            .map(|(_, c)| c.servers.clone())
+            .unwrap_or_default();
+        let good = self.good_copies(state, chunk_id, length, &servers, now);
+        Command::Repaired {
+            chunk_id,
+            length,
+            server,
+            remove: servers.into_iter().filter(|s| !good.contains(s)).collect(),
+        }
     }
 
     /// The scan: counts what is short of copies and hands out new tasks.
@@ -294,27 +303,6 @@ impl Registry {
                     length,
                     sources,
                 });
-        }
-    }
-
-    /// A `Repaired` command keeps as locations only the new copy and the good ones.
-    pub fn finish_command(&self, cmd: Command, state: &State, now: Instant) -> Command {
-        match cmd {
-            Command::Repaired {
-                chunk_id,
-                length,
-                server,
-                remove,
-            } => {
-                let good = self.good_copies(state, chunk_id, length, &remove, now);
-                Command::Repaired {
-                    chunk_id,
-                    length,
-                    server,
-                    remove: remove.into_iter().filter(|s| !good.contains(s)).collect(),
-                }
-            }
-            other => other,
         }
     }
 }

@@ -366,10 +366,7 @@ impl State {
 
     /// Every chunk (id, expected servers, sealed, length) — for reconciling chunk reports.
     pub fn chunks(&self) -> impl Iterator<Item = &Chunk> {
-        self.inodes
-            .values()
-            .filter_map(Inode::file)
-            .flat_map(|f| f.chunks.iter())
+        self.chunks_with_policy().map(|(_, c)| c)
     }
 
     /// The next chunk id the state machine will hand out (ids below it were allocated once).
