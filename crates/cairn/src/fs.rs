@@ -322,10 +322,12 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
                 "id": c.id, "addr": c.addr, "host": c.host, "rack": c.rack, "state": c.state,
                 "pid": c.pid, "capacity_bytes": c.capacity_bytes, "used_bytes": c.used_bytes,
                 "chunks": c.chunk_count, "load": c.load,
+                "reported_by_clients": c.reported_by, "avoided": c.avoided,
                 "last_heartbeat_ms_ago": if c.last_heartbeat_ms_ago == u64::MAX { None } else { Some(c.last_heartbeat_ms_ago) },
             })).collect::<Vec<_>>(),
             "files": s.files, "dirs": s.dirs, "chunks": s.chunks, "logical_bytes": s.logical_bytes,
             "missing_replicas": s.missing_replicas, "pending_deletes": s.pending_deletes,
+            "reporting_clients": s.reporting_clients,
             "repair": {
                 "under_replicated_chunks": s.under_replicated,
                 "under_replicated_bytes": s.under_replicated_bytes,
@@ -358,19 +360,24 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     }
     println!("chunkservers:");
     println!(
-        "  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}",
-        "id", "addr", "pid", "state", "capacity", "used", "chunks"
+        "  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}  {}",
+        "id", "addr", "pid", "state", "capacity", "used", "chunks", "blacklisted by"
     );
     for c in &s.servers {
         println!(
-            "  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}",
+            "  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}  {}",
             c.id,
             c.addr,
             c.pid,
             c.state,
             human(c.capacity_bytes),
             human(c.used_bytes),
-            c.chunk_count
+            c.chunk_count,
+            match (c.reported_by, c.avoided) {
+                (0, _) => String::from("-"),
+                (n, false) => format!("{n}/{}", s.reporting_clients),
+                (n, true) => format!("{n}/{} (no new chunks)", s.reporting_clients),
+            }
         );
     }
     println!(

@@ -225,14 +225,18 @@ impl DataConn {
             addr: self.addr,
             message,
         };
+        // However this call ends — error, timeout, or its caller dropping it (a backup read
+        // that lost) — its waiter leaves the table.
+        let _forget = Forget {
+            pending: &self.pending,
+            id: h.request_id,
+        };
         if self.tx.send((h, payload)).await.is_err() {
-            self.pending.lock().waiting.remove(&h.request_id);
             return Err(lost("writer gone".into()));
         }
         let (rh, rp) = match tokio::time::timeout(self.timeout, rx).await {
             Ok(r) => r.map_err(|_| lost("reply dropped".into()))??,
             Err(_) => {
-                self.pending.lock().waiting.remove(&h.request_id);
                 return Err(Error::Timeout {
                     addr: self.addr,
                     after: self.timeout,
@@ -359,6 +363,18 @@ fn info(addr: SocketAddr, h: &Header, payload: &[u8]) -> Result<ChunkInfo> {
         sealed,
         crc32c,
     })
+}
+
+/// Removes a request's waiter when the call ends (a no-op once the reply took it).
+struct Forget<'a> {
+    pending: &'a Pending,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.pending.lock().waiting.remove(&self.id);
+    }
 }
 
 fn fail_all(p: &Pending, addr: SocketAddr, why: String) {

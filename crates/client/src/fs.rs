@@ -1,10 +1,13 @@
 //! The FlatLogFile API: the client that replicates appends itself.
 
 use crate::data::{DataConn, Error as DataError};
+use crate::health::{Health, HealthCounts, HealthOptions, ListKind, Listed, Op};
 pub use crate::writer::FlatLogFile;
 use cairn_proto::frame::Status;
 use cairn_rpc::{Masters, MetaError, pb};
+use futures::StreamExt;
 use futures::future::join_all;
+use futures::stream::FuturesUnordered;
 use lru::LruCache;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -74,6 +77,8 @@ pub struct ClientOptions {
     /// Chasing: bytes of acknowledged appends this client keeps for lagging replicas, over all
     /// its writers. When full, appends wait for every replica instead.
     pub chase_memory: u64,
+    /// Backup reads and blacklisting.
+    pub health: HealthOptions,
 }
 
 impl Default for ClientOptions {
@@ -89,6 +94,7 @@ impl Default for ClientOptions {
             chase_timeout: Duration::from_millis(500),
             chase_retry_bytes: 1 << 20,
             chase_memory: 64 << 20,
+            health: HealthOptions::default(),
         }
     }
 }
@@ -177,8 +183,8 @@ pub(crate) struct Inner {
     pub(crate) chasing: std::sync::atomic::AtomicU64,
     addrs: Mutex<HashMap<u64, String>>,
     conns: Mutex<HashMap<u64, Arc<DataConn>>>,
-    /// Smoothed read latency per server (µs), to pick the replica to read from.
-    latency: Mutex<HashMap<u64, f64>>,
+    /// Latency per server, the blacklists and the backup-read budget.
+    pub(crate) health: Health,
     pub(crate) cache: Mutex<LruCache<String, Arc<View>>>,
     locate: Locator,
 }
@@ -205,19 +211,36 @@ impl Client {
             rand::random::<u32>()
         );
         let cache = NonZeroUsize::new(opts.cache_entries.max(1)).expect("non-zero");
-        Ok(Self {
+        let c = Self {
             inner: Arc::new(Inner {
                 masters: m,
                 client_id,
                 addrs: Mutex::new(HashMap::new()),
                 conns: Mutex::new(HashMap::new()),
-                latency: Mutex::new(HashMap::new()),
+                health: Health::new(opts.health.clone()),
                 cache: Mutex::new(LruCache::new(cache)),
                 locate: Locator::default(),
                 chasing: std::sync::atomic::AtomicU64::new(0),
                 opts,
             }),
-        })
+        };
+        tokio::spawn(watch_health(Arc::downgrade(&c.inner)));
+        Ok(c)
+    }
+
+    /// Backup-read and blacklist counters.
+    pub fn health_stats(&self) -> HealthCounts {
+        self.inner.health.stats.snapshot()
+    }
+
+    /// The servers this client has blacklisted now.
+    pub fn blacklisted(&self) -> Vec<Listed> {
+        self.inner.health.listed(Instant::now())
+    }
+
+    /// Whether `server` is on one of this client's blacklists.
+    pub fn is_blacklisted(&self, server: u64) -> bool {
+        self.inner.health.is_listed(server)
     }
 
     /// This client's name in write leases.
@@ -462,6 +485,7 @@ impl Client {
                 self.inner.conns.lock().remove(&s.id);
             }
         }
+        self.inner.health.set_known(a.len());
     }
 
     pub(crate) fn absorb(&self, r: pb::FileReply) -> Result<pb::FileMeta> {
@@ -500,10 +524,19 @@ impl Client {
         F: FnOnce(Arc<DataConn>) -> Fut,
         Fut: std::future::Future<Output = crate::data::Result<T>>,
     {
-        let conn = self.conn(server).await?;
+        let conn = match self.conn(server).await {
+            Ok(c) => c,
+            Err(e) => {
+                if let Error::Data { source, .. } = &e {
+                    self.inner.health.failure(server, source, Instant::now());
+                }
+                return Err(e);
+            }
+        };
         match f(conn.clone()).await {
             Ok(v) => Ok(v),
             Err(e) => {
+                self.inner.health.failure(server, &e, Instant::now());
                 if matches!(
                     e,
                     DataError::ConnectionLost { .. } | DataError::Connect { .. }
@@ -576,51 +609,216 @@ impl Client {
         self.lengths(v).await.iter().sum()
     }
 
-    /// Reads from the replica with the lowest observed latency, falling over to the others,
-    /// then to fresh locations from the masters.
+    /// Runs a data-plane call of `op` moving `bytes`, recording its latency for the server's
+    /// health.
+    pub(crate) async fn on_timed<T, F, Fut>(
+        &self,
+        server: u64,
+        op: Op,
+        bytes: usize,
+        f: F,
+    ) -> Result<T>
+    where
+        F: FnOnce(Arc<DataConn>) -> Fut,
+        Fut: std::future::Future<Output = crate::data::Result<T>>,
+    {
+        let t = Instant::now();
+        let r = self.on(server, f).await;
+        if r.is_ok() {
+            let now = Instant::now();
+            self.inner.health.sample(server, op, bytes, now - t, now);
+        }
+        r
+    }
+
+    /// Reads from the replicas in health order (fastest first, blacklisted last), falling
+    /// over to fresh locations from the masters when all fail.
     async fn read_chunk(&self, c: &pb::ChunkMeta, offset: u64, len: usize) -> Result<Vec<u8>> {
         let mut last = String::from("no replicas");
         for attempt in 0..2 {
             let servers = if attempt == 0 {
                 c.servers.clone()
             } else {
-                let fresh = self.locate(c.id).await?;
-                fresh.servers
+                self.locate(c.id).await?.servers
             };
-            let mut order = servers.clone();
-            {
-                let lat = self.inner.latency.lock();
-                order.sort_by(|a, b| {
-                    let la = lat.get(a).copied().unwrap_or(0.0);
-                    let lb = lat.get(b).copied().unwrap_or(0.0);
-                    la.total_cmp(&lb)
-                });
+            let order = self.inner.health.order(&servers, Op::Read, len);
+            match self.read_hedged(c.id, &order, offset, len).await {
+                Ok(data) => return Ok(data),
+                Err(e) => last = e,
             }
-            for s in order {
-                let t = Instant::now();
-                match self
-                    .on(s, |d| async move { d.read(c.id, offset, len).await })
-                    .await
-                {
-                    Ok(data) => {
-                        let us = t.elapsed().as_secs_f64() * 1e6;
-                        let mut lat = self.inner.latency.lock();
-                        let e = lat.entry(s).or_insert(us);
-                        *e = 0.8 * *e + 0.2 * us;
-                        return Ok(data);
+        }
+        Err(Error::NoReplica { chunk: c.id, last })
+    }
+
+    /// One read over `order`: the first replica is asked; if it has not answered after its
+    /// backup delay (its p95 for reads of this size) and the backup bucket has a token, the
+    /// next one is asked too, and the first good answer wins. A replica that fails hands over
+    /// to the next at once.
+    async fn read_hedged(
+        &self,
+        chunk: u64,
+        order: &[u64],
+        offset: u64,
+        len: usize,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let health = &self.inner.health;
+        health.read_started();
+        let launch = |s: u64| async move {
+            let r = self
+                .on(s, |d| async move { d.read(chunk, offset, len).await })
+                .await;
+            (s, r)
+        };
+        let mut inflight = FuturesUnordered::new();
+        // (server, started) of the requests in flight.
+        let mut started: Vec<(u64, Instant)> = Vec::new();
+        let mut next = 0usize;
+        let mut last = String::from("no replicas");
+        let mut hedge = health.options().backup_reads;
+        loop {
+            if inflight.is_empty() {
+                let Some(&s) = order.get(next) else {
+                    return Err(last);
+                };
+                next += 1;
+                started.push((s, Instant::now()));
+                inflight.push(launch(s));
+            }
+            let newest = started.last().copied().expect("a request was started");
+            let wait = if hedge && next < order.len() {
+                Some(health.backup_delay(newest.0, len).saturating_sub(newest.1.elapsed()))
+            } else {
+                None
+            };
+            tokio::select! {
+                Some((s, r)) = inflight.next() => {
+                    let now = Instant::now();
+                    let t0 = started.iter().find(|x| x.0 == s).map_or(now, |x| x.1);
+                    match r {
+                        Ok(data) => {
+                            health.sample(s, Op::Read, len, now - t0, now);
+                            if s != started[0].0 {
+                                health.stats.backups_won.fetch_add(1, Ordering::Relaxed);
+                            }
+                            // The losers were at least this slow: let their latency know.
+                            for &(o, t) in &started {
+                                if o != s && inflight.len() > 0 {
+                                    health.sample(o, Op::Read, len, now - t, now);
+                                }
+                            }
+                            return Ok(data);
+                        }
+                        Err(e) => last = e.to_string(),
                     }
-                    Err(e) => {
-                        // A failing server goes to the back of the line (a 1 s penalty that
-                        // later successes wear off; blacklisting with probes is issue 5).
-                        let mut lat = self.inner.latency.lock();
-                        let penalty = lat.entry(s).or_insert(0.0);
-                        *penalty = penalty.max(1e6);
-                        last = e.to_string();
+                }
+                () = sleep_or_never(wait) => {
+                    if health.take_backup() {
+                        let s = order[next];
+                        next += 1;
+                        started.push((s, Instant::now()));
+                        inflight.push(launch(s));
+                    } else {
+                        // No budget: this read waits for the replicas it asked.
+                        hedge = false;
                     }
                 }
             }
         }
-        Err(Error::NoReplica { chunk: c.id, last })
+    }
+}
+
+async fn sleep_or_never(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The client's health task: every `probe_every`, pings the blacklisted servers whose grace
+/// has run out (and the others, for the median), and every `report_every`, if the client was
+/// busy or lists a server, tells the masters what it sees. Ends with the client.
+async fn watch_health(inner: std::sync::Weak<Inner>) {
+    let probe_every = match inner.upgrade() {
+        Some(i) => i.opts.health.probe_every,
+        None => return,
+    };
+    let mut last_report = Instant::now();
+    loop {
+        tokio::time::sleep(probe_every).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let client = Client { inner };
+        let now = Instant::now();
+        let due = client.inner.health.due(now);
+        if !due.is_empty() {
+            client.probe(&due).await;
+        }
+        if last_report.elapsed() >= client.inner.opts.health.report_every {
+            last_report = Instant::now();
+            // Busy clients report even with nothing listed: the masters weigh a server's
+            // reporters against every client that reported.
+            if let Some(report) = client.inner.health.take_report() {
+                client.report(report).await;
+            }
+        }
+    }
+}
+
+impl Client {
+    /// Pings every known server; releases the `due` ones that answer well.
+    async fn probe(&self, due: &[(u64, ListKind)]) {
+        let ids: Vec<u64> = self.inner.addrs.lock().keys().copied().collect();
+        let timeout = self.inner.opts.health.probe_every;
+        let pings = join_all(ids.iter().map(|&s| async move {
+            let t = Instant::now();
+            let r = tokio::time::timeout(timeout, async {
+                let conn = self.conn(s).await?;
+                conn.ping().await.map_err(|e| Error::Data {
+                    server: s,
+                    addr: conn.addr().to_string(),
+                    source: e,
+                })
+            })
+            .await;
+            match r {
+                Ok(Ok(())) => Some(t.elapsed()),
+                Ok(Err(_)) | Err(_) => None,
+            }
+        }))
+        .await;
+        let mut answered: Vec<Duration> = pings.iter().flatten().copied().collect();
+        answered.sort_unstable();
+        let median = answered.get(answered.len() / 2).copied();
+        let now = Instant::now();
+        for &(s, _) in due {
+            let took = ids.iter().position(|&x| x == s).and_then(|i| pings[i]);
+            self.inner.health.probed(s, took, median, now);
+        }
+    }
+
+    /// Tells the masters which servers this client has listed (seeds/004 §6.2).
+    async fn report(&self, report: Vec<(u64, Option<ListKind>, u64)>) {
+        let req = pb::ClientReport {
+            client_id: self.inner.client_id.clone(),
+            servers: report
+                .into_iter()
+                .map(|(server_id, kind, errors)| pb::ServerReport {
+                    server_id,
+                    failed: kind == Some(ListKind::Failed),
+                    slow: kind == Some(ListKind::Slow),
+                    errors,
+                })
+                .collect(),
+        };
+        let r = self
+            .inner
+            .masters
+            .send(req, |mut c, r| async move { c.report(r).await })
+            .await;
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "health report to the masters failed");
+        }
     }
 }
 

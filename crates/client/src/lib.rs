@@ -24,6 +24,7 @@
 pub mod blocking;
 mod data;
 mod fs;
+pub mod health;
 mod writer;
 
 pub use data::{

@@ -13,6 +13,7 @@
 
 use crate::data::Error as DataError;
 use crate::fs::{Client, Error, Replicas, Result};
+use crate::health::Op;
 use bytes::Bytes;
 use cairn_proto::frame::Status;
 use cairn_rpc::{ErrorKind, MetaError, pb};
@@ -632,24 +633,27 @@ impl FlatLogFile {
         }
     }
 
-    /// Makes the next spare chunk active (one on none of the servers that failed this writer),
-    /// allocating when there is none.
+    /// Makes the next spare chunk active (one on none of the servers that failed this writer
+    /// or that the client blacklisted), allocating when there is none.
     async fn next_chunk(&mut self) -> Result<()> {
         let from = self
             .chunks
             .iter()
             .rposition(|c| c.sealed || c.length > 0)
             .map_or(0, |i| i + 1);
-        let usable = |c: &pb::ChunkMeta, bad: &BTreeSet<u64>| {
-            !c.sealed && c.length == 0 && !c.servers.iter().any(|s| bad.contains(s))
+        // Servers that failed this writer or are on the client's blacklists.
+        let mut avoid = self.bad.clone();
+        avoid.extend(self.client.blacklisted().iter().map(|l| l.server));
+        let usable = |c: &pb::ChunkMeta| {
+            !c.sealed && c.length == 0 && !c.servers.iter().any(|s| avoid.contains(s))
         };
-        let mut next = (from..self.chunks.len()).find(|&i| usable(&self.chunks[i], &self.bad));
+        let mut next = (from..self.chunks.len()).find(|&i| usable(&self.chunks[i]));
         if next.is_none() {
             let req = pb::AllocateRequest {
                 path: self.path.clone(),
                 client_id: self.client.inner.client_id.clone(),
                 chunks: 1 + self.client.inner.opts.prefetch,
-                exclude: self.bad.iter().copied().collect(),
+                exclude: avoid.iter().copied().collect(),
             };
             let r = self
                 .client
@@ -931,7 +935,7 @@ async fn send(
     }
     let data = p.data.clone();
     client
-        .on(server, |d| async move {
+        .on_timed(server, Op::Write, data.len(), |d| async move {
             if create {
                 d.create(chunk, version, data).await
             } else {

@@ -6,6 +6,7 @@ pub mod network;
 pub mod node;
 pub mod registry;
 pub mod repair;
+pub mod reports;
 pub mod service;
 pub mod state;
 pub mod store;

@@ -92,6 +92,8 @@ pub struct Registry {
     pub opts: RegistryOptions,
     pub live: BTreeMap<ServerId, Live>,
     pub repairs: Repairs,
+    /// Clients' blacklists (crate::reports).
+    pub reports: crate::reports::Reports,
 }
 
 /// One heartbeat, already validated.
@@ -126,6 +128,7 @@ impl Registry {
             opts,
             live: BTreeMap::new(),
             repairs: Repairs::default(),
+            reports: Default::default(),
         }
     }
 

@@ -102,13 +102,18 @@ impl Inner {
             return Ok(Vec::new());
         }
         let servers = self.sm.lock().state.servers().clone();
-        self.registry.lock().place(
+        let reg = self.registry.lock();
+        let now = Instant::now();
+        // Servers many clients report are avoided like ones this writer saw fail.
+        let mut exclude = exclude.clone();
+        exclude.extend(reg.reports.avoided(servers.len(), now));
+        reg.place(
             &servers,
             usize::from(policy.replicas),
             usize::from(policy.min_copy()),
             count,
-            exclude,
-            Instant::now(),
+            &exclude,
+            now,
         )
     }
 
@@ -436,6 +441,8 @@ impl pb::meta_server::Meta for MetaService {
             let a = self.inner.sm.lock();
             let reg = self.inner.registry.lock();
             let now = Instant::now();
+            let reporters = reg.reports.reporters(now);
+            let avoided = reg.reports.avoided(a.state.servers().len(), now);
             let servers = a
                 .state
                 .servers()
@@ -455,6 +462,8 @@ impl pb::meta_server::Meta for MetaService {
                         last_heartbeat_ms_ago: live
                             .map_or(u64::MAX, |l| now.duration_since(l.last).as_millis() as u64),
                         pid: live.map_or(0, |l| l.pid),
+                        reported_by: reporters.get(&s.id).copied().unwrap_or(0),
+                        avoided: avoided.contains(&s.id),
                     }
                 })
                 .collect();
@@ -480,6 +489,7 @@ impl pb::meta_server::Meta for MetaService {
                 repair_rate: reg.repairs.rate(now),
                 repair_bytes_per_sec: a.state.config().repair_bytes_per_sec,
                 lost_chunks: reg.repairs.lost,
+                reporting_clients: reg.reports.active(now) as u32,
             })
         }
         .await)
@@ -551,6 +561,29 @@ impl pb::meta_server::Meta for MetaService {
                     draining,
                 })
                 .await?;
+            Ok(pb::Empty {})
+        }
+        .await)
+    }
+
+    async fn report(&self, req: Request<pb::ClientReport>) -> Rpc<pb::Empty> {
+        let r = req.into_inner();
+        ok(async {
+            self.inner.leader_check()?;
+            if r.client_id.is_empty() {
+                return Err(MetaError::invalid("a report needs a client id"));
+            }
+            let listed = r
+                .servers
+                .iter()
+                .filter(|s| s.failed || s.slow)
+                .map(|s| s.server_id)
+                .collect();
+            self.inner
+                .registry
+                .lock()
+                .reports
+                .record(r.client_id, listed, Instant::now());
             Ok(pb::Empty {})
         }
         .await)
