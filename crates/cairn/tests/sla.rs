@@ -401,3 +401,133 @@ async fn a_drained_server_is_emptied() {
         assert_copies(&cl, &c, &format!("/d/f{f}"), 3).await;
     }
 }
+
+/// "A backup read is sent after the delay and the first answer wins": the replica a fresh
+/// client reads first is frozen; the read is answered by the next replica after the backup
+/// delay instead of waiting out the request timeout. Canary: with backup reads off the same
+/// read waits for the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_read_is_sent_after_the_delay_and_the_first_answer_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let c = cl.client().await;
+    let data = bytes(40, 0, 64 << 10);
+    let mut w = c.create("/b/f", CreateOptions::default()).await.unwrap();
+    w.append(&data).await.unwrap();
+    w.close().await.unwrap();
+    // A fresh client knows no latencies and asks the replicas in the masters' order.
+    let first = chunks(&c, "/b/f").await[0].servers[0];
+    let i = index_of(&cl, first).await;
+    cl.fault(
+        i,
+        FaultSpec {
+            stall: true,
+            disk_only: true,
+            ..FaultSpec::default()
+        },
+    )
+    .await;
+    let timeout = Duration::from_secs(3);
+    let fresh = |backup_reads| {
+        let mut o = ClientOptions {
+            request_timeout: timeout,
+            ..ClientOptions::default()
+        };
+        o.health.backup_reads = backup_reads;
+        cl.client_with(o)
+    };
+    let hedged = fresh(true).await;
+    let t = Instant::now();
+    let got = hedged.read("/b/f", 1000, 4096).await.unwrap();
+    let took = t.elapsed();
+    assert_eq!(got, &data[1000..5096]);
+    let st = hedged.health_stats();
+    assert_eq!((st.backups_sent, st.backups_won), (1, 1), "{st:?}");
+    assert!(took < timeout / 2, "hedged read took {took:?}");
+
+    let plain = fresh(false).await;
+    let t = Instant::now();
+    let got = plain.read("/b/f", 1000, 4096).await.unwrap();
+    let took = t.elapsed();
+    assert_eq!(got, &data[1000..5096]);
+    assert_eq!(plain.health_stats().backups_sent, 0);
+    assert!(took >= timeout, "an unhedged read skipped the frozen replica: {took:?}");
+}
+
+/// "A server several times slower than the median is blacklisted" (seeds/000 §3.3) and
+/// "masters stop placing new chunks on a server that many clients report" (seeds/004 §6.2):
+/// one of four servers is slowed; a writer's client lists it, reports it, the masters avoid it
+/// for new chunks, and once it recovers the client's probes release it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_server_is_blacklisted_avoided_and_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 4).await;
+    let c = cl.client().await;
+    let slow = cl.server_id(0).await;
+    // A file with a replica on the server to be slowed.
+    let mut w = None;
+    for f in 0..20 {
+        let path = format!("/s/f{f}");
+        let x = c.create(&path, CreateOptions::default()).await.unwrap();
+        if chunks(&c, &path).await[0].servers.contains(&slow) {
+            w = Some(x);
+            break;
+        }
+        x.close().await.unwrap();
+    }
+    let mut w = w.expect("no file placed on server 0 in 20 tries");
+    cl.fault(
+        0,
+        FaultSpec {
+            delay_ms: 20,
+            ..FaultSpec::default()
+        },
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut n = 0u64;
+    while !c.is_blacklisted(slow) {
+        assert!(Instant::now() < deadline, "not blacklisted: {:?}", c.health_stats());
+        w.append(&bytes(41, n * 4096, 4096)).await.unwrap();
+        n += 1;
+    }
+    let listed = c.blacklisted();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].kind, cairn_client::health::ListKind::Slow, "{listed:?}");
+    assert!(listed[0].reason.contains("median"), "{listed:?}");
+    // The client reports it; the masters stop placing new chunks on it.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let s = cl.status().await.unwrap();
+        let v = s.servers.iter().find(|x| x.id == slow).unwrap();
+        if v.avoided {
+            assert!(v.reported_by >= 1);
+            break;
+        }
+        assert!(Instant::now() < deadline, "masters never avoided {slow}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let other = cl.client().await;
+    for f in 0..6 {
+        let path = format!("/s/new{f}");
+        other
+            .create(&path, CreateOptions::default())
+            .await
+            .unwrap()
+            .close()
+            .await
+            .unwrap();
+        for ch in chunks(&c, &path).await {
+            assert!(!ch.servers.contains(&slow), "new chunk {} placed on {slow}", ch.id);
+        }
+    }
+    w.close().await.unwrap();
+    // Healthy again: a probe after the grace releases it.
+    cl.fault(0, FaultSpec::default()).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.is_blacklisted(slow) {
+        assert!(Instant::now() < deadline, "never released: {:?}", c.health_stats());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(c.health_stats().released >= 1);
+}

@@ -86,10 +86,14 @@ pub struct ConnStats {
     pub requests: AtomicU64,
     /// Replies that arrived after the reply to a later request.
     pub out_of_order_replies: AtomicU64,
+    /// Replies to requests whose caller had given up (timed out or cancelled).
+    pub abandoned_replies: AtomicU64,
 }
 
 struct PendingState {
     waiting: HashMap<u64, oneshot::Sender<Result<Frame>>>,
+    /// The highest request id sent so far.
+    issued: u64,
     /// Set when the connection is gone: new requests fail at once.
     dead: Option<String>,
 }
@@ -126,6 +130,7 @@ impl DataConn {
         let (tx, mut rx) = mpsc::channel::<(Header, Bytes)>(SEND_QUEUE);
         let pending: Pending = Arc::new(Mutex::new(PendingState {
             waiting: HashMap::new(),
+            issued: 0,
             dead: None,
         }));
         let p = pending.clone();
@@ -174,8 +179,18 @@ impl DataConn {
                     st.out_of_order_replies.fetch_add(1, Ordering::Relaxed);
                 }
                 newest = newest.max(h.request_id);
-                let Some(w) = p.lock().waiting.remove(&h.request_id) else {
-                    break format!("a reply to unknown request {}", h.request_id);
+                let w = {
+                    let mut ps = p.lock();
+                    match ps.waiting.remove(&h.request_id) {
+                        Some(w) => w,
+                        // A request its caller gave up on (timed out, or a backup read that
+                        // lost): the late reply is dropped.
+                        None if h.request_id <= ps.issued => {
+                            st.abandoned_replies.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        None => break format!("a reply to unknown request {}", h.request_id),
+                    }
                 };
                 let bad = r.is_err();
                 let _ = w.send(r);
@@ -220,6 +235,7 @@ impl DataConn {
                 });
             }
             p.waiting.insert(h.request_id, reply);
+            p.issued = p.issued.max(h.request_id);
         }
         let lost = |message: String| Error::ConnectionLost {
             addr: self.addr,

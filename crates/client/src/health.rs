@@ -331,6 +331,13 @@ impl Health {
         self.list(&mut st, server, kind, e.to_string(), now);
     }
 
+    /// The writer dropped `server` from a chunk for lagging behind the other replicas (it
+    /// was slower than they were by more than chasing allows).
+    pub fn lagged(&self, server: u64, why: &str, now: Instant) {
+        let mut st = self.state.lock();
+        self.list(&mut st, server, ListKind::Slow, format!("dropped by chasing: {why}"), now);
+    }
+
     fn list(&self, st: &mut State, server: u64, kind: ListKind, reason: String, now: Instant) {
         let cap = (st.known as f64 * self.opts.blacklist_cap).floor() as usize;
         let listed = st.servers.values().filter(|s| s.listed.is_some()).count();

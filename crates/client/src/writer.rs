@@ -460,7 +460,12 @@ impl FlatLogFile {
             if r.hard {
                 give_up.push((i, r.error.clone().unwrap_or_default()));
             } else if age > t && (lag >= k || r.error.is_some()) {
-                give_up.push((i, format!("{lag} bytes behind after {age:?}")));
+                let why = format!("{lag} bytes behind after {age:?}");
+                if r.error.is_none() {
+                    // Answering, but slower than the others by more than chasing allows.
+                    self.client.inner.health.lagged(p.server, &why, now);
+                }
+                give_up.push((i, why));
             } else if age > 4 * t {
                 give_up.push((
                     i,
