@@ -44,6 +44,9 @@ pub struct ChunkserverArgs {
     /// Never on a server holding data anyone needs.
     #[arg(long)]
     fault_injection: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
@@ -78,6 +81,9 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(a.listen).await?;
         let addr = listener.local_addr()?;
+        if let Some(m) = a.metrics_listen {
+            crate::metrics::serve(m, "chunkserver").await?;
+        }
         println!("listening on {addr}");
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let control = match &a.masters {

@@ -22,6 +22,9 @@ pub struct Proc {
     /// 0 when not running.
     pub pid: u32,
     pub data_dir: PathBuf,
+    /// Its Prometheus endpoint (`http://ADDR/metrics`); empty in files from before metrics.
+    #[serde(default)]
+    pub metrics: String,
 }
 
 impl ClusterFile {

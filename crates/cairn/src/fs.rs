@@ -360,8 +360,8 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     }
     println!("chunkservers:");
     println!(
-        "  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}  {}",
-        "id", "addr", "pid", "state", "capacity", "used", "chunks", "blacklisted by"
+        "  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}  blacklisted by",
+        "id", "addr", "pid", "state", "capacity", "used", "chunks"
     );
     for c in &s.servers {
         println!(

@@ -9,6 +9,7 @@ mod chunkserver;
 mod cluster;
 mod fs;
 mod master;
+mod metrics;
 mod up;
 
 use clap::{Parser, Subcommand};

@@ -38,6 +38,9 @@ pub struct MasterArgs {
     /// A sealed chunk short of copies this long is repaired.
     #[arg(long, default_value_t = 3000)]
     repair_after_ms: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 pub fn parse_peers(s: &str) -> anyhow::Result<BTreeMap<u64, String>> {
@@ -84,6 +87,9 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
             },
             snapshot_every: 10_000,
         };
+        if let Some(m) = a.metrics_listen {
+            crate::metrics::serve(m, "master").await?;
+        }
         println!("listening on {addr}");
         use std::io::Write;
         std::io::stdout().flush()?;

@@ -81,15 +81,17 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let procs_of = |n: usize, old: &[Proc], name: &str| -> anyhow::Result<Vec<Proc>> {
         (1..=n as u64)
             .map(|id| {
-                let addr = match old.iter().find(|p| p.id == id) {
-                    Some(p) => p.addr.clone(),
-                    None => free_port()?,
+                let (addr, metrics) = match old.iter().find(|p| p.id == id) {
+                    Some(p) if !p.metrics.is_empty() => (p.addr.clone(), p.metrics.clone()),
+                    Some(p) => (p.addr.clone(), free_port()?),
+                    None => (free_port()?, free_port()?),
                 };
                 Ok(Proc {
                     id,
                     addr,
                     pid: 0,
                     data_dir: dir.join(format!("{name}-{id}")),
+                    metrics,
                 })
             })
             .collect()
@@ -123,6 +125,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 p.addr.clone(),
                 "--peers".into(),
                 peers.clone(),
+                "--metrics-listen".into(),
+                p.metrics.clone(),
             ],
             child: None,
             started: Instant::now(),
@@ -149,6 +153,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 a.durability.clone(),
                 "--host".into(),
                 format!("local-{}", p.id),
+                "--metrics-listen".into(),
+                p.metrics.clone(),
             ]
             .into_iter()
             .chain(a.fault_injection.then(|| "--fault-injection".to_string()))
@@ -224,10 +230,16 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 dir.display()
             );
             for p in &file.master_procs {
-                println!("  master {}       {}  pid {}", p.id, p.addr, p.pid);
+                println!(
+                    "  master {}       {}  pid {}  metrics http://{}/metrics",
+                    p.id, p.addr, p.pid, p.metrics
+                );
             }
             for p in &file.chunkserver_procs {
-                println!("  chunkserver {}  {}  pid {}", p.id, p.addr, p.pid);
+                println!(
+                    "  chunkserver {}  {}  pid {}  metrics http://{}/metrics",
+                    p.id, p.addr, p.pid, p.metrics
+                );
             }
             println!("  cluster file   {}", ClusterFile::path(&dir).display());
             println!("  logs           {}", logs.display());

@@ -60,7 +60,7 @@ fn plan(seed: u64) -> Vec<Fault> {
         let kind = match rng.random_range(0..6) {
             0 if !killed => Kind::KillChunkserver,
             1 if !killed => Kind::KillMaster,
-            0 | 1 | 2 => Kind::Slow,
+            0..=2 => Kind::Slow,
             3 => Kind::Errors,
             4 => Kind::Frozen,
             _ => Kind::DiskFull,
@@ -153,7 +153,12 @@ async fn writer(c: Client, path: String, seed: u64, stop: Arc<AtomicBool>) -> Wr
                 };
                 // Recovery keeps what MinCopy replicas hold: at least everything acknowledged,
                 // perhaps the failed append's bytes too (the same bytes it would write).
-                assert!(w.len() >= out.acked, "{path}: reopened at {} < acked {}", w.len(), out.acked);
+                assert!(
+                    w.len() >= out.acked,
+                    "{path}: reopened at {} < acked {}",
+                    w.len(),
+                    out.acked
+                );
                 out.acked = w.len();
             }
         }
@@ -249,7 +254,10 @@ async fn verify(c: &Client, path: &str, seed: u64, acked: u64) -> u64 {
         }
     };
     if st.length < acked {
-        eprintln!("  LOSS {path}: {} bytes readable, {acked} acknowledged", st.length);
+        eprintln!(
+            "  LOSS {path}: {} bytes readable, {acked} acknowledged",
+            st.length
+        );
         return acked - st.length;
     }
     let mut lost = 0;
@@ -337,7 +345,10 @@ async fn scenario(cl: &mut Cluster, index: u64, seed: u64, t: &mut Totals) {
         if let Some(&f) = seen.furthest.get(path)
             && f > w.acked
         {
-            eprintln!("  UNACKED read of {path}: up to {f}, {} acknowledged", w.acked);
+            eprintln!(
+                "  UNACKED read of {path}: up to {f}, {} acknowledged",
+                w.acked
+            );
             t.unacked_reads += 1;
         }
     }
@@ -398,9 +409,10 @@ async fn scenario(cl: &mut Cluster, index: u64, seed: u64, t: &mut Totals) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nemesis() {
     let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .map_or(d, |v| v.parse().unwrap_or_else(|_| panic!("{k}={v}: not a number")))
+        std::env::var(k).ok().map_or(d, |v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{k}={v}: not a number"))
+        })
     };
     let scenarios = env("CAIRN_NEMESIS_SCENARIOS", 10);
     let seed = env("CAIRN_NEMESIS_SEED", 1);
@@ -409,12 +421,23 @@ async fn nemesis() {
     let mut t = Totals::default();
     let started = Instant::now();
     for i in 0..scenarios {
-        scenario(&mut cl, i, seed.wrapping_mul(1_000_003).wrapping_add(i), &mut t).await;
+        scenario(
+            &mut cl,
+            i,
+            seed.wrapping_mul(1_000_003).wrapping_add(i),
+            &mut t,
+        )
+        .await;
     }
     let faults: u64 = t.faults.values().sum();
     println!();
-    println!("nemesis: seed {seed}, {scenarios} scenarios in {:.0?}", started.elapsed());
-    println!("| scenarios | faults injected | appends acked | bytes verified | reads checked | append errors | read errors | losses | corrupt reads | unacked reads | chunks short of copies |");
+    println!(
+        "nemesis: seed {seed}, {scenarios} scenarios in {:.0?}",
+        started.elapsed()
+    );
+    println!(
+        "| scenarios | faults injected | appends acked | bytes verified | reads checked | append errors | read errors | losses | corrupt reads | unacked reads | chunks short of copies |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
         "| {} | {faults} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -431,11 +454,20 @@ async fn nemesis() {
     );
     println!("faults by kind: {:?}", t.faults);
     // Canary: a run that acknowledged and verified nothing proves nothing.
-    assert!(t.appends > 0 && t.bytes_verified > 0 && t.reads > 0, "{t:?}");
+    assert!(
+        t.appends > 0 && t.bytes_verified > 0 && t.reads > 0,
+        "{t:?}"
+    );
     assert_eq!(t.losses, 0, "acknowledged bytes lost: {t:?}");
     assert_eq!(t.corrupt_reads, 0, "readers saw wrong bytes: {t:?}");
-    assert_eq!(t.unacked_reads, 0, "readers saw unacknowledged bytes: {t:?}");
-    assert_eq!(t.misplaced, 0, "appends acknowledged at the wrong offset: {t:?}");
+    assert_eq!(
+        t.unacked_reads, 0,
+        "readers saw unacknowledged bytes: {t:?}"
+    );
+    assert_eq!(
+        t.misplaced, 0,
+        "appends acknowledged at the wrong offset: {t:?}"
+    );
     assert_eq!(t.under_replicated, 0, "chunks left short of copies: {t:?}");
 }
 
@@ -459,8 +491,9 @@ fn plans_are_reproducible_and_varied() {
     let a: Vec<String> = (0..50).map(|s| format!("{:?}", plan(s))).collect();
     let b: Vec<String> = (0..50).map(|s| format!("{:?}", plan(s))).collect();
     assert_eq!(a, b);
-    let kinds: std::collections::BTreeSet<Kind> =
-        (0..50).flat_map(|s| plan(s).into_iter().map(|f| f.kind)).collect();
+    let kinds: std::collections::BTreeSet<Kind> = (0..50)
+        .flat_map(|s| plan(s).into_iter().map(|f| f.kind))
+        .collect();
     assert_eq!(kinds.len(), 6, "{kinds:?}");
     for s in 0..200 {
         let p = plan(s);

@@ -451,7 +451,10 @@ async fn a_backup_read_is_sent_after_the_delay_and_the_first_answer_wins() {
     let took = t.elapsed();
     assert_eq!(got, &data[1000..5096]);
     assert_eq!(plain.health_stats().backups_sent, 0);
-    assert!(took >= timeout, "an unhedged read skipped the frozen replica: {took:?}");
+    assert!(
+        took >= timeout,
+        "an unhedged read skipped the frozen replica: {took:?}"
+    );
 }
 
 /// "A server several times slower than the median is blacklisted" (seeds/000 §3.3) and
@@ -487,13 +490,21 @@ async fn a_slow_server_is_blacklisted_avoided_and_released() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut n = 0u64;
     while !c.is_blacklisted(slow) {
-        assert!(Instant::now() < deadline, "not blacklisted: {:?}", c.health_stats());
+        assert!(
+            Instant::now() < deadline,
+            "not blacklisted: {:?}",
+            c.health_stats()
+        );
         w.append(&bytes(41, n * 4096, 4096)).await.unwrap();
         n += 1;
     }
     let listed = c.blacklisted();
     assert_eq!(listed.len(), 1, "{listed:?}");
-    assert_eq!(listed[0].kind, cairn_client::health::ListKind::Slow, "{listed:?}");
+    assert_eq!(
+        listed[0].kind,
+        cairn_client::health::ListKind::Slow,
+        "{listed:?}"
+    );
     assert!(listed[0].reason.contains("median"), "{listed:?}");
     // The client reports it; the masters stop placing new chunks on it.
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -518,7 +529,11 @@ async fn a_slow_server_is_blacklisted_avoided_and_released() {
             .await
             .unwrap();
         for ch in chunks(&c, &path).await {
-            assert!(!ch.servers.contains(&slow), "new chunk {} placed on {slow}", ch.id);
+            assert!(
+                !ch.servers.contains(&slow),
+                "new chunk {} placed on {slow}",
+                ch.id
+            );
         }
     }
     w.close().await.unwrap();
@@ -526,7 +541,11 @@ async fn a_slow_server_is_blacklisted_avoided_and_released() {
     cl.fault(0, FaultSpec::default()).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while c.is_blacklisted(slow) {
-        assert!(Instant::now() < deadline, "never released: {:?}", c.health_stats());
+        assert!(
+            Instant::now() < deadline,
+            "never released: {:?}",
+            c.health_stats()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(c.health_stats().released >= 1);

@@ -94,6 +94,8 @@ pub async fn run(
             let disks = cs.disks();
             let now = disks.chunks();
             let (capacity, used) = disks.space();
+            metrics::gauge!("cairn_chunkserver_capacity_bytes").set(capacity as f64);
+            metrics::gauge!("cairn_chunkserver_used_bytes").set(used as f64);
             let report = |id: &u64, (length, sealed): &(u64, bool)| pb::ChunkReport {
                 id: *id,
                 length: *length,
@@ -117,7 +119,10 @@ pub async fn run(
                 server_id: opts.server_id,
                 capacity_bytes: capacity,
                 used_bytes: used,
-                chunk_count: now.len() as u64,
+                chunk_count: {
+                    metrics::gauge!("cairn_chunkserver_chunks").set(now.len() as f64);
+                    now.len() as u64
+                },
                 load: cs.load(),
                 healthy: disks.healthy(),
                 full_report: full,

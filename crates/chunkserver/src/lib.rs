@@ -191,8 +191,11 @@ impl Chunkserver {
             tokio::spawn(async move {
                 use std::sync::atomic::Ordering::Relaxed;
                 this.load.fetch_add(1, Relaxed);
+                let t = std::time::Instant::now();
+                let bytes_in = payload.len() as u64;
                 let (header, payload) = this.clone().handle(h, payload).await;
                 this.load.fetch_sub(1, Relaxed);
+                record(&h, &header, t.elapsed(), bytes_in, payload.len() as u64);
                 let _ = tx.send(Reply {
                     header,
                     payload,
@@ -352,6 +355,8 @@ impl Chunkserver {
             if !spec.stall {
                 break spec;
             }
+            metrics::counter!("cairn_chunkserver_faults_injected_total", "fault" => "stall")
+                .increment(1);
             if rx.changed().await.is_err() {
                 return None;
             }
@@ -363,12 +368,18 @@ impl Chunkserver {
                 0
             };
         if wait > 0 {
+            metrics::counter!("cairn_chunkserver_faults_injected_total", "fault" => "delay")
+                .increment(1);
             tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
         }
         if spec.error_ppm > 0 && rand::random_range(0..1_000_000) < spec.error_ppm {
+            metrics::counter!("cairn_chunkserver_faults_injected_total", "fault" => "error")
+                .increment(1);
             return Some(error_reply(h, Status::Io, "injected fault".into()));
         }
         if spec.disk_full && matches!(op, Opcode::Create | Opcode::Append) {
+            metrics::counter!("cairn_chunkserver_faults_injected_total", "fault" => "disk_full")
+                .increment(1);
             return Some(error_reply(
                 h,
                 Status::NoSpace,
@@ -394,6 +405,17 @@ fn stat_reply(h: &Header, st: &cairn_chunkstore::ChunkStat) -> (Header, Vec<u8>)
         rep.flags |= FLAG_SEALED;
     }
     (rep, payload)
+}
+
+/// One served request, in the process's metrics (docs/operations.md).
+fn record(h: &Header, reply: &Header, took: std::time::Duration, bytes_in: u64, bytes_out: u64) {
+    let op = h.op().map_or("unknown", Opcode::name);
+    let status = reply.status().map_or("unknown", Status::name);
+    metrics::histogram!("cairn_chunkserver_request_seconds", "op" => op).record(took.as_secs_f64());
+    metrics::counter!("cairn_chunkserver_requests_total", "op" => op, "status" => status)
+        .increment(1);
+    metrics::counter!("cairn_chunkserver_bytes_total", "dir" => "in").increment(bytes_in);
+    metrics::counter!("cairn_chunkserver_bytes_total", "dir" => "out").increment(bytes_out);
 }
 
 fn error_reply(h: &Header, status: Status, msg: String) -> (Header, Vec<u8>) {

@@ -79,6 +79,9 @@ impl Repairer {
             let done = match r {
                 Ok((length, crc32c)) => {
                     tracing::info!(chunk = id, length, elapsed = ?t0.elapsed(), "chunk repaired");
+                    metrics::counter!("cairn_chunkserver_repairs_total", "result" => "ok")
+                        .increment(1);
+                    metrics::counter!("cairn_chunkserver_repair_bytes_total").increment(length);
                     pb::RepairDone {
                         chunk_id: id,
                         ok: true,
@@ -89,6 +92,8 @@ impl Repairer {
                 }
                 Err(error) => {
                     tracing::warn!(chunk = id, %error, "repair failed");
+                    metrics::counter!("cairn_chunkserver_repairs_total", "result" => "failed")
+                        .increment(1);
                     if let Ok(store) = this.cs.disks().find(id)
                         && store.delete_async(id).await.is_ok()
                     {

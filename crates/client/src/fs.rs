@@ -672,6 +672,7 @@ impl Client {
         let mut inflight = FuturesUnordered::new();
         // (server, started) of the requests in flight.
         let mut started: Vec<(u64, Instant)> = Vec::new();
+        let mut failed: Vec<u64> = Vec::new();
         let mut next = 0usize;
         let mut last = String::from("no replicas");
         let mut hedge = health.options().backup_reads;
@@ -686,7 +687,11 @@ impl Client {
             }
             let newest = started.last().copied().expect("a request was started");
             let wait = if hedge && next < order.len() {
-                Some(health.backup_delay(newest.0, len).saturating_sub(newest.1.elapsed()))
+                Some(
+                    health
+                        .backup_delay(newest.0, len)
+                        .saturating_sub(newest.1.elapsed()),
+                )
             } else {
                 None
             };
@@ -699,16 +704,25 @@ impl Client {
                             health.sample(s, Op::Read, len, now - t0, now);
                             if s != started[0].0 {
                                 health.stats.backups_won.fetch_add(1, Ordering::Relaxed);
+                                metrics::counter!(
+                                    "cairn_client_backup_reads_total",
+                                    "result" => "won"
+                                )
+                                .increment(1);
                             }
-                            // The losers were at least this slow: let their latency know.
+                            // The replicas still asked were at least this slow: let their
+                            // latency know.
                             for &(o, t) in &started {
-                                if o != s && inflight.len() > 0 {
+                                if o != s && !failed.contains(&o) {
                                     health.sample(o, Op::Read, len, now - t, now);
                                 }
                             }
                             return Ok(data);
                         }
-                        Err(e) => last = e.to_string(),
+                        Err(e) => {
+                            failed.push(s);
+                            last = e.to_string();
+                        }
                     }
                 }
                 () = sleep_or_never(wait) => {

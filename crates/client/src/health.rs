@@ -100,6 +100,17 @@ fn class(op: Op, bytes: usize) -> usize {
     size + if op == Op::Write { 4 } else { 0 }
 }
 const CLASSES: usize = 8;
+/// Metric labels of the classes.
+const CLASS_NAMES: [&str; CLASSES] = [
+    "read_4k",
+    "read_64k",
+    "read_1m",
+    "read_large",
+    "write_4k",
+    "write_64k",
+    "write_1m",
+    "write_large",
+];
 
 /// Which list a server is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -109,6 +120,15 @@ pub enum ListKind {
     Failed,
     /// The non-deterministic list: the server is slow.
     Slow,
+}
+
+impl ListKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ListKind::Failed => "failed",
+            ListKind::Slow => "slow",
+        }
+    }
 }
 
 /// One server on a blacklist.
@@ -271,6 +291,12 @@ impl Health {
     pub fn sample(&self, server: u64, op: Op, bytes: usize, took: Duration, now: Instant) {
         let k = class(op, bytes);
         let us = u32::try_from(took.as_micros()).unwrap_or(u32::MAX).max(1);
+        metrics::histogram!(
+            "cairn_client_request_seconds",
+            "server" => server.to_string(),
+            "class" => CLASS_NAMES[k]
+        )
+        .record(took.as_secs_f64());
         let mut st = self.state.lock();
         st.active = true;
         let s = st.servers.entry(server).or_default();
@@ -316,14 +342,10 @@ impl Health {
         let kind = match e {
             DataError::Connect { .. } | DataError::ConnectionLost { .. } => ListKind::Failed,
             DataError::Timeout { .. } => ListKind::Slow,
-            DataError::Status { status, .. }
-                if matches!(
-                    status,
-                    Status::Io | Status::StoreFailed | Status::NoSpace | Status::ShuttingDown
-                ) =>
-            {
-                ListKind::Failed
-            }
+            DataError::Status {
+                status: Status::Io | Status::StoreFailed | Status::NoSpace | Status::ShuttingDown,
+                ..
+            } => ListKind::Failed,
             _ => return,
         };
         let mut st = self.state.lock();
@@ -335,7 +357,13 @@ impl Health {
     /// was slower than they were by more than chasing allows).
     pub fn lagged(&self, server: u64, why: &str, now: Instant) {
         let mut st = self.state.lock();
-        self.list(&mut st, server, ListKind::Slow, format!("dropped by chasing: {why}"), now);
+        self.list(
+            &mut st,
+            server,
+            ListKind::Slow,
+            format!("dropped by chasing: {why}"),
+            now,
+        );
     }
 
     fn list(&self, st: &mut State, server: u64, kind: ListKind, reason: String, now: Instant) {
@@ -365,6 +393,12 @@ impl Health {
             ListKind::Slow => &self.stats.listed_slow,
         }
         .fetch_add(1, Ordering::Relaxed);
+        metrics::gauge!(
+            "cairn_client_blacklisted",
+            "server" => server.to_string(),
+            "list" => kind.name()
+        )
+        .set(1.0);
         s.listed = Some(Listing {
             kind,
             reason,
@@ -441,6 +475,12 @@ impl Health {
         };
         if release {
             tracing::info!(server, "chunkserver released from the blacklist");
+            metrics::gauge!(
+                "cairn_client_blacklisted",
+                "server" => server.to_string(),
+                "list" => l.kind.name()
+            )
+            .set(0.0);
             s.listed = None;
             s.released_at = Some(now);
             // Judge it afresh: its old samples describe the trouble that listed it.
@@ -499,9 +539,11 @@ impl Health {
         if st.tokens >= 1.0 {
             st.tokens -= 1.0;
             self.stats.backups_sent.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("cairn_client_backup_reads_total", "result" => "sent").increment(1);
             true
         } else {
             self.stats.backups_denied.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("cairn_client_backup_reads_total", "result" => "denied").increment(1);
             false
         }
     }
@@ -592,7 +634,10 @@ mod tests {
                 first_try += 1;
             }
         }
-        assert!(first_try < 25, "listed at the first look {first_try}/30 times");
+        assert!(
+            first_try < 25,
+            "listed at the first look {first_try}/30 times"
+        );
     }
 
     #[test]
@@ -687,10 +732,19 @@ mod tests {
         let now = Instant::now();
         assert_eq!(h.backup_delay(1, 4096), h.options().backup_default_delay);
         for i in 0..100u64 {
-            h.sample(1, Op::Read, 4096, Duration::from_micros(1000 + i % 20 * 100), now);
+            h.sample(
+                1,
+                Op::Read,
+                4096,
+                Duration::from_micros(1000 + i % 20 * 100),
+                now,
+            );
         }
         let d = h.backup_delay(1, 4096);
-        assert!(d >= Duration::from_micros(2600) && d <= Duration::from_micros(3000), "{d:?}");
+        assert!(
+            d >= Duration::from_micros(2600) && d <= Duration::from_micros(3000),
+            "{d:?}"
+        );
         // Another size class has its own.
         assert_eq!(h.backup_delay(1, 1 << 20), h.options().backup_default_delay);
     }

@@ -332,6 +332,8 @@ impl FlatLogFile {
                 Err(Stuck::Switch(why)) => {
                     tracing::warn!(path = %self.path, %why, "sealing the chunk and going on in a new one");
                     self.stats.switches += 1;
+                    metrics::counter!("cairn_client_chasing_total", "event" => "switch")
+                        .increment(1);
                     self.finish_chunk(false).await?;
                     if Instant::now() >= give_up {
                         return Err(Error::Writer(format!(
@@ -353,6 +355,7 @@ impl FlatLogFile {
         let all = inner.chasing.load(Ordering::Relaxed) + n > opts.chase_memory;
         if all {
             self.stats.memory_waits += 1;
+            metrics::counter!("cairn_client_chasing_total", "event" => "memory_wait").increment(1);
         }
         let a = self.active.as_mut().expect("active");
         let end = piece.end();
@@ -396,6 +399,8 @@ impl FlatLogFile {
                 a.acked = end;
                 if done < live {
                     self.stats.chased += 1;
+                    metrics::counter!("cairn_client_chasing_total", "event" => "chased")
+                        .increment(1);
                 }
                 self.after_ack().await;
                 return Ok(());
@@ -508,6 +513,7 @@ impl FlatLogFile {
         p.task.abort();
         tracing::warn!(path = %self.path, chunk = a.id, server = p.server, %why, "replica dropped");
         self.stats.dropped += 1;
+        metrics::counter!("cairn_client_chasing_total", "event" => "dropped").increment(1);
         self.bad.insert(p.server);
         self.drops.push(pb::ReplicaDrop {
             chunk_id: a.id,
@@ -581,6 +587,8 @@ impl FlatLogFile {
                 Err(Error::Data { source, .. }) if !source.is_transient() => {
                     tracing::warn!(chunk = id, server = s, error = %source, "replica dropped at seal");
                     self.stats.dropped += 1;
+                    metrics::counter!("cairn_client_chasing_total", "event" => "dropped")
+                        .increment(1);
                     self.bad.insert(s);
                     self.drops.push(pb::ReplicaDrop {
                         chunk_id: id,

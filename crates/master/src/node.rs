@@ -87,12 +87,27 @@ pub async fn serve(
         tracing::info!(?members, "initializing a new master group");
         raft.initialize(members).await?;
     }
+    // The state machine is rebuilt from the last snapshot on start, and the committed log id
+    // is not persisted: until the cluster's commit covers this master's log and it is applied,
+    // the state may be older than what this master served before it stopped (openraft
+    // `save_committed` docs). Metadata calls wait for that (`leader_check` says unavailable).
+    let recovered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (raft, recovered) = (raft.clone(), recovered.clone());
+        tokio::spawn(async move {
+            match raft.wait_for_recovery(None).await {
+                Ok(_) => recovered.store(true, std::sync::atomic::Ordering::Release),
+                Err(e) => tracing::error!(error = %e, "state machine recovery wait failed"),
+            }
+        });
+    }
     let meta = MetaService::new(Inner {
         id: opts.id,
         raft: raft.clone(),
         sm: shared,
         registry: parking_lot::Mutex::new(Registry::new(opts.registry.clone())),
         lease: opts.lease,
+        recovered,
     });
     let scanner = {
         let meta = meta.clone();
@@ -102,6 +117,7 @@ pub async fn serve(
             loop {
                 tick.tick().await;
                 meta.scan_repairs();
+                meta.export_metrics();
             }
         })
     };

@@ -32,6 +32,9 @@ pub(crate) struct Inner {
     pub sm: Arc<Mutex<Applied>>,
     pub registry: Mutex<Registry>,
     pub lease: Duration,
+    /// Set once the state machine caught up with the cluster's commit after a start (until
+    /// then it may be older than what this master served before a restart).
+    pub recovered: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl MetaService {
@@ -45,6 +48,54 @@ impl MetaService {
     pub(crate) fn scan_repairs(&self) {
         self.inner.scan_repairs();
     }
+
+    /// Sets the process's gauges (docs/operations.md) from the leader's view; a follower only
+    /// says it is one.
+    pub(crate) fn export_metrics(&self) {
+        use metrics::gauge;
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        gauge!("cairn_master_term").set(m.current_term as f64);
+        let leader = self.inner.leader_check().is_ok();
+        gauge!("cairn_master_is_leader").set(if leader { 1.0 } else { 0.0 });
+        if !leader {
+            return;
+        }
+        let a = self.inner.sm.lock();
+        let reg = self.inner.registry.lock();
+        let now = Instant::now();
+        let mut by_state: BTreeMap<&'static str, u64> =
+            ["up", "suspect", "down", "draining"].map(|s| (s, 0)).into();
+        for s in a.state.servers().values() {
+            *by_state.entry(reg.state_of(s, now).name()).or_default() += 1;
+        }
+        for (state, n) in by_state {
+            gauge!("cairn_master_chunkservers", "state" => state).set(n as f64);
+        }
+        let r = &reg.repairs;
+        gauge!("cairn_master_under_replicated_chunks").set(r.under_replicated as f64);
+        gauge!("cairn_master_under_replicated_bytes").set(r.under_replicated_bytes as f64);
+        gauge!("cairn_master_lost_chunks").set(r.lost as f64);
+        gauge!("cairn_master_repairs_running").set(r.running() as f64);
+        gauge!("cairn_master_repairs_finished", "result" => "ok").set(r.done as f64);
+        gauge!("cairn_master_repairs_finished", "result" => "failed").set(r.failed as f64);
+        gauge!("cairn_master_repaired_bytes").set(r.bytes as f64);
+        gauge!("cairn_master_repair_rate_bytes_per_second").set(r.rate(now) as f64);
+        gauge!("cairn_master_repair_cap_bytes_per_second")
+            .set(a.state.config().repair_bytes_per_sec as f64);
+        gauge!("cairn_master_reporting_clients").set(reg.reports.active(now) as f64);
+        let reporters = reg.reports.reporters(now);
+        let avoided = reg.reports.avoided(a.state.servers().len(), now);
+        for id in a.state.servers().keys() {
+            let server = id.to_string();
+            gauge!("cairn_master_server_reported_by", "server" => server.clone())
+                .set(f64::from(reporters.get(id).copied().unwrap_or(0)));
+            gauge!("cairn_master_server_avoided", "server" => server)
+                .set(if avoided.contains(id) { 1.0 } else { 0.0 });
+        }
+        let (files, _dirs, chunks, _bytes) = a.state.totals();
+        gauge!("cairn_master_files").set(files as f64);
+        gauge!("cairn_master_chunks").set(chunks as f64);
+    }
 }
 
 impl Inner {
@@ -55,6 +106,12 @@ impl Inner {
 
     /// Ok if this master leads; otherwise the redirect.
     fn leader_check(&self) -> Result<(), MetaError> {
+        if !self.recovered.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(MetaError::new(
+                ErrorKind::Unavailable,
+                "this master is still recovering its state after a start",
+            ));
+        }
         let m = self.raft.metrics().borrow_watched().clone();
         if m.current_leader == Some(self.id) {
             return Ok(());

@@ -61,6 +61,20 @@ pub enum Opcode {
 }
 
 impl Opcode {
+    /// Lower-case name (metrics labels, logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Create => "create",
+            Self::Append => "append",
+            Self::Read => "read",
+            Self::Seal => "seal",
+            Self::Delete => "delete",
+            Self::Stat => "stat",
+            Self::Ping => "ping",
+            Self::Fault => "fault",
+        }
+    }
+
     /// Every opcode, at index `code - 1`.
     const ALL: [Self; 8] = [
         Self::Create,
@@ -99,6 +113,26 @@ pub enum Status {
 }
 
 impl Status {
+    /// Lower-case name (metrics labels, logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::NotFound => "not_found",
+            Self::AlreadyExists => "already_exists",
+            Self::WrongOffset => "wrong_offset",
+            Self::Sealed => "sealed",
+            Self::OutOfRange => "out_of_range",
+            Self::TooLarge => "too_large",
+            Self::NoSpace => "no_space",
+            Self::Corrupt => "corrupt",
+            Self::ChunkFailed => "chunk_failed",
+            Self::StoreFailed => "store_failed",
+            Self::BadRequest => "bad_request",
+            Self::Io => "io",
+            Self::ShuttingDown => "shutting_down",
+        }
+    }
+
     /// Every status, at index `code`.
     const ALL: [Self; 14] = [
         Self::Ok,

@@ -6,6 +6,7 @@ mod chunkstore;
 mod cluster;
 mod floor;
 mod recovery;
+mod repair;
 
 use clap::Subcommand;
 
@@ -21,6 +22,9 @@ pub enum BenchCommand {
     Read(cluster::Args),
     /// File create + first append + close through the SDK against a running cluster.
     Create(cluster::Args),
+    /// Re-replication after a chunkserver loss against the bandwidth cap, with foreground
+    /// appends measured before and during (a local cluster of 4+ chunkservers).
+    Repair(repair::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -30,6 +34,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Append(a) => cluster::run(cluster::Op::Append, a),
         BenchCommand::Read(a) => cluster::run(cluster::Op::Read, a),
         BenchCommand::Create(a) => cluster::run(cluster::Op::Create, a),
+        BenchCommand::Repair(a) => repair::run(a),
     }
 }
 

@@ -1,0 +1,296 @@
+//! `cairn bench repair`: re-replication after a chunkserver loss, against the repair bandwidth
+//! cap, with the foreground 4 KiB append latency measured healthy and while the repair runs.
+//!
+//! Against a local cluster (`cairn up --chunkservers 4` or more): writes `--data` bytes in
+//! sealed 3-copy files, sets the cap, measures foreground appends, then freezes one local
+//! chunkserver with SIGSTOP (no heartbeats, no data plane: lost, as far as anyone can tell)
+//! until the masters declare it down and repair everything it held; SIGCONT brings it back
+//! (its stale copies are then deleted as orphans). The same run measures the disk floor: raw
+//! O_DIRECT 1 MiB writes + fdatasync on the chunkservers' filesystem.
+
+use super::{Latency, floor, histogram, loadavg, parse_size};
+use crate::cluster::ClusterArgs;
+use cairn_chunkstore::Disk;
+use cairn_client::{Client, CreateOptions};
+use cairn_rpc::{Masters, pb};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Logical bytes written before the loss (three copies of each).
+    #[arg(long, default_value = "512m", value_parser = parse_size)]
+    data: u64,
+    /// Repair bandwidth cap during the run (the old cap is restored after).
+    #[arg(long, default_value = "32m", value_parser = parse_size)]
+    cap: u64,
+    /// Seconds of healthy foreground appends (the baseline).
+    #[arg(long, default_value_t = 10.0)]
+    baseline_seconds: f64,
+    /// A directory on the chunkservers' filesystem, for the disk floor's file.
+    #[arg(long, default_value = "./cairn-data")]
+    floor_dir: PathBuf,
+    /// Give up if the repair has not finished after this many seconds.
+    #[arg(long, default_value_t = 600.0)]
+    timeout: f64,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    op: &'static str,
+    victim: u64,
+    written_bytes: u64,
+    /// From SIGSTOP to the masters calling the server down.
+    detect_seconds: f64,
+    /// From the first repair handed out to no chunk short of copies.
+    repair_seconds: f64,
+    repaired_bytes: u64,
+    repair_mib_per_s: f64,
+    cap_mib_per_s: f64,
+    /// repair rate ÷ cap (target ≥ 0.5).
+    ratio_cap: f64,
+    /// Raw O_DIRECT 1 MiB write + fdatasync on the same filesystem.
+    floor_mib_per_s: f64,
+    fg_healthy: Latency,
+    fg_during_repair: Latency,
+    fg_during_ops: u64,
+    fg_errors: u64,
+    /// Foreground p99 during the repair ÷ healthy (target ≤ 1.2).
+    ratio_fg_p99: f64,
+    loadavg: f64,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let masters = a.cluster.masters()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    std::fs::create_dir_all(&a.floor_dir)?;
+    let fdisk = floor::floor_file(&a.floor_dir, 256 << 20)?;
+    let fl = floor::run(
+        fdisk.clone(),
+        (0, fdisk.capacity()),
+        true,
+        1 << 20,
+        1,
+        5.0,
+        true,
+    )?;
+    let floor_mib = fl.ops as f64 / fl.seconds;
+    drop(fdisk);
+    let _ = std::fs::remove_file(a.floor_dir.join("floor.dat"));
+    rt.block_on(bench(a, masters, floor_mib))
+}
+
+async fn status(m: &Masters) -> anyhow::Result<pb::StatusReply> {
+    Ok(m.call(|mut c| async move { c.status(pb::Empty {}).await })
+        .await?)
+}
+
+async fn set_cap(m: &Masters, cap: u64) -> anyhow::Result<()> {
+    let req = pb::ConfigRequest {
+        repair_bytes_per_sec: cap,
+    };
+    m.send(req, |mut c, r| async move { c.set_config(r).await })
+        .await?;
+    Ok(())
+}
+
+/// Appends 4 KiB at depth 1 until `stop`; returns the latency and the errors.
+async fn foreground(
+    c: Client,
+    path: String,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<(hdrhistogram::Histogram<u64>, u64)> {
+    let mut h = histogram();
+    let mut errors = 0;
+    let buf = vec![0x3Cu8; 4096];
+    let mut w = c.create(&path, CreateOptions::default()).await?;
+    while !stop.load(Ordering::Relaxed) {
+        let s = Instant::now();
+        match w.append(&buf).await {
+            Ok(_) => h.record(s.elapsed().as_nanos() as u64)?,
+            Err(_) => {
+                errors += 1;
+                w = c.open_append(&path).await?;
+            }
+        }
+    }
+    w.close().await?;
+    Ok((h, errors))
+}
+
+async fn bench(a: Args, masters: Vec<String>, floor_mib: f64) -> anyhow::Result<()> {
+    let m = Masters::new(&masters)?.retry_for(Duration::from_secs(30));
+    let s = status(&m).await?;
+    let up: Vec<&pb::ServerStatus> = s.servers.iter().filter(|x| x.state == "up").collect();
+    anyhow::ensure!(
+        up.len() >= 4,
+        "needs at least 4 chunkservers up (3 copies plus a target), {} are",
+        up.len()
+    );
+    let victim = up
+        .iter()
+        .find(|x| x.pid != 0)
+        .ok_or_else(|| anyhow::anyhow!("no local chunkserver (pid) to stop; use cairn up"))?;
+    let (victim_id, victim_pid) = (victim.id, victim.pid);
+    let old_cap = s.repair_bytes_per_sec;
+    let c = Client::connect(&masters).await?;
+    let prefix = format!("/bench-repair-{}", std::process::id());
+
+    // The data: 64 MiB files written 1 MiB at a time, four at once, sealed.
+    let files = a.data.div_ceil(64 << 20);
+    let per_file = a.data / files;
+    let mut tasks = Vec::new();
+    for f in 0..files {
+        let (c, path) = (c.clone(), format!("{prefix}/data{f}"));
+        tasks.push(tokio::spawn(async move {
+            let mut w = c.create(&path, CreateOptions::default()).await?;
+            let buf = vec![f as u8; 1 << 20];
+            let mut left = per_file;
+            while left > 0 {
+                let n = left.min(1 << 20) as usize;
+                w.append(&buf[..n]).await?;
+                left -= n as u64;
+            }
+            w.seal().await?;
+            anyhow::Ok(())
+        }));
+        if tasks.len() == 4 {
+            for t in tasks.drain(..) {
+                t.await??;
+            }
+        }
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let written = per_file * files;
+    eprintln!("bench repair: wrote {written} bytes in {files} files");
+    set_cap(&m, a.cap).await?;
+
+    // Healthy foreground.
+    let stop = Arc::new(AtomicBool::new(false));
+    let fg = tokio::spawn(foreground(c.clone(), format!("{prefix}/fg0"), stop.clone()));
+    tokio::time::sleep(Duration::from_secs_f64(a.baseline_seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (healthy, _) = fg.await??;
+
+    // The loss.
+    // SAFETY: signalling a local chunkserver pid the masters report; no memory is touched.
+    let rc = unsafe { libc::kill(victim_pid as i32, libc::SIGSTOP) };
+    anyhow::ensure!(
+        rc == 0,
+        "SIGSTOP {victim_pid}: {}",
+        std::io::Error::last_os_error()
+    );
+    let result = watch(&a, &m, &c, &prefix, victim_id).await;
+    // SAFETY: as above.
+    unsafe { libc::kill(victim_pid as i32, libc::SIGCONT) };
+    set_cap(&m, old_cap).await?;
+    let (detect, repair_seconds, repaired, during, fg_errors) = result?;
+    for f in 0..files {
+        let _ = c.delete(&format!("{prefix}/data{f}")).await;
+    }
+    for f in ["fg0", "fg1"] {
+        let _ = c.delete(&format!("{prefix}/{f}")).await;
+    }
+    let _ = c.delete(&prefix).await;
+
+    let rate = repaired as f64 / repair_seconds / f64::from(1 << 20);
+    let cap_mib = a.cap as f64 / f64::from(1 << 20);
+    let (h, d) = (Latency::of(&healthy), Latency::of(&during));
+    let r = Report {
+        op: "repair",
+        victim: victim_id,
+        written_bytes: written,
+        detect_seconds: detect,
+        repair_seconds,
+        repaired_bytes: repaired,
+        repair_mib_per_s: rate,
+        cap_mib_per_s: cap_mib,
+        ratio_cap: rate / cap_mib,
+        floor_mib_per_s: floor_mib,
+        fg_healthy: h,
+        fg_during_repair: d,
+        fg_during_ops: during.len(),
+        fg_errors,
+        ratio_fg_p99: d.p99_us / h.p99_us,
+        loadavg: loadavg(),
+    };
+    println!("{}", serde_json::to_string(&r)?);
+    if !a.json {
+        eprintln!(
+            "repaired {:.0} MiB in {:.1} s: {:.1} MiB/s of a {:.0} MiB/s cap ({:.2}); disk floor {:.0} MiB/s; \
+             foreground 4k p99 {:.0} → {:.0} µs ({:.2}×)",
+            repaired as f64 / f64::from(1 << 20),
+            repair_seconds,
+            rate,
+            cap_mib,
+            rate / cap_mib,
+            floor_mib,
+            h.p99_us,
+            d.p99_us,
+            d.p99_us / h.p99_us
+        );
+    }
+    Ok(())
+}
+
+/// Waits for the masters to call `victim` down, then measures the repair and the foreground
+/// appends while it runs. Returns (detect s, repair s, repaired bytes, foreground, errors).
+async fn watch(
+    a: &Args,
+    m: &Masters,
+    c: &Client,
+    prefix: &str,
+    victim: u64,
+) -> anyhow::Result<(f64, f64, u64, hdrhistogram::Histogram<u64>, u64)> {
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs_f64(a.timeout);
+    let before = status(m).await?.repaired_bytes;
+    loop {
+        let s = status(m).await?;
+        if s.servers
+            .iter()
+            .any(|x| x.id == victim && x.state == "down")
+        {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "server {victim} never declared down"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let detect = t0.elapsed().as_secs_f64();
+    let stop = Arc::new(AtomicBool::new(false));
+    let fg = tokio::spawn(foreground(c.clone(), format!("{prefix}/fg1"), stop.clone()));
+    let mut started: Option<Instant> = None;
+    let end = loop {
+        let s = status(m).await?;
+        if started.is_none() && (s.repairs_running > 0 || s.repaired_bytes > before) {
+            started = Some(Instant::now());
+        }
+        if started.is_some() && s.under_replicated == 0 && s.repairs_running == 0 {
+            break s;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "repair not finished: {} chunks short",
+            s.under_replicated
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    stop.store(true, Ordering::Relaxed);
+    let (during, errors) = fg.await??;
+    let secs = started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    Ok((detect, secs, end.repaired_bytes - before, during, errors))
+}
