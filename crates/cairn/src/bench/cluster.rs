@@ -83,6 +83,10 @@ struct Report {
     vs_healthy_p999: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     vs_healthy_p99: Option<f64>,
+    /// Backup reads sent and won during the run; servers the client blacklisted during it.
+    backup_reads_sent: u64,
+    backup_reads_won: u64,
+    blacklistings: u64,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -143,7 +147,9 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
         let killer = a
             .kill_one_after
             .map(|after| rt.spawn(kill_one(masters.clone(), after)));
+        let h0 = client.health_stats();
         let (ops, errors, secs, lat) = rt.block_on(measure(op, &client, &prefix, run, &a))?;
+        let h1 = client.health_stats();
         let fault = match killer {
             Some(k) => Some(rt.block_on(k)??),
             None => None,
@@ -191,12 +197,17 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             fault,
             vs_healthy_p999: None,
             vs_healthy_p99: None,
+            backup_reads_sent: h1.backups_sent - h0.backups_sent,
+            backup_reads_won: h1.backups_won - h0.backups_won,
+            blacklistings: h1.listed_failed + h1.listed_slow - h0.listed_failed - h0.listed_slow,
         };
         println!("{}", serde_json::to_string(&r)?);
         if let Some(factor) = a.slow_one {
             let delay_ms = ((factor - 1.0) * lat.p50_us / 1000.0).ceil().max(1.0) as u32;
             let (server, how) = rt.block_on(slow_one(&masters, delay_ms))?;
+            let h0 = client.health_stats();
             let slow = rt.block_on(measure(op, &client, &prefix, run + 1000, &a));
+            let h1 = client.health_stats();
             rt.block_on(async {
                 let m = cairn_rpc::Masters::new(&masters)?;
                 crate::admin::inject(&m, server, &cairn_client::FaultSpec::default()).await
@@ -218,6 +229,11 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
                 fault: Some(how),
                 vs_healthy_p999: Some(sl.p999_us / lat.p999_us),
                 vs_healthy_p99: Some(sl.p99_us / lat.p99_us),
+                backup_reads_sent: h1.backups_sent - h0.backups_sent,
+                backup_reads_won: h1.backups_won - h0.backups_won,
+                blacklistings: h1.listed_failed + h1.listed_slow
+                    - h0.listed_failed
+                    - h0.listed_slow,
                 ..r
             };
             println!("{}", serde_json::to_string(&s)?);
