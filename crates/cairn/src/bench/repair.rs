@@ -255,31 +255,32 @@ async fn watch(
 ) -> anyhow::Result<(f64, f64, u64, hdrhistogram::Histogram<u64>, u64)> {
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs_f64(a.timeout);
-    let before = status(m).await?.repaired_bytes;
-    loop {
+    let before = loop {
         let s = status(m).await?;
-        if s.servers
-            .iter()
-            .any(|x| x.id == victim && x.state == "down")
-        {
-            break;
+        if s.servers.iter().any(|x| x.id == victim && x.state == "down") {
+            break s.repaired_bytes;
         }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "server {victim} never declared down"
-        );
+        anyhow::ensure!(Instant::now() < deadline, "server {victim} never declared down");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
     let detect = t0.elapsed().as_secs_f64();
     let stop = Arc::new(AtomicBool::new(false));
     let fg = tokio::spawn(foreground(c.clone(), format!("{prefix}/fg1"), stop.clone()));
-    let mut started: Option<Instant> = None;
+    // The leader counts the victim's chunks short `--repair-after-ms` after calling it down
+    // and starts repairing them; the repair is over when nothing is short or running.
+    let started = loop {
+        let s = status(m).await?;
+        if s.repairs_running > 0 || s.repaired_bytes > before {
+            break Instant::now();
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no repair started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut seen_short = false;
     let end = loop {
         let s = status(m).await?;
-        if started.is_none() && (s.repairs_running > 0 || s.repaired_bytes > before) {
-            started = Some(Instant::now());
-        }
-        if started.is_some() && s.under_replicated == 0 && s.repairs_running == 0 {
+        seen_short |= s.under_replicated > 0;
+        if seen_short && s.under_replicated == 0 && s.repairs_running == 0 {
             break s;
         }
         anyhow::ensure!(
@@ -287,10 +288,10 @@ async fn watch(
             "repair not finished: {} chunks short",
             s.under_replicated
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     stop.store(true, Ordering::Relaxed);
     let (during, errors) = fg.await??;
-    let secs = started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    let secs = started.elapsed().as_secs_f64();
     Ok((detect, secs, end.repaired_bytes - before, during, errors))
 }
