@@ -825,13 +825,18 @@ impl Client {
                 })
                 .collect(),
         };
-        let r = self
-            .inner
-            .masters
-            .send(req, |mut c, r| async move { c.report(r).await })
-            .await;
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "health report to the masters failed");
+        // Best effort, and never for long: the probes share this task.
+        let r = tokio::time::timeout(
+            self.inner.opts.health.report_every,
+            self.inner
+                .masters
+                .send(req, |mut c, r| async move { c.report(r).await }),
+        )
+        .await;
+        match r {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "health report to the masters failed"),
+            Err(_) => tracing::debug!("health report to the masters timed out"),
         }
     }
 }
