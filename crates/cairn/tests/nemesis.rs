@@ -16,7 +16,7 @@
 mod common;
 
 use cairn_client::{Client, ClientOptions, CreateOptions, FaultSpec};
-use common::{Cluster, bytes};
+use common::{Cluster, bytes, chunks};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -363,15 +363,7 @@ async fn scenario(cl: &mut Cluster, index: u64, seed: u64, t: &mut Totals) {
     let s = loop {
         let mut short = Vec::new();
         for (path, _) in &files {
-            let req = cairn_rpc::pb::PathRequest { path: path.clone() };
-            let f = c
-                .masters()
-                .send(req, |mut m, r| async move { m.stat(r).await })
-                .await
-                .expect("stat")
-                .file
-                .expect("a file");
-            for ch in f.chunks.iter().filter(|ch| ch.length > 0) {
+            for ch in chunks(&c, path).await.iter().filter(|ch| ch.length > 0) {
                 if ch.servers.len() < 3 || !ch.sealed {
                     short.push((path.clone(), ch.id, ch.servers.clone()));
                 }

@@ -5,20 +5,8 @@ mod common;
 
 use cairn_client::{ClientOptions, CreateOptions, DataConn, FaultSpec};
 use cairn_rpc::pb;
-use common::{Cluster, bytes};
+use common::{Cluster, bytes, chunks};
 use std::time::{Duration, Instant};
-
-/// The chunk list of a file, from the masters.
-async fn chunks(c: &cairn_client::Client, path: &str) -> Vec<pb::ChunkMeta> {
-    let req = pb::PathRequest { path: path.into() };
-    c.masters()
-        .send(req, |mut m, r| async move { m.stat(r).await })
-        .await
-        .unwrap()
-        .file
-        .unwrap()
-        .chunks
-}
 
 /// Index in `cl.chunkservers` of the server with masters' id `id`.
 async fn index_of(cl: &Cluster, id: u64) -> usize {

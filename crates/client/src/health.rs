@@ -216,7 +216,9 @@ impl Window {
         if self.n < MIN_SAMPLES {
             return;
         }
-        let mut s: Vec<u32> = self.samples[..self.n.min(WINDOW)].to_vec();
+        // A copy on the stack: no allocation per sample.
+        let mut all = self.samples;
+        let s = &mut all[..self.n.min(WINDOW)];
         s.sort_unstable();
         self.p50 = s[s.len() / 2];
         self.p95 = s[(s.len() * 95 / 100).min(s.len() - 1)];

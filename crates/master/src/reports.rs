@@ -50,8 +50,8 @@ impl Reports {
     }
 
     /// The servers new chunks avoid: listed by at least [`AVOID_FRACTION`] of the reporting
-    /// clients, the most reported first, at most a third of the `servers` up (so placement
-    /// always has room).
+    /// clients, the most reported first, at most a third of the `servers` registered (so
+    /// placement keeps room; it also falls back to every up server when too few remain).
     pub fn avoided(&self, servers: usize, now: Instant) -> BTreeSet<ServerId> {
         let need = ((self.active(now) as f64 * AVOID_FRACTION).ceil() as u32).max(1);
         let mut v: Vec<(u32, ServerId)> = self

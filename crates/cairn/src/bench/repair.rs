@@ -257,10 +257,16 @@ async fn watch(
     let deadline = t0 + Duration::from_secs_f64(a.timeout);
     let before = loop {
         let s = status(m).await?;
-        if s.servers.iter().any(|x| x.id == victim && x.state == "down") {
+        if s.servers
+            .iter()
+            .any(|x| x.id == victim && x.state == "down")
+        {
             break s.repaired_bytes;
         }
-        anyhow::ensure!(Instant::now() < deadline, "server {victim} never declared down");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "server {victim} never declared down"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let detect = t0.elapsed().as_secs_f64();

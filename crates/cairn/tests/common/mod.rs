@@ -249,6 +249,18 @@ impl Cluster {
     }
 }
 
+/// The chunk list of a file, from the masters.
+pub async fn chunks(c: &Client, path: &str) -> Vec<cairn_rpc::pb::ChunkMeta> {
+    let req = cairn_rpc::pb::PathRequest { path: path.into() };
+    c.masters()
+        .send(req, |mut m, r| async move { m.stat(r).await })
+        .await
+        .unwrap()
+        .file
+        .unwrap()
+        .chunks
+}
+
 /// Deterministic bytes: file `seed`, position `pos`.
 pub fn byte(seed: u64, pos: u64) -> u8 {
     (pos.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed.wrapping_mul(0xD6E8_FEB8_6659_FD93))
