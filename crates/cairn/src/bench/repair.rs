@@ -16,7 +16,7 @@ use cairn_rpc::{Masters, pb};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -38,6 +38,12 @@ pub struct Args {
     /// Give up if the repair has not finished after this many seconds.
     #[arg(long, default_value_t = 600.0)]
     timeout: f64,
+    /// Alternate windows of this many seconds with the repair at the cap and held at the
+    /// least cap (1 MiB/s) while it runs, and compare the foreground in the two kinds of
+    /// window: an A/B in the same minutes, which the shared machine's drift does not
+    /// reach. 0 = off (compare with the healthy baseline only).
+    #[arg(long, default_value_t = 0.0)]
+    interleave: f64,
     #[arg(long)]
     json: bool,
 }
@@ -64,6 +70,12 @@ struct Report {
     fg_errors: u64,
     /// Foreground p99 during the repair ÷ healthy (target ≤ 1.2).
     ratio_fg_p99: f64,
+    /// With `--interleave`: the windows' length, the foreground in windows at the cap and
+    /// in windows held at the least cap, and the p99 ratio of the two.
+    interleave_seconds: f64,
+    fg_windows_at_cap: Option<Latency>,
+    fg_windows_held: Option<Latency>,
+    ratio_fg_p99_windows: Option<f64>,
     loadavg: f64,
 }
 
@@ -103,20 +115,36 @@ async fn set_cap(m: &Masters, cap: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Appends 4 KiB at depth 1 until `stop`; returns the latency and the errors.
+/// Which histogram of [`foreground`] an append's latency goes to.
+const ALL: usize = 0;
+const AT_CAP: usize = 1;
+const HELD: usize = 2;
+/// Settling after a cap change: not recorded in a window.
+const SETTLING: usize = 3;
+
+/// Appends 4 KiB at depth 1 until `stop`; returns the latencies (every append, and by the
+/// window `phase` named when it started) and the errors.
 async fn foreground(
     c: Client,
     path: String,
     stop: Arc<AtomicBool>,
-) -> anyhow::Result<(hdrhistogram::Histogram<u64>, u64)> {
-    let mut h = histogram();
+    phase: Arc<AtomicUsize>,
+) -> anyhow::Result<([hdrhistogram::Histogram<u64>; 3], u64)> {
+    let mut h = [histogram(), histogram(), histogram()];
     let mut errors = 0;
     let buf = vec![0x3Cu8; 4096];
     let mut w = c.create(&path, CreateOptions::default()).await?;
     while !stop.load(Ordering::Relaxed) {
         let s = Instant::now();
+        let p = phase.load(Ordering::Relaxed);
         match w.append(&buf).await {
-            Ok(_) => h.record(s.elapsed().as_nanos() as u64)?,
+            Ok(_) => {
+                let ns = s.elapsed().as_nanos() as u64;
+                h[ALL].record(ns)?;
+                if (p == AT_CAP || p == HELD) && phase.load(Ordering::Relaxed) == p {
+                    h[p].record(ns)?;
+                }
+            }
             Err(_) => {
                 errors += 1;
                 w = c.open_append(&path).await?;
@@ -178,10 +206,16 @@ async fn bench(a: Args, masters: Vec<String>, floor_mib: f64) -> anyhow::Result<
 
     // Healthy foreground.
     let stop = Arc::new(AtomicBool::new(false));
-    let fg = tokio::spawn(foreground(c.clone(), format!("{prefix}/fg0"), stop.clone()));
+    let phase = Arc::new(AtomicUsize::new(SETTLING));
+    let fg = tokio::spawn(foreground(
+        c.clone(),
+        format!("{prefix}/fg0"),
+        stop.clone(),
+        phase,
+    ));
     tokio::time::sleep(Duration::from_secs_f64(a.baseline_seconds)).await;
     stop.store(true, Ordering::Relaxed);
-    let (healthy, _) = fg.await??;
+    let ([healthy, ..], _) = fg.await??;
 
     // The loss.
     // SAFETY: signalling a local chunkserver pid the masters report; no memory is touched.
@@ -195,7 +229,8 @@ async fn bench(a: Args, masters: Vec<String>, floor_mib: f64) -> anyhow::Result<
     // SAFETY: as above.
     unsafe { libc::kill(victim_pid as i32, libc::SIGCONT) };
     set_cap(&m, old_cap).await?;
-    let (detect, repair_seconds, repaired, during, fg_errors) = result?;
+    let w = result?;
+    let (during, fg_errors) = (&w.fg[ALL], w.errors);
     for f in 0..files {
         let _ = c.delete(&format!("{prefix}/data{f}")).await;
     }
@@ -204,14 +239,24 @@ async fn bench(a: Args, masters: Vec<String>, floor_mib: f64) -> anyhow::Result<
     }
     let _ = c.delete(&prefix).await;
 
+    let (repaired, repair_seconds) = (w.repaired, w.seconds);
     let rate = repaired as f64 / repair_seconds / f64::from(1 << 20);
-    let cap_mib = a.cap as f64 / f64::from(1 << 20);
-    let (h, d) = (Latency::of(&healthy), Latency::of(&during));
+    // The cap in force on average (the interleaved windows hold it lower half the time).
+    let cap_mib = w.cap_byte_seconds / repair_seconds / f64::from(1 << 20);
+    let (h, d) = (Latency::of(&healthy), Latency::of(during));
+    let windows = (a.interleave > 0.0).then(|| {
+        (
+            Latency::of(&w.fg[AT_CAP]),
+            Latency::of(&w.fg[HELD]),
+            w.fg[AT_CAP].len(),
+            w.fg[HELD].len(),
+        )
+    });
     let r = Report {
         op: "repair",
         victim: victim_id,
         written_bytes: written,
-        detect_seconds: detect,
+        detect_seconds: w.detect,
         repair_seconds,
         repaired_bytes: repaired,
         repair_mib_per_s: rate,
@@ -223,6 +268,10 @@ async fn bench(a: Args, masters: Vec<String>, floor_mib: f64) -> anyhow::Result<
         fg_during_ops: during.len(),
         fg_errors,
         ratio_fg_p99: d.p99_us / h.p99_us,
+        interleave_seconds: a.interleave,
+        fg_windows_at_cap: windows.as_ref().map(|w| w.0),
+        fg_windows_held: windows.as_ref().map(|w| w.1),
+        ratio_fg_p99_windows: windows.as_ref().map(|w| w.0.p99_us / w.1.p99_us),
         loadavg: loadavg(),
     };
     println!("{}", serde_json::to_string(&r)?);
@@ -240,19 +289,43 @@ async fn bench(a: Args, masters: Vec<String>, floor_mib: f64) -> anyhow::Result<
             d.p99_us,
             d.p99_us / h.p99_us
         );
+        if let Some((at_cap, held, n_cap, n_held)) = windows {
+            eprintln!(
+                "interleaved {:.0} s windows: foreground 4k p99 at the cap {:.0} µs ({n_cap} appends) \
+                 vs held {:.0} µs ({n_held} appends): {:.2}×",
+                a.interleave,
+                at_cap.p99_us,
+                held.p99_us,
+                at_cap.p99_us / held.p99_us
+            );
+        }
     }
     Ok(())
 }
 
+/// What [`watch`] measured.
+struct Watched {
+    /// From SIGSTOP to the masters calling the server down.
+    detect: f64,
+    /// From the first repair to nothing short.
+    seconds: f64,
+    repaired: u64,
+    /// The cap integrated over `seconds` (byte-seconds per second = bytes).
+    cap_byte_seconds: f64,
+    /// Foreground latencies: every append, windows at the cap, windows held.
+    fg: [hdrhistogram::Histogram<u64>; 3],
+    errors: u64,
+}
+
 /// Waits for the masters to call `victim` down, then measures the repair and the foreground
-/// appends while it runs. Returns (detect s, repair s, repaired bytes, foreground, errors).
+/// appends while it runs (alternating the cap in windows with `--interleave`).
 async fn watch(
     a: &Args,
     m: &Masters,
     c: &Client,
     prefix: &str,
     victim: u64,
-) -> anyhow::Result<(f64, f64, u64, hdrhistogram::Histogram<u64>, u64)> {
+) -> anyhow::Result<Watched> {
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs_f64(a.timeout);
     let before = loop {
@@ -271,7 +344,13 @@ async fn watch(
     };
     let detect = t0.elapsed().as_secs_f64();
     let stop = Arc::new(AtomicBool::new(false));
-    let fg = tokio::spawn(foreground(c.clone(), format!("{prefix}/fg1"), stop.clone()));
+    let phase = Arc::new(AtomicUsize::new(SETTLING));
+    let fg = tokio::spawn(foreground(
+        c.clone(),
+        format!("{prefix}/fg1"),
+        stop.clone(),
+        phase.clone(),
+    ));
     // The leader counts the victim's chunks short `--repair-after-ms` after calling it down
     // and starts repairing them; the repair is over when nothing is short or running.
     let started = loop {
@@ -282,6 +361,13 @@ async fn watch(
         anyhow::ensure!(Instant::now() < deadline, "no repair started");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    // A cap change reaches the target with its next heartbeat (1 s), and a piece already
+    // granted is still copied: the first SETTLE of a window is not recorded.
+    const SETTLE: Duration = Duration::from_millis(1500);
+    const HELD_CAP: u64 = 1 << 20;
+    let window = Duration::from_secs_f64(a.interleave);
+    let (mut at_cap, mut window_start, mut cap_since) = (true, Instant::now(), Instant::now());
+    let mut cap_byte_seconds = 0.0;
     let mut seen_short = false;
     let end = loop {
         let s = status(m).await?;
@@ -294,10 +380,36 @@ async fn watch(
             "repair not finished: {} chunks short",
             s.under_replicated
         );
+        if a.interleave > 0.0 {
+            let now = Instant::now();
+            if now - window_start >= SETTLE + window {
+                let cap = if at_cap { a.cap } else { HELD_CAP };
+                cap_byte_seconds += cap as f64 * (now - cap_since).as_secs_f64();
+                at_cap = !at_cap;
+                phase.store(SETTLING, Ordering::Relaxed);
+                set_cap(m, if at_cap { a.cap } else { HELD_CAP }).await?;
+                (window_start, cap_since) = (Instant::now(), now);
+            } else if now - window_start >= SETTLE {
+                phase.store(if at_cap { AT_CAP } else { HELD }, Ordering::Relaxed);
+            }
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     stop.store(true, Ordering::Relaxed);
-    let (during, errors) = fg.await??;
-    let secs = started.elapsed().as_secs_f64();
-    Ok((detect, secs, end.repaired_bytes - before, during, errors))
+    let (fg, errors) = fg.await??;
+    let seconds = started.elapsed().as_secs_f64();
+    if a.interleave == 0.0 {
+        cap_byte_seconds = a.cap as f64 * seconds;
+    } else {
+        let cap = if at_cap { a.cap } else { HELD_CAP };
+        cap_byte_seconds += cap as f64 * cap_since.elapsed().as_secs_f64();
+    }
+    Ok(Watched {
+        detect,
+        seconds,
+        repaired: end.repaired_bytes - before,
+        cap_byte_seconds,
+        fg,
+        errors,
+    })
 }
