@@ -176,8 +176,11 @@ impl Repairer {
                 }
             }
             let data = data.ok_or(last)?;
+            // Unsynced: the copy is not in the chunk's replica set until it is sealed, and the
+            // seal flushes it first; a power cut before then leaves an unsealed prefix that the
+            // next try deletes. Foreground appends on this disk never wait for its flushes.
             store
-                .append_async(id, off, &data)
+                .append_unsynced_async(id, off, &data)
                 .await
                 .map_err(|e| e.to_string())?;
             off += n;

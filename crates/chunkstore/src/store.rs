@@ -248,6 +248,7 @@ impl ChunkStore {
         Self::wait(self.submit(|reply| Request::Append {
             chunk_id,
             data,
+            sync: true,
             reply,
         })?)
     }
@@ -272,6 +273,7 @@ impl ChunkStore {
         Ok(Pending(self.submit(|reply| Request::Append {
             chunk_id,
             data,
+            sync: true,
             reply,
         })?))
     }
@@ -288,6 +290,46 @@ impl ChunkStore {
         self.submit_async(move |reply| Request::Append {
             chunk_id,
             data,
+            sync: true,
+            reply,
+        })
+    }
+
+    /// An append acknowledged as soon as it is written, before any flush: for copies whose
+    /// loss in a power cut costs only a retry (re-replication), which should not pay for, or
+    /// make foreground appends wait behind, a flush of their own.
+    ///
+    /// Until a later flush of the store covers it — any synced append's or create's, a
+    /// checkpoint's, or the one [`ChunkStore::seal`] of such a chunk runs before writing its
+    /// log entry — a power cut may lose it and any later bytes of the chunk (the chunk
+    /// recovers to a prefix of its appends, as after an unacknowledged append, never to a
+    /// damaged chunk). Reads see it at once. With `durability = none` it is the
+    /// same as [`ChunkStore::append`].
+    ///
+    /// # Errors
+    /// As [`ChunkStore::append`].
+    pub fn append_unsynced(&self, chunk_id: ChunkId, offset: u64, data: &[u8]) -> Result<u64> {
+        let data = self.prepare(offset, data);
+        Self::wait(self.submit(|reply| Request::Append {
+            chunk_id,
+            data,
+            sync: false,
+            reply,
+        })?)
+    }
+
+    /// Async form of [`ChunkStore::append_unsynced`].
+    pub fn append_unsynced_async(
+        &self,
+        chunk_id: ChunkId,
+        offset: u64,
+        data: &[u8],
+    ) -> impl Future<Output = Result<u64>> + '_ {
+        let data = self.prepare(offset, data);
+        self.submit_async(move |reply| Request::Append {
+            chunk_id,
+            data,
+            sync: false,
             reply,
         })
     }

@@ -32,9 +32,12 @@ pub(crate) enum Request {
         version: u64,
         reply: Reply<()>,
     },
+    /// With `sync: false` the append is acknowledged when written, before a flush (see
+    /// [`crate::ChunkStore::append_unsynced_async`]).
     Append {
         chunk_id: ChunkId,
         data: Prepared,
+        sync: bool,
         reply: Reply<u64>,
     },
     /// Seal at the current length, or at `at = (length, crc of [0, length))`, which may be
@@ -121,6 +124,9 @@ pub(crate) struct Writer {
     pub ckpt_durable_lsn: u64,
     pub ckpt_in_flight: Option<(u64, std::thread::JoinHandle<Result<()>>)>,
     carry: VecDeque<Request>,
+    /// Chunks with acknowledged unsynced appends that no flush has covered yet. Sealing one
+    /// flushes first, so that the seal's log entry never names bytes a power cut could lose.
+    unsynced: HashSet<ChunkId>,
 }
 
 /// Appends up to this size extend the chunk's running CRC over their bytes; larger ones
@@ -165,6 +171,8 @@ struct WriteRef {
 struct Finished {
     b: Batch,
     wrote: bool,
+    /// It wrote a log block or a synced append: it is acknowledged after a flush.
+    needs_flush: bool,
     wrote_log: bool,
     /// The batch failed the store (its log write failed).
     error: Option<Error>,
@@ -200,6 +208,10 @@ struct Batch {
     checkpoints: Vec<Reply<()>>,
     shutdown: Option<Reply<()>>,
     abandon: Option<Reply<()>>,
+    /// It holds an append acknowledged only after a flush.
+    synced_appends: bool,
+    /// The flush before its writes (a seal of a chunk with unsynced bytes) failed.
+    pre_flush_error: Option<Error>,
 }
 
 impl Batch {
@@ -239,6 +251,7 @@ impl Writer {
             ckpt_durable_lsn: rec.ckpt_lsn,
             ckpt_in_flight: None,
             carry: VecDeque::new(),
+            unsynced: HashSet::new(),
         }
     }
 
@@ -408,7 +421,7 @@ impl Writer {
                 Some(t) => self.shared.disk.finish_writes(t),
                 None => Vec::new(),
             };
-            let mut error = None;
+            let mut error = b.pre_flush_error.take();
             if let Some(i) = log_index
                 && let Err(e) = &results[i]
             {
@@ -428,16 +441,19 @@ impl Writer {
             if let Some((_, buf, _)) = log_buf {
                 pool.give(buf);
             }
+            let needs_flush = wrote && (log_index.is_some() || b.synced_appends);
             finished.push(Finished {
                 b,
                 wrote,
+                needs_flush,
                 wrote_log: log_index.is_some(),
                 error,
             });
         }
-        // One flush makes every write of the group durable. It is skipped when a batch
-        // failed the store (the ones after it fail too, at commit).
-        let flush = if finished.iter().any(|f| f.wrote)
+        // One flush makes every write of the group durable. It is skipped when no batch
+        // needs it (only unsynced appends), or when a batch failed the store (the ones after
+        // it fail too, at commit).
+        let flush = if finished.iter().any(|f| f.needs_flush)
             && self.durability == Durability::Sync
             && finished.iter().all(|f| f.error.is_none())
             && !self.shared.failed.load(Ordering::Acquire)
@@ -460,6 +476,7 @@ impl Writer {
     /// Commits (or fails) each batch of a group whose flush is done, in order. Returns true
     /// when the thread must stop.
     fn commit_group(&mut self, g: Group) -> bool {
+        let had_flush = g.flush.is_some();
         let flush_error = g.flush.and_then(|t| {
             let r = self.shared.disk.finish_writes(t);
             r.into_iter()
@@ -468,6 +485,7 @@ impl Writer {
                 .err()
                 .map(|e| Error::io("flush", e))
         });
+        let flushed = had_flush && flush_error.is_none();
         for f in g.batches {
             let mut error = f.error;
             if error.is_none() && f.wrote {
@@ -483,11 +501,16 @@ impl Writer {
             }
             let stop = match error {
                 Some(e) => self.fail_batch(f.b, e),
-                None => self.commit(f.b, f.wrote_log),
+                None => self.commit(f.b, f.wrote_log, flushed),
             };
             if stop {
                 return true;
             }
+        }
+        // The flush started after every write of this group and of the groups committed
+        // before it was done: all of them are durable now.
+        if flushed {
+            self.unsynced.clear();
         }
         false
     }
@@ -498,6 +521,27 @@ impl Writer {
         let mut b = Batch::default();
         for r in reqs {
             self.plan(&mut b, r, busy);
+        }
+        // A seal's log entry must not reach the device before the bytes it names are durable:
+        // a chunk with unsynced appends (all written: they are committed) is flushed first.
+        if self.durability == Durability::Sync
+            && b.seals.iter().any(|s| self.unsynced.contains(&s.0))
+        {
+            self.shared.stats.flushes.fetch_add(1, Ordering::Relaxed);
+            match self.shared.disk.sync() {
+                Ok(()) => self.unsynced.clear(),
+                Err(e) => {
+                    // Nothing of the batch is written; it fails, and the store with it, as
+                    // after any failed flush.
+                    b.pre_flush_error = Some(Error::io("flush", e));
+                    return InFlight {
+                        b,
+                        log_buf: None,
+                        log_index: None,
+                        ticket: None,
+                    };
+                }
+            }
         }
         let mut refs: Vec<WriteRef> = Vec::new();
         for id in b.order.clone() {
@@ -630,6 +674,7 @@ impl Writer {
             Request::Append {
                 chunk_id,
                 data,
+                sync,
                 reply,
             } => {
                 let offset = data.offset;
@@ -715,6 +760,7 @@ impl Writer {
                 plan.ends.push(end);
                 plan.replies.push((reply, end));
                 b.touched.insert(chunk_id);
+                b.synced_appends |= sync;
             }
             Request::Seal {
                 chunk_id,
@@ -1041,7 +1087,8 @@ impl Writer {
     }
 
     /// Applies a durable batch to the index and answers every request.
-    fn commit(&mut self, mut b: Batch, wrote_log: bool) -> bool {
+    /// `flushed`: a flush covered its writes (otherwise they are unsynced appends).
+    fn commit(&mut self, mut b: Batch, wrote_log: bool, flushed: bool) -> bool {
         if wrote_log {
             self.next_lsn += 1;
         }
@@ -1074,6 +1121,9 @@ impl Writer {
                     .expect("appended chunk is in the index");
                 entry.length = plan.len();
                 entry.crc = plan.new_crc;
+                if !flushed && self.durability == Durability::Sync {
+                    self.unsynced.insert(*id);
+                }
                 entry.extents.extend_from_slice(&plan.new_extents);
                 match plan.new_tail.take() {
                     Some(t) => {
@@ -1118,6 +1168,7 @@ impl Writer {
                 }
                 self.tails.remove(&id);
                 self.failed_chunks.remove(&id);
+                self.unsynced.remove(&id);
                 delete_replies.push(reply);
             }
             self.shared
@@ -1341,12 +1392,17 @@ pub(crate) fn records(index: &crate::index::Index) -> Vec<ChunkRecord> {
     chunks
 }
 
-/// Writes a checkpoint to its slot and flushes.
+/// Flushes, writes a checkpoint to its slot and flushes again.
+///
+/// The first flush makes durable every byte the checkpoint names before the checkpoint can
+/// reach the device: unsynced appends (whose writes were done when the snapshot was taken),
+/// and at mount the bytes recovery found written but never flushed by the previous run.
 pub(crate) fn write_checkpoint(
     disk: &dyn Disk,
     geo: &crate::layout::Geometry,
     c: &Checkpoint,
 ) -> Result<()> {
+    disk.sync().map_err(|e| Error::io("checkpoint flush", e))?;
     let bytes = c.encode(geo.salt, disk.alignment().max(4096));
     assert!(
         bytes.len() as u64 <= geo.sb.ckpt_slot_bytes,
