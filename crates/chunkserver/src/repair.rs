@@ -13,8 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
-/// Bytes read from the source per request.
-const PIECE: u64 = 1 << 20;
+/// Bytes read from the source per request. Small, so that a foreground append on the source
+/// or target disk that lands behind a piece's read or write waits little longer than it would
+/// behind another client's append.
+const PIECE: u64 = 256 << 10;
 /// Copies running at once.
 const CONCURRENT: usize = 4;
 /// A source request without a reply after this long fails over to the next source.
@@ -199,8 +201,8 @@ impl Repairer {
     }
 }
 
-/// A token bucket: `take(n)` waits until `n` bytes fit the rate. Allows a burst of 100 ms
-/// (at least one piece).
+/// A token bucket: `take(n)` waits until `n` bytes fit the rate. Allows a burst of 10 ms (at
+/// least two pieces): pieces are spread over time, not sent back to back.
 struct Bucket {
     rate: AtomicU64,
     state: Mutex<(f64, Instant)>,
@@ -217,7 +219,7 @@ impl Bucket {
     async fn take(&self, n: u64) {
         let wait = {
             let rate = self.rate.load(Ordering::Relaxed).max(1) as f64;
-            let burst = (rate / 10.0).max(PIECE as f64);
+            let burst = (rate / 100.0).max(2.0 * PIECE as f64);
             let mut st = self.state.lock();
             let now = Instant::now();
             st.0 = (st.0 + now.duration_since(st.1).as_secs_f64() * rate).min(burst);
