@@ -23,7 +23,7 @@ fn base_image() -> &'static Vec<u8> {
             store.create(id, 1).unwrap();
             let mut off = 0;
             for k in 0..5 {
-                off = store.append(id, off, vec![id as u8 + k; 1000 + 3000 * k as usize]).unwrap();
+                off = store.append(id, off, &vec![id as u8 + k; 1000 + 3000 * k as usize]).unwrap();
             }
         }
         store.seal(0).unwrap();

@@ -3,6 +3,11 @@
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+/// CRC32C (Castagnoli), the checksum of headers and payloads.
+fn crc32c(bytes: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32
+}
+
 /// Bytes of every frame header.
 pub const HEADER_BYTES: usize = 64;
 /// "CRNF".
@@ -233,7 +238,7 @@ impl Header {
         self.payload_crc = if payload.is_empty() {
             0
         } else {
-            crc32c::crc32c(payload)
+            crc32c(payload)
         };
         self
     }
@@ -268,7 +273,7 @@ impl Header {
             reserved: 0.into(),
             header_crc: 0.into(),
         };
-        raw.header_crc = crc32c::crc32c(&raw.as_bytes()[..HEADER_BYTES - 4]).into();
+        raw.header_crc = crc32c(&raw.as_bytes()[..HEADER_BYTES - 4]).into();
         let mut out = [0u8; HEADER_BYTES];
         out.copy_from_slice(raw.as_bytes());
         out
@@ -284,7 +289,7 @@ impl Header {
         if raw.version != VERSION {
             return Err(FrameError::BadVersion(raw.version));
         }
-        let computed = crc32c::crc32c(&bytes[..HEADER_BYTES - 4]);
+        let computed = crc32c(&bytes[..HEADER_BYTES - 4]);
         if raw.header_crc.get() != computed {
             return Err(FrameError::HeaderCrc {
                 stored: raw.header_crc.get(),
@@ -321,7 +326,7 @@ impl Header {
         let computed = if payload.is_empty() {
             0
         } else {
-            crc32c::crc32c(payload)
+            crc32c(payload)
         };
         if payload.len() != self.length as usize || computed != self.payload_crc {
             return Err(FrameError::PayloadCrc {
@@ -437,7 +442,7 @@ mod tests {
         assert_eq!(u64::from_le_bytes(b[32..40].try_into().unwrap()), 6);
         assert_eq!(
             u32::from_le_bytes(b[60..64].try_into().unwrap()),
-            crc32c::crc32c(&b[..60])
+            crc32c(&b[..60])
         );
     }
 }
