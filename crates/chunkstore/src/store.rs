@@ -303,7 +303,9 @@ impl ChunkStore {
     /// checkpoint's, or the one [`ChunkStore::seal`] of such a chunk runs before writing its
     /// log entry — a power cut may lose it and any later bytes of the chunk (the chunk
     /// recovers to a prefix of its appends, as after an unacknowledged append, never to a
-    /// damaged chunk). Reads see it at once. With `durability = none` it is the
+    /// damaged chunk). An append that continues the partly filled last unit an unsynced
+    /// append left flushes first; keep unsynced appends on multiples of
+    /// [`ChunkStore::unit_data_bytes`] to avoid that. Reads see it at once. With `durability = none` it is the
     /// same as [`ChunkStore::append`].
     ///
     /// # Errors
@@ -488,6 +490,12 @@ impl ChunkStore {
     /// Device offset of the data region (extent 0); benchmarks read the raw floor there.
     pub fn data_offset(&self) -> u64 {
         self.shared.geo.sb.data_offset
+    }
+
+    /// Data bytes per sector unit. Unsynced appends that end on a multiple of it never need
+    /// a flush of their own (see [`ChunkStore::append_unsynced`]).
+    pub fn unit_data_bytes(&self) -> u64 {
+        self.shared.geo.data as u64
     }
 
     /// Largest chunk this store accepts.

@@ -522,10 +522,22 @@ impl Writer {
         for r in reqs {
             self.plan(&mut b, r, busy);
         }
-        // A seal's log entry must not reach the device before the bytes it names are durable:
-        // a chunk with unsynced appends (all written: they are committed) is flushed first.
+        // Unsynced bytes (all written: they are committed) are flushed before the batch when
+        // it would otherwise put them at risk:
+        // - a seal's log entry must not reach the device before the bytes it names;
+        // - an append that continues a partly filled unit rewrites it with the new footer in
+        //   the slot that does not hold the current one, which after an unsynced append is
+        //   the slot of the last durable footer: a torn rewrite could then lose bytes an
+        //   earlier synced append made durable. Flushed first, the current footer is durable
+        //   and the rewrite keeps it, as always. (Appends that end on unit boundaries, as
+        //   re-replication's pieces do, never get here.)
+        let d = self.shared.geo.data as u64;
         if self.durability == Durability::Sync
-            && b.seals.iter().any(|s| self.unsynced.contains(&s.0))
+            && !self.unsynced.is_empty()
+            && (b.seals.iter().any(|s| self.unsynced.contains(&s.0))
+                || b.order.iter().any(|id| {
+                    self.unsynced.contains(id) && !b.chunks[id].base_len.is_multiple_of(d)
+                }))
         {
             self.shared.stats.flushes.fetch_add(1, Ordering::Relaxed);
             match self.shared.disk.sync() {

@@ -21,14 +21,12 @@ fn write(store: &ChunkStore) -> Vec<u64> {
     store.create(1, 1).unwrap();
     store.append(1, 0, &pattern(1, 0, SYNCED)).unwrap();
     let mut ends = vec![SYNCED as u64];
-    let before = flushes(store);
     for n in UNSYNCED {
         let off = *ends.last().unwrap();
         let end = store.append_unsynced(1, off, &pattern(1, off, n)).unwrap();
         assert_eq!(end, off + n as u64);
         ends.push(end);
     }
-    assert_eq!(flushes(store), before, "an unsynced append flushed");
     // Reads see the bytes at once.
     let len = *ends.last().unwrap();
     assert_eq!(
@@ -36,6 +34,37 @@ fn write(store: &ChunkStore) -> Vec<u64> {
         pattern(1, 0, len as usize)
     );
     ends
+}
+
+#[test]
+fn unsynced_appends_flush_only_to_continue_a_unit_another_one_left_open() {
+    let (_disk, store) = fault_store(3);
+    let d = store.unit_data_bytes();
+    store.create(1, 1).unwrap();
+    let before = flushes(&store);
+    let mut end = 0;
+    for units in [1, 7, 65, 2] {
+        let n = (units * d) as usize;
+        end = store.append_unsynced(1, end, &pattern(1, end, n)).unwrap();
+    }
+    assert_eq!(
+        flushes(&store),
+        before,
+        "unit-aligned unsynced appends flushed"
+    );
+    // One ending inside a unit, and one continuing there: the second flushes first.
+    end = store
+        .append_unsynced(1, end, &pattern(1, end, 100))
+        .unwrap();
+    assert_eq!(flushes(&store), before);
+    end = store
+        .append_unsynced(1, end, &pattern(1, end, 100))
+        .unwrap();
+    assert_eq!(flushes(&store), before + 1);
+    assert_eq!(
+        store.read(1, 0, end as usize).unwrap(),
+        pattern(1, 0, end as usize)
+    );
 }
 
 #[test]
@@ -187,4 +216,36 @@ fn a_synced_append_after_unsynced_ones_makes_them_all_durable() {
             pattern(1, 0, len as usize)
         );
     }
+}
+
+#[test]
+fn unsynced_appends_inside_a_synced_tail_unit_never_lose_its_synced_bytes() {
+    // A synced append leaves unit 0 partly filled; unsynced appends continue in it. They must
+    // never overwrite the footer that makes the synced bytes durable, so every power cut
+    // leaves at least the synced prefix.
+    let mut lost_unsynced = 0;
+    for seed in 0..200 {
+        let (disk, store) = fault_store(seed);
+        store.create(1, 1).unwrap();
+        store.append(1, 0, &pattern(1, 0, 1_000)).unwrap();
+        let mut end = 1_000u64;
+        for n in [300, 200, 500, 100] {
+            end = store.append_unsynced(1, end, &pattern(1, end, n)).unwrap();
+        }
+        disk.power_off();
+        drop(store);
+        let (_d, store, report) = reopen(disk.crash(CrashPolicy::Random { seed }), seed);
+        assert!(report.damaged_chunks.is_empty(), "seed {seed}: {report:?}");
+        let len = store.stat(1).unwrap().length;
+        assert!(
+            len >= 1_000,
+            "seed {seed}: synced bytes lost (length {len})"
+        );
+        assert_eq!(
+            store.read(1, 0, len as usize).unwrap(),
+            pattern(1, 0, len as usize)
+        );
+        lost_unsynced += u64::from(len < end);
+    }
+    assert!(lost_unsynced > 0);
 }
