@@ -9,6 +9,11 @@ use common::{Cluster, bytes, chunks};
 use std::time::{Duration, Instant};
 
 /// Index in `cl.chunkservers` of the server with masters' id `id`.
+/// These tests time chasing, backup delays and blacklisting: run one at a time, so that the
+/// others' clusters do not starve the one being timed of the two cores. (Under outside CPU
+/// load the MinCopy test still can fail: the closed chunk has 2 locations; see the open issue.)
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn index_of(cl: &Cluster, id: u64) -> usize {
     let s = cl.status().await.unwrap();
     let addr = &s.servers.iter().find(|x| x.id == id).unwrap().addr;
@@ -62,6 +67,7 @@ async fn assert_copies(cl: &Cluster, c: &cairn_client::Client, path: &str, copie
 /// frozen, appends are acknowledged by the other two; with MinCopy = 3 they are not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_returns_success_after_min_copy_replicas() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let cl = Cluster::start(dir.path(), 1, 3).await;
     let c = cl
@@ -130,6 +136,7 @@ async fn a_write_returns_success_after_min_copy_replicas() {
 /// sealed chunk to a third server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_replica_beyond_k_bytes_is_sealed_and_re_replicated() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let cl = Cluster::start(dir.path(), 1, 4).await;
     let c = cl
@@ -191,6 +198,7 @@ async fn a_lagging_replica_beyond_k_bytes_is_sealed_and_re_replicated() {
 /// servers, and the sealed-short chunk is repaired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_chunk_is_sealed_and_the_write_continues_in_a_new_chunk() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let cl = Cluster::start(dir.path(), 1, 5).await;
     let c = cl.client().await;
@@ -260,6 +268,7 @@ async fn a_failed_chunk_is_sealed_and_the_write_continues_in_a_new_chunk() {
 /// elsewhere, no faster than the cap; its copies are deleted when it returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_down_servers_chunks_are_re_replicated_under_the_bandwidth_cap() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let mut cl = Cluster::start(dir.path(), 1, 4).await;
     let m = cairn_rpc::Masters::new(&cl.master_addrs()).unwrap();
@@ -348,6 +357,7 @@ async fn a_down_servers_chunks_are_re_replicated_under_the_bandwidth_cap() {
 /// its copies deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_server_is_emptied() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let cl = Cluster::start(dir.path(), 1, 4).await;
     let c = cl.client().await;
@@ -396,6 +406,7 @@ async fn a_drained_server_is_emptied() {
 /// read waits for the timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_read_is_sent_after_the_delay_and_the_first_answer_wins() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let cl = Cluster::start(dir.path(), 1, 3).await;
     let c = cl.client().await;
@@ -451,6 +462,7 @@ async fn a_backup_read_is_sent_after_the_delay_and_the_first_answer_wins() {
 /// for new chunks, and once it recovers the client's probes release it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_server_is_blacklisted_avoided_and_released() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let cl = Cluster::start(dir.path(), 1, 4).await;
     let c = cl.client().await;

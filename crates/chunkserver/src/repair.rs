@@ -143,8 +143,12 @@ impl Repairer {
         let mut conns: Vec<Option<DataConn>> = sources.iter().map(|_| None).collect();
         let mut off = 0u64;
         let mut source_crc = None;
+        // Pieces of whole units: an unsynced append that continued a unit the previous one
+        // left open would have to flush first.
+        let d = store.unit_data_bytes();
+        let piece = (PIECE / d).max(1) * d;
         while off < length {
-            let n = (length - off).min(PIECE);
+            let n = (length - off).min(piece);
             self.bucket.take(n).await;
             let mut last = String::from("no source");
             let mut data = None;
