@@ -244,13 +244,35 @@ impl ChunkStore {
     /// `OffsetMismatch { length }` when `offset` is not the current length; `NotFound`,
     /// `Sealed`, `ChunkFull`, `BadAppendSize`, `NoSpace`, `ChunkFailed`, `StoreFailed`, `Io`.
     pub fn append(&self, chunk_id: ChunkId, offset: u64, data: &[u8]) -> Result<u64> {
+        self.append_with(chunk_id, offset, data, true)
+    }
+
+    /// An append acknowledged once durable (`sync`) or once written.
+    fn append_with(&self, chunk_id: ChunkId, offset: u64, data: &[u8], sync: bool) -> Result<u64> {
         let data = self.prepare(offset, data);
         Self::wait(self.submit(|reply| Request::Append {
             chunk_id,
             data,
-            sync: true,
+            sync,
             reply,
         })?)
+    }
+
+    /// Async form of [`ChunkStore::append_with`].
+    fn append_async_with(
+        &self,
+        chunk_id: ChunkId,
+        offset: u64,
+        data: &[u8],
+        sync: bool,
+    ) -> impl Future<Output = Result<u64>> + '_ {
+        let data = self.prepare(offset, data);
+        self.submit_async(move |reply| Request::Append {
+            chunk_id,
+            data,
+            sync,
+            reply,
+        })
     }
 
     /// Lays the append out in sector units and checksums it, on the caller's thread.
@@ -286,13 +308,7 @@ impl ChunkStore {
         offset: u64,
         data: &[u8],
     ) -> impl Future<Output = Result<u64>> + '_ {
-        let data = self.prepare(offset, data);
-        self.submit_async(move |reply| Request::Append {
-            chunk_id,
-            data,
-            sync: true,
-            reply,
-        })
+        self.append_async_with(chunk_id, offset, data, true)
     }
 
     /// An append acknowledged as soon as it is written, before any flush: for copies whose
@@ -305,19 +321,13 @@ impl ChunkStore {
     /// recovers to a prefix of its appends, as after an unacknowledged append, never to a
     /// damaged chunk). An append that continues the partly filled last unit an unsynced
     /// append left flushes first; keep unsynced appends on multiples of
-    /// [`ChunkStore::unit_data_bytes`] to avoid that. Reads see it at once. With `durability = none` it is the
-    /// same as [`ChunkStore::append`].
+    /// [`ChunkStore::unit_data_bytes`] to avoid that. Reads see it at once. With
+    /// `durability = none` it is the same as [`ChunkStore::append`].
     ///
     /// # Errors
     /// As [`ChunkStore::append`].
     pub fn append_unsynced(&self, chunk_id: ChunkId, offset: u64, data: &[u8]) -> Result<u64> {
-        let data = self.prepare(offset, data);
-        Self::wait(self.submit(|reply| Request::Append {
-            chunk_id,
-            data,
-            sync: false,
-            reply,
-        })?)
+        self.append_with(chunk_id, offset, data, false)
     }
 
     /// Async form of [`ChunkStore::append_unsynced`].
@@ -327,13 +337,7 @@ impl ChunkStore {
         offset: u64,
         data: &[u8],
     ) -> impl Future<Output = Result<u64>> + '_ {
-        let data = self.prepare(offset, data);
-        self.submit_async(move |reply| Request::Append {
-            chunk_id,
-            data,
-            sync: false,
-            reply,
-        })
+        self.append_async_with(chunk_id, offset, data, false)
     }
 
     /// Async form of [`ChunkStore::create`].

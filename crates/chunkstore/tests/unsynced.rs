@@ -2,7 +2,7 @@
 //! of damage after a power cut, and durable once a seal, checkpoint or synced append follows.
 
 mod common;
-use cairn_chunkstore::{ChunkStore, CrashPolicy, FaultConfig};
+use cairn_chunkstore::{ChunkStore, CrashPolicy, FaultConfig, FaultDisk};
 use common::*;
 use std::sync::atomic::Ordering;
 
@@ -14,6 +14,30 @@ const UNSYNCED: [usize; 4] = [30_000, 700, 64 * 1024, 9_000];
 
 fn flushes(s: &ChunkStore) -> u64 {
     s.stats().flushes.load(Ordering::Relaxed)
+}
+
+/// Recovers from `image` and checks that no chunk came back damaged.
+fn reopen_undamaged(image: Vec<u8>, seed: u64) -> ChunkStore {
+    let (_d, store, report) = reopen(image, seed);
+    assert!(report.damaged_chunks.is_empty(), "seed {seed}: {report:?}");
+    store
+}
+
+/// Cuts power under `store` and recovers from what `policy` leaves.
+fn power_cut(disk: &FaultDisk, store: ChunkStore, policy: CrashPolicy, seed: u64) -> ChunkStore {
+    disk.power_off();
+    drop(store);
+    reopen_undamaged(disk.crash(policy), seed)
+}
+
+/// Chunk 1 reads back as its first `len` bytes.
+fn assert_prefix(store: &ChunkStore, len: u64, seed: u64) {
+    let n = len as usize;
+    assert_eq!(
+        store.read(1, 0, n).unwrap(),
+        pattern(1, 0, n),
+        "seed {seed}"
+    );
 }
 
 /// Writes chunk 1: one synced append, then the unsynced ones. Returns the append ends.
@@ -61,10 +85,7 @@ fn unsynced_appends_flush_only_to_continue_a_unit_another_one_left_open() {
         .append_unsynced(1, end, &pattern(1, end, 100))
         .unwrap();
     assert_eq!(flushes(&store), before + 1);
-    assert_eq!(
-        store.read(1, 0, end as usize).unwrap(),
-        pattern(1, 0, end as usize)
-    );
+    assert_prefix(&store, end, 3);
 }
 
 #[test]
@@ -73,22 +94,14 @@ fn a_power_cut_leaves_a_prefix_of_unsynced_appends_and_no_damage() {
     for seed in 0..SEEDS {
         let (disk, store) = fault_store(seed);
         let ends = write(&store);
-        disk.power_off();
-        drop(store);
-        let (_d, store, report) = reopen(disk.crash(CrashPolicy::Random { seed }), seed);
-        assert!(report.damaged_chunks.is_empty(), "seed {seed}: {report:?}");
+        let store = power_cut(&disk, store, CrashPolicy::Random { seed }, seed);
         let st = store.stat(1).unwrap();
         assert!(
             ends.contains(&st.length),
             "seed {seed}: length {} is not an acknowledged end {ends:?}",
             st.length
         );
-        let len = st.length as usize;
-        assert_eq!(
-            store.read(1, 0, len).unwrap(),
-            pattern(1, 0, len),
-            "seed {seed}"
-        );
+        assert_prefix(&store, st.length, seed);
         // The chunk takes appends again at its recovered length.
         store
             .append(1, st.length, &pattern(1, st.length, 100))
@@ -114,17 +127,11 @@ fn a_seal_after_unsynced_appends_is_durable_with_every_byte() {
         let sealed = store.seal(1).unwrap();
         // The flush before the seal's log write, and the seal's own.
         assert_eq!(flushes(&store) - before, 2);
-        disk.power_off();
-        drop(store);
-        let (_d, store, report) = reopen(disk.crash(CrashPolicy::Random { seed }), seed);
-        assert!(report.damaged_chunks.is_empty(), "seed {seed}: {report:?}");
+        let store = power_cut(&disk, store, CrashPolicy::Random { seed }, seed);
         let st = store.stat(1).unwrap();
         assert!(st.sealed, "seed {seed}");
         assert_eq!((st.length, st.crc32c), (len, sealed.crc32c), "seed {seed}");
-        assert_eq!(
-            store.read(1, 0, len as usize).unwrap(),
-            pattern(1, 0, len as usize)
-        );
+        assert_prefix(&store, len, seed);
     }
 }
 
@@ -147,8 +154,7 @@ fn a_power_cut_inside_a_seal_of_unsynced_bytes_never_damages_the_chunk() {
             "seed {seed}: the seal was acknowledged"
         );
         drop(store);
-        let (_d, store, report) = reopen(disk.crash(CrashPolicy::Random { seed }), seed);
-        assert!(report.damaged_chunks.is_empty(), "seed {seed}: {report:?}");
+        let store = reopen_undamaged(disk.crash(CrashPolicy::Random { seed }), seed);
         let st = store.stat(1).unwrap();
         if st.sealed {
             sealed_seen += 1;
@@ -156,12 +162,7 @@ fn a_power_cut_inside_a_seal_of_unsynced_bytes_never_damages_the_chunk() {
         } else {
             assert!(ends.contains(&st.length), "seed {seed}: {}", st.length);
         }
-        let n = st.length as usize;
-        assert_eq!(
-            store.read(1, 0, n).unwrap(),
-            pattern(1, 0, n),
-            "seed {seed}"
-        );
+        assert_prefix(&store, st.length, seed);
     }
     // Canary: some cuts kept the unacknowledged seal's log block.
     assert!(sealed_seen > 0);
@@ -185,16 +186,10 @@ fn a_checkpoint_after_unsynced_appends_names_only_durable_bytes() {
         let (disk, store) = fault_store(seed);
         let ends = write(&store);
         store.checkpoint().unwrap();
-        disk.power_off();
-        drop(store);
-        let (_d, store, report) = reopen(disk.crash(CrashPolicy::Random { seed }), seed);
-        assert!(report.damaged_chunks.is_empty(), "seed {seed}: {report:?}");
+        let store = power_cut(&disk, store, CrashPolicy::Random { seed }, seed);
         let len = *ends.last().unwrap();
         assert_eq!(store.stat(1).unwrap().length, len, "seed {seed}");
-        assert_eq!(
-            store.read(1, 0, len as usize).unwrap(),
-            pattern(1, 0, len as usize)
-        );
+        assert_prefix(&store, len, seed);
     }
 }
 
@@ -206,15 +201,9 @@ fn a_synced_append_after_unsynced_ones_makes_them_all_durable() {
         let off = *ends.last().unwrap();
         store.append(1, off, &pattern(1, off, 3_000)).unwrap();
         let len = off + 3_000;
-        disk.power_off();
-        drop(store);
-        let (_d, store, report) = reopen(disk.crash(CrashPolicy::DropAll), seed);
-        assert!(report.damaged_chunks.is_empty());
+        let store = power_cut(&disk, store, CrashPolicy::DropAll, seed);
         assert_eq!(store.stat(1).unwrap().length, len, "seed {seed}");
-        assert_eq!(
-            store.read(1, 0, len as usize).unwrap(),
-            pattern(1, 0, len as usize)
-        );
+        assert_prefix(&store, len, seed);
     }
 }
 
@@ -232,19 +221,13 @@ fn unsynced_appends_inside_a_synced_tail_unit_never_lose_its_synced_bytes() {
         for n in [300, 200, 500, 100] {
             end = store.append_unsynced(1, end, &pattern(1, end, n)).unwrap();
         }
-        disk.power_off();
-        drop(store);
-        let (_d, store, report) = reopen(disk.crash(CrashPolicy::Random { seed }), seed);
-        assert!(report.damaged_chunks.is_empty(), "seed {seed}: {report:?}");
+        let store = power_cut(&disk, store, CrashPolicy::Random { seed }, seed);
         let len = store.stat(1).unwrap().length;
         assert!(
             len >= 1_000,
             "seed {seed}: synced bytes lost (length {len})"
         );
-        assert_eq!(
-            store.read(1, 0, len as usize).unwrap(),
-            pattern(1, 0, len as usize)
-        );
+        assert_prefix(&store, len, seed);
         lost_unsynced += u64::from(len < end);
     }
     assert!(lost_unsynced > 0);
