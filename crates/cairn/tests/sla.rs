@@ -263,6 +263,104 @@ async fn a_failed_chunk_is_sealed_and_the_write_continues_in_a_new_chunk() {
     assert_copies(&cl, &c, "/ns", 3).await;
 }
 
+/// "Sealed-short chunks are repaired ... or rewritten from the client's buffer if none has
+/// it": the two replicas that acknowledged fail, the third is still chasing; the chunk is
+/// sealed where the third holds the bytes, and the acknowledged rest, which no replica holds,
+/// is written again from the client's memory into the next chunk, at the same file offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_bytes_no_replica_holds_are_rewritten_from_the_clients_buffer() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 5).await;
+    let c = cl
+        .client_with(ClientOptions {
+            chase_timeout: Duration::from_secs(20), // the slow replica is never dropped
+            chase_retry_bytes: 64 << 20,
+            request_timeout: Duration::from_secs(5),
+            retry_for: Duration::from_secs(30),
+            ..ClientOptions::default()
+        })
+        .await;
+    let mut w = c.create("/rw", CreateOptions::default()).await.unwrap();
+    w.append(&bytes(4, 0, 4096)).await.unwrap();
+    let first = chunks(&c, "/rw").await[0].clone();
+    let idx = [
+        index_of(&cl, first.servers[0]).await,
+        index_of(&cl, first.servers[1]).await,
+        index_of(&cl, first.servers[2]).await,
+    ];
+    // The third replica answers every request 1.5 s late: it chases.
+    cl.fault(
+        idx[2],
+        FaultSpec {
+            delay_ms: 1500,
+            ..FaultSpec::default()
+        },
+    )
+    .await;
+    let mut len = 4096u64;
+    for _ in 0..4 {
+        w.append(&bytes(4, len, 4096)).await.unwrap();
+        len += 4096;
+    }
+    assert!(w.stats().chased >= 4, "{:?}", w.stats());
+    let acked = len;
+    // The two that acknowledged now fail every request.
+    for &i in &idx[..2] {
+        cl.fault(
+            i,
+            FaultSpec {
+                error_ppm: 1_000_000,
+                ..FaultSpec::default()
+            },
+        )
+        .await;
+    }
+    let at = w.append(&bytes(4, len, 4096)).await.unwrap();
+    assert_eq!(at, len, "the append keeps its file offset");
+    len += 4096;
+    let st = w.stats().clone();
+    assert!(st.switches >= 1, "{st:?}");
+    assert!(st.rewritten > 0, "nothing rewritten: {st:?}");
+    let list = chunks(&c, "/rw").await;
+    assert!(list[0].sealed);
+    assert!(
+        list[0].length < acked && list[0].length + st.rewritten == acked,
+        "chunk 0 sealed at {} of {acked} acknowledged bytes, {} rewritten",
+        list[0].length,
+        st.rewritten
+    );
+    assert_eq!(
+        list[0].servers,
+        vec![first.servers[2]],
+        "only the chasing replica holds the short chunk"
+    );
+    for i in idx {
+        cl.fault(i, FaultSpec::default()).await;
+    }
+    assert_eq!(w.close().await.unwrap(), len);
+    assert_eq!(
+        c.read("/rw", 0, len as usize).await.unwrap(),
+        bytes(4, 0, len as usize),
+        "every acknowledged byte at its offset"
+    );
+    // The short chunk (one copy) and any replica dropped meanwhile are repaired.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let list = chunks(&c, "/rw").await;
+        if list
+            .iter()
+            .all(|ch| ch.length == 0 || ch.servers.len() == 3)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not re-replicated: {list:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cl.wait_fully_replicated(Duration::from_secs(60)).await;
+    assert_copies(&cl, &c, "/rw", 3).await;
+}
+
 /// "The masters declare a chunkserver down after a silence and re-replicate its chunks
 /// chunkserver-to-chunkserver under a bandwidth cap": a killed server's chunks are copied
 /// elsewhere, no faster than the cap; its copies are deleted when it returns.

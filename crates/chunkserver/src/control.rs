@@ -144,6 +144,7 @@ pub async fn run(
                 }
             };
             repairer.set_rate(reply.repair_bytes_per_sec);
+            repairer.log_slow();
             for task in reply.repairs {
                 repairer.start(task);
             }

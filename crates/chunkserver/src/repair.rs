@@ -7,7 +7,7 @@ use crate::Chunkserver;
 use cairn_client::DataConn;
 use cairn_rpc::pb;
 use parking_lot::Mutex;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -22,10 +22,21 @@ const CONCURRENT: usize = 4;
 /// A source request without a reply after this long fails over to the next source.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A stage of a repair that lasts longer than this is logged (once per stage).
+const SLOW_STAGE: Duration = Duration::from_secs(30);
+
+/// Where a running repair is, for the log when it takes long.
+struct Stage {
+    what: &'static str,
+    offset: u64,
+    since: Instant,
+    logged: bool,
+}
+
 /// The repairs of one chunkserver.
 pub struct Repairer {
     cs: Arc<Chunkserver>,
-    running: Mutex<HashSet<u64>>,
+    running: Mutex<HashMap<u64, Stage>>,
     done: Mutex<Vec<pb::RepairDone>>,
     bucket: Bucket,
     slots: Arc<Semaphore>,
@@ -37,7 +48,7 @@ impl Repairer {
     pub fn new(cs: Arc<Chunkserver>) -> Arc<Self> {
         Arc::new(Self {
             cs,
-            running: Mutex::new(HashSet::new()),
+            running: Mutex::new(HashMap::new()),
             done: Mutex::new(Vec::new()),
             bucket: Bucket::new(64 << 20),
             slots: Arc::new(Semaphore::new(CONCURRENT)),
@@ -54,7 +65,36 @@ impl Repairer {
 
     /// Repairs running now.
     pub fn running(&self) -> Vec<u64> {
-        self.running.lock().iter().copied().collect()
+        self.running.lock().keys().copied().collect()
+    }
+
+    /// Notes the stage a repair is in.
+    fn stage(&self, id: u64, what: &'static str, offset: u64) {
+        if let Some(s) = self.running.lock().get_mut(&id) {
+            *s = Stage {
+                what,
+                offset,
+                since: Instant::now(),
+                logged: false,
+            };
+        }
+    }
+
+    /// Logs, once per stage, the repairs stuck in one stage for longer than [`SLOW_STAGE`].
+    pub fn log_slow(&self) {
+        for (id, s) in self.running.lock().iter_mut() {
+            let age = s.since.elapsed();
+            if !s.logged && age > SLOW_STAGE {
+                s.logged = true;
+                tracing::warn!(
+                    chunk = *id,
+                    stage = s.what,
+                    offset = s.offset,
+                    ?age,
+                    "repair slow"
+                );
+            }
+        }
     }
 
     /// Finished repairs not yet reported.
@@ -69,8 +109,20 @@ impl Repairer {
 
     /// Starts a repair unless the same chunk is being repaired already.
     pub fn start(self: &Arc<Self>, task: pb::RepairTask) {
-        if !self.running.lock().insert(task.chunk_id) {
-            return;
+        {
+            let mut running = self.running.lock();
+            if running.contains_key(&task.chunk_id) {
+                return;
+            }
+            running.insert(
+                task.chunk_id,
+                Stage {
+                    what: "waiting for a slot",
+                    offset: 0,
+                    since: Instant::now(),
+                    logged: false,
+                },
+            );
         }
         let this = self.clone();
         tokio::spawn(async move {
@@ -120,6 +172,7 @@ impl Repairer {
     async fn copy(&self, task: &pb::RepairTask) -> Result<(u64, u32), String> {
         let (id, length) = (task.chunk_id, task.length);
         let disks = self.cs.disks();
+        self.stage(id, "replacing the old copy", 0);
         if let Ok(store) = disks.find(id) {
             let st = store.stat(id).map_err(|e| e.to_string())?;
             if st.sealed && st.length == length {
@@ -128,6 +181,7 @@ impl Repairer {
             store.delete_async(id).await.map_err(|e| e.to_string())?;
             disks.unplace(id);
         }
+        self.stage(id, "creating the copy", 0);
         let store = disks.place(id).map_err(|e| e.to_string())?;
         if let Err(e) = store.create_async(id, task.version).await {
             disks.unplace(id);
@@ -149,7 +203,9 @@ impl Repairer {
         let piece = (PIECE / d).max(1) * d;
         while off < length {
             let n = (length - off).min(piece);
+            self.stage(id, "waiting for the bandwidth cap", off);
             self.bucket.take(n).await;
+            self.stage(id, "reading from a source", off);
             let mut last = String::from("no source");
             let mut data = None;
             for (i, (sid, addr)) in sources.iter().enumerate() {
@@ -182,6 +238,7 @@ impl Repairer {
                 }
             }
             let data = data.ok_or(last)?;
+            self.stage(id, "writing", off);
             // Unsynced: the copy is not in the chunk's replica set until it is sealed, and the
             // seal flushes it first; a power cut before then leaves an unsealed prefix that the
             // next try deletes. Foreground appends on this disk never wait for its flushes.
@@ -192,6 +249,7 @@ impl Repairer {
             off += n;
             self.copied.fetch_add(n, Ordering::Relaxed);
         }
+        self.stage(id, "sealing", off);
         let st = store.seal_async(id).await.map_err(|e| e.to_string())?;
         if let Some(crc) = source_crc
             && crc != st.crc32c

@@ -19,7 +19,7 @@ use cairn_proto::frame::Status;
 use cairn_rpc::{ErrorKind, MetaError, pb};
 use futures::future::join_all;
 use parking_lot::Mutex;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -82,6 +82,9 @@ struct Active {
     progress: Arc<Progress>,
     /// Bytes this writer counts in the client's chasing memory.
     held: u64,
+    /// The pieces sent that some live replica may not hold yet, in order: what a rewrite can
+    /// take from the client's memory when no replica holds the acknowledged length.
+    unsettled: VecDeque<Piece>,
 }
 
 /// Why an append could not finish in the active chunk.
@@ -108,6 +111,9 @@ pub struct FlatLogFile {
     drops: Vec<pb::ReplicaDrop>,
     /// Servers that failed this writer: avoided when chunks are allocated.
     bad: BTreeSet<u64>,
+    /// Acknowledged bytes no replica of their chunk held when it was finished: written again
+    /// at the head of the next chunk before any new byte (their file offsets do not change).
+    rewrite: VecDeque<Bytes>,
     stats: WriterStats,
 }
 
@@ -122,6 +128,9 @@ pub struct WriterStats {
     pub switches: u64,
     /// Appends that waited for every replica because the chasing memory was full.
     pub memory_waits: u64,
+    /// Acknowledged bytes written again from the client's memory into a new chunk, because no
+    /// replica of theirs could be sealed holding them.
+    pub rewritten: u64,
 }
 
 impl FlatLogFile {
@@ -175,6 +184,7 @@ impl FlatLogFile {
             renew: Some(renew),
             drops: Vec::new(),
             bad: BTreeSet::new(),
+            rewrite: VecDeque::new(),
             stats: WriterStats::default(),
         }
     }
@@ -303,7 +313,8 @@ impl FlatLogFile {
         Ok(start)
     }
 
-    /// Appends the head of `rest` that fits the active chunk, advancing `rest` past it.
+    /// Appends the head of `rest` that fits the active chunk, advancing `rest` past it. Bytes
+    /// waiting to be rewritten go first.
     async fn append_piece(&mut self, rest: &mut &[u8]) -> Result<()> {
         let opts = &self.client.inner.opts;
         let (chunk_size, max_append, retry_for) =
@@ -318,12 +329,27 @@ impl FlatLogFile {
             }
             let a = self.active.as_ref().expect("a chunk is active");
             let room = (chunk_size - a.acked) as usize;
-            let n = rest.len().min(room).min(max_append);
+            let (data, again) = match self.rewrite.front() {
+                Some(b) => (b.slice(..b.len().min(room).min(max_append)), true),
+                None => {
+                    let n = rest.len().min(room).min(max_append);
+                    (Bytes::copy_from_slice(&rest[..n]), false)
+                }
+            };
+            let n = data.len();
             let piece = Piece {
                 offset: a.acked,
-                data: Bytes::copy_from_slice(&rest[..n]),
+                data,
             };
             match self.replicate(piece).await {
+                Ok(()) if again => {
+                    let b = self.rewrite.front_mut().expect("rewriting");
+                    *b = b.slice(n..);
+                    if b.is_empty() {
+                        self.rewrite.pop_front();
+                    }
+                    self.stats.rewritten += n as u64;
+                }
                 Ok(()) => {
                     self.length += n as u64;
                     *rest = &rest[n..];
@@ -364,6 +390,7 @@ impl FlatLogFile {
                 let _ = tx.send(piece.clone());
             }
         }
+        a.unsettled.push_back(piece);
         let deadline = Instant::now() + opts.request_timeout;
         let tick = (opts.chase_timeout / 4).max(Duration::from_millis(10));
         loop {
@@ -525,7 +552,8 @@ impl FlatLogFile {
         });
     }
 
-    /// Recounts the bytes held for replicas behind the acknowledged length.
+    /// Recounts the bytes held for replicas behind the acknowledged length, and forgets the
+    /// pieces every live replica holds.
     fn account(&mut self) {
         let Some(a) = self.active.as_mut() else {
             return;
@@ -537,6 +565,9 @@ impl FlatLogFile {
             .min()
             .unwrap_or(a.acked);
         drop(st);
+        while a.unsettled.front().is_some_and(|p| p.end() <= slowest) {
+            a.unsettled.pop_front();
+        }
         let held = a.acked.saturating_sub(slowest);
         let chasing = &self.client.inner.chasing;
         if held > a.held {
@@ -550,6 +581,11 @@ impl FlatLogFile {
     /// Ends the active chunk at its acknowledged length: seals every replica there (dropping
     /// the ones that hold less), records the length and the dropped replicas at the masters.
     /// With `wait`, replicas still chasing get up to `chase_timeout` to catch up first.
+    ///
+    /// When no replica can be sealed there (the ones that acknowledged are gone, the others
+    /// still chase), the chunk ends shorter, where a replica that answers holds the bytes, and
+    /// the rest is rewritten from the client's memory at the head of the next chunk; see
+    /// [`FlatLogFile::seal_short`].
     async fn finish_chunk(&mut self, wait: bool) -> Result<()> {
         if wait {
             self.catch_up().await;
@@ -568,18 +604,33 @@ impl FlatLogFile {
             .filter(|p| !p.dropped)
             .map(|p| p.server)
             .collect();
-        let sealed = join_all(live.iter().map(|&s| {
-            let client = &self.client;
-            async move {
-                (
-                    s,
-                    client
-                        .on(s, |d| async move { d.seal_at(id, len).await })
-                        .await,
-                )
+        let mut sealed = self.seal_all(id, len, &live).await;
+        let mut len = len;
+        if len > 0
+            && !sealed.iter().any(|(_, r)| r.is_ok())
+            && let Some((short, again)) = self.seal_short(&a, &live).await
+        {
+            for (s, r) in again {
+                if let Some(x) = sealed.iter_mut().find(|x| x.0 == s) {
+                    x.1 = r;
+                }
             }
-        }))
-        .await;
+            // [short, len) from the memory, ahead of what waits to be rewritten already.
+            for p in a.unsettled.iter().rev() {
+                let (from, to) = (short.max(p.offset), len.min(p.end()));
+                if from < to {
+                    let at = (from - p.offset) as usize;
+                    self.rewrite
+                        .push_front(p.data.slice(at..at + (to - from) as usize));
+                }
+            }
+            tracing::warn!(
+                path = %self.path, chunk = id, acked = len, short,
+                "no replica holds the acknowledged length: sealed short, the rest is rewritten"
+            );
+            metrics::counter!("cairn_client_chasing_total", "event" => "rewrite").increment(1);
+            len = short;
+        }
         for (s, r) in sealed {
             match r {
                 Ok(_) => {}
@@ -613,6 +664,69 @@ impl FlatLogFile {
             sealed: true,
         };
         self.commit(vec![update], false, false, false).await
+    }
+
+    /// Seals `servers`' replicas of chunk `id` at `len`.
+    async fn seal_all(
+        &self,
+        id: u64,
+        len: u64,
+        servers: &[u64],
+    ) -> Vec<(u64, Result<crate::data::ChunkInfo>)> {
+        join_all(servers.iter().map(|&s| {
+            let client = &self.client;
+            async move {
+                (
+                    s,
+                    client
+                        .on(s, |d| async move { d.seal_at(id, len).await })
+                        .await,
+                )
+            }
+        }))
+        .await
+    }
+
+    /// No live replica of `a` could be sealed at the acknowledged length. Finds the longest
+    /// prefix a replica that answers still holds and that the client's memory continues (it
+    /// keeps every piece some live replica may lack), seals the replicas holding it there and
+    /// returns its length with the seal results. `None` when there is none: the chunk then
+    /// keeps the acknowledged length and the replicas that did not answer stay its locations
+    /// (they hold the bytes durably; the masters copy them once they are back).
+    async fn seal_short(
+        &self,
+        a: &Active,
+        live: &[u64],
+    ) -> Option<(u64, Vec<(u64, Result<crate::data::ChunkInfo>)>)> {
+        let kept = a.unsettled.front().map_or(a.acked, |p| p.offset);
+        if kept >= a.acked {
+            return None;
+        }
+        let id = a.id;
+        let lengths = join_all(live.iter().map(|&s| {
+            let client = &self.client;
+            async move { (s, client.on(s, |d| async move { d.stat(id).await }).await) }
+        }))
+        .await;
+        let holds: Vec<(u64, u64)> = lengths
+            .into_iter()
+            .filter_map(|(s, r)| Some((s, r.ok()?.length.min(a.acked))))
+            .filter(|&(_, l)| l >= kept)
+            .collect();
+        let short = holds.iter().map(|&(_, l)| l).max().unwrap_or(0);
+        if short < kept {
+            return None; // kept > 0 and no replica reaches it
+        }
+        let with: Vec<u64> = holds
+            .iter()
+            .filter(|&&(_, l)| l >= short)
+            .map(|&(s, _)| s)
+            .collect();
+        let again = self.seal_all(id, short, &with).await;
+        if short > 0 && !again.iter().any(|(_, r)| r.is_ok()) {
+            return None;
+        }
+        Some((short, again))
     }
 
     /// Waits up to `chase_timeout` for the replicas behind the acknowledged length, then gives
@@ -732,6 +846,7 @@ impl FlatLogFile {
             pipes,
             progress,
             held: 0,
+            unsettled: VecDeque::new(),
         });
         Ok(())
     }

@@ -42,6 +42,8 @@ pub struct Repairs {
     outbox: HashMap<ServerId, Vec<pb::RepairTask>>,
     /// Chunks short of copies, and since when.
     short_since: HashMap<ChunkId, Instant>,
+    /// Short chunks no server can take a copy of (logged once until that changes).
+    stuck: std::collections::HashSet<ChunkId>,
     completions: VecDeque<(Instant, u64)>,
     pub done: u64,
     pub failed: u64,
@@ -129,6 +131,7 @@ impl Repairs {
     /// The `Repaired` command of `chunk` was written (or failed to be): the task is over.
     pub fn committed(&mut self, chunk: ChunkId, ok: bool, now: Instant) {
         if let Some(t) = self.running.remove(&chunk) {
+            tracing::info!(chunk, target = t.target, ok, "repair recorded");
             if ok {
                 self.done += 1;
                 self.bytes += t.length;
@@ -245,6 +248,7 @@ impl Registry {
                 wanted.push((c.id, c.version, c.length, c.servers.clone(), good));
             }
         }
+        self.repairs.stuck.retain(|c| short.contains_key(c));
         self.repairs.short_since = short;
         self.repairs.under_replicated = under;
         self.repairs.under_replicated_bytes = under_bytes;
@@ -259,8 +263,17 @@ impl Registry {
                 break;
             }
             let Some(target) = self.place_copy(state.servers(), &servers, &good, now) else {
+                if self.repairs.stuck.insert(chunk_id) {
+                    tracing::warn!(
+                        chunk = chunk_id,
+                        ?servers,
+                        ?good,
+                        "chunk short of copies and no server can take one"
+                    );
+                }
                 continue;
             };
+            self.repairs.stuck.remove(&chunk_id);
             let n = per_target.entry(target).or_default();
             if *n >= PER_TARGET {
                 continue;
@@ -284,6 +297,7 @@ impl Registry {
                     })
                 })
                 .collect();
+            tracing::info!(chunk = chunk_id, target, ?good, "repair handed out");
             self.repairs.running.insert(
                 chunk_id,
                 Task {

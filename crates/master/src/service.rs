@@ -140,7 +140,10 @@ impl Inner {
     }
 
     async fn write(&self, cmd: Command) -> Result<Reply, MetaError> {
-        match self.raft.client_write(cmd).await {
+        let started = Instant::now();
+        let r = self.raft.client_write(cmd).await;
+        metrics::histogram!("cairn_master_raft_write_seconds").record(started.elapsed());
+        match r {
             Ok(r) => r.data,
             Err(e) => Err(match e.forward_to_leader() {
                 Some(f) => MetaError::not_leader(f.leader_node.as_ref().map(|n| n.addr.clone())),
@@ -455,20 +458,27 @@ impl pb::meta_server::Meta for MetaService {
                 (answer, masters)
             };
             // Finished repairs become locations (through Raft) before the task is forgotten,
-            // so the new copy is never taken for an orphan.
-            for cmd in answer.finished {
-                let Command::Repaired { chunk_id, .. } = cmd else {
-                    continue;
-                };
-                let r = self.inner.write(cmd).await;
-                if let Err(e) = &r {
-                    tracing::warn!(chunk = chunk_id, error = %e, "recording a repair failed");
-                }
-                self.inner
-                    .registry
-                    .lock()
-                    .repairs
-                    .committed(chunk_id, r.is_ok(), Instant::now());
+            // so the new copy is never taken for an orphan. In a task of its own: a heartbeat
+            // call dropped half way must not leave a repair waiting for its record forever.
+            if !answer.finished.is_empty() {
+                let inner = self.inner.clone();
+                let record = tokio::spawn(async move {
+                    for cmd in answer.finished {
+                        let Command::Repaired { chunk_id, .. } = cmd else {
+                            continue;
+                        };
+                        let r = inner.write(cmd).await;
+                        if let Err(e) = &r {
+                            tracing::warn!(chunk = chunk_id, error = %e, "recording a repair failed");
+                        }
+                        inner
+                            .registry
+                            .lock()
+                            .repairs
+                            .committed(chunk_id, r.is_ok(), Instant::now());
+                    }
+                });
+                let _ = record.await;
             }
             Ok(pb::HeartbeatReply {
                 send_full_report: answer.send_full_report,

@@ -134,7 +134,15 @@ async fn foreground(
     let mut errors = 0;
     let buf = vec![0x3Cu8; 4096];
     let mut w = c.create(&path, CreateOptions::default()).await?;
+    // The file starts over every 64 MiB (untimed), so that a slow repair does not fill the
+    // disks with foreground bytes.
+    const ROTATE: u64 = 64 << 20;
     while !stop.load(Ordering::Relaxed) {
+        if w.len() >= ROTATE {
+            w.close().await?;
+            c.delete(&path).await?;
+            w = c.create(&path, CreateOptions::default()).await?;
+        }
         let s = Instant::now();
         let p = phase.load(Ordering::Relaxed);
         match w.append(&buf).await {
