@@ -8,12 +8,11 @@ use cairn_rpc::pb;
 use common::{Cluster, bytes, chunks};
 use std::time::{Duration, Instant};
 
-/// Index in `cl.chunkservers` of the server with masters' id `id`.
 /// These tests time chasing, backup delays and blacklisting: run one at a time, so that the
-/// others' clusters do not starve the one being timed of the two cores. (Under outside CPU
-/// load the MinCopy test still can fail: the closed chunk has 2 locations; see the open issue.)
+/// others' clusters do not starve the one being timed of the two cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Index in `cl.chunkservers` of the server with masters' id `id`.
 async fn index_of(cl: &Cluster, id: u64) -> usize {
     let s = cl.status().await.unwrap();
     let addr = &s.servers.iter().find(|x| x.id == id).unwrap().addr;
