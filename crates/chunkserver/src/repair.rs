@@ -195,6 +195,10 @@ impl Repairer {
             }
         }
         let mut conns: Vec<Option<DataConn>> = sources.iter().map(|_| None).collect();
+        // Sources in the order they are asked: one that failed goes last, so that a source
+        // that stopped answering (frozen, or dead since the task was made) costs one timeout
+        // per task, not one per piece.
+        let mut order: Vec<usize> = (0..sources.len()).collect();
         let mut off = 0u64;
         let mut source_crc = None;
         // Pieces of whole units: an unsynced append that continued a unit the previous one
@@ -208,12 +212,15 @@ impl Repairer {
             self.stage(id, "reading from a source", off);
             let mut last = String::from("no source");
             let mut data = None;
-            for (i, (sid, addr)) in sources.iter().enumerate() {
+            let mut failed = Vec::new();
+            for &i in &order {
+                let (sid, addr) = sources[i];
                 if conns[i].is_none() {
-                    match DataConn::connect(*addr, TIMEOUT).await {
+                    match DataConn::connect(addr, TIMEOUT).await {
                         Ok(c) => conns[i] = Some(c),
                         Err(e) => {
                             last = format!("source {sid}: {e}");
+                            failed.push(i);
                             continue;
                         }
                     }
@@ -234,8 +241,14 @@ impl Repairer {
                     Err(e) => {
                         last = format!("source {sid}: {e}");
                         conns[i] = None;
+                        failed.push(i);
                     }
                 }
+            }
+            if !failed.is_empty() {
+                tracing::warn!(chunk = id, offset = off, error = %last, "repair source failed; asking the others first");
+                order.retain(|i| !failed.contains(i));
+                order.extend(failed);
             }
             let data = data.ok_or(last)?;
             self.stage(id, "writing", off);
