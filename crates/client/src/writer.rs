@@ -624,11 +624,13 @@ impl FlatLogFile {
                         .push_front(p.data.slice(at..at + (to - from) as usize));
                 }
             }
-            tracing::warn!(
-                path = %self.path, chunk = id, acked = len, short,
-                "no replica holds the acknowledged length: sealed short, the rest is rewritten"
-            );
-            metrics::counter!("cairn_client_chasing_total", "event" => "rewrite").increment(1);
+            if short < len {
+                tracing::warn!(
+                    path = %self.path, chunk = id, acked = len, short,
+                    "no replica holds the acknowledged length: sealed short, the rest is rewritten"
+                );
+                metrics::counter!("cairn_client_chasing_total", "event" => "rewrite").increment(1);
+            }
             len = short;
         }
         for (s, r) in sealed {
