@@ -8,6 +8,7 @@ use cairn_client::DataConn;
 use cairn_rpc::pb;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -31,6 +32,17 @@ struct Stage {
     offset: u64,
     since: Instant,
     logged: bool,
+}
+
+impl Stage {
+    fn at(what: &'static str, offset: u64) -> Self {
+        Self {
+            what,
+            offset,
+            since: Instant::now(),
+            logged: false,
+        }
+    }
 }
 
 /// The repairs of one chunkserver.
@@ -71,12 +83,7 @@ impl Repairer {
     /// Notes the stage a repair is in.
     fn stage(&self, id: u64, what: &'static str, offset: u64) {
         if let Some(s) = self.running.lock().get_mut(&id) {
-            *s = Stage {
-                what,
-                offset,
-                since: Instant::now(),
-                logged: false,
-            };
+            *s = Stage::at(what, offset);
         }
     }
 
@@ -109,20 +116,11 @@ impl Repairer {
 
     /// Starts a repair unless the same chunk is being repaired already.
     pub fn start(self: &Arc<Self>, task: pb::RepairTask) {
-        {
-            let mut running = self.running.lock();
-            if running.contains_key(&task.chunk_id) {
-                return;
+        match self.running.lock().entry(task.chunk_id) {
+            Entry::Occupied(_) => return,
+            Entry::Vacant(v) => {
+                v.insert(Stage::at("waiting for a slot", 0));
             }
-            running.insert(
-                task.chunk_id,
-                Stage {
-                    what: "waiting for a slot",
-                    offset: 0,
-                    since: Instant::now(),
-                    logged: false,
-                },
-            );
         }
         let this = self.clone();
         tokio::spawn(async move {

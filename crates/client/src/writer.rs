@@ -87,6 +87,9 @@ struct Active {
     unsettled: VecDeque<Piece>,
 }
 
+/// What sealing replicas at a length answered, per server.
+type Sealed = Vec<(u64, Result<crate::data::ChunkInfo>)>;
+
 /// Why an append could not finish in the active chunk.
 enum Stuck {
     /// Fewer than MinCopy replicas can go on: seal the chunk and continue in a new one.
@@ -669,12 +672,7 @@ impl FlatLogFile {
     }
 
     /// Seals `servers`' replicas of chunk `id` at `len`.
-    async fn seal_all(
-        &self,
-        id: u64,
-        len: u64,
-        servers: &[u64],
-    ) -> Vec<(u64, Result<crate::data::ChunkInfo>)> {
+    async fn seal_all(&self, id: u64, len: u64, servers: &[u64]) -> Sealed {
         join_all(servers.iter().map(|&s| {
             let client = &self.client;
             async move {
@@ -695,11 +693,7 @@ impl FlatLogFile {
     /// returns its length with the seal results. `None` when there is none: the chunk then
     /// keeps the acknowledged length and the replicas that did not answer stay its locations
     /// (they hold the bytes durably; the masters copy them once they are back).
-    async fn seal_short(
-        &self,
-        a: &Active,
-        live: &[u64],
-    ) -> Option<(u64, Vec<(u64, Result<crate::data::ChunkInfo>)>)> {
+    async fn seal_short(&self, a: &Active, live: &[u64]) -> Option<(u64, Sealed)> {
         let kept = a.unsettled.front().map_or(a.acked, |p| p.offset);
         if kept >= a.acked {
             return None;

@@ -14,7 +14,7 @@
 use crate::registry::{Registry, RepairResult};
 use crate::state::{ChunkId, Command, ServerId, State};
 use cairn_rpc::pb;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 /// Repairs one target runs at once.
@@ -43,7 +43,7 @@ pub struct Repairs {
     /// Chunks short of copies, and since when.
     short_since: HashMap<ChunkId, Instant>,
     /// Short chunks no server can take a copy of (logged once until that changes).
-    stuck: std::collections::HashSet<ChunkId>,
+    stuck: HashSet<ChunkId>,
     completions: VecDeque<(Instant, u64)>,
     pub done: u64,
     pub failed: u64,
