@@ -15,6 +15,8 @@ pub mod repair;
 pub use disks::{DiskSet, DiskSetOptions};
 
 use cairn_chunkstore::Error as StoreError;
+use cairn_chunkstore::buf::AlignedBuf;
+use cairn_chunkstore::format::segment::LARGE_MIN_BYTES;
 use cairn_proto::fault::FaultSpec;
 use cairn_proto::frame::{
     FLAG_SEAL_AT, FLAG_SEALED, FrameError, HEADER_BYTES, Header, Opcode, Status,
@@ -57,6 +59,54 @@ pub struct Chunkserver {
     load: std::sync::atomic::AtomicU32,
     /// The injected faults (with `fault_injection`); a change wakes stalled requests.
     faults: tokio::sync::watch::Sender<FaultSpec>,
+}
+
+/// A request's payload. One long enough to be a large append of the chunk store
+/// (docs/formats/chunk-store.md §3.2) is received into an aligned buffer, which the store then
+/// writes to the device without copying it.
+enum Payload {
+    Bytes(Vec<u8>),
+    Aligned(Arc<AlignedBuf>, usize),
+}
+
+impl Payload {
+    async fn receive(rd: &mut (impl AsyncReadExt + Unpin), len: usize) -> std::io::Result<Self> {
+        if len < LARGE_MIN_BYTES {
+            let mut b = vec![0u8; len];
+            rd.read_exact(&mut b).await?;
+            return Ok(Self::Bytes(b));
+        }
+        let mut b = AlignedBuf::zeroed(len.next_multiple_of(64 << 10));
+        rd.read_exact(&mut b[..len]).await?;
+        Ok(Self::Aligned(Arc::new(b), len))
+    }
+
+    /// Appends it to chunk `id` at `offset`.
+    async fn append(
+        &self,
+        store: &cairn_chunkstore::ChunkStore,
+        id: u64,
+        offset: u64,
+    ) -> Result<u64, StoreError> {
+        match self {
+            Self::Bytes(b) => store.append_async(id, offset, b).await,
+            Self::Aligned(b, len) => {
+                store
+                    .append_aligned_async(id, offset, b.clone(), *len, true)
+                    .await
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Bytes(b) => b,
+            Self::Aligned(b, len) => &b[..*len],
+        }
+    }
 }
 
 /// A reply on its way to the writer task, with the permits it releases once written.
@@ -183,8 +233,7 @@ impl Chunkserver {
             } else {
                 None
             };
-            let mut payload = vec![0u8; h.length as usize];
-            rd.read_exact(&mut payload).await?;
+            let payload = Payload::receive(rd, h.length as usize).await?;
             h.check_payload(&payload)?;
             let this = self.clone();
             let tx = tx.clone();
@@ -206,7 +255,7 @@ impl Chunkserver {
     }
 
     /// Serves one request; returns the reply header and payload.
-    async fn handle(self: Arc<Self>, h: Header, payload: Vec<u8>) -> (Header, Vec<u8>) {
+    async fn handle(self: Arc<Self>, h: Header, payload: Payload) -> (Header, Vec<u8>) {
         let Some(op) = h.op() else {
             return error_reply(
                 &h,
@@ -235,7 +284,7 @@ impl Chunkserver {
                     }
                     let mut rep = h.reply(Status::Ok);
                     if !payload.is_empty() {
-                        rep.offset = store.append_async(id, 0, &payload).await?;
+                        rep.offset = payload.append(&store, id, 0).await?;
                     }
                     Ok((rep, Vec::new()))
                 }
@@ -245,7 +294,7 @@ impl Chunkserver {
                 async {
                     let store = self.disks.find(id)?;
                     let mut rep = h.reply(Status::Ok);
-                    rep.offset = store.append_async(id, h.offset, &payload).await?;
+                    rep.offset = payload.append(&store, id, h.offset).await?;
                     Ok((rep, Vec::new()))
                 }
                 .await

@@ -20,6 +20,9 @@ pub struct ChunkEntry {
     pub sealed: bool,
     /// Extents in chunk order.
     pub extents: Vec<u32>,
+    /// Large appends (docs/formats/chunk-store.md §3.2) as `(logical offset, length)`, in
+    /// offset order: 12 B each, at most one per 512 KiB of data.
+    pub large: Vec<(u64, u32)>,
 }
 
 impl ChunkEntry {
@@ -32,6 +35,7 @@ impl ChunkEntry {
             crc: 0,
             sealed: false,
             extents: Vec::new(),
+            large: Vec::new(),
         }
     }
 
@@ -44,6 +48,7 @@ impl ChunkEntry {
             crc: c.crc,
             sealed: c.sealed,
             extents: c.extents.clone(),
+            large: c.large.clone(),
         }
     }
 
@@ -57,6 +62,7 @@ impl ChunkEntry {
             crc: self.crc,
             sealed: self.sealed,
             extents: self.extents.clone(),
+            large: self.large.clone(),
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::format::checkpoint::slot_bytes_needed;
 use crate::format::footer;
+use crate::format::segment;
 use crate::format::superblock::Superblock;
 
 /// Derived constants of a formatted store.
@@ -19,6 +20,8 @@ pub struct Geometry {
     pub salt: u32,
     /// Combines a CRC with the CRC of one unit's worth (D bytes) of data.
     pub data_shift: std::sync::Arc<crate::checksum::CrcShift>,
+    /// Large appends can be laid out (a segment header holds the CRCs of a whole extent).
+    pub large: bool,
 }
 
 impl Geometry {
@@ -34,6 +37,7 @@ impl Geometry {
             data_shift: std::sync::Arc::new(crate::checksum::CrcShift::new(footer::data_bytes(
                 sb.unit_bytes as usize,
             ))),
+            large: segment::max_slots(unit) >= (sb.extent_bytes / sb.unit_bytes) as usize,
             sb,
         }
     }
@@ -72,6 +76,81 @@ impl Geometry {
     pub fn extents_for(&self, length: u64) -> usize {
         let units = length.div_ceil(self.data as u64);
         units.div_ceil(self.units_per_extent as u64) as usize
+    }
+}
+
+pub use crate::format::segment::LARGE_MIN_BYTES;
+
+/// Where a large append's bytes go (docs/formats/chunk-store.md §3.2): its first and last
+/// units `u0` and `u1` are ordinary sector units; every slot strictly between them holds a
+/// segment header or the append's own bytes, contiguous and slot-aligned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LargePlan {
+    pub u0: u32,
+    pub u1: u32,
+    /// In slot order, covering every slot in `u0 + 1 .. u1`.
+    pub segs: Vec<Seg>,
+}
+
+/// One segment: a header slot and the data slots after it (none for a filler).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seg {
+    /// The header's slot (unit index in the chunk).
+    pub slot: u32,
+    /// Offset of its first data byte inside the append (a multiple of S).
+    pub data_off: u32,
+    pub data_len: u32,
+}
+
+impl Seg {
+    /// Data slots after the header.
+    pub fn data_slots(&self, unit: usize) -> u32 {
+        (self.data_len as usize).div_ceil(unit) as u32
+    }
+}
+
+impl LargePlan {
+    /// The segment holding append byte `at` and the slot it is in.
+    pub fn locate(&self, unit: usize, at: u64) -> Option<(&Seg, u32)> {
+        let seg = self
+            .segs
+            .iter()
+            .find(|s| (s.data_off as u64..s.data_off as u64 + s.data_len as u64).contains(&at))?;
+        Some((
+            seg,
+            seg.slot + 1 + ((at - seg.data_off as u64) / unit as u64) as u32,
+        ))
+    }
+}
+
+impl Geometry {
+    /// The layout of an append of `len` bytes at logical `offset` as a large append, or `None`
+    /// when it goes into sector units (too short, or its bytes and headers do not fit in the
+    /// slots the units between its first and last would take).
+    pub fn plan_large(&self, offset: u64, len: usize) -> Option<LargePlan> {
+        if !self.large || len < LARGE_MIN_BYTES || len > u32::MAX as usize {
+            return None;
+        }
+        let (s, upe) = (self.unit, self.units_per_extent);
+        let u0 = self.unit_of(offset);
+        let u1 = self.unit_of(offset + len as u64 - 1);
+        let mut segs = Vec::new();
+        let mut done = 0usize;
+        let mut k = u0 + 1;
+        while k < u1 {
+            // This segment's slots: up to the end of the extent or the slot before u1.
+            let last = u1.min((k / upe + 1) * upe) - 1;
+            let room = (last - k) as usize * s;
+            let take = room.min(len - done);
+            segs.push(Seg {
+                slot: k,
+                data_off: done as u32,
+                data_len: take as u32,
+            });
+            done += take;
+            k += 1 + take.div_ceil(s) as u32;
+        }
+        (done == len).then_some(LargePlan { u0, u1, segs })
     }
 }
 
@@ -134,7 +213,9 @@ pub fn plan(
             .max_chunks
             .unwrap_or((extent_count.saturating_mul(2)).min(u32::MAX as u64) as u32)
             .max(1);
-        let slot = slot_bytes_needed(max_chunks, extent_count as u32).div_ceil(ext) * ext;
+        let max_large = segment::max_large_appends(extent_count as u32, opts.extent_bytes);
+        let slot =
+            slot_bytes_needed(max_chunks, extent_count as u32, max_large).div_ceil(ext) * ext;
         let meta_extents = 1 + 2 * slot / ext + log_bytes / ext;
         if meta_extents + extent_count <= total_extents {
             if extent_count == 0 {

@@ -5,7 +5,9 @@
 //! read, sealed and deleted — in 1 MiB extents of one preallocated device. Every append
 //! reaches the device as one write of self-describing sector units (data + footer with chunk
 //! id, offset, length, CRC32C, epoch), so nothing else is written on the append path;
-//! concurrent appends share one flush. The byte-level format is in
+//! concurrent appends share one flush. Appends of ≥ 512 KiB given in an aligned buffer
+//! ([`ChunkStore::append_aligned`]) are written from that buffer without a copy, after segment
+//! headers that carry their CRCs. The byte-level format is in
 //! `docs/formats/chunk-store.md`.
 //!
 //! ```no_run
@@ -28,7 +30,7 @@
 //! - [`checksum`]: CRC32C, salted per store.
 //! - [`format`]: every on-disk structure's encoder and decoder.
 //! - [`disk`]: the device trait, the real O_DIRECT + io_uring device, the fault-injecting one.
-//! - `layout`: where a logical byte lives; region planning for `format`.
+//! - `layout`: where a logical byte lives (and a large append's segments); region planning.
 //! - `index`: the in-memory chunk table and free-extent bitmap.
 //! - `prepare`: the caller's half of an append (units and CRCs, on the caller's thread).
 //! - `writer`: the device thread (batching, group commit, unit building).

@@ -11,8 +11,9 @@
 
 use crate::buf::AlignedBuf;
 use crate::checksum;
-use crate::layout::Geometry;
+use crate::layout::{Geometry, LargePlan};
 use parking_lot::Mutex;
+use std::sync::Arc;
 
 /// Appends touching more units than this get their CRC by combining the units' CRCs.
 const COMBINE_FROM_UNITS: usize = 16;
@@ -33,10 +34,102 @@ pub(crate) struct Prepared {
     pub unit_crcs: Vec<u32>,
     /// CRC32C of all the new bytes.
     pub crc: u32,
+    /// A large append: `buf` then holds just its first and last units (`unit_crcs` their
+    /// new bytes' CRCs) and the rest of its bytes are written from the caller's buffer.
+    pub large: Option<Large>,
+}
+
+/// The part of a large append (docs/formats/chunk-store.md §3.2) beyond its two units.
+pub(crate) struct Large {
+    /// The caller's bytes, `[0, len)`, slot-aligned; written in place.
+    pub data: Arc<AlignedBuf>,
+    /// The buffer came from the pool (a copy made by `append(&[u8])`): it goes back.
+    pub pooled: bool,
+    pub plan: LargePlan,
+    /// CRC32C of each S-byte slot of the data (the last one's bytes only).
+    pub slot_crcs: Vec<u32>,
+    /// One slot per segment header; the device thread encodes them.
+    pub headers: AlignedBuf,
 }
 
 impl Prepared {
     pub fn new(geo: &Geometry, pool: &BufPool, offset: u64, data: &[u8]) -> Self {
+        if offset <= geo.sb.max_chunk_bytes && geo.plan_large(offset, data.len()).is_some() {
+            // One copy into an aligned buffer (the caller's bytes may be anywhere), then the
+            // large layout: the same bytes on the device as `new_aligned` writes.
+            let mut buf = pool.take(data.len().next_multiple_of(geo.unit));
+            buf[..data.len()].copy_from_slice(data);
+            return Self::new_aligned(geo, pool, offset, Arc::new(buf), data.len(), true);
+        }
+        Self::new_units(geo, pool, offset, data)
+    }
+
+    /// An append of `data[..len]` that is written from `data` itself when it is laid out as a
+    /// large append; otherwise it is copied into units like any other.
+    pub fn new_aligned(
+        geo: &Geometry,
+        pool: &BufPool,
+        offset: u64,
+        data: Arc<AlignedBuf>,
+        len: usize,
+        pooled: bool,
+    ) -> Self {
+        let s = geo.unit;
+        let plan = (offset <= geo.sb.max_chunk_bytes
+            && data.len() >= len.next_multiple_of(s)
+            && (data.as_ptr() as usize).is_multiple_of(crate::buf::BUF_ALIGN))
+        .then(|| geo.plan_large(offset, len))
+        .flatten();
+        let Some(plan) = plan else {
+            let p = Self::new_units(geo, pool, offset, &data[..len]);
+            if pooled && let Ok(b) = Arc::try_unwrap(data) {
+                pool.give(b);
+            }
+            return p;
+        };
+        let d = geo.data as u64;
+        let bytes = &data[..len];
+        let slot_crcs: Vec<u32> = bytes.chunks(s).map(checksum::crc32c).collect();
+        let crc = slot_crcs
+            .iter()
+            .zip(bytes.chunks(s))
+            .skip(1)
+            .fold(slot_crcs[0], |c, (&x, piece)| {
+                checksum::crc32c_combine(c, x, piece.len())
+            });
+        // The first unit gets the bytes up to its end, the last unit the bytes from its start.
+        let mut buf = pool.take(2 * s);
+        let from0 = (offset - plan.u0 as u64 * d) as usize;
+        let head = geo.data - from0;
+        let tail_at = (plan.u1 as u64 * d - offset) as usize;
+        buf[..from0].fill(0);
+        buf[from0..geo.data].copy_from_slice(&bytes[..head]);
+        buf[geo.data..s].fill(0);
+        buf[s..s + len - tail_at].copy_from_slice(&bytes[tail_at..]);
+        buf[s + len - tail_at..2 * s].fill(0);
+        let unit_crcs = vec![
+            checksum::crc32c(&bytes[..head]),
+            checksum::crc32c(&bytes[tail_at..]),
+        ];
+        let headers = pool.take(plan.segs.len() * s);
+        Prepared {
+            offset,
+            len,
+            buf,
+            first_unit: plan.u0,
+            unit_crcs,
+            crc,
+            large: Some(Large {
+                data,
+                pooled,
+                plan,
+                slot_crcs,
+                headers,
+            }),
+        }
+    }
+
+    fn new_units(geo: &Geometry, pool: &BufPool, offset: u64, data: &[u8]) -> Self {
         let mut p = Prepared {
             offset,
             len: data.len(),
@@ -44,6 +137,7 @@ impl Prepared {
             first_unit: 0,
             unit_crcs: Vec::new(),
             crc: 0,
+            large: None,
         };
         if data.is_empty() || offset > geo.sb.max_chunk_bytes {
             return p;
@@ -88,9 +182,22 @@ impl Prepared {
         p
     }
 
-    /// Units this append touches.
+    /// Units this append touches (a large append: its first and last unit only).
     pub fn units(&self) -> usize {
         self.unit_crcs.len()
+    }
+
+    /// Returns the buffers to the pool once the device is done with them.
+    pub fn release(&mut self, pool: &BufPool) {
+        pool.give(std::mem::replace(&mut self.buf, AlignedBuf::zeroed(0)));
+        if let Some(l) = self.large.take() {
+            pool.give(l.headers);
+            if l.pooled
+                && let Ok(b) = Arc::try_unwrap(l.data)
+            {
+                pool.give(b);
+            }
+        }
     }
 }
 

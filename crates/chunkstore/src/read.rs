@@ -6,8 +6,11 @@
 //! footer describing them are rewritten with identical contents.
 
 use crate::buf::AlignedBuf;
+use crate::checksum;
 use crate::error::{ChunkId, CorruptionKind, Error, Result};
 use crate::format::footer;
+use crate::format::segment::{LARGE_MIN_BYTES, SegHeader};
+use crate::layout::LargePlan;
 use crate::store::Shared;
 use std::cell::RefCell;
 
@@ -23,7 +26,8 @@ pub(crate) fn read_into(
 ) -> Result<()> {
     let geo = &shared.geo;
     let len = out.len() as u64;
-    let (epoch, extents) = {
+    let end = offset.saturating_add(len);
+    let (epoch, extents, large) = {
         let index = shared.index.read();
         let c = index
             .chunks
@@ -40,39 +44,94 @@ pub(crate) fn read_into(
         if len == 0 {
             return Ok(());
         }
-        let first = (geo.unit_of(offset) / geo.units_per_extent) as usize;
-        let last = (geo.unit_of(offset + len - 1) / geo.units_per_extent) as usize;
-        match c.extents.get(first..=last) {
-            Some(e) => (c.epoch, e.to_vec()),
-            // Only a chunk recovery found damaged can lack extents for its length.
-            None => {
-                let offset = geo.unit_of(offset) as u64 * geo.data as u64;
-                return Err(Error::Corruption {
-                    chunk_id,
-                    offset,
-                    kind: CorruptionKind::NoValidFooter,
-                });
-            }
-        }
+        // Large appends whose middle the range reaches (their first and last units are
+        // ordinary units).
+        let first = c.large.partition_point(|&(o, n)| o + n as u64 <= offset);
+        let large: Vec<(u64, u32)> = c.large[first..]
+            .iter()
+            .take_while(|&&(o, _)| o < end)
+            .copied()
+            .collect();
+        (c.epoch, c.extents.clone(), large)
+    };
+    let corrupt = |at: u64| Error::Corruption {
+        chunk_id,
+        offset: at,
+        kind: CorruptionKind::NoValidFooter,
     };
     let (s, d, upe) = (geo.unit, geo.data as u64, geo.units_per_extent);
-    let (u0, u1) = (geo.unit_of(offset), geo.unit_of(offset + len - 1));
-    let first_extent = u0 / upe;
-    let total = (u1 - u0 + 1) as usize * s;
+
+    // What the range is made of, in order: bytes of units, and bytes of large appends'
+    // middles (served from their data slots).
+    enum Part {
+        Unit(u32),
+        Large { plan: usize, at: u64 },
+    }
+    let mut plans: Vec<(u64, LargePlan)> = Vec::with_capacity(large.len());
+    for &(o, n) in &large {
+        let plan = geo.plan_large(o, n as usize).ok_or_else(|| corrupt(o))?;
+        plans.push((o, plan));
+    }
+    let mut parts: Vec<(Part, u64, u64)> = Vec::new();
+    let (mut lo, mut hi) = (u32::MAX, 0u32);
+    let mut headers: Vec<u32> = Vec::new();
+    let mut pos = offset;
+    let mut li = 0;
+    while pos < end {
+        while li < plans.len() && (plans[li].1.u1 as u64) * d <= pos {
+            li += 1;
+        }
+        let u = geo.unit_of(pos);
+        match plans.get(li) {
+            Some((o, p)) if p.u0 < u && u < p.u1 => {
+                let to = end.min(p.u1 as u64 * d);
+                let (a, b) = (pos - o, to - 1 - o);
+                let (sa, ta) = p.locate(s, a).ok_or_else(|| corrupt(pos))?;
+                let (sb, tb) = p.locate(s, b).ok_or_else(|| corrupt(pos))?;
+                lo = lo.min(ta);
+                hi = hi.max(tb);
+                headers.extend(
+                    p.segs
+                        .iter()
+                        .filter(|g| g.slot >= sa.slot && g.slot <= sb.slot)
+                        .map(|g| g.slot),
+                );
+                parts.push((Part::Large { plan: li, at: a }, pos, to));
+                pos = to;
+            }
+            _ => {
+                let to = end.min((u as u64 + 1) * d);
+                lo = lo.min(u);
+                hi = hi.max(u);
+                parts.push((Part::Unit(u), pos, to));
+                pos = to;
+            }
+        }
+    }
+    // Every slot from `lo` to `hi` in one read per physically contiguous run, and the
+    // headers below `lo` on their own, all in flight together.
+    headers.retain(|&h| h < lo);
+    headers.sort_unstable();
+    headers.dedup();
+    let span = (hi - lo + 1) as usize;
+    let total = (span + headers.len()) * s;
+    if (hi / upe) as usize >= extents.len() {
+        // Only a chunk recovery found damaged can lack extents for its length.
+        return Err(corrupt(geo.unit_of(offset) as u64 * d));
+    }
     let mut buf = take_buf(total);
-    // One read per physically contiguous run of extents the range touches, all in flight
-    // together.
-    let mut reads: Vec<(u64, &mut [u8])> = Vec::with_capacity(extents.len());
-    let mut rest = &mut buf[..total];
-    let mut ua = u0;
-    while ua <= u1 {
-        let rel = ua - first_extent * upe;
-        let ub = u1.min(crate::writer::contiguous_end(&extents, rel, upe) + first_extent * upe);
+    let mut reads: Vec<(u64, &mut [u8])> = Vec::with_capacity(4);
+    let (mut rest, hdr_bufs) = buf[..total].split_at_mut(span * s);
+    let mut ua = lo;
+    while ua <= hi {
+        let ub = hi.min(crate::writer::contiguous_end(&extents, ua, upe));
         let (run, tail) = rest.split_at_mut((ub - ua + 1) as usize * s);
-        let extent = extents[(ua / upe - first_extent) as usize];
-        reads.push((geo.unit_offset(extent, ua), run));
+        reads.push((geo.unit_offset(extents[(ua / upe) as usize], ua), run));
         rest = tail;
         ua = ub + 1;
+    }
+    for (&h, b) in headers.iter().zip(hdr_bufs.chunks_exact_mut(s)) {
+        reads.push((geo.unit_offset(extents[(h / upe) as usize], h), b));
     }
     if let Some(e) = shared
         .disk
@@ -85,26 +144,79 @@ pub(crate) fn read_into(
         return Err(Error::io("chunk read", e));
     }
     drop(reads);
-    let mut written = 0usize;
-    for u in u0..=u1 {
-        let unit = &buf[(u - u0) as usize * s..][..s];
-        let ustart = u as u64 * d;
-        let from = (offset.max(ustart) - ustart) as usize;
-        let to = ((offset + len).min(ustart + d) - ustart) as usize;
-        let st = footer::unit_state(geo.salt, unit, chunk_id, epoch, u, 0);
-        let ok = st.and_then(|st| {
-            if st.best.valid_len as usize >= to {
-                Some(())
-            } else {
-                st.other.filter(|o| o.valid_len as usize >= to).map(|_| ())
-            }
-        });
-        if ok.is_none() {
-            put_buf(buf);
-            return Err(missing_or_corrupt(shared, chunk_id, epoch, ustart));
+    let slot = |t: u32| -> &[u8] {
+        if t >= lo {
+            &buf[(t - lo) as usize * s..][..s]
+        } else {
+            let i = headers.iter().position(|&h| h == t).expect("header read");
+            &buf[(span + i) * s..][..s]
         }
-        out[written..written + (to - from)].copy_from_slice(&unit[from..to]);
-        written += to - from;
+    };
+    let mut written = 0usize;
+    let mut checked: Vec<(u32, SegHeader)> = Vec::new();
+    for (part, from, to) in parts {
+        let n = (to - from) as usize;
+        match part {
+            Part::Unit(u) => {
+                let unit = slot(u);
+                let ustart = u as u64 * d;
+                let (a, b) = ((from - ustart) as usize, (to - ustart) as usize);
+                let st = footer::unit_state(geo.salt, unit, chunk_id, epoch, u, 0);
+                let ok = st.is_some_and(|st| {
+                    st.best.valid_len as usize >= b
+                        || st.other.is_some_and(|o| o.valid_len as usize >= b)
+                });
+                if !ok {
+                    put_buf(buf);
+                    return Err(missing_or_corrupt(shared, chunk_id, epoch, ustart));
+                }
+                out[written..written + n].copy_from_slice(&unit[a..b]);
+            }
+            Part::Large { plan, at } => {
+                let (o, p) = &plans[plan];
+                let mut a = at;
+                let stop = at + n as u64;
+                while a < stop {
+                    let (seg, t) = p.locate(s, a).expect("located above");
+                    let h = match checked.iter().find(|(x, _)| *x == seg.slot) {
+                        Some((_, h)) => h,
+                        None => {
+                            let h = SegHeader::decode(geo.salt, slot(seg.slot))
+                                .ok()
+                                .filter(|h| {
+                                    h.chunk_id == chunk_id
+                                        && h.epoch == epoch
+                                        && h.unit_index == seg.slot
+                                        && h.append_offset == *o
+                                        && h.append_len as usize >= LARGE_MIN_BYTES
+                                        && h.data_off == seg.data_off
+                                        && h.data_len == seg.data_len
+                                });
+                            let Some(h) = h else {
+                                put_buf(buf);
+                                return Err(missing_or_corrupt(shared, chunk_id, epoch, o + a));
+                            };
+                            checked.push((seg.slot, h));
+                            &checked.last().expect("pushed").1
+                        }
+                    };
+                    let j = (t - seg.slot - 1) as usize;
+                    let sstart = seg.data_off as u64 + j as u64 * s as u64;
+                    let slen = (seg.data_off as u64 + seg.data_len as u64 - sstart).min(s as u64);
+                    let bytes = &slot(t)[..slen as usize];
+                    if checksum::crc32c(bytes) != h.slot_crcs[j] {
+                        put_buf(buf);
+                        return Err(missing_or_corrupt(shared, chunk_id, epoch, o + sstart));
+                    }
+                    let b = stop.min(sstart + slen);
+                    let k = (b - a) as usize;
+                    let w = written + (a - at) as usize;
+                    out[w..w + k].copy_from_slice(&bytes[(a - sstart) as usize..][..k]);
+                    a = b;
+                }
+            }
+        }
+        written += n;
     }
     put_buf(buf);
     debug_assert_eq!(written, out.len());

@@ -8,6 +8,7 @@ use crate::error::{ChunkId, Error, Result};
 use crate::format::checkpoint::Checkpoint;
 use crate::format::footer::{self, Footer};
 use crate::format::log::{self, LogEntry};
+use crate::format::segment::SegHeader;
 use crate::format::superblock::{SUPERBLOCK_BYTES, Superblock};
 use crate::index::{Allocator, ChunkEntry, Index};
 use crate::layout::Geometry;
@@ -163,16 +164,22 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
         for e in (0..geo.sb.extent_count).filter(|e| !owned.contains(e)) {
             let unit = read_aligned(disk, geo.extent_offset(e), geo.unit)?;
             report.candidate_extents_read += 1;
-            for slot in 0..footer::SLOTS {
-                let off = footer::slot_offset(geo.unit, slot);
-                if let Ok(f) = Footer::decode(geo.salt, &unit[off..off + footer::FOOTER_BYTES])
-                    && f.unit_index % geo.units_per_extent == 0
-                    && scanning.contains(&(f.chunk_id, f.epoch))
-                {
+            // An extent's first slot is a unit or a large append's segment header.
+            let mut names: Vec<(ChunkId, u64, u32)> = (0..footer::SLOTS)
+                .filter_map(|slot| {
+                    let off = footer::slot_offset(geo.unit, slot);
+                    Footer::decode(geo.salt, &unit[off..off + footer::FOOTER_BYTES])
+                        .ok()
+                        .map(|f| (f.chunk_id, f.epoch, f.unit_index))
+                })
+                .collect();
+            if let Ok(h) = SegHeader::decode(geo.salt, &unit) {
+                names.push((h.chunk_id, h.epoch, h.unit_index));
+            }
+            for (chunk_id, epoch, unit_index) in names {
+                if unit_index % geo.units_per_extent == 0 && scanning.contains(&(chunk_id, epoch)) {
                     // Kept, so that choosing among candidates reads nothing again.
-                    let v = candidates
-                        .entry((f.chunk_id, f.epoch, f.unit_index))
-                        .or_default();
+                    let v = candidates.entry((chunk_id, epoch, unit_index)).or_default();
                     if v.iter().all(|(x, _)| *x != e) {
                         v.push((e, unit.clone()));
                     }
@@ -208,6 +215,7 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
         entry.length = scan.length;
         entry.crc = scan.crc;
         entry.extents = scan.extents;
+        entry.large.extend_from_slice(&scan.large);
         let mut bad = scan.damaged;
         if let Some((len, crc)) = r.log_seal {
             if scan.length < len {
@@ -216,6 +224,7 @@ pub(crate) fn recover(disk: &dyn Disk) -> Result<(Geometry, Recovered, RecoveryR
                 entry.length = len;
                 entry.crc = crc;
                 entry.extents.truncate(geo.extents_for(len));
+                entry.large.retain(|&(o, _)| o < len);
             }
             entry.sealed = true;
         } else if let Some(t) = scan.tail {
@@ -334,6 +343,7 @@ struct Scan {
     tail: Option<Tail>,
     damaged: bool,
     units_read: u64,
+    large: Vec<(u64, u32)>,
 }
 
 /// Follows a chunk's units from its checkpointed length while they are valid and full, and
@@ -360,6 +370,7 @@ fn scan_chunk(
     let mut gen_floor = ckpt_gen;
     let mut damaged = false;
     let mut units_read = 0u64;
+    let mut large: Vec<(u64, u32)> = Vec::new();
     let mut u = geo.unit_of(len);
     'chain: while u < max_units {
         let ext_i = (u / upe) as usize;
@@ -392,6 +403,29 @@ fn scan_chunk(
                 })
                 .collect();
             if slots.is_empty() {
+                // At a unit boundary the chain may go on through a large append.
+                if floor == 0
+                    && let Some(f) = scan_large(
+                        disk,
+                        geo,
+                        id,
+                        entry.epoch,
+                        uu,
+                        unit,
+                        gen_floor,
+                        &mut extents,
+                        candidates,
+                        claimed,
+                    )?
+                {
+                    crc = checksum::crc32c_combine(crc, f.mid_crc, f.mid_len as usize);
+                    len = f.u1 as u64 * d;
+                    gen_floor = gen_floor.max(f.mount_gen);
+                    units_read += f.slots_read;
+                    large.push(f.append);
+                    u = f.u1;
+                    continue 'chain;
+                }
                 damaged = floor > 0;
                 break 'chain;
             }
@@ -434,6 +468,7 @@ fn scan_chunk(
         u += run;
     }
     extents.truncate(geo.extents_for(end));
+    large.retain(|&(o, _)| o < end);
     let tail = if end % d == 0 {
         None
     } else {
@@ -446,7 +481,132 @@ fn scan_chunk(
         tail,
         damaged,
         units_read,
+        large,
     })
+}
+
+/// A large append the chain went through.
+struct LargeFound {
+    append: (u64, u32),
+    u1: u32,
+    /// CRC32C and length of its middle's logical bytes: `[(u0 + 1)·D, u1·D)`.
+    mid_crc: u32,
+    mid_len: u64,
+    mount_gen: u32,
+    slots_read: u64,
+}
+
+/// Follows a large append whose first segment header is `first`, at slot `u` of the chunk:
+/// every segment must be where the layout puts it, name the same append and mount, and hold
+/// data matching its slot CRCs. Extents the append grew into are taken from the candidates.
+/// `None` (with nothing taken) when any of it does not verify.
+#[allow(clippy::too_many_arguments)]
+fn scan_large(
+    disk: &dyn Disk,
+    geo: &Geometry,
+    id: ChunkId,
+    epoch: u64,
+    u: u32,
+    first: &[u8],
+    gen_floor: u32,
+    extents: &mut Vec<u32>,
+    candidates: &Candidates,
+    claimed: &mut HashSet<u32>,
+) -> Result<Option<LargeFound>> {
+    let (s, d, upe) = (geo.unit, geo.data as u64, geo.units_per_extent);
+    let Some(h0) = SegHeader::decode(geo.salt, first).ok().filter(|h| {
+        h.chunk_id == id && h.epoch == epoch && h.unit_index == u && h.mount_gen >= gen_floor
+    }) else {
+        return Ok(None);
+    };
+    let (o, n) = (h0.append_offset, h0.append_len);
+    let Some(plan) = geo
+        .plan_large(o, n as usize)
+        .filter(|p| p.u0 + 1 == u && p.segs.first().is_some_and(|g| g.slot == u))
+    else {
+        return Ok(None);
+    };
+    let (mid_from, mid_to) = ((plan.u0 as u64 + 1) * d - o, plan.u1 as u64 * d - o);
+    let (extents_before, mut taken) = (extents.len(), Vec::new());
+    let mut mid_crc = 0u32;
+    let mut slots_read = 0u64;
+    let mut ok = true;
+    for seg in &plan.segs {
+        let ext_i = (seg.slot / upe) as usize;
+        if ext_i >= extents.len() {
+            let picked = seg
+                .slot
+                .is_multiple_of(upe)
+                .then(|| pick_candidate(geo, id, epoch, seg.slot, gen_floor, candidates, claimed))
+                .flatten();
+            match picked {
+                Some(e) => {
+                    extents.push(e);
+                    taken.push(e);
+                }
+                None => {
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        let data_slots = seg.data_slots(s) as usize;
+        let buf = read_aligned(
+            disk,
+            geo.unit_offset(extents[ext_i], seg.slot),
+            (1 + data_slots) * s,
+        )?;
+        slots_read += 1 + data_slots as u64;
+        let valid = SegHeader::decode(geo.salt, &buf[..s]).ok().filter(|h| {
+            h.chunk_id == id
+                && h.epoch == epoch
+                && h.unit_index == seg.slot
+                && h.mount_gen == h0.mount_gen
+                && h.append_offset == o
+                && h.append_len == n
+                && h.data_off == seg.data_off
+                && h.data_len == seg.data_len
+                && h.slot_crcs.len() == data_slots
+        });
+        let Some(h) = valid else {
+            ok = false;
+            break;
+        };
+        for (j, &want) in h.slot_crcs.iter().enumerate() {
+            let sstart = seg.data_off as u64 + (j * s) as u64;
+            let slen = (seg.data_off as u64 + seg.data_len as u64 - sstart).min(s as u64);
+            let bytes = &buf[(1 + j) * s..][..slen as usize];
+            if checksum::crc32c(bytes) != want {
+                ok = false;
+                break;
+            }
+            let (a, b) = (sstart.max(mid_from), (sstart + slen).min(mid_to));
+            if a < b {
+                mid_crc = checksum::crc32c_append(
+                    mid_crc,
+                    &bytes[(a - sstart) as usize..(b - sstart) as usize],
+                );
+            }
+        }
+        if !ok {
+            break;
+        }
+    }
+    if !ok {
+        extents.truncate(extents_before);
+        for e in taken {
+            claimed.remove(&e);
+        }
+        return Ok(None);
+    }
+    Ok(Some(LargeFound {
+        append: (o, n),
+        u1: plan.u1,
+        mid_crc,
+        mid_len: mid_to - mid_from,
+        mount_gen: h0.mount_gen,
+        slots_read,
+    }))
 }
 
 /// First units of free extents, by the `(chunk, epoch, unit index)` their footers name.
@@ -469,10 +629,23 @@ fn pick_candidate(
         .iter()
         .filter(|(e, _)| !claimed.contains(e))
     {
-        if let Some(st) = footer::unit_state(geo.salt, unit, id, epoch, u, gen_floor)
-            && best.is_none_or(|(_, g)| st.best.mount_gen > g)
+        let found = footer::unit_state(geo.salt, unit, id, epoch, u, gen_floor)
+            .map(|st| st.best.mount_gen)
+            .or_else(|| {
+                SegHeader::decode(geo.salt, unit)
+                    .ok()
+                    .filter(|h| {
+                        h.chunk_id == id
+                            && h.epoch == epoch
+                            && h.unit_index == u
+                            && h.mount_gen >= gen_floor
+                    })
+                    .map(|h| h.mount_gen)
+            });
+        if let Some(g) = found
+            && best.is_none_or(|(_, b)| g > b)
         {
-            best = Some((*e, st.best.mount_gen));
+            best = Some((*e, g));
         }
     }
     let (e, _) = best?;

@@ -1,5 +1,6 @@
 //! The public face of a chunk store: format, open (recover), and the chunk operations.
 
+use crate::buf::AlignedBuf;
 use crate::disk::Disk;
 use crate::error::{ChunkId, Error, Result};
 use crate::format::checkpoint::Checkpoint;
@@ -101,6 +102,9 @@ pub struct Stats {
     pub chained_appends: AtomicU64,
     /// Batches started while another batch was in flight.
     pub overlapped_batches: AtomicU64,
+    /// Appends laid out as large appends (their bytes written from the caller's buffer when
+    /// it came through `append_aligned`).
+    pub large_appends: AtomicU64,
 }
 
 /// State shared by the device thread and readers.
@@ -278,6 +282,92 @@ impl ChunkStore {
     /// Lays the append out in sector units and checksums it, on the caller's thread.
     fn prepare(&self, offset: u64, data: &[u8]) -> Prepared {
         Prepared::new(&self.shared.geo, &self.shared.pool, offset, data)
+    }
+
+    /// Appends `buf[..len]` at `offset` without copying it when it is laid out as a large
+    /// append (docs/formats/chunk-store.md §3.2: at least 512 KiB and `buf` holds `len`
+    /// rounded up to the store's unit; [`AlignedBuf`] is aligned enough): the device writes
+    /// the bytes from `buf` itself. Other appends are copied as by [`ChunkStore::append`].
+    /// The store keeps its clone of `buf` until the write is done, never longer than the
+    /// call.
+    ///
+    /// # Errors
+    /// As [`ChunkStore::append`]; `BadAppendSize` when `len` exceeds `buf`.
+    pub fn append_aligned(
+        &self,
+        chunk_id: ChunkId,
+        offset: u64,
+        buf: Arc<AlignedBuf>,
+        len: usize,
+    ) -> Result<u64> {
+        let data = self.prepare_aligned(offset, buf, len)?;
+        Self::wait(self.submit(|reply| Request::Append {
+            chunk_id,
+            data,
+            sync: true,
+            reply,
+        })?)
+    }
+
+    /// [`ChunkStore::append_aligned`] that returns at once, like
+    /// [`ChunkStore::append_pipelined`].
+    ///
+    /// # Errors
+    /// As [`ChunkStore::append_pipelined`].
+    pub fn append_aligned_pipelined(
+        &self,
+        chunk_id: ChunkId,
+        offset: u64,
+        buf: Arc<AlignedBuf>,
+        len: usize,
+    ) -> Result<Pending<u64>> {
+        let data = self.prepare_aligned(offset, buf, len)?;
+        Ok(Pending(self.submit(|reply| Request::Append {
+            chunk_id,
+            data,
+            sync: true,
+            reply,
+        })?))
+    }
+
+    /// Async form of [`ChunkStore::append_aligned`] (`sync: false` as
+    /// [`ChunkStore::append_unsynced`]).
+    pub fn append_aligned_async(
+        &self,
+        chunk_id: ChunkId,
+        offset: u64,
+        buf: Arc<AlignedBuf>,
+        len: usize,
+        sync: bool,
+    ) -> impl Future<Output = Result<u64>> + '_ {
+        let data = self.prepare_aligned(offset, buf, len);
+        async move {
+            let data = data?;
+            self.submit_async(move |reply| Request::Append {
+                chunk_id,
+                data,
+                sync,
+                reply,
+            })
+            .await
+        }
+    }
+
+    fn prepare_aligned(&self, offset: u64, buf: Arc<AlignedBuf>, len: usize) -> Result<Prepared> {
+        if len > buf.len() {
+            return Err(Error::BadAppendSize {
+                append_bytes: len as u64,
+                max_append_bytes: buf.len() as u64,
+            });
+        }
+        Ok(Prepared::new_aligned(
+            &self.shared.geo,
+            &self.shared.pool,
+            offset,
+            buf,
+            len,
+            false,
+        ))
     }
 
     /// Queues an append and returns at once; the returned [`Pending`] resolves when it is

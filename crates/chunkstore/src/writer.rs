@@ -15,6 +15,7 @@ use crate::error::{ChunkId, Error, Result};
 use crate::format::checkpoint::{Checkpoint, ChunkRecord};
 use crate::format::footer::{self, FLAG_APPEND_END, Footer};
 use crate::format::log::{self, LogEntry};
+use crate::format::segment::SegHeader;
 use crate::index::{Allocator, ChunkEntry};
 use crate::prepare::Prepared;
 use crate::store::{ChunkStat, Durability, Shared};
@@ -150,6 +151,8 @@ struct ChunkPlan {
     new_crc: u32,
     /// Indexes into the batch's write list.
     writes: Vec<usize>,
+    /// Large appends written, as `(offset, length)`.
+    large_refs: Vec<(u64, u32)>,
     error: Option<Error>,
 }
 
@@ -159,12 +162,24 @@ impl ChunkPlan {
     }
 }
 
-/// One write of a batch: units `range` of an append's buffer.
+/// One write of a batch: bytes `range` of one of an append's buffers.
 struct WriteRef {
     dev_offset: u64,
     chunk_id: ChunkId,
     piece: usize,
+    src: WSrc,
     range: std::ops::Range<usize>,
+}
+
+/// Which buffer of an append a write comes from.
+#[derive(Clone, Copy)]
+enum WSrc {
+    /// Its sector units.
+    Units,
+    /// A large append's segment headers.
+    Headers,
+    /// A large append's data: the caller's own buffer.
+    Data,
 }
 
 /// A batch whose writes are done, waiting for its group's flush.
@@ -435,7 +450,7 @@ impl Writer {
                     plan.error = Some(Error::io("chunk write", clone_io(e)));
                 }
                 for p in &mut plan.pieces {
-                    pool.give(std::mem::replace(&mut p.buf, AlignedBuf::zeroed(0)));
+                    p.release(pool);
                 }
             }
             if let Some((_, buf, _)) = log_buf {
@@ -584,7 +599,13 @@ impl Writer {
             .iter()
             .map(|w| {
                 let p = &b.chunks[&w.chunk_id].pieces[w.piece];
-                (w.dev_offset, &p.buf[w.range.clone()])
+                let buf: &[u8] = match (w.src, &p.large) {
+                    (WSrc::Units, _) => &p.buf,
+                    (WSrc::Headers, Some(l)) => &l.headers,
+                    (WSrc::Data, Some(l)) => &l.data,
+                    _ => unreachable!("a large append's write without its buffers"),
+                };
+                (w.dev_offset, &buf[w.range.clone()])
             })
             .chain(log_buf.as_ref().map(|(o, buf, n)| (*o, &buf[..*n])))
             .collect();
@@ -690,8 +711,8 @@ impl Writer {
                 reply,
             } => {
                 let offset = data.offset;
-                let refuse = |reply: Reply<u64>, data: Prepared, e: Error| {
-                    self.shared.pool.give(data.buf);
+                let refuse = |reply: Reply<u64>, mut data: Prepared, e: Error| {
+                    data.release(&self.shared.pool);
                     send(reply, Err(e));
                 };
                 if failed {
@@ -892,6 +913,7 @@ impl Writer {
             new_tail: None,
             new_crc: base_crc,
             writes: Vec::new(),
+            large_refs: Vec::new(),
             error: None,
         };
         if let Some(&epoch) = b.created.get(&chunk_id) {
@@ -996,8 +1018,14 @@ impl Writer {
             let (u0, n) = (p.first_unit, p.units());
             let from0 = (p.offset - u0 as u64 * d) as usize;
             let pend = p.offset + p.len as u64;
+            // Unit i of the append's buffer: u0 + i, or for a large append u0 and then u1.
+            let u1_of_large = p.large.as_ref().map(|l| l.plan.u1);
+            let unit_no = move |i: usize| match u1_of_large {
+                Some(u1) if i == 1 => u1,
+                _ => u0 + i as u32,
+            };
             let unit_to = |i: usize| {
-                let ustart = (u0 as u64 + i as u64) * d;
+                let ustart = unit_no(i) as u64 * d;
                 (pend.min(ustart + d) - ustart) as usize
             };
             let mut first_slot = 0;
@@ -1039,7 +1067,7 @@ impl Writer {
                     flags: if i == n - 1 { FLAG_APPEND_END } else { 0 },
                     chunk_id,
                     epoch: plan.epoch,
-                    unit_index: u0 + i as u32,
+                    unit_index: unit_no(i),
                     mount_gen: self.mount_gen,
                     valid_len: unit_to(i) as u16,
                     data_crc,
@@ -1058,7 +1086,7 @@ impl Writer {
             let last_to = unit_to(n - 1);
             if (last_to as u64) < d {
                 open = Some(Open {
-                    unit: u0 + n as u32 - 1,
+                    unit: unit_no(n - 1),
                     durable_slot: if n == 1 { first_durable } else { None },
                     crc: last_crc,
                     src: Src::Piece(k),
@@ -1066,7 +1094,7 @@ impl Writer {
                 if k == count - 1 {
                     let last_slot = if n == 1 { first_slot } else { 0 };
                     plan.new_tail = Some(Tail {
-                        unit: u0 + n as u32 - 1,
+                        unit: unit_no(n - 1),
                         buf: AlignedBuf::copy_of(&p.buf[(n - 1) * s..n * s]),
                         cur_slot: last_slot,
                         data_crc: last_crc,
@@ -1079,18 +1107,53 @@ impl Writer {
             } else {
                 n
             };
+            let dev = |u: u32| geo.unit_offset(extents[(u / upe) as usize], u);
+            let mut push = |src: WSrc, u: u32, range: std::ops::Range<usize>| {
+                plan.writes.push(writes.len());
+                writes.push(WriteRef {
+                    dev_offset: dev(u),
+                    chunk_id,
+                    piece: k,
+                    src,
+                    range,
+                });
+            };
+            if let Some(l) = p.large.as_mut() {
+                // Unit u0, then every segment (header, data), then unit u1.
+                plan.large_refs.push((p.offset, p.len as u32));
+                push(WSrc::Units, u0, 0..s);
+                for (i, seg) in l.plan.segs.iter().enumerate() {
+                    let first = seg.data_off as usize / s;
+                    let slots = seg.data_slots(s) as usize;
+                    SegHeader {
+                        chunk_id,
+                        epoch: plan.epoch,
+                        unit_index: seg.slot,
+                        mount_gen: self.mount_gen,
+                        append_offset: p.offset,
+                        append_len: p.len as u32,
+                        data_off: seg.data_off,
+                        data_len: seg.data_len,
+                        slot_crcs: l.slot_crcs[first..first + slots].to_vec(),
+                    }
+                    .encode(geo.salt, &mut l.headers[i * s..(i + 1) * s]);
+                    push(WSrc::Headers, seg.slot, i * s..(i + 1) * s);
+                    if slots > 0 {
+                        let at = seg.data_off as usize;
+                        push(WSrc::Data, seg.slot + 1, at..at + slots * s);
+                    }
+                }
+                if written == n {
+                    push(WSrc::Units, l.plan.u1, s..2 * s);
+                }
+                continue;
+            }
             let mut i = 0;
             while i < written {
                 let ua = u0 + i as u32;
                 let ub = (u0 + written as u32 - 1).min(contiguous_end(&extents, ua, upe));
                 let units = (ub - ua + 1) as usize;
-                plan.writes.push(writes.len());
-                writes.push(WriteRef {
-                    dev_offset: geo.unit_offset(extents[(ua / upe) as usize], ua),
-                    chunk_id,
-                    piece: k,
-                    range: i * s..(i + units) * s,
-                });
+                push(WSrc::Units, ua, i * s..(i + units) * s);
                 i += units;
             }
         }
@@ -1137,6 +1200,7 @@ impl Writer {
                     self.unsynced.insert(*id);
                 }
                 entry.extents.extend_from_slice(&plan.new_extents);
+                entry.large.extend_from_slice(&plan.large_refs);
                 match plan.new_tail.take() {
                     Some(t) => {
                         self.tails.insert(*id, t);
@@ -1149,6 +1213,10 @@ impl Writer {
                     .stats
                     .appends
                     .fetch_add(plan.replies.len() as u64, Ordering::Relaxed);
+                self.shared
+                    .stats
+                    .large_appends
+                    .fetch_add(plan.large_refs.len() as u64, Ordering::Relaxed);
                 self.shared
                     .stats
                     .append_bytes
@@ -1166,6 +1234,7 @@ impl Writer {
                 entry.length = length;
                 entry.crc = crc;
                 entry.sealed = true;
+                entry.large.retain(|&(o, _)| o < length);
                 self.tails.remove(&id);
                 seal_replies.push((reply, ChunkStat::of(id, entry)));
             }

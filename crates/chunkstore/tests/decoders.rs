@@ -4,6 +4,7 @@
 use cairn_chunkstore::format::checkpoint::Checkpoint;
 use cairn_chunkstore::format::footer::{self, Footer};
 use cairn_chunkstore::format::log;
+use cairn_chunkstore::format::segment::SegHeader;
 use cairn_chunkstore::format::superblock::Superblock;
 use cairn_chunkstore::{ChunkStore, Disk, FaultDisk, FormatOptions, OpenOptions};
 use proptest::prelude::*;
@@ -21,6 +22,11 @@ proptest! {
     #[test]
     fn unit_evaluation_never_panics(bytes in proptest::collection::vec(any::<u8>(), 4096)) {
         let _ = footer::unit_state(7, &bytes, 1, 1, 0, 0);
+    }
+
+    #[test]
+    fn segment_header_decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..5000)) {
+        let _ = SegHeader::decode(7, &bytes);
     }
 
     #[test]
@@ -64,6 +70,17 @@ fn base_image() -> &'static Vec<u8> {
                     .unwrap();
             }
         }
+        // And one with a large append (docs/formats/chunk-store.md §3.2), not checkpointed.
+        store.create(3, 1).unwrap();
+        let off = store.append(3, 0, &[3; 3000]).unwrap();
+        store.append(3, off, &vec![4; 700_000]).unwrap();
+        assert_eq!(
+            store
+                .stats()
+                .large_appends
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
         store.seal(0).unwrap();
         store.abandon();
         disk.snapshot()
@@ -98,7 +115,9 @@ fn the_untouched_base_image_recovers_every_chunk() {
     // Canary for the test above: without patches, recovery finds the three chunks.
     let disk = Arc::new(FaultDisk::from_image(base_image().clone(), 512, 0));
     let (store, _) = ChunkStore::open(disk as Arc<dyn Disk>, OpenOptions::default()).unwrap();
-    assert_eq!(store.list(), vec![0, 1, 2]);
+    assert_eq!(store.list(), vec![0, 1, 2, 3]);
+    assert_eq!(store.stat(3).unwrap().length, 703_000);
+    assert_eq!(store.read(3, 600_000, 4).unwrap(), vec![4; 4]);
     assert!(store.stat(0).unwrap().sealed);
     assert_eq!(store.stat(1).unwrap().length, 5 * 1000 + 3000 * 10);
 }

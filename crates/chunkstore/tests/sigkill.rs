@@ -64,7 +64,8 @@ fn child(path: &Path, seed: u64) {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    let n = [1usize, 100, 4096, 5000, 65536, 300_000][(x % 6) as usize];
+                    // 800 KB: a large append (docs/formats/chunk-store.md §3.2).
+                    let n = [1usize, 100, 4096, 5000, 65536, 300_000, 800_000][(x % 7) as usize];
                     if len + n as u64 > store.max_chunk_bytes() {
                         store.seal(id).unwrap();
                         if id >= base + 2 {

@@ -15,8 +15,10 @@ use std::path::Path;
 /// io_uring submission-queue depth for write batches (the completion queue is twice that:
 /// room for every write of the device thread's batches in flight, 4 x MAX_TICKET_WRITES).
 const RING_ENTRIES: u32 = 256;
-/// Most writes in one ticket; larger batches are written in several tickets.
+/// Most submissions in one ticket; larger batches are written in several tickets.
 const MAX_TICKET_WRITES: usize = 64;
+/// Most buffers in one vectored write.
+const MAX_IOVECS: usize = 64;
 /// user_data = ticket << TICKET_SHIFT | index of the write in its ticket.
 const TICKET_SHIFT: u32 = 16;
 /// user_data of the doorbell poll (no ticket reaches this number).
@@ -44,7 +46,16 @@ struct InFlightWrite {
     ptr: usize,
     len: usize,
     result: Option<io::Result<()>>,
+    /// The first write of a run of writes to adjacent device ranges submitted as one
+    /// vectored write: how many writes the run holds (its completion answers them all) and
+    /// the iovecs the kernel reads (kept until then). Empty for a plain write and for the
+    /// other writes of a run.
+    run: usize,
+    iovecs: Vec<libc::iovec>,
 }
+
+// SAFETY: the iovecs only point into the caller's buffers, like `ptr`.
+unsafe impl Send for InFlightWrite {}
 /// io_uring depth of each reader thread's ring (a read touches at most a few extents).
 const READ_RING_ENTRIES: u32 = 8;
 
@@ -194,20 +205,30 @@ impl FileDisk {
                 ud >> TICKET_SHIFT,
                 (ud & ((1 << TICKET_SHIFT) - 1)) as usize,
             );
-            let Some(e) = r.tickets.get_mut(&t).and_then(|v| v.get_mut(i)) else {
+            let Some(v) = r.tickets.get_mut(&t) else {
                 continue;
             };
-            e.result = Some(if res < 0 {
-                Err(io::Error::from_raw_os_error(-res))
-            } else if (res as usize) < e.len {
-                // Short write: finish the rest synchronously.
-                let n = res as usize;
-                // SAFETY: the ticket's owner keeps the buffer valid until it is finished.
-                let buf = unsafe { std::slice::from_raw_parts(e.ptr as *const u8, e.len) };
-                self.write_at(&buf[n..], e.off + n as u64)
+            let run = v.get(i).map_or(0, |e| e.run.max(1));
+            let Some(writes) = v.get_mut(i..i + run) else {
+                continue;
+            };
+            let total: usize = writes.iter().map(|e| e.len).sum();
+            if res < 0 {
+                for e in writes {
+                    e.result = Some(Err(io::Error::from_raw_os_error(-res)));
+                }
+            } else if (res as usize) < total {
+                // Short write: write each buffer again, synchronously (same bytes).
+                for e in writes {
+                    // SAFETY: the ticket's owner keeps the buffer valid until it is finished.
+                    let buf = unsafe { std::slice::from_raw_parts(e.ptr as *const u8, e.len) };
+                    e.result = Some(self.write_at(buf, e.off));
+                }
             } else {
-                Ok(())
-            });
+                for e in writes {
+                    e.result = Some(Ok(()));
+                }
+            }
         }
     }
 }
@@ -444,7 +465,13 @@ impl Disk for FileDisk {
         let Some(ring) = &self.ring else {
             return WriteTicket::Done(write_each(self, writes));
         };
-        if writes.len() > MAX_TICKET_WRITES {
+        // A ticket holds at most MAX_TICKET_WRITES submissions; writes to adjacent ranges
+        // share one (below).
+        let submissions = 1 + writes
+            .windows(2)
+            .filter(|w| w[1].0 != w[0].0 + w[0].1.len() as u64)
+            .count();
+        if submissions > MAX_TICKET_WRITES || writes.len() >= 1 << TICKET_SHIFT {
             return WriteTicket::Done(self.write_batch(writes));
         }
         let mut r = ring.lock();
@@ -453,31 +480,72 @@ impl Disk for FileDisk {
         }
         let id = r.next_ticket;
         r.next_ticket += 1;
-        let mut entries = Vec::with_capacity(writes.len());
-        for (i, &(off, buf)) in writes.iter().enumerate() {
-            let check = check_aligned(self.alignment, off, buf.len(), buf.as_ptr());
-            if check.is_ok() {
-                let sqe = opcode::Write::new(types::Fd(self.fd()), buf.as_ptr(), buf.len() as u32)
-                    .offset(off)
-                    .build()
-                    .user_data((id << TICKET_SHIFT) | i as u64);
-                // SAFETY: the caller keeps the buffer valid until the ticket is finished; the
-                // queue has room (every start and wait submits, so at most a doorbell poll
-                // is queued before a ticket's MAX_TICKET_WRITES).
-                unsafe {
-                    r.ring
-                        .submission()
-                        .push(&sqe)
-                        .expect("submission queue has room for a ticket")
-                };
-            }
-            entries.push(InFlightWrite {
+        let mut entries: Vec<InFlightWrite> = writes
+            .iter()
+            .map(|&(off, buf)| InFlightWrite {
                 sync: false,
                 off,
                 ptr: buf.as_ptr() as usize,
                 len: buf.len(),
-                result: check.err().map(Err),
-            });
+                result: check_aligned(self.alignment, off, buf.len(), buf.as_ptr())
+                    .err()
+                    .map(Err),
+                run: 0,
+                iovecs: Vec::new(),
+            })
+            .collect();
+        // Writes to adjacent device ranges (a large append's units, headers and data) go
+        // to the kernel as one vectored write: one device I/O instead of several.
+        let mut i = 0;
+        while i < entries.len() {
+            if entries[i].result.is_some() {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < entries.len()
+                && j - i < MAX_IOVECS
+                && entries[j].result.is_none()
+                && entries[j].off == entries[j - 1].off + entries[j - 1].len as u64
+            {
+                j += 1;
+            }
+            let iovecs: Vec<libc::iovec> = entries[i..j]
+                .iter()
+                .map(|e| libc::iovec {
+                    iov_base: e.ptr as *mut libc::c_void,
+                    iov_len: e.len,
+                })
+                .collect();
+            let ud = (id << TICKET_SHIFT) | i as u64;
+            let sqe = if j - i == 1 {
+                opcode::Write::new(
+                    types::Fd(self.fd()),
+                    entries[i].ptr as *const u8,
+                    entries[i].len as u32,
+                )
+                .offset(entries[i].off)
+                .build()
+                .user_data(ud)
+            } else {
+                opcode::Writev::new(types::Fd(self.fd()), iovecs.as_ptr(), iovecs.len() as u32)
+                    .offset(entries[i].off)
+                    .build()
+                    .user_data(ud)
+            };
+            // SAFETY: the caller keeps the buffers valid until the ticket is finished, and
+            // the iovecs live in the ticket's entry until then; the queue has room (every
+            // start and wait submits, so at most a doorbell poll is queued before a ticket's
+            // MAX_TICKET_WRITES).
+            unsafe {
+                r.ring
+                    .submission()
+                    .push(&sqe)
+                    .expect("submission queue has room for a ticket")
+            };
+            entries[i].run = j - i;
+            entries[i].iovecs = iovecs;
+            i = j;
         }
         r.tickets.insert(id, entries);
         self.submit(&mut r);
@@ -514,6 +582,8 @@ impl Disk for FileDisk {
                 ptr: 0,
                 len: 0,
                 result: None,
+                run: 0,
+                iovecs: Vec::new(),
             }],
         );
         self.submit(&mut r);

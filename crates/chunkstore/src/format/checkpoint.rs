@@ -6,8 +6,10 @@ use crate::checksum;
 const MAGIC: &[u8; 8] = b"CAIRNCKP";
 /// Bytes of the checkpoint header.
 pub const HEADER_BYTES: usize = 64;
-/// Bytes of a chunk record without its extent list.
-pub const RECORD_BYTES: usize = 44;
+/// Bytes of a chunk record without its extent and large-append lists.
+pub const RECORD_BYTES: usize = 48;
+/// Bytes of one large-append entry.
+pub const LARGE_BYTES: usize = 12;
 const FLAG_SEALED: u8 = 1;
 
 /// One chunk as recorded in a checkpoint.
@@ -20,6 +22,8 @@ pub struct ChunkRecord {
     pub crc: u32,
     pub sealed: bool,
     pub extents: Vec<u32>,
+    /// Large appends as `(logical offset, length)`, in offset order.
+    pub large: Vec<(u64, u32)>,
 }
 
 /// A whole checkpoint.
@@ -33,9 +37,13 @@ pub struct Checkpoint {
     pub chunks: Vec<ChunkRecord>,
 }
 
-/// Largest encoded checkpoint for a store of this size.
-pub const fn slot_bytes_needed(max_chunks: u32, extent_count: u32) -> u64 {
-    HEADER_BYTES as u64 + RECORD_BYTES as u64 * max_chunks as u64 + 4 * extent_count as u64
+/// Largest encoded checkpoint for a store of this size holding at most `max_large` large
+/// appends.
+pub const fn slot_bytes_needed(max_chunks: u32, extent_count: u32, max_large: u64) -> u64 {
+    HEADER_BYTES as u64
+        + RECORD_BYTES as u64 * max_chunks as u64
+        + 4 * extent_count as u64
+        + LARGE_BYTES as u64 * max_large
 }
 
 impl Checkpoint {
@@ -53,6 +61,11 @@ impl Checkpoint {
             p.u32(c.extents.len() as u32);
             for &e in &c.extents {
                 p.u32(e);
+            }
+            p.u32(c.large.len() as u32);
+            for &(o, n) in &c.large {
+                p.u64(o);
+                p.u32(n);
             }
         }
         let mut w = Writer::default();
@@ -133,6 +146,23 @@ impl Checkpoint {
                 }
                 extents.push(e);
             }
+            let n = r.u32()? as usize;
+            let mut large = Vec::with_capacity(n.min(r.remaining() / LARGE_BYTES));
+            for _ in 0..n {
+                let (o, len) = (r.u64()?, r.u32()?);
+                if large
+                    .last()
+                    .is_some_and(|&(po, pl): &(u64, u32)| po + pl as u64 > o)
+                    || o >= length
+                    || o.checked_add(len as u64).is_none()
+                {
+                    return Err(DecodeError::Invalid {
+                        field: "large_append",
+                        value: o,
+                    });
+                }
+                large.push((o, len));
+            }
             chunks.push(ChunkRecord {
                 chunk_id,
                 epoch,
@@ -141,6 +171,7 @@ impl Checkpoint {
                 crc,
                 sealed: flags & FLAG_SEALED != 0,
                 extents,
+                large,
             });
         }
         if r.pos() != payload.len() {
@@ -222,15 +253,17 @@ mod tests {
                     crc: 7,
                     sealed: true,
                     extents: vec![3],
+                    large: vec![],
                 },
                 ChunkRecord {
                     chunk_id: 9,
                     epoch: 11,
                     version: 1,
-                    length: 0,
+                    length: 2_000_000,
                     crc: 0,
                     sealed: false,
-                    extents: vec![],
+                    extents: vec![5, 6],
+                    large: vec![(10, 600_000), (600_010, 700_000)],
                 },
             ],
         }
@@ -251,6 +284,6 @@ mod tests {
     fn size_bound_holds() {
         let c = sample();
         let b = c.encode(5, 1);
-        assert!(b.len() as u64 <= slot_bytes_needed(2, 1));
+        assert!(b.len() as u64 <= slot_bytes_needed(2, 3, 2));
     }
 }

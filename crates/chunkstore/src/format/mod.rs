@@ -7,10 +7,11 @@
 pub mod checkpoint;
 pub mod footer;
 pub mod log;
+pub mod segment;
 pub mod superblock;
 
 /// The format version written by this code.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Why bytes did not decode as the structure asked for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,6 +74,10 @@ impl<'a> Reader<'a> {
             self.take(8)?.try_into().expect("8 bytes"),
         ))
     }
+    pub(crate) fn remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+
     pub(crate) fn pos(&self) -> usize {
         self.pos
     }

@@ -128,8 +128,11 @@ impl Superblock {
         {
             return bad("region_alignment", 0);
         }
-        let need_ckpt =
-            crate::format::checkpoint::slot_bytes_needed(self.max_chunks, self.extent_count);
+        let need_ckpt = crate::format::checkpoint::slot_bytes_needed(
+            self.max_chunks,
+            self.extent_count,
+            crate::format::segment::max_large_appends(self.extent_count, self.extent_bytes),
+        );
         if self.ckpt_slot_bytes < need_ckpt {
             return bad("ckpt_slot_bytes", self.ckpt_slot_bytes);
         }
