@@ -225,6 +225,20 @@ impl ChunkStore {
         rx.await.map_err(|_| Error::Closed)?
     }
 
+    fn submit_append(
+        &self,
+        chunk_id: ChunkId,
+        data: Prepared,
+        sync: bool,
+    ) -> Result<oneshot::Receiver<Result<u64>>> {
+        self.submit(|reply| Request::Append {
+            chunk_id,
+            data,
+            sync,
+            reply,
+        })
+    }
+
     fn wait<T>(rx: oneshot::Receiver<Result<T>>) -> Result<T> {
         rx.blocking_recv().map_err(|_| Error::Closed)?
     }
@@ -254,12 +268,7 @@ impl ChunkStore {
     /// An append acknowledged once durable (`sync`) or once written.
     fn append_with(&self, chunk_id: ChunkId, offset: u64, data: &[u8], sync: bool) -> Result<u64> {
         let data = self.prepare(offset, data);
-        Self::wait(self.submit(|reply| Request::Append {
-            chunk_id,
-            data,
-            sync,
-            reply,
-        })?)
+        Self::wait(self.submit_append(chunk_id, data, sync)?)
     }
 
     /// Async form of [`ChunkStore::append_with`].
@@ -301,12 +310,7 @@ impl ChunkStore {
         len: usize,
     ) -> Result<u64> {
         let data = self.prepare_aligned(offset, buf, len)?;
-        Self::wait(self.submit(|reply| Request::Append {
-            chunk_id,
-            data,
-            sync: true,
-            reply,
-        })?)
+        Self::wait(self.submit_append(chunk_id, data, true)?)
     }
 
     /// [`ChunkStore::append_aligned`] that returns at once, like
@@ -322,12 +326,7 @@ impl ChunkStore {
         len: usize,
     ) -> Result<Pending<u64>> {
         let data = self.prepare_aligned(offset, buf, len)?;
-        Ok(Pending(self.submit(|reply| Request::Append {
-            chunk_id,
-            data,
-            sync: true,
-            reply,
-        })?))
+        Ok(Pending(self.submit_append(chunk_id, data, true)?))
     }
 
     /// Async form of [`ChunkStore::append_aligned`] (`sync: false` as
@@ -382,12 +381,7 @@ impl ChunkStore {
         data: &[u8],
     ) -> Result<Pending<u64>> {
         let data = self.prepare(offset, data);
-        Ok(Pending(self.submit(|reply| Request::Append {
-            chunk_id,
-            data,
-            sync: true,
-            reply,
-        })?))
+        Ok(Pending(self.submit_append(chunk_id, data, true)?))
     }
 
     /// Async form of [`ChunkStore::append`]. The bytes are laid out and checksummed when it
