@@ -54,14 +54,17 @@ pub(crate) struct Large {
 
 impl Prepared {
     pub fn new(geo: &Geometry, pool: &BufPool, offset: u64, data: &[u8]) -> Self {
-        if offset <= geo.sb.max_chunk_bytes && geo.plan_large(offset, data.len()).is_some() {
-            // One copy into an aligned buffer (the caller's bytes may be anywhere), then the
-            // large layout: the same bytes on the device as `new_aligned` writes.
-            let mut buf = pool.take(data.len().next_multiple_of(geo.unit));
-            buf[..data.len()].copy_from_slice(data);
-            return Self::new_aligned(geo, pool, offset, Arc::new(buf), data.len(), true);
-        }
-        Self::new_units(geo, pool, offset, data)
+        let plan = (offset <= geo.sb.max_chunk_bytes)
+            .then(|| geo.plan_large(offset, data.len()))
+            .flatten();
+        let Some(plan) = plan else {
+            return Self::new_units(geo, pool, offset, data);
+        };
+        // One copy into an aligned buffer (the caller's bytes may be anywhere), then the large
+        // layout: the same bytes on the device as `new_aligned` writes.
+        let mut buf = pool.take(data.len().next_multiple_of(geo.unit));
+        buf[..data.len()].copy_from_slice(data);
+        Self::new_large(geo, pool, offset, Arc::new(buf), data.len(), true, plan)
     }
 
     /// An append of `data[..len]` that is written from `data` itself when it is laid out as a
@@ -87,6 +90,20 @@ impl Prepared {
             }
             return p;
         };
+        Self::new_large(geo, pool, offset, data, len, pooled, plan)
+    }
+
+    /// `data[..len]` laid out by `plan`: slot CRCs, the first and last units.
+    fn new_large(
+        geo: &Geometry,
+        pool: &BufPool,
+        offset: u64,
+        data: Arc<AlignedBuf>,
+        len: usize,
+        pooled: bool,
+        plan: LargePlan,
+    ) -> Self {
+        let s = geo.unit;
         let d = geo.data as u64;
         let bytes = &data[..len];
         let slot_crcs: Vec<u32> = bytes.chunks(s).map(checksum::crc32c).collect();

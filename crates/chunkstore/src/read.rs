@@ -9,7 +9,7 @@ use crate::buf::AlignedBuf;
 use crate::checksum;
 use crate::error::{ChunkId, CorruptionKind, Error, Result};
 use crate::format::footer;
-use crate::format::segment::{LARGE_MIN_BYTES, SegHeader};
+use crate::format::segment::{self, SegHeader};
 use crate::layout::LargePlan;
 use crate::store::Shared;
 use std::cell::RefCell;
@@ -67,10 +67,11 @@ pub(crate) fn read_into(
         Unit(u32),
         Large { plan: usize, at: u64 },
     }
-    let mut plans: Vec<(u64, LargePlan)> = Vec::with_capacity(large.len());
+    // Each with its layout, which is a function of `(offset, length)`.
+    let mut plans: Vec<((u64, u32), LargePlan)> = Vec::with_capacity(large.len());
     for &(o, n) in &large {
         let plan = geo.plan_large(o, n as usize).ok_or_else(|| corrupt(o))?;
-        plans.push((o, plan));
+        plans.push(((o, n), plan));
     }
     let mut parts: Vec<(Part, u64, u64)> = Vec::new();
     let (mut lo, mut hi) = (u32::MAX, 0u32);
@@ -83,7 +84,7 @@ pub(crate) fn read_into(
         }
         let u = geo.unit_of(pos);
         match plans.get(li) {
-            Some((o, p)) if p.u0 < u && u < p.u1 => {
+            Some(((o, _), p)) if p.u0 < u && u < p.u1 => {
                 let to = end.min(p.u1 as u64 * d);
                 let (a, b) = (pos - o, to - 1 - o);
                 let (sa, ta) = p.locate(s, a).ok_or_else(|| corrupt(pos))?;
@@ -173,7 +174,8 @@ pub(crate) fn read_into(
                 out[written..written + n].copy_from_slice(&unit[a..b]);
             }
             Part::Large { plan, at } => {
-                let (o, p) = &plans[plan];
+                let (append, p) = &plans[plan];
+                let o = append.0;
                 let mut a = at;
                 let stop = at + n as u64;
                 while a < stop {
@@ -181,17 +183,15 @@ pub(crate) fn read_into(
                     let h = match checked.iter().find(|(x, _)| *x == seg.slot) {
                         Some((_, h)) => h,
                         None => {
-                            let h = SegHeader::decode(geo.salt, slot(seg.slot))
-                                .ok()
-                                .filter(|h| {
-                                    h.chunk_id == chunk_id
-                                        && h.epoch == epoch
-                                        && h.unit_index == seg.slot
-                                        && h.append_offset == *o
-                                        && h.append_len as usize >= LARGE_MIN_BYTES
-                                        && h.data_off == seg.data_off
-                                        && h.data_len == seg.data_len
-                                });
+                            let h = segment::header_at(
+                                geo.salt,
+                                slot(seg.slot),
+                                chunk_id,
+                                epoch,
+                                seg.slot,
+                                0,
+                            )
+                            .filter(|h| h.is_seg_of(*append, seg, s));
                             let Some(h) = h else {
                                 put_buf(buf);
                                 return Err(missing_or_corrupt(shared, chunk_id, epoch, o + a));

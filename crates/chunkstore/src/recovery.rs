@@ -8,7 +8,7 @@ use crate::error::{ChunkId, Error, Result};
 use crate::format::checkpoint::Checkpoint;
 use crate::format::footer::{self, Footer};
 use crate::format::log::{self, LogEntry};
-use crate::format::segment::SegHeader;
+use crate::format::segment::{self, SegHeader};
 use crate::format::superblock::{SUPERBLOCK_BYTES, Superblock};
 use crate::index::{Allocator, ChunkEntry, Index};
 use crate::layout::Geometry;
@@ -514,9 +514,7 @@ fn scan_large(
     claimed: &mut HashSet<u32>,
 ) -> Result<Option<LargeFound>> {
     let (s, d, upe) = (geo.unit, geo.data as u64, geo.units_per_extent);
-    let Some(h0) = SegHeader::decode(geo.salt, first).ok().filter(|h| {
-        h.chunk_id == id && h.epoch == epoch && h.unit_index == u && h.mount_gen >= gen_floor
-    }) else {
+    let Some(h0) = segment::header_at(geo.salt, first, id, epoch, u, gen_floor) else {
         return Ok(None);
     };
     let (o, n) = (h0.append_offset, h0.append_len);
@@ -557,17 +555,9 @@ fn scan_large(
             (1 + data_slots) * s,
         )?;
         slots_read += 1 + data_slots as u64;
-        let valid = SegHeader::decode(geo.salt, &buf[..s]).ok().filter(|h| {
-            h.chunk_id == id
-                && h.epoch == epoch
-                && h.unit_index == seg.slot
-                && h.mount_gen == h0.mount_gen
-                && h.append_offset == o
-                && h.append_len == n
-                && h.data_off == seg.data_off
-                && h.data_len == seg.data_len
-                && h.slot_crcs.len() == data_slots
-        });
+        // Every header of the append was written with it, by the same mount.
+        let valid = segment::header_at(geo.salt, &buf[..s], id, epoch, seg.slot, h0.mount_gen)
+            .filter(|h| h.mount_gen == h0.mount_gen && h.is_seg_of((o, n), seg, s));
         let Some(h) = valid else {
             ok = false;
             break;
@@ -632,15 +622,7 @@ fn pick_candidate(
         let found = footer::unit_state(geo.salt, unit, id, epoch, u, gen_floor)
             .map(|st| st.best.mount_gen)
             .or_else(|| {
-                SegHeader::decode(geo.salt, unit)
-                    .ok()
-                    .filter(|h| {
-                        h.chunk_id == id
-                            && h.epoch == epoch
-                            && h.unit_index == u
-                            && h.mount_gen >= gen_floor
-                    })
-                    .map(|h| h.mount_gen)
+                segment::header_at(geo.salt, unit, id, epoch, u, gen_floor).map(|h| h.mount_gen)
             });
         if let Some(g) = found
             && best.is_none_or(|(_, b)| g > b)

@@ -8,6 +8,7 @@
 
 use super::{DecodeError, Reader};
 use crate::checksum;
+use crate::layout::Seg;
 
 const MAGIC: &[u8; 4] = b"CSEG";
 const VERSION: u8 = 1;
@@ -147,6 +148,34 @@ impl SegHeader {
             slot_crcs,
         })
     }
+}
+
+impl SegHeader {
+    /// Whether it is the header the layout puts at `seg` of the append `(offset, len)`.
+    pub(crate) fn is_seg_of(&self, append: (u64, u32), seg: &Seg, unit_bytes: usize) -> bool {
+        (self.append_offset, self.append_len) == append
+            && self.data_off == seg.data_off
+            && self.data_len == seg.data_len
+            && self.slot_crcs.len() == seg.data_slots(unit_bytes) as usize
+    }
+}
+
+/// Decodes `bytes` as a header valid for slot `unit_index` of `(chunk_id, epoch)` written
+/// by mount generation `min_gen` or later.
+pub fn header_at(
+    salt: u32,
+    bytes: &[u8],
+    chunk_id: u64,
+    epoch: u64,
+    unit_index: u32,
+    min_gen: u32,
+) -> Option<SegHeader> {
+    SegHeader::decode(salt, bytes).ok().filter(|h| {
+        h.chunk_id == chunk_id
+            && h.epoch == epoch
+            && h.unit_index == unit_index
+            && h.mount_gen >= min_gen
+    })
 }
 
 fn header_crc(salt: u32, fixed: &[u8], crcs: &[u8]) -> u32 {
