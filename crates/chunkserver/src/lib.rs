@@ -109,10 +109,38 @@ impl std::ops::Deref for Payload {
     }
 }
 
+/// A reply's payload: bytes, or a read's verified bytes still in the chunk store's buffer
+/// (sent from there, never copied).
+enum Body {
+    Bytes(Vec<u8>),
+    Read(cairn_chunkstore::ReadBuf),
+}
+
+impl Body {
+    fn len(&self) -> usize {
+        match self {
+            Self::Bytes(b) => b.len(),
+            Self::Read(r) => r.len(),
+        }
+    }
+
+    async fn write_to(&self, wr: &mut (impl AsyncWriteExt + Unpin)) -> std::io::Result<()> {
+        match self {
+            Self::Bytes(b) => wr.write_all(b).await,
+            Self::Read(r) => {
+                for p in r.pieces() {
+                    wr.write_all(p).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// A reply on its way to the writer task, with the permits it releases once written.
 struct Reply {
     header: Header,
-    payload: Vec<u8>,
+    payload: Body,
     _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
 }
 
@@ -180,7 +208,7 @@ impl Chunkserver {
                 let mut next = Some(first);
                 while let Some(r) = next {
                     wr.write_all(&r.header.encode()).await?;
-                    wr.write_all(&r.payload).await?;
+                    r.payload.write_to(&mut wr).await?;
                     next = rx.try_recv().ok();
                 }
                 wr.flush().await?;
@@ -255,23 +283,68 @@ impl Chunkserver {
     }
 
     /// Serves one request; returns the reply header and payload.
-    async fn handle(self: Arc<Self>, h: Header, payload: Payload) -> (Header, Vec<u8>) {
+    async fn handle(self: Arc<Self>, h: Header, payload: Payload) -> (Header, Body) {
+        let bytes = |(h, b): (Header, Vec<u8>)| (h, Body::Bytes(b));
         let Some(op) = h.op() else {
-            return error_reply(
+            return bytes(error_reply(
                 &h,
                 Status::BadRequest,
                 format!("unknown opcode {}", h.opcode),
-            );
+            ));
         };
         if !payload.is_empty() && !matches!(op, Opcode::Create | Opcode::Append | Opcode::Fault) {
-            return error_reply(&h, Status::BadRequest, format!("{op:?} carries no payload"));
+            return bytes(error_reply(
+                &h,
+                Status::BadRequest,
+                format!("{op:?} carries no payload"),
+            ));
         }
         if op == Opcode::Fault {
-            return self.set_faults(&h, &payload);
+            return bytes(self.set_faults(&h, &payload));
         }
         if let Some(rep) = self.inject(&h, op).await {
-            return rep;
+            return bytes(rep);
         }
+        if op == Opcode::Read {
+            return self.read(h).await;
+        }
+        bytes(self.execute(h, op, payload).await)
+    }
+
+    /// A read: the store's verified bytes, with the CRC they were verified against as the
+    /// frame's payload CRC (no second pass over them).
+    async fn read(&self, h: Header) -> (Header, Body) {
+        let bytes = |(h, b): (Header, Vec<u8>)| (h, Body::Bytes(b));
+        if h.arg > self.opts.max_read {
+            return bytes(error_reply(
+                &h,
+                Status::TooLarge,
+                format!(
+                    "read of {} bytes; the limit is {}",
+                    h.arg, self.opts.max_read
+                ),
+            ));
+        }
+        let id = h.chunk_id;
+        let store = match self.disks.find(id) {
+            Ok(s) => s,
+            Err(e) => return bytes(store_error_reply(&h, &e)),
+        };
+        let (offset, len) = (h.offset, h.arg as usize);
+        match tokio::task::spawn_blocking(move || store.read_buf(id, offset, len)).await {
+            Ok(Ok(data)) => {
+                let rep = h
+                    .reply(Status::Ok)
+                    .with_payload_crc(data.len(), data.crc32c());
+                (rep, Body::Read(data))
+            }
+            Ok(Err(e)) => bytes(store_error_reply(&h, &e)),
+            Err(_) => bytes(error_reply(&h, Status::Io, "read task failed".into())),
+        }
+    }
+
+    /// Every other opcode.
+    async fn execute(&self, h: Header, op: Opcode, payload: Payload) -> (Header, Vec<u8>) {
         let id = h.chunk_id;
         let r: Result<(Header, Vec<u8>), StoreError> = match op {
             Opcode::Ping => Ok((h.reply(Status::Ok), Vec::new())),
@@ -299,32 +372,7 @@ impl Chunkserver {
                 }
                 .await
             }
-            Opcode::Read => {
-                if h.arg > self.opts.max_read {
-                    return error_reply(
-                        &h,
-                        Status::TooLarge,
-                        format!(
-                            "read of {} bytes; the limit is {}",
-                            h.arg, self.opts.max_read
-                        ),
-                    );
-                }
-                let store = match self.disks.find(id) {
-                    Ok(s) => s,
-                    Err(e) => return store_error_reply(&h, &e),
-                };
-                let (offset, len) = (h.offset, h.arg as usize);
-                let read = tokio::task::spawn_blocking(move || store.read(id, offset, len)).await;
-                match read {
-                    Ok(Ok(data)) => {
-                        let rep = h.reply(Status::Ok).with_payload(&data);
-                        return (rep, data);
-                    }
-                    Ok(Err(e)) => Err(e),
-                    Err(_) => return error_reply(&h, Status::Io, "read task failed".into()),
-                }
-            }
+            Opcode::Read | Opcode::Fault => unreachable!("answered above"),
             Opcode::Seal if h.flags & FLAG_SEAL_AT != 0 => {
                 // Computing the kept bytes' CRC reads them: off the runtime.
                 let store = match self.disks.find(id) {
@@ -345,7 +393,6 @@ impl Chunkserver {
                 }
                 .await
             }
-            Opcode::Fault => unreachable!("answered above"),
             Opcode::Stat => self
                 .disks
                 .find(id)

@@ -55,5 +55,6 @@ mod writer;
 pub use disk::{CrashPolicy, Disk, FaultConfig, FaultDisk, FileDisk, WriteTicket};
 pub use error::{ChunkId, CorruptionKind, Error, Result};
 pub use layout::FormatOptions;
+pub use read::ReadBuf;
 pub use recovery::RecoveryReport;
 pub use store::{ChunkStat, ChunkStore, Durability, OpenOptions, Pending, SpaceStat, Stats};

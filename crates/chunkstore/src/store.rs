@@ -7,6 +7,7 @@ use crate::format::checkpoint::Checkpoint;
 use crate::index::{ChunkEntry, Index};
 use crate::layout::{self, FormatOptions, Geometry};
 use crate::prepare::{BufPool, Prepared};
+use crate::read::ReadBuf;
 use crate::recovery::{self, RecoveryReport};
 use crate::writer::{self, Limits, Request, Writer};
 use parking_lot::RwLock;
@@ -38,6 +39,10 @@ pub struct OpenOptions {
     pub max_batch_bytes: usize,
     /// Largest single append. Queue memory is bounded by `queue_depth × max_append_bytes`.
     pub max_append_bytes: usize,
+    /// Verified segment headers of large appends kept for reads (about 1 KiB each with
+    /// 1 MiB extents). A sequential reader then reads each header once, with the range
+    /// that holds it, instead of once more per read that starts after it. 0 turns it off.
+    pub header_cache_entries: usize,
 }
 
 impl Default for OpenOptions {
@@ -48,6 +53,7 @@ impl Default for OpenOptions {
             max_batch_requests: 256,
             max_batch_bytes: 32 << 20,
             max_append_bytes: 4 << 20,
+            header_cache_entries: 4096,
         }
     }
 }
@@ -105,6 +111,8 @@ pub struct Stats {
     /// Appends laid out as large appends (their bytes written from the caller's buffer when
     /// it came through `append_aligned`).
     pub large_appends: AtomicU64,
+    /// Segment headers a read took from the header cache instead of the device.
+    pub header_cache_hits: AtomicU64,
 }
 
 /// State shared by the device thread and readers.
@@ -118,6 +126,9 @@ pub(crate) struct Shared {
     pub pool: BufPool,
     /// Wakes the device thread from a wait on the device when a request is queued.
     pub doorbell: crate::doorbell::Doorbell,
+    pub headers: crate::read::HeaderCache,
+    /// Read buffers, handed out inside [`crate::ReadBuf`]s and returned when they drop.
+    pub read_pool: Arc<BufPool>,
 }
 
 /// An append-only chunk store on one device.
@@ -180,6 +191,8 @@ impl ChunkStore {
             stats: Stats::default(),
             pool: BufPool::default(),
             doorbell: crate::doorbell::Doorbell::new(),
+            headers: crate::read::HeaderCache::new(opts.header_cache_entries),
+            read_pool: Arc::default(),
         });
         *shared.index.write() = std::mem::take(&mut rec.index);
         let limits = Limits {
@@ -524,14 +537,22 @@ impl ChunkStore {
     /// `OutOfRange { length }` past the durable length; `Corruption { chunk_id, offset }`
     /// when the device returns bytes that do not match their CRC; `NotFound`; `Io`.
     pub fn read(&self, chunk_id: ChunkId, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; len];
-        self.read_into(chunk_id, offset, &mut out)?;
-        Ok(out)
+        Ok(self.read_buf(chunk_id, offset, len)?.to_vec())
     }
 
     /// [`ChunkStore::read`] into a caller's buffer.
     pub fn read_into(&self, chunk_id: ChunkId, offset: u64, out: &mut [u8]) -> Result<()> {
-        crate::read::read_into(&self.shared, chunk_id, offset, out)
+        self.read_buf(chunk_id, offset, out.len())?.copy_to(out);
+        Ok(())
+    }
+
+    /// [`ChunkStore::read`] without the copy: the verified bytes where the device put them,
+    /// with their CRC32C (see [`ReadBuf`]).
+    ///
+    /// # Errors
+    /// As [`ChunkStore::read`].
+    pub fn read_buf(&self, chunk_id: ChunkId, offset: u64, len: usize) -> Result<ReadBuf> {
+        crate::read::read_buf(&self.shared, chunk_id, offset, len)
     }
 
     /// The chunk's durable state.

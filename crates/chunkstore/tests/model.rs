@@ -455,6 +455,21 @@ fn check(store: &ChunkStore, model: &Model) -> Result<(), String> {
         if s.crc32c != crc32c::crc32c(&c.data) {
             return Err(format!("chunk {id}: crc differs"));
         }
+        // A read without the copy hands out the same bytes and the CRC of exactly them,
+        // combined from the CRCs they were verified against: whole, and a middle part that
+        // starts and ends inside units or data slots.
+        let n = c.data.len();
+        for (a, b) in [(0, n), (n / 3, n - n / 3)] {
+            let r = store
+                .read_buf(id, a as u64, b - a)
+                .map_err(|e| format!("read_buf {id} {a}..{b}: {e}"))?;
+            if r.to_vec() != c.data[a..b] {
+                return Err(format!("chunk {id}: read_buf {a}..{b}: bytes differ"));
+            }
+            if r.crc32c() != crc32c::crc32c(&c.data[a..b]) {
+                return Err(format!("chunk {id}: read_buf {a}..{b}: crc differs"));
+            }
+        }
     }
     Ok(())
 }

@@ -243,6 +243,18 @@ impl Header {
         self
     }
 
+    /// Sets the payload's length and a CRC32C of it computed elsewhere (a chunk store read
+    /// hands out the CRC its bytes were verified against).
+    ///
+    /// # Panics
+    /// If the payload is larger than [`MAX_PAYLOAD`] (callers check sizes first).
+    pub fn with_payload_crc(mut self, len: usize, crc: u32) -> Self {
+        assert!(len <= MAX_PAYLOAD as usize, "payload too large");
+        self.length = len as u32;
+        self.payload_crc = if len == 0 { 0 } else { crc };
+        self
+    }
+
     pub fn op(&self) -> Option<Opcode> {
         Opcode::from_u8(self.opcode)
     }
