@@ -15,7 +15,7 @@ pub mod repair;
 pub use disks::{DiskSet, DiskSetOptions};
 
 use cairn_chunkstore::Error as StoreError;
-use cairn_chunkstore::buf::AlignedBuf;
+use cairn_chunkstore::buf::{AlignedBuf, BufPool};
 use cairn_chunkstore::format::segment::LARGE_MIN_BYTES;
 use cairn_proto::fault::FaultSpec;
 use cairn_proto::frame::{
@@ -59,7 +59,13 @@ pub struct Chunkserver {
     load: std::sync::atomic::AtomicU32,
     /// The injected faults (with `fault_injection`); a change wakes stalled requests.
     faults: tokio::sync::watch::Sender<FaultSpec>,
+    /// Receive buffers of large payloads, reused (a fresh one costs a zero-fill and page
+    /// faults per request).
+    recv_pool: BufPool,
 }
+
+/// Receive buffers kept for reuse (at most 16 × 4 MiB with `cairn fs put`'s appends).
+const RECV_BUFFERS: usize = 16;
 
 /// A request's payload. One long enough to be a large append of the chunk store
 /// (docs/formats/chunk-store.md §3.2) is received into an aligned buffer, which the store then
@@ -70,15 +76,36 @@ enum Payload {
 }
 
 impl Payload {
-    async fn receive(rd: &mut (impl AsyncReadExt + Unpin), len: usize) -> std::io::Result<Self> {
+    async fn receive(
+        rd: &mut (impl AsyncReadExt + Unpin),
+        len: usize,
+        pool: &BufPool,
+    ) -> std::io::Result<Self> {
         if len < LARGE_MIN_BYTES {
             let mut b = vec![0u8; len];
             rd.read_exact(&mut b).await?;
             return Ok(Self::Bytes(b));
         }
-        let mut b = AlignedBuf::zeroed(len.next_multiple_of(64 << 10));
-        rd.read_exact(&mut b[..len]).await?;
+        // The store writes the buffer up to its unit past `len` (a 64 KiB multiple covers
+        // every unit size): zero that tail, so no earlier payload's bytes reach the device.
+        let padded = len.next_multiple_of(64 << 10);
+        let mut b = pool.take(padded);
+        b[len..padded].fill(0);
+        if let Err(e) = rd.read_exact(&mut b[..len]).await {
+            pool.give(b);
+            return Err(e);
+        }
         Ok(Self::Aligned(Arc::new(b), len))
+    }
+
+    /// Returns an aligned buffer to `pool` once nothing else holds it (the store lets go of
+    /// its reference when the write is done, before the append is acknowledged).
+    fn recycle(self, pool: &BufPool) {
+        if let Self::Aligned(b, _) = self
+            && let Ok(b) = Arc::try_unwrap(b)
+        {
+            pool.give(b);
+        }
     }
 
     /// Appends it to chunk `id` at `offset`.
@@ -151,6 +178,7 @@ impl Chunkserver {
             opts,
             load: std::sync::atomic::AtomicU32::new(0),
             faults: tokio::sync::watch::Sender::new(FaultSpec::default()),
+            recv_pool: BufPool::new(RECV_BUFFERS),
         })
     }
 
@@ -261,7 +289,7 @@ impl Chunkserver {
             } else {
                 None
             };
-            let payload = Payload::receive(rd, h.length as usize).await?;
+            let payload = Payload::receive(rd, h.length as usize, &self.recv_pool).await?;
             h.check_payload(&payload)?;
             let this = self.clone();
             let tx = tx.clone();
@@ -308,7 +336,9 @@ impl Chunkserver {
         if op == Opcode::Read {
             return self.read(h).await;
         }
-        bytes(self.execute(h, op, payload).await)
+        let r = self.execute(h, op, &payload).await;
+        payload.recycle(&self.recv_pool);
+        bytes(r)
     }
 
     /// A read: the store's verified bytes, with the CRC they were verified against as the
@@ -344,7 +374,7 @@ impl Chunkserver {
     }
 
     /// Every other opcode.
-    async fn execute(&self, h: Header, op: Opcode, payload: Payload) -> (Header, Vec<u8>) {
+    async fn execute(&self, h: Header, op: Opcode, payload: &Payload) -> (Header, Vec<u8>) {
         let id = h.chunk_id;
         let r: Result<(Header, Vec<u8>), StoreError> = match op {
             Opcode::Ping => Ok((h.reply(Status::Ok), Vec::new())),

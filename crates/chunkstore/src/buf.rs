@@ -4,6 +4,7 @@
 //! device's alignment. Every buffer here is aligned to [`BUF_ALIGN`] (a page), which satisfies
 //! every device alignment up to 4 KiB; lengths are the caller's business.
 
+use parking_lot::Mutex;
 use std::alloc::{Layout, alloc, dealloc};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
@@ -114,6 +115,69 @@ impl Clone for AlignedBuf {
 impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+/// Aligned buffers kept for reuse, because fresh zeroed memory costs a page fault per page on
+/// first touch and a pass of zeroing: the store's write and read buffers, and a chunkserver's
+/// receive buffers for large payloads.
+pub struct BufPool {
+    bufs: Mutex<Vec<AlignedBuf>>,
+    /// Buffers kept, at most.
+    max: usize,
+}
+
+impl Default for BufPool {
+    fn default() -> Self {
+        Self::new(64)
+    }
+}
+
+impl BufPool {
+    /// A pool keeping at most `max` buffers.
+    pub fn new(max: usize) -> Self {
+        Self {
+            bufs: Mutex::default(),
+            max,
+        }
+    }
+
+    /// A buffer of at least `len` bytes (contents arbitrary): a pooled one that fits, or a
+    /// new one.
+    pub fn take(&self, len: usize) -> AlignedBuf {
+        let mut bufs = self.bufs.lock();
+        // Of the smallest that fit, the most recently returned: it is likeliest in cache.
+        let best = bufs
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, b)| b.len() >= len)
+            .min_by_key(|(_, b)| b.len())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => bufs.remove(i),
+            None => {
+                drop(bufs);
+                AlignedBuf::zeroed(len.next_power_of_two())
+            }
+        }
+    }
+
+    /// Returns a buffer for reuse; when the pool is full the smallest buffer goes.
+    pub fn give(&self, buf: AlignedBuf) {
+        if buf.is_empty() {
+            return;
+        }
+        let mut bufs = self.bufs.lock();
+        if bufs.len() < self.max {
+            bufs.push(buf);
+            return;
+        }
+        if let Some((i, small)) = bufs.iter().enumerate().min_by_key(|(_, b)| b.len())
+            && small.len() < buf.len()
+        {
+            bufs[i] = buf;
+        }
     }
 }
 

@@ -9,10 +9,9 @@
 //! offset turns out to be wrong, the device thread refuses the append without touching the
 //! buffer.
 
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, BufPool};
 use crate::checksum;
 use crate::layout::{Geometry, LargePlan};
-use parking_lot::Mutex;
 use std::sync::Arc;
 
 /// Appends touching more units than this get their CRC by combining the units' CRCs.
@@ -214,56 +213,6 @@ impl Prepared {
             {
                 pool.give(b);
             }
-        }
-    }
-}
-
-/// Write buffers shared by callers and the device thread, reused because fresh zeroed
-/// memory costs a page fault per 4 KiB on first touch.
-#[derive(Default)]
-pub(crate) struct BufPool {
-    bufs: Mutex<Vec<AlignedBuf>>,
-}
-
-/// Buffers kept, at most.
-const POOL_BUFFERS: usize = 64;
-
-impl BufPool {
-    /// A buffer of at least `len` bytes (contents arbitrary): a pooled one that fits, or a
-    /// new one.
-    pub fn take(&self, len: usize) -> AlignedBuf {
-        let mut bufs = self.bufs.lock();
-        // Of the smallest that fit, the most recently returned: it is likeliest in cache.
-        let best = bufs
-            .iter()
-            .enumerate()
-            .rev()
-            .filter(|(_, b)| b.len() >= len)
-            .min_by_key(|(_, b)| b.len())
-            .map(|(i, _)| i);
-        match best {
-            Some(i) => bufs.remove(i),
-            None => {
-                drop(bufs);
-                AlignedBuf::zeroed(len.next_power_of_two())
-            }
-        }
-    }
-
-    /// Returns a buffer for reuse; when the pool is full the smallest buffer goes.
-    pub fn give(&self, buf: AlignedBuf) {
-        if buf.is_empty() {
-            return;
-        }
-        let mut bufs = self.bufs.lock();
-        if bufs.len() < POOL_BUFFERS {
-            bufs.push(buf);
-            return;
-        }
-        if let Some((i, small)) = bufs.iter().enumerate().min_by_key(|(_, b)| b.len())
-            && small.len() < buf.len()
-        {
-            bufs[i] = buf;
         }
     }
 }

@@ -7,12 +7,12 @@
 //! footer describing them are rewritten with identical contents.
 
 use crate::buf::AlignedBuf;
+use crate::buf::BufPool;
 use crate::checksum;
 use crate::error::{ChunkId, CorruptionKind, Error, Result};
 use crate::format::footer;
 use crate::format::segment::{self, SegHeader};
 use crate::layout::LargePlan;
-use crate::prepare::BufPool;
 use crate::store::Shared;
 use parking_lot::Mutex;
 use std::num::NonZeroUsize;

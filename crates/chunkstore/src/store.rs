@@ -1,12 +1,13 @@
 //! The public face of a chunk store: format, open (recover), and the chunk operations.
 
 use crate::buf::AlignedBuf;
+use crate::buf::BufPool;
 use crate::disk::Disk;
 use crate::error::{ChunkId, Error, Result};
 use crate::format::checkpoint::Checkpoint;
 use crate::index::{ChunkEntry, Index};
 use crate::layout::{self, FormatOptions, Geometry};
-use crate::prepare::{BufPool, Prepared};
+use crate::prepare::Prepared;
 use crate::read::ReadBuf;
 use crate::recovery::{self, RecoveryReport};
 use crate::writer::{self, Limits, Request, Writer};

@@ -178,6 +178,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .into_iter()
             .map(|e| Ok((e.log_id.index, serde_json::to_vec(&e).map_err(io_err)?)))
             .collect::<io::Result<Vec<_>>>()?;
+        metrics::histogram!("cairn_master_log_append_entries").record(encoded.len() as f64);
         let db = self.db.clone();
         let r = blocking(move || {
             let mut tx = db.begin_write().map_err(io_err)?;
