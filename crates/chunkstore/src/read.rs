@@ -47,7 +47,7 @@ impl HeaderCache {
 
 /// Bytes read from a chunk, verified, still in the aligned buffer the device read them into:
 /// the pieces of the units' and large appends' data slots that make up the range, in order.
-/// A chunkserver sends them with one vectored write; nothing copies them.
+/// A chunkserver writes them to its socket as they are; nothing copies them.
 ///
 /// Dropping it returns the buffer to the store's pool.
 pub struct ReadBuf {

@@ -116,6 +116,10 @@ pub struct Stats {
     pub header_cache_hits: AtomicU64,
 }
 
+/// Read buffers kept for reuse (each the next power of two above a read's device bytes: 2 MiB
+/// for a 1 MiB read).
+const READ_BUFFERS: usize = 16;
+
 /// State shared by the device thread and readers.
 pub(crate) struct Shared {
     pub disk: Arc<dyn Disk>,
@@ -193,7 +197,7 @@ impl ChunkStore {
             pool: BufPool::default(),
             doorbell: crate::doorbell::Doorbell::new(),
             headers: crate::read::HeaderCache::new(opts.header_cache_entries),
-            read_pool: Arc::default(),
+            read_pool: Arc::new(BufPool::new(READ_BUFFERS)),
         });
         *shared.index.write() = std::mem::take(&mut rec.index);
         let limits = Limits {
