@@ -6,8 +6,7 @@
 //! read; that is safe for the same reason it is crash-safe: the acknowledged bytes and the
 //! footer describing them are rewritten with identical contents.
 
-use crate::buf::AlignedBuf;
-use crate::buf::BufPool;
+use crate::buf::{AlignedBuf, BufPool};
 use crate::checksum;
 use crate::error::{ChunkId, CorruptionKind, Error, Result};
 use crate::format::footer;

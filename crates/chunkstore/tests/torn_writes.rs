@@ -30,9 +30,10 @@ fn small_store() -> (Arc<FaultDisk>, ChunkStore) {
     (disk, store)
 }
 
-/// Runs the acknowledged `prefix` appends, then tears an append of `torn` bytes at every byte
-/// of its last write.
-fn tear_case(prefix: &[usize], torn: usize) {
+/// Chunk 1 with the acknowledged `prefix` appends, then an append of `torn` bytes whose flush
+/// fails: its writes are on the disk, unsynced. Returns the disk, the still open store and the
+/// acknowledged length.
+fn failed_append(prefix: &[usize], torn: usize) -> (Arc<FaultDisk>, ChunkStore, u64) {
     let (disk, store) = small_store();
     store.create(1, 1).unwrap();
     let mut acked = 0u64;
@@ -45,6 +46,29 @@ fn tear_case(prefix: &[usize], torn: usize) {
     });
     let r = store.append(1, acked, &pattern(1, acked, torn));
     assert!(matches!(r, Err(Error::Io { .. })), "{r:?}");
+    (disk, store, acked)
+}
+
+/// After a crash, chunk 1 is at its acknowledged length `acked` or holds the whole failed
+/// append (`full`), and serves exactly its bytes. Returns whether it is whole.
+fn old_or_whole(store: &ChunkStore, acked: u64, full: u64, what: &str) -> bool {
+    let stat = store.stat(1).unwrap();
+    assert!(
+        stat.length == acked || stat.length == full,
+        "{what}: length {} not {acked} or {full}",
+        stat.length
+    );
+    assert!(
+        store.read(1, 0, stat.length as usize).unwrap() == pattern(1, 0, stat.length as usize),
+        "{what}: wrong bytes"
+    );
+    stat.length == full
+}
+
+/// Runs the acknowledged `prefix` appends, then tears an append of `torn` bytes at every byte
+/// of its last write.
+fn tear_case(prefix: &[usize], torn: usize) {
+    let (disk, store, acked) = failed_append(prefix, torn);
     drop(store);
     let writes = disk.unsynced_writes();
     assert!(!writes.is_empty(), "the failed append wrote nothing");
@@ -53,19 +77,9 @@ fn tear_case(prefix: &[usize], torn: usize) {
     for k in 0..=last_write_len {
         let image = disk.crash(CrashPolicy::TearLast { byte: k });
         let (_d, store, _report) = reopen(image, k as u64);
+        let whole = old_or_whole(&store, acked, acked + torn as u64, &format!("tear at {k}"));
+        outcomes[whole as usize] += 1;
         let stat = store.stat(1).unwrap();
-        let full_len = acked + torn as u64;
-        assert!(
-            stat.length == acked || stat.length == full_len,
-            "tear at {k}: length {} not {acked} or {full_len}",
-            stat.length
-        );
-        outcomes[(stat.length == full_len) as usize] += 1;
-        let got = store.read(1, 0, stat.length as usize).unwrap();
-        assert!(
-            got == pattern(1, 0, stat.length as usize),
-            "tear at {k}: wrong bytes"
-        );
         // Appending continues from the recovered length, and survives another reopen.
         let len2 = store
             .append(1, stat.length, &pattern(1, stat.length, 777))
@@ -136,15 +150,7 @@ fn torn_large_append_last_unit() {
 #[test]
 fn large_append_writes_lost_torn_or_reordered_at_random() {
     for (prefix, torn) in [(3000usize, 700_000usize), (4016 * 64 - 1000, 724_288)] {
-        let (disk, store) = small_store();
-        store.create(1, 1).unwrap();
-        let acked = store.append(1, 0, &pattern(1, 0, prefix)).unwrap();
-        disk.set_faults(FaultConfig {
-            sync_error_rate: 1.0,
-            ..Default::default()
-        });
-        let r = store.append(1, acked, &pattern(1, acked, torn));
-        assert!(matches!(r, Err(Error::Io { .. })), "{r:?}");
+        let (disk, store, acked) = failed_append(&[prefix], torn);
         assert_eq!(
             store
                 .stats()
@@ -164,19 +170,8 @@ fn large_append_writes_lost_torn_or_reordered_at_random() {
         let mut outcomes = [0usize; 2];
         for seed in 0..300 {
             let (_d, store, _) = reopen(disk.crash(CrashPolicy::Random { seed }), seed);
-            let stat = store.stat(1).unwrap();
-            let full = acked + torn as u64;
-            assert!(
-                stat.length == acked || stat.length == full,
-                "seed {seed}: length {}",
-                stat.length
-            );
-            outcomes[(stat.length == full) as usize] += 1;
-            assert!(
-                store.read(1, 0, stat.length as usize).unwrap()
-                    == pattern(1, 0, stat.length as usize),
-                "seed {seed}: wrong bytes"
-            );
+            let whole = old_or_whole(&store, acked, acked + torn as u64, &format!("seed {seed}"));
+            outcomes[whole as usize] += 1;
         }
         // Eight or more writes each kept whole only now and then: mostly the old length.
         assert!(outcomes[0] > 250, "{outcomes:?}");
