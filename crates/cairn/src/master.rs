@@ -10,7 +10,7 @@ pub struct MasterArgs {
     /// This master's id in the group (1, 2, 3, …).
     #[arg(long, default_value_t = 1)]
     id: u64,
-    /// Where the Raft log, votes and snapshots live (master.redb).
+    /// Where the Raft log and vote (raft-log/) and snapshots (master.redb) live.
     #[arg(long, default_value = "./cairn-data/master-1")]
     data_dir: PathBuf,
     /// Address for clients, chunkservers and the other masters. Printed as `listening on ADDR`.
@@ -38,6 +38,10 @@ pub struct MasterArgs {
     /// A sealed chunk short of copies this long is repaired.
     #[arg(long, default_value_t = 3000)]
     repair_after_ms: u64,
+    /// Microseconds between the Raft log's fsyncs at most: writes arriving within it of the last
+    /// fsync share the next one (group commit under load; a lone write is not delayed).
+    #[arg(long, env = "CAIRN_LOG_FLUSH_GAP_US", default_value_t = cairn_master::wal::DEFAULT_FLUSH_GAP.as_micros() as u64)]
+    log_flush_gap_us: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -86,6 +90,7 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
                 repair_after: Duration::from_millis(a.repair_after_ms),
             },
             snapshot_every: 10_000,
+            log_flush_gap: Duration::from_micros(a.log_flush_gap_us),
         };
         if let Some(m) = a.metrics_listen {
             crate::metrics::serve(m, "master").await?;

@@ -10,6 +10,7 @@ pub mod reports;
 pub mod service;
 pub mod state;
 pub mod store;
+pub mod wal;
 
 pub use node::{MasterOptions, serve};
 pub use registry::RegistryOptions;

@@ -3,7 +3,8 @@
 use crate::network::{Network, RaftService};
 use crate::registry::{Registry, RegistryOptions};
 use crate::service::{Inner, MetaService};
-use crate::store::{LogStore, Raft, StateMachine, open_db};
+use crate::store::{Raft, StateMachine, open_db};
+use crate::wal::LogStore;
 use cairn_rpc::pb::{meta_server::MetaServer, raft_server::RaftServer};
 use openraft::{BasicNode, Config, SnapshotPolicy};
 use std::collections::BTreeMap;
@@ -28,6 +29,9 @@ pub struct MasterOptions {
     pub registry: RegistryOptions,
     /// Log entries between snapshots.
     pub snapshot_every: u64,
+    /// The Raft log starts at most one fsync per this gap: writes arriving within it of the
+    /// last fsync share the next one (group commit under load; a lone write is not delayed).
+    pub log_flush_gap: Duration,
 }
 
 impl MasterOptions {
@@ -40,6 +44,7 @@ impl MasterOptions {
             lease: Duration::from_secs(20),
             registry: RegistryOptions::default(),
             snapshot_every: 10_000,
+            log_flush_gap: crate::wal::DEFAULT_FLUSH_GAP,
         }
     }
 }
@@ -58,6 +63,7 @@ pub async fn serve(
     }
     std::fs::create_dir_all(&opts.data_dir)?;
     let db = open_db(&opts.data_dir.join("master.redb"))?;
+    let log = LogStore::open(&opts.data_dir, &db, opts.log_flush_gap)?;
     let sm = StateMachine::open(db.clone())?;
     let shared = sm.shared();
     let config = Config {
@@ -70,14 +76,7 @@ pub async fn serve(
         ..Default::default()
     }
     .validate()?;
-    let raft: Raft = Raft::new(
-        opts.id,
-        Arc::new(config),
-        Network,
-        LogStore::new(db.clone()),
-        sm,
-    )
-    .await?;
+    let raft: Raft = Raft::new(opts.id, Arc::new(config), Network, log, sm).await?;
     if !raft.is_initialized().await? && opts.peers.keys().next() == Some(&opts.id) {
         let members: BTreeMap<u64, BasicNode> = opts
             .peers

@@ -1,10 +1,8 @@
-//! openraft's storage, on one redb database per master (`master.redb`).
+//! openraft's state machine and its snapshots, in one redb database per master (`master.redb`);
+//! the log and the vote are in [`crate::wal`].
 //!
-//! Tables (all values JSON, so `cairn` tools and people can read them):
-//! - `log`: index (u64) → entry. Written with `Durability::Immediate` before openraft is told
-//!   the entries are flushed; one transaction (one fsync) per batch openraft hands us.
-//! - `meta`: `vote`, `purged` → vote / log id.
-//! - `snapshot`: `meta` → snapshot meta, `data` → the serialized [`State`].
+//! Table `snapshot` (values JSON, so `cairn` tools and people can read them): `meta` → snapshot
+//! meta, `data` → the serialized [`State`].
 //!
 //! The state machine lives in memory. On start it is loaded from the last snapshot; the log
 //! after it is re-applied once this master learns the commit index (as leader: when its first
@@ -13,18 +11,15 @@
 
 use crate::state::{Command, Response, State};
 use futures::TryStreamExt;
-use openraft::storage::{EntryResponder, IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::storage::EntryResponder;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
-use openraft::type_config::alias::{
-    EntryOf, LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf, VoteOf,
-};
+use openraft::type_config::alias::{LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf};
 use openraft::{EntryPayload, OptionalSend};
 use parking_lot::Mutex;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::fmt::Debug;
 use std::io;
-use std::ops::RangeBounds;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -37,8 +32,6 @@ openraft::declare_raft_types!(
 
 pub type Raft = openraft::Raft<TypeConfig, StateMachine>;
 
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 
 fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
@@ -49,8 +42,6 @@ fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
 pub fn open_db(path: &Path) -> io::Result<Arc<Database>> {
     let db = Database::create(path).map_err(io_err)?;
     let tx = db.begin_write().map_err(io_err)?;
-    tx.open_table(LOG).map_err(io_err)?;
-    tx.open_table(META).map_err(io_err)?;
     tx.open_table(SNAPSHOT).map_err(io_err)?;
     tx.commit().map_err(io_err)?;
     Ok(Arc::new(db))
@@ -92,151 +83,6 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| io::Error::other(e.to_string()))?
-}
-
-/// The Raft log and vote.
-#[derive(Clone)]
-pub struct LogStore {
-    db: Arc<Database>,
-}
-
-impl LogStore {
-    pub fn new(db: Arc<Database>) -> Self {
-        Self { db }
-    }
-
-    fn last_entry(&self) -> io::Result<Option<LogIdOf<TypeConfig>>> {
-        let tx = self.db.begin_read().map_err(io_err)?;
-        let t = tx.open_table(LOG).map_err(io_err)?;
-        match t.last().map_err(io_err)? {
-            Some((_, v)) => {
-                let e: EntryOf<TypeConfig> = serde_json::from_slice(v.value()).map_err(io_err)?;
-                Ok(Some(e.log_id))
-            }
-            None => Ok(None),
-        }
-    }
-}
-
-impl RaftLogReader<TypeConfig> for LogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<EntryOf<TypeConfig>>, io::Error> {
-        let db = self.db.clone();
-        let start = range.start_bound().cloned();
-        let end = range.end_bound().cloned();
-        blocking(move || {
-            let tx = db.begin_read().map_err(io_err)?;
-            let t = tx.open_table(LOG).map_err(io_err)?;
-            let mut out = Vec::new();
-            for item in t.range::<u64>((start, end)).map_err(io_err)? {
-                let (_, v) = item.map_err(io_err)?;
-                out.push(serde_json::from_slice(v.value()).map_err(io_err)?);
-            }
-            Ok(out)
-        })
-        .await
-    }
-
-    async fn read_vote(&mut self) -> Result<Option<VoteOf<TypeConfig>>, io::Error> {
-        get_json(&self.db, META, "vote")
-    }
-}
-
-impl RaftLogStorage<TypeConfig> for LogStore {
-    type LogReader = Self;
-
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
-        let purged: Option<LogIdOf<TypeConfig>> = get_json(&self.db, META, "purged")?;
-        let last = self.last_entry()?.or(purged);
-        Ok(LogState {
-            last_purged_log_id: purged,
-            last_log_id: last,
-        })
-    }
-
-    async fn get_log_reader(&mut self) -> Self::LogReader {
-        self.clone()
-    }
-
-    async fn save_vote(&mut self, vote: &VoteOf<TypeConfig>) -> Result<(), io::Error> {
-        let (db, vote) = (self.db.clone(), *vote);
-        blocking(move || put_json(&db, META, "vote", &vote)).await
-    }
-
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: IOFlushed<TypeConfig>,
-    ) -> Result<(), io::Error>
-    where
-        I: IntoIterator<Item = EntryOf<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        let encoded = entries
-            .into_iter()
-            .map(|e| Ok((e.log_id.index, serde_json::to_vec(&e).map_err(io_err)?)))
-            .collect::<io::Result<Vec<_>>>()?;
-        metrics::histogram!("cairn_master_log_append_entries").record(encoded.len() as f64);
-        let db = self.db.clone();
-        let r = blocking(move || {
-            let mut tx = db.begin_write().map_err(io_err)?;
-            tx.set_durability(Durability::Immediate).map_err(io_err)?;
-            {
-                let mut t = tx.open_table(LOG).map_err(io_err)?;
-                for (i, bytes) in &encoded {
-                    t.insert(*i, bytes.as_slice()).map_err(io_err)?;
-                }
-            }
-            tx.commit().map_err(io_err)
-        })
-        .await;
-        let ok = r.is_ok();
-        callback.io_completed(r.map_err(|e| io::Error::other(e.to_string())));
-        if ok {
-            Ok(())
-        } else {
-            Err(io::Error::other("log append failed"))
-        }
-    }
-
-    async fn truncate_after(
-        &mut self,
-        last_log_id: Option<LogIdOf<TypeConfig>>,
-    ) -> Result<(), io::Error> {
-        let from = last_log_id.map_or(0, |l| l.index + 1);
-        let db = self.db.clone();
-        blocking(move || {
-            let mut tx = db.begin_write().map_err(io_err)?;
-            tx.set_durability(Durability::Immediate).map_err(io_err)?;
-            tx.open_table(LOG)
-                .map_err(io_err)?
-                .retain_in(from.., |_, _| false)
-                .map_err(io_err)?;
-            tx.commit().map_err(io_err)
-        })
-        .await
-    }
-
-    async fn purge(&mut self, log_id: LogIdOf<TypeConfig>) -> Result<(), io::Error> {
-        let db = self.db.clone();
-        blocking(move || {
-            let bytes = serde_json::to_vec(&Some(log_id)).map_err(io_err)?;
-            let mut tx = db.begin_write().map_err(io_err)?;
-            tx.set_durability(Durability::Immediate).map_err(io_err)?;
-            tx.open_table(META)
-                .map_err(io_err)?
-                .insert("purged", bytes.as_slice())
-                .map_err(io_err)?;
-            tx.open_table(LOG)
-                .map_err(io_err)?
-                .retain_in(..=log_id.index, |_, _| false)
-                .map_err(io_err)?;
-            tx.commit().map_err(io_err)
-        })
-        .await
-    }
 }
 
 /// What the state machine holds besides [`State`].
