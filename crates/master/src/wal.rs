@@ -193,6 +193,8 @@ struct Flusher {
     /// while holding the log's lock, so a flush always covers the entries of the callbacks it
     /// carries.
     waiting: Mutex<Vec<IOFlushed<TypeConfig>>>,
+    /// Entries of those appends (for the metric of entries per fsync).
+    waiting_entries: std::sync::atomic::AtomicUsize,
     wake: parking_lot::Condvar,
     stop: std::sync::atomic::AtomicBool,
 }
@@ -202,6 +204,9 @@ struct StopFlusher(Arc<Flusher>);
 
 impl Drop for StopFlusher {
     fn drop(&mut self) {
+        // Under the lock the flusher checks `stop` with, so the wake-up cannot fall between
+        // its check and its wait.
+        let _waiting = self.0.waiting.lock();
         self.0
             .stop
             .store(true, std::sync::atomic::Ordering::Release);
@@ -229,6 +234,10 @@ impl Flusher {
             let Some(log) = log.upgrade() else { return };
             let mut log = log.lock();
             let callbacks = std::mem::take(&mut *self.waiting.lock());
+            let entries = self
+                .waiting_entries
+                .swap(0, std::sync::atomic::Ordering::Relaxed);
+            metrics::histogram!("cairn_master_log_flush_entries").record(entries as f64);
             if let Err(e) = log.flush(true, Some(Flushed::Many(callbacks))) {
                 // The flush thread is gone: nothing more becomes durable, openraft's pending
                 // appends are never acknowledged (their callbacks were dropped with the request).
@@ -253,6 +262,7 @@ impl LogStore {
         let log = Arc::new(Mutex::new(RaftLog::open(config(&dir))?));
         let flusher = Arc::new(Flusher {
             waiting: Mutex::new(Vec::new()),
+            waiting_entries: std::sync::atomic::AtomicUsize::new(0),
             wake: parking_lot::Condvar::new(),
             stop: std::sync::atomic::AtomicBool::new(false),
         });
@@ -424,12 +434,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 ))
             })
             .collect::<io::Result<Vec<_>>>()?;
-        metrics::histogram!("cairn_master_log_append_entries").record(encoded.len() as f64);
+        let n = encoded.len();
         let mut log = self.log.lock();
         log.append(encoded)?;
         // Returns at once; the flusher asks for the flush, raft_log's flush thread calls
         // `callback` when the entries are on disk.
         self.flusher.waiting.lock().push(callback);
+        self.flusher
+            .waiting_entries
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         self.flusher.wake.notify_one();
         Ok(())
     }
@@ -519,25 +532,38 @@ mod tests {
             log.save_vote(&vote).await.unwrap();
         }
         let mut log = LogStore::open(dir.path(), &db, Duration::ZERO).unwrap();
+        let want: Vec<_> = (4..7)
+            .map(|i| log_id(1, i))
+            .chain((7..12).map(|i| log_id(2, i)))
+            .collect();
+        check(
+            &mut log,
+            log_id(1, 3),
+            &want,
+            VoteOf::<TypeConfig>::new(2, 1),
+        )
+        .await;
+    }
+
+    /// The log holds exactly `ids` after `purged`, and `vote`.
+    async fn check(
+        log: &mut LogStore,
+        purged: LogIdOf<TypeConfig>,
+        ids: &[LogIdOf<TypeConfig>],
+        vote: VoteOf<TypeConfig>,
+    ) {
         let state = log.get_log_state().await.unwrap();
-        assert_eq!(state.last_purged_log_id, Some(log_id(1, 3)));
-        assert_eq!(state.last_log_id, Some(log_id(2, 11)));
-        let ids: Vec<_> = log
+        assert_eq!(state.last_purged_log_id, Some(purged));
+        assert_eq!(state.last_log_id, ids.last().copied());
+        let got: Vec<_> = log
             .try_get_log_entries(0..100)
             .await
             .unwrap()
             .into_iter()
             .map(|e| e.log_id)
             .collect();
-        let want: Vec<_> = (4..7)
-            .map(|i| log_id(1, i))
-            .chain((7..12).map(|i| log_id(2, i)))
-            .collect();
-        assert_eq!(ids, want);
-        assert_eq!(
-            log.read_vote().await.unwrap(),
-            Some(VoteOf::<TypeConfig>::new(2, 1))
-        );
+        assert_eq!(got, ids);
+        assert_eq!(log.read_vote().await.unwrap(), Some(vote));
     }
 
     /// A master that kept its log in redb finds it in the new log, and the redb copy is gone.
@@ -564,18 +590,8 @@ mod tests {
             tx.commit().unwrap();
         }
         let mut log = LogStore::open(dir.path(), &db, Duration::ZERO).unwrap();
-        let state = log.get_log_state().await.unwrap();
-        assert_eq!(state.last_purged_log_id, Some(log_id(1, 4)));
-        assert_eq!(state.last_log_id, Some(log_id(2, 8)));
-        let ids: Vec<_> = log
-            .try_get_log_entries(0..100)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|e| e.log_id)
-            .collect();
-        assert_eq!(ids, (5..9).map(|i| log_id(2, i)).collect::<Vec<_>>());
-        assert_eq!(log.read_vote().await.unwrap(), Some(vote));
+        let want: Vec<_> = (5..9).map(|i| log_id(2, i)).collect();
+        check(&mut log, log_id(1, 4), &want, vote).await;
         let tx = db.begin_read().unwrap();
         assert!(
             tx.open_table(LEGACY_LOG).is_err(),
