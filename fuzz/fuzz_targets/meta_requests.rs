@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut st = State::default();
-    match kind % 11 {
+    match kind % 12 {
         0 => {
             if let Ok(r) = pb::CreateRequest::decode(body)
                 && let (Ok(path), Ok(policy), Ok(n)) =
@@ -112,6 +112,43 @@ fuzz_target!(|data: &[u8]| {
                 && let Ok(config) = convert::config(&r, st.config())
             {
                 st.apply(&Command::SetConfig { config }).expect("valid config applies");
+            }
+        }
+        11 => {
+            // A batch: what validates of it goes into one Batch command, applied in order.
+            if let Ok(r) = pb::BatchRequest::decode(body)
+                && convert::batch_len(r.ops.len()).is_ok()
+            {
+                use pb::batch_op::Op;
+                let cmds: Vec<Command> = r
+                    .ops
+                    .iter()
+                    .filter_map(|op| match op.op.as_ref()? {
+                        Op::Create(c) => Some(Command::Create {
+                            path: convert::path(&c.path).ok()?,
+                            policy: convert::policy(c.policy.as_ref()).ok()?,
+                            parents: c.parents,
+                            now_ms: 1,
+                            lease: None,
+                            placements: vec![vec![1, 2, 3]; convert::chunk_count(c.chunks).ok()?],
+                        }),
+                        Op::Commit(c) => Some(Command::Commit {
+                            path: convert::path(&c.path).ok()?,
+                            holder: convert::client_id(&c.client_id).ok()?,
+                            now_ms: 2,
+                            updates: convert::updates(&c.updates).ok()?,
+                            trim: c.trim,
+                            release: c.release,
+                            seal: c.seal,
+                            lease_until_ms: 5,
+                            drops: convert::drops(&c.drops).ok()?,
+                        }),
+                        Op::Delete(d) => Some(Command::Delete { path: convert::path(&d.path).ok()? }),
+                    })
+                    .collect();
+                let n = cmds.len();
+                let reply = st.apply(&Command::Batch(cmds)).expect("a batch itself applies");
+                assert_eq!(reply.batch.len(), n, "one result per command");
             }
         }
         7 => {

@@ -161,18 +161,32 @@ pub async fn run(
                     Err(e) => tracing::warn!(error = %e, "bad master list from the leader"),
                 }
             }
-            for id in reply.delete_chunks {
-                let r = match disks.find(id) {
-                    Ok(store) => store.delete_async(id).await,
-                    Err(e) => Err(e),
-                };
+            // All at once: the store puts deletes that arrive together in one batch, with one
+            // log block and one flush (one at a time, each cost a flush, and a long list held
+            // up the next heartbeat and so the reclaiming of space).
+            let deletes = reply.delete_chunks.iter().map(|&id| {
+                let disks = &disks;
+                async move {
+                    let r = match disks.find(id) {
+                        Ok(store) => store.delete_async(id).await,
+                        Err(e) => Err(e),
+                    };
+                    (id, r)
+                }
+            });
+            let mut deleted = 0usize;
+            for (id, r) in futures::future::join_all(deletes).await {
                 match r {
                     Ok(()) => {
                         disks.unplace(id);
-                        tracing::info!(chunk = id, "deleted orphan chunk");
+                        deleted += 1;
+                        tracing::debug!(chunk = id, "deleted orphan chunk");
                     }
                     Err(e) => tracing::warn!(chunk = id, error = %e, "orphan delete failed"),
                 }
+            }
+            if deleted > 0 {
+                tracing::info!(chunks = deleted, "deleted orphan chunks");
             }
             Ok::<bool, cairn_rpc::MetaError>(full)
         };

@@ -79,6 +79,10 @@ pub struct ClientOptions {
     pub chase_memory: u64,
     /// Backup reads and blacklisting.
     pub health: HealthOptions,
+    /// Metadata batching: `Batch` calls in flight at once. Creates, commits and deletes of
+    /// concurrent callers that arrive while they all are share the next call and one Raft
+    /// entry on the leader; a lone caller's call goes out at once. 0 = one call each.
+    pub meta_batch_in_flight: usize,
 }
 
 impl Default for ClientOptions {
@@ -95,6 +99,7 @@ impl Default for ClientOptions {
             chase_retry_bytes: 1 << 20,
             chase_memory: 64 << 20,
             health: HealthOptions::default(),
+            meta_batch_in_flight: 1,
         }
     }
 }
@@ -202,7 +207,9 @@ impl Client {
     /// # Errors
     /// As [`Client::connect`].
     pub async fn with_options(masters: &[String], opts: ClientOptions) -> Result<Self> {
-        let m = Masters::new(masters)?.retry_for(opts.retry_for);
+        let m = Masters::new(masters)?
+            .retry_for(opts.retry_for)
+            .batch_in_flight(opts.meta_batch_in_flight);
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         let client_id = format!(
             "{}-{}-{:08x}",
@@ -282,11 +289,7 @@ impl Client {
             chunks: 1 + self.inner.opts.prefetch,
             parents: opts.parents,
         };
-        let reply = self
-            .inner
-            .masters
-            .send(req, |mut c, r| async move { c.create(r).await })
-            .await?;
+        let reply = self.inner.masters.create(req).await?;
         let file = self.absorb(reply)?;
         Ok(FlatLogFile::new(self.clone(), path, file))
     }
@@ -405,10 +408,7 @@ impl Client {
     /// Missing path or non-empty directory.
     pub async fn delete(&self, path: &str) -> Result<()> {
         let req = pb::PathRequest { path: path.into() };
-        self.inner
-            .masters
-            .send(req, |mut c, r| async move { c.delete(r).await })
-            .await?;
+        self.inner.masters.delete(req).await?;
         self.inner.cache.lock().clear();
         Ok(())
     }

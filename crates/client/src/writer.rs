@@ -157,11 +157,7 @@ impl FlatLogFile {
                         client_id: client.inner.client_id.clone(),
                         ..Default::default()
                     };
-                    let r = client
-                        .inner
-                        .masters
-                        .send(req, |mut c, r| async move { c.commit(r).await })
-                        .await;
+                    let r = client.inner.masters.commit(req).await;
                     if let Err(e) = r
                         && matches!(
                             e.kind,
@@ -863,12 +859,7 @@ impl FlatLogFile {
             seal,
             drops: std::mem::take(&mut self.drops),
         };
-        let r = self
-            .client
-            .inner
-            .masters
-            .send(req.clone(), |mut c, r| async move { c.commit(r).await })
-            .await;
+        let r = self.client.inner.masters.commit(req.clone()).await;
         let r = match r {
             Ok(r) => r,
             Err(e) => {

@@ -41,6 +41,17 @@ pub fn chunk_count(n: u32) -> Result<usize, MetaError> {
     Ok(n as usize)
 }
 
+/// A batch holds 1..=`MAX_BATCH_OPS` operations.
+pub fn batch_len(n: usize) -> Result<(), MetaError> {
+    if n == 0 || n > cairn_rpc::MAX_BATCH_OPS {
+        return Err(MetaError::invalid(format!(
+            "a batch holds 1..={} operations, not {n}",
+            cairn_rpc::MAX_BATCH_OPS
+        )));
+    }
+    Ok(())
+}
+
 pub fn policy(p: Option<&pb::Policy>) -> Result<Policy, MetaError> {
     let p = p.cloned().unwrap_or_default();
     let replicas = match p.replicas {

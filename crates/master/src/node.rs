@@ -64,6 +64,7 @@ pub async fn serve(
     std::fs::create_dir_all(&opts.data_dir)?;
     let db = open_db(&opts.data_dir.join("master.redb"))?;
     let log = LogStore::open(&opts.data_dir, &db, opts.log_flush_gap)?;
+    let log_open = log.open_handle();
     let sm = StateMachine::open(db.clone())?;
     let shared = sm.shared();
     let config = Config {
@@ -130,10 +131,12 @@ pub async fn serve(
     let _ = scanner.await;
     let _ = raft.shutdown().await;
     drop(raft);
-    // The database closes when its last user (storage tasks finishing their work) lets go;
-    // a restart in the same process must not find it still open.
+    // The database and the log close when their last users (storage tasks finishing their
+    // work, the log's flusher) let go; a restart in the same process must not find them still
+    // open (the log's directory lock would refuse it).
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while Arc::strong_count(&db) > 1 && std::time::Instant::now() < deadline {
+    while (Arc::strong_count(&db) > 1 || log_open.is_open()) && std::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     result?;

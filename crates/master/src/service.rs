@@ -196,6 +196,99 @@ impl Inner {
         Ok(convert::file_reply(&self.sm.lock().state, &ino))
     }
 
+    /// A create's command: placement of its first chunks happens here, on the leader.
+    fn create_command(&self, r: pb::CreateRequest) -> Result<Command, MetaError> {
+        let path = convert::path(&r.path)?;
+        let policy = convert::policy(r.policy.as_ref())?;
+        let count = convert::chunk_count(r.chunks)?;
+        let now = now_ms();
+        let lease = if r.client_id.is_empty() {
+            None
+        } else {
+            Some(Lease {
+                holder: convert::client_id(&r.client_id)?,
+                expires_ms: self.lease_until(now),
+            })
+        };
+        self.leader_check()?;
+        let placements = self.place(&policy, count, &BTreeSet::new())?;
+        Ok(Command::Create {
+            path,
+            policy,
+            parents: r.parents,
+            now_ms: now,
+            lease,
+            placements,
+        })
+    }
+
+    fn commit_command(&self, r: &pb::CommitRequest) -> Result<Command, MetaError> {
+        let now = now_ms();
+        Ok(Command::Commit {
+            path: convert::path(&r.path)?,
+            holder: convert::client_id(&r.client_id)?,
+            now_ms: now,
+            updates: convert::updates(&r.updates)?,
+            trim: r.trim,
+            release: r.release,
+            seal: r.seal,
+            lease_until_ms: self.lease_until(now),
+            drops: convert::drops(&r.drops)?,
+        })
+    }
+
+    /// Independent operations of concurrent callers: each is checked and becomes a command
+    /// on its own (a bad one fails alone), and all that pass go into one Raft entry.
+    async fn batch(&self, ops: Vec<pb::BatchOp>) -> Result<pb::BatchReply, MetaError> {
+        use pb::batch_op::Op;
+        use pb::batch_result::Result as Outcome;
+        convert::batch_len(ops.len())?;
+        self.leader_check()?;
+        metrics::histogram!("cairn_master_batch_ops").record(ops.len() as f64);
+        let mut results: Vec<Option<Outcome>> = vec![None; ops.len()];
+        let mut cmds = Vec::with_capacity(ops.len());
+        // (index in the request, whether it answers with the file)
+        let mut at = Vec::with_capacity(ops.len());
+        for (i, op) in ops.into_iter().enumerate() {
+            let prepared = match op.op {
+                Some(Op::Create(r)) => self.create_command(r).map(|c| (c, true)),
+                Some(Op::Commit(r)) => self.commit_command(&r).map(|c| (c, true)),
+                Some(Op::Delete(r)) => delete_command(&r).map(|c| (c, false)),
+                None => Err(MetaError::invalid("a batch operation without an operation")),
+            };
+            match prepared {
+                Ok((cmd, file)) => {
+                    cmds.push(cmd);
+                    at.push((i, file));
+                }
+                Err(e) => results[i] = Some(Outcome::Error((&e).into())),
+            }
+        }
+        if !cmds.is_empty() {
+            let reply = self.write(Command::Batch(cmds)).await?;
+            if reply.batch.len() != at.len() {
+                return Err(MetaError::internal(format!(
+                    "a batch of {} commands returned {} results",
+                    at.len(),
+                    reply.batch.len()
+                )));
+            }
+            for ((i, file), r) in at.into_iter().zip(reply.batch) {
+                let out = r.and_then(|reply| match file {
+                    true => self.file_reply(reply.inode).map(Outcome::File),
+                    false => Ok(Outcome::Done(pb::Empty {})),
+                });
+                results[i] = Some(out.unwrap_or_else(|e| Outcome::Error((&e).into())));
+            }
+        }
+        Ok(pb::BatchReply {
+            results: results
+                .into_iter()
+                .map(|result| pb::BatchResult { result })
+                .collect(),
+        })
+    }
+
     fn policy_of(&self, path: &str) -> Result<Policy, MetaError> {
         let a = self.sm.lock();
         let ino = a.state.lookup(path)?;
@@ -203,6 +296,12 @@ impl Inner {
             MetaError::new(ErrorKind::IsADirectory, format!("{path}: is a directory"))
         })
     }
+}
+
+fn delete_command(r: &pb::PathRequest) -> Result<Command, MetaError> {
+    Ok(Command::Delete {
+        path: convert::path(&r.path)?,
+    })
 }
 
 fn ok<T>(r: Result<T, MetaError>) -> Rpc<T> {
@@ -234,33 +333,9 @@ impl pb::meta_server::Meta for MetaService {
     }
 
     async fn create(&self, req: Request<pb::CreateRequest>) -> Rpc<pb::FileReply> {
-        let r = req.into_inner();
         ok(async {
-            let path = convert::path(&r.path)?;
-            let policy = convert::policy(r.policy.as_ref())?;
-            let count = convert::chunk_count(r.chunks)?;
-            let now = now_ms();
-            let lease = if r.client_id.is_empty() {
-                None
-            } else {
-                Some(Lease {
-                    holder: convert::client_id(&r.client_id)?,
-                    expires_ms: self.inner.lease_until(now),
-                })
-            };
-            self.inner.leader_check()?;
-            let placements = self.inner.place(&policy, count, &BTreeSet::new())?;
-            let reply = self
-                .inner
-                .write(Command::Create {
-                    path,
-                    policy,
-                    parents: r.parents,
-                    now_ms: now,
-                    lease,
-                    placements,
-                })
-                .await?;
+            let cmd = self.inner.create_command(req.into_inner())?;
+            let reply = self.inner.write(cmd).await?;
             self.inner.file_reply(reply.inode)
         }
         .await)
@@ -340,10 +415,8 @@ impl pb::meta_server::Meta for MetaService {
     }
 
     async fn delete(&self, req: Request<pb::PathRequest>) -> Rpc<pb::Empty> {
-        let r = req.into_inner();
         ok(async {
-            let path = convert::path(&r.path)?;
-            self.inner.write(Command::Delete { path }).await?;
+            self.inner.write(delete_command(&req.into_inner())?).await?;
             Ok(pb::Empty {})
         }
         .await)
@@ -374,24 +447,17 @@ impl pb::meta_server::Meta for MetaService {
     }
 
     async fn commit(&self, req: Request<pb::CommitRequest>) -> Rpc<pb::FileReply> {
-        let r = req.into_inner();
         ok(async {
-            let now = now_ms();
-            let cmd = Command::Commit {
-                path: convert::path(&r.path)?,
-                holder: convert::client_id(&r.client_id)?,
-                now_ms: now,
-                updates: convert::updates(&r.updates)?,
-                trim: r.trim,
-                release: r.release,
-                seal: r.seal,
-                lease_until_ms: self.inner.lease_until(now),
-                drops: convert::drops(&r.drops)?,
-            };
+            let cmd = self.inner.commit_command(&req.into_inner())?;
             let reply = self.inner.write(cmd).await?;
             self.inner.file_reply(reply.inode)
         }
         .await)
+    }
+
+    async fn batch(&self, req: Request<pb::BatchRequest>) -> Rpc<pb::BatchReply> {
+        let r = req.into_inner();
+        ok(self.inner.batch(r.ops).await)
     }
 
     async fn locate(&self, req: Request<pb::LocateRequest>) -> Rpc<pb::LocateReply> {

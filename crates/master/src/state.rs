@@ -206,6 +206,9 @@ pub enum Command {
     SetConfig {
         config: Config,
     },
+    /// Independent commands of concurrent callers in one Raft entry, applied in order; each
+    /// has its own result in [`Reply::batch`]. A batch inside a batch is refused.
+    Batch(Vec<Command>),
 }
 
 impl fmt::Display for Command {
@@ -231,6 +234,7 @@ impl fmt::Display for Command {
                 chunk_id, server, ..
             } => write!(f, "repaired {chunk_id} on {server}"),
             Command::SetConfig { config } => write!(f, "set-config {config:?}"),
+            Command::Batch(cmds) => write!(f, "batch of {}", cmds.len()),
         }
     }
 }
@@ -239,6 +243,9 @@ impl fmt::Display for Command {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Reply {
     pub inode: Option<Inode>,
+    /// For [`Command::Batch`]: one result per command, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch: Vec<Response>,
 }
 
 pub type Response = Result<Reply, MetaError>;
@@ -522,6 +529,7 @@ impl State {
     fn reply(&self, id: InodeId) -> Response {
         Ok(Reply {
             inode: self.inodes.get(&id).cloned(),
+            batch: Vec::new(),
         })
     }
 
@@ -758,7 +766,10 @@ impl State {
                         self.chunk_owner.remove(&c.id);
                     }
                 }
-                Ok(Reply { inode: Some(ino) })
+                Ok(Reply {
+                    inode: Some(ino),
+                    ..Reply::default()
+                })
             }
             Command::Register { server } => {
                 let draining = self.servers.get(&server.id).is_some_and(|s| s.draining);
@@ -809,6 +820,16 @@ impl State {
                 self.config = config.clone();
                 Ok(Reply::default())
             }
+            Command::Batch(cmds) => Ok(Reply {
+                inode: None,
+                batch: cmds
+                    .iter()
+                    .map(|c| match c {
+                        Command::Batch(_) => Err(MetaError::invalid("a batch inside a batch")),
+                        c => self.apply(c),
+                    })
+                    .collect(),
+            }),
         }
     }
 }
@@ -929,6 +950,73 @@ mod tests {
         back.rebuild();
         assert_eq!(back.list("/z").unwrap().len(), 1);
         assert_eq!(back.dentries, s.dentries);
+    }
+
+    /// A batch applies its commands in order, each alone: a failing one changes nothing and
+    /// does not stop the ones after it, and the result equals applying them one by one.
+    #[test]
+    fn batch_applies_each_command_on_its_own() {
+        let mk = |path: &str| Command::Create {
+            path: path.into(),
+            policy: Policy {
+                replicas: 3,
+                compression: false,
+                min_copy: 0,
+            },
+            parents: false,
+            now_ms: 1000,
+            lease: None,
+            placements: vec![vec![1, 2, 3]],
+        };
+        let cmds = vec![
+            mk("/a"),
+            mk("/a"),
+            mk("/missing/b"),
+            Command::Delete { path: "/a".into() },
+            mk("/c"),
+            Command::Batch(vec![mk("/d")]),
+            Command::Delete { path: "/zz".into() },
+        ];
+        let mut batched = State::default();
+        let reply = batched.apply(&Command::Batch(cmds.clone())).unwrap();
+        assert_eq!(reply.inode, None);
+        let kinds: Vec<_> = reply
+            .batch
+            .iter()
+            .map(|r| r.as_ref().err().map(|e| e.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                None,
+                Some(ErrorKind::AlreadyExists),
+                Some(ErrorKind::NotFound),
+                None,
+                None,
+                Some(ErrorKind::InvalidArgument),
+                Some(ErrorKind::NotFound),
+            ]
+        );
+        let mut one_by_one = State::default();
+        let singles: Vec<Response> = cmds
+            .iter()
+            .filter(|c| !matches!(c, Command::Batch(_)))
+            .map(|c| one_by_one.apply(c))
+            .collect();
+        let batched_singles: Vec<Response> = reply
+            .batch
+            .iter()
+            .zip(&cmds)
+            .filter(|(_, c)| !matches!(c, Command::Batch(_)))
+            .map(|(r, _)| r.clone())
+            .collect();
+        assert_eq!(batched_singles, singles);
+        assert_eq!(
+            serde_json::to_string(&batched).unwrap(),
+            serde_json::to_string(&one_by_one).unwrap(),
+            "same state either way"
+        );
+        assert!(batched.lookup("/c").is_ok() && batched.lookup("/a").is_err());
     }
 
     #[test]

@@ -182,6 +182,17 @@ pub struct LogStore {
     _stop: Arc<StopFlusher>,
 }
 
+/// See [`LogStore::open_handle`].
+pub struct OpenHandle(std::sync::Weak<Mutex<RaftLog<WalTypes>>>);
+
+impl OpenHandle {
+    /// False once every user let go of the log: its files and directory lock are released
+    /// (raft-log joins its flush thread first).
+    pub fn is_open(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+}
+
 /// Appends waiting for their flush, and the thread that asks for it.
 ///
 /// Group commit with a rate limit: the thread flushes whatever appends are waiting, but starts
@@ -275,6 +286,11 @@ impl LogStore {
             _stop: Arc::new(StopFlusher(flusher.clone())),
             flusher,
         })
+    }
+
+    /// Tells whether the log is still open without keeping it open.
+    pub fn open_handle(&self) -> OpenHandle {
+        OpenHandle(Arc::downgrade(&self.log))
     }
 
     /// The entries with index in `from..to` (those not purged).

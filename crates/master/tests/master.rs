@@ -172,3 +172,96 @@ async fn namespace_over_grpc_survives_restart() {
     assert_eq!(status.servers.len(), 3);
     m.stop().await;
 }
+
+/// Creates and deletes of many concurrent callers share `Batch` calls; each caller gets its
+/// own result (the one create of a duplicated path wins, a missing parent fails alone), the
+/// same as with one call each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_share_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path(), 0).await;
+    for in_flight in [1, 0] {
+        let c = std::sync::Arc::new(
+            Masters::new(std::slice::from_ref(&m.addr))
+                .unwrap()
+                .batch_in_flight(in_flight),
+        );
+        let top = format!("/b{in_flight}");
+        c.call(|mut c| {
+            let top = top.clone();
+            async move {
+                c.mkdir(pb::MkdirRequest {
+                    path: top,
+                    parents: false,
+                })
+                .await
+            }
+        })
+        .await
+        .unwrap();
+        let create = |p: String| pb::CreateRequest {
+            path: p,
+            policy: None,
+            client_id: String::new(),
+            chunks: 0,
+            parents: false,
+        };
+        // 64 distinct files, 8 creates of one path, 4 under a missing directory.
+        let mut tasks = Vec::new();
+        for i in 0..76 {
+            let (c, p) = (
+                c.clone(),
+                match i {
+                    0..64 => format!("{top}/f{i}"),
+                    64..72 => format!("{top}/dup"),
+                    _ => format!("{top}/missing/f{i}"),
+                },
+            );
+            let req = create(p);
+            tasks.push(tokio::spawn(async move { c.create(req).await.map(|_| ()) }));
+        }
+        let mut kinds = std::collections::BTreeMap::new();
+        for t in tasks {
+            let k = t.await.unwrap().err().map(|e| e.kind);
+            *kinds.entry(format!("{k:?}")).or_insert(0) += 1;
+        }
+        assert_eq!(kinds["None"], 65, "{kinds:?}");
+        assert_eq!(kinds["Some(AlreadyExists)"], 7, "{kinds:?}");
+        assert_eq!(kinds["Some(NotFound)"], 4, "{kinds:?}");
+        let l = c
+            .call(|mut cl| {
+                let top = top.clone();
+                async move { cl.list(path(&top)).await }
+            })
+            .await
+            .unwrap();
+        assert_eq!(l.entries.len(), 65);
+        // Delete them all concurrently, plus one that is not there.
+        let mut tasks = Vec::new();
+        for e in l
+            .entries
+            .iter()
+            .map(|e| format!("{top}/{}", e.name))
+            .chain([format!("{top}/nope")])
+        {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move { c.delete(path(&e)).await }));
+        }
+        let failed: Vec<_> = futures::future::join_all(tasks)
+            .await
+            .into_iter()
+            .filter_map(|r| r.unwrap().err())
+            .collect();
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].kind, ErrorKind::NotFound);
+        let stats = c.batch_stats();
+        if in_flight == 0 {
+            assert_eq!(stats.calls, 0, "no batching asked for");
+        } else {
+            assert_eq!(stats.ops, 76 + 66);
+            // The canary that batching happened at all: far fewer calls than operations.
+            assert!(stats.calls < stats.ops / 2, "{stats:?}");
+        }
+    }
+    m.stop().await;
+}

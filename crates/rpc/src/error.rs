@@ -31,11 +31,13 @@ pub enum ErrorKind {
     /// This master is not the leader (the leader's address, if known, is in the metadata).
     NotLeader,
     Unavailable,
+    /// The master does not know this call (it runs an older version).
+    Unsupported,
     Internal,
 }
 
 impl ErrorKind {
-    const ALL: [(ErrorKind, &'static str, Code); 13] = [
+    const ALL: [(ErrorKind, &'static str, Code); 14] = [
         (ErrorKind::NotFound, "not-found", Code::NotFound),
         (
             ErrorKind::AlreadyExists,
@@ -68,6 +70,7 @@ impl ErrorKind {
         (ErrorKind::NoServers, "no-servers", Code::ResourceExhausted),
         (ErrorKind::NotLeader, "not-leader", Code::Unavailable),
         (ErrorKind::Unavailable, "unavailable", Code::Unavailable),
+        (ErrorKind::Unsupported, "unsupported", Code::Unimplemented),
         (ErrorKind::Internal, "internal", Code::Internal),
     ];
 
@@ -151,6 +154,8 @@ impl MetaError {
                     ErrorKind::Unavailable
                 }
                 Code::NotFound => ErrorKind::NotFound,
+                // tonic's answer for a method the server does not implement.
+                Code::Unimplemented => ErrorKind::Unsupported,
                 Code::InvalidArgument => ErrorKind::InvalidArgument,
                 _ => ErrorKind::Internal,
             });
@@ -164,6 +169,25 @@ impl MetaError {
             message: s.message().to_owned(),
             leader,
         }
+    }
+}
+
+impl From<&MetaError> for crate::pb::Failure {
+    fn from(e: &MetaError) -> Self {
+        Self {
+            kind: e.kind.name().into(),
+            message: e.message.clone(),
+        }
+    }
+}
+
+impl From<&crate::pb::Failure> for MetaError {
+    /// An unknown kind (a newer master) reads as `Internal`, keeping the message.
+    fn from(f: &crate::pb::Failure) -> Self {
+        Self::new(
+            ErrorKind::from_name(&f.kind).unwrap_or(ErrorKind::Internal),
+            f.message.clone(),
+        )
     }
 }
 
@@ -202,7 +226,19 @@ mod tests {
             let back = MetaError::from_status(&Status::from(e.clone()));
             assert_eq!(back, e);
         }
+        for (kind, _, _) in ErrorKind::ALL {
+            let e = MetaError::new(kind, format!("{kind:?} in a batch"));
+            assert_eq!(MetaError::from(&crate::pb::Failure::from(&e)), e);
+        }
+        let odd = crate::pb::Failure {
+            kind: "from-the-future".into(),
+            message: "m".into(),
+        };
+        assert_eq!(MetaError::from(&odd).kind, ErrorKind::Internal);
         let plain = MetaError::from_status(&Status::unavailable("connection refused"));
         assert_eq!(plain.kind, ErrorKind::Unavailable);
+        // What an older master answers for `Batch`: the batcher then sends calls one by one.
+        let old = MetaError::from_status(&Status::unimplemented("unknown method Batch"));
+        assert_eq!(old.kind, ErrorKind::Unsupported);
     }
 }

@@ -16,6 +16,10 @@ pub use path::{PathError, components, normalize};
 pub const MAX_REPLICAS: u32 = 5;
 /// Most chunks one create/open/allocate call may ask for.
 pub const MAX_ALLOCATE: u32 = 8;
+/// Most operations in one `Batch` call.
+pub const MAX_BATCH_OPS: usize = 256;
 
+mod batch;
 mod masters;
+pub use batch::BatchStats;
 pub use masters::Masters;

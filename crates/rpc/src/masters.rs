@@ -1,22 +1,32 @@
 //! A client of the master group that finds the leader and follows redirects.
 
+use crate::batch::Batcher;
 use crate::pb::meta_client::MetaClient;
-use crate::{ErrorKind, MetaError};
+use crate::{ErrorKind, MetaError, pb};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
 /// Calls go to the last known leader; a redirect switches to the leader it names, an
 /// unreachable master or one without a leader makes the call try the next address, with a
 /// short back-off, until `retry_for` has passed.
+///
+/// Creates, commits and deletes ([`Masters::create`], [`Masters::commit`], [`Masters::delete`])
+/// of concurrent callers share `Batch` calls (see [`Masters::batch_in_flight`]).
 pub struct Masters {
+    shared: Arc<Shared>,
+    batcher: Batcher,
+}
+
+pub(crate) struct Shared {
     addrs: Vec<String>,
     /// The last master that answered (possibly one not in `addrs`, learned from a redirect).
     leader: Mutex<Option<String>>,
     clients: Mutex<HashMap<String, MetaClient<Channel>>>,
-    retry_for: Duration,
+    retry_for: Mutex<Duration>,
 }
 
 impl Masters {
@@ -26,29 +36,122 @@ impl Masters {
         if addrs.is_empty() {
             return Err(MetaError::invalid("no master address given"));
         }
-        let s = Self {
+        let s = Shared {
             addrs: addrs.to_vec(),
             leader: Mutex::new(None),
             clients: Mutex::new(HashMap::new()),
-            retry_for: Duration::from_secs(15),
+            retry_for: Mutex::new(Duration::from_secs(15)),
         };
         for a in addrs {
             s.client(a)?;
         }
-        Ok(s)
+        Ok(Self {
+            shared: Arc::new(s),
+            batcher: Batcher::new(crate::batch::DEFAULT_IN_FLIGHT),
+        })
     }
 
     /// How long a call keeps trying through elections and restarts (default 15 s).
     #[must_use]
-    pub fn retry_for(mut self, d: Duration) -> Self {
-        self.retry_for = d;
+    pub fn retry_for(self, d: Duration) -> Self {
+        *self.shared.retry_for.lock() = d;
         self
     }
 
-    pub fn addrs(&self) -> &[String] {
-        &self.addrs
+    /// `Batch` calls in flight at once (default 1); creates, commits and deletes that arrive
+    /// while they all are gather into the next one. 0 sends each on its own call.
+    #[must_use]
+    pub fn batch_in_flight(mut self, n: usize) -> Self {
+        self.batcher = Batcher::new(n);
+        self
     }
 
+    /// Calls and operations the batcher sent so far.
+    pub fn batch_stats(&self) -> crate::BatchStats {
+        self.batcher.stats()
+    }
+
+    pub fn addrs(&self) -> &[String] {
+        &self.shared.addrs
+    }
+
+    /// Sends `req` to the leader with `f` (e.g. `|mut c, r| async move { c.stat(r).await }`),
+    /// cloning it for each retry.
+    ///
+    /// # Errors
+    /// As [`Masters::call`].
+    pub async fn send<Req, T, F, Fut>(&self, req: Req, f: F) -> Result<T, MetaError>
+    where
+        Req: Clone,
+        F: Fn(MetaClient<Channel>, Req) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.shared.send(req, f).await
+    }
+
+    /// Runs `f` against the leader.
+    ///
+    /// # Errors
+    /// The typed error the leader answered, or `Unavailable` when no leader answered in time.
+    pub async fn call<T, F, Fut>(&self, f: F) -> Result<T, MetaError>
+    where
+        F: Fn(MetaClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.shared.call(f).await
+    }
+
+    /// Creates a file (batched with concurrent callers').
+    ///
+    /// # Errors
+    /// As the `Create` call.
+    pub async fn create(&self, req: pb::CreateRequest) -> Result<pb::FileReply, MetaError> {
+        match self.batched(pb::batch_op::Op::Create(req)).await? {
+            pb::batch_result::Result::File(f) => Ok(f),
+            _ => Err(MetaError::internal("a create answered without its file")),
+        }
+    }
+
+    /// Commits a writer's progress, renews or releases its lease, seals (batched).
+    ///
+    /// # Errors
+    /// As the `Commit` call.
+    pub async fn commit(&self, req: pb::CommitRequest) -> Result<pb::FileReply, MetaError> {
+        match self.batched(pb::batch_op::Op::Commit(req)).await? {
+            pb::batch_result::Result::File(f) => Ok(f),
+            _ => Err(MetaError::internal("a commit answered without its file")),
+        }
+    }
+
+    /// Deletes a file or an empty directory (batched).
+    ///
+    /// # Errors
+    /// As the `Delete` call.
+    pub async fn delete(&self, req: pb::PathRequest) -> Result<(), MetaError> {
+        match self.batched(pb::batch_op::Op::Delete(req)).await? {
+            pb::batch_result::Result::Done(_) => Ok(()),
+            _ => Err(MetaError::internal("a delete answered without its result")),
+        }
+    }
+
+    /// One operation through the batcher, retried on its own while the failure is one a
+    /// single call would retry (no chunkservers known yet after an election).
+    async fn batched(&self, op: pb::batch_op::Op) -> Result<pb::batch_result::Result, MetaError> {
+        let deadline = Instant::now() + *self.shared.retry_for.lock();
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            match self.batcher.submit(&self.shared, op.clone()).await {
+                Err(e) if e.kind == ErrorKind::NoServers && Instant::now() < deadline => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
+impl Shared {
     fn client(&self, addr: &str) -> Result<MetaClient<Channel>, MetaError> {
         if let Some(c) = self.clients.lock().get(addr) {
             return Ok(c.clone());
@@ -63,12 +166,7 @@ impl Masters {
         Ok(c)
     }
 
-    /// Sends `req` to the leader with `f` (e.g. `|mut c, r| async move { c.stat(r).await }`),
-    /// cloning it for each retry.
-    ///
-    /// # Errors
-    /// As [`Masters::call`].
-    pub async fn send<Req, T, F, Fut>(&self, req: Req, f: F) -> Result<T, MetaError>
+    pub(crate) async fn send<Req, T, F, Fut>(&self, req: Req, f: F) -> Result<T, MetaError>
     where
         Req: Clone,
         F: Fn(MetaClient<Channel>, Req) -> Fut,
@@ -77,16 +175,12 @@ impl Masters {
         self.call(|c| f(c, req.clone())).await
     }
 
-    /// Runs `f` against the leader.
-    ///
-    /// # Errors
-    /// The typed error the leader answered, or `Unavailable` when no leader answered in time.
-    pub async fn call<T, F, Fut>(&self, f: F) -> Result<T, MetaError>
+    pub(crate) async fn call<T, F, Fut>(&self, f: F) -> Result<T, MetaError>
     where
         F: Fn(MetaClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let deadline = Instant::now() + self.retry_for;
+        let deadline = Instant::now() + *self.retry_for.lock();
         let mut backoff = Duration::from_millis(20);
         let mut idx = 0;
         let mut target = self

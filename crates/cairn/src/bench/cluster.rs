@@ -43,6 +43,9 @@ pub struct Args {
     /// it): `errors` and `max_us` show what the writers saw.
     #[arg(long)]
     kill_one_after: Option<f64>,
+    /// The client's metadata batching (`ClientOptions::meta_batch_in_flight`; 0 = off).
+    #[arg(long, default_value_t = ClientOptions::default().meta_batch_in_flight)]
+    meta_batch_in_flight: usize,
 }
 
 #[derive(Serialize)]
@@ -103,7 +106,13 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let client = rt.block_on(Client::with_options(&masters, ClientOptions::default()))?;
+    let client = rt.block_on(Client::with_options(
+        &masters,
+        ClientOptions {
+            meta_batch_in_flight: a.meta_batch_in_flight,
+            ..ClientOptions::default()
+        },
+    ))?;
     std::fs::create_dir_all(&a.floor_dir)?;
     let fdisk = floor::floor_file(
         &a.floor_dir,
