@@ -856,7 +856,11 @@ mod tests {
     use super::*;
 
     fn create(s: &mut State, path: &str, holder: Option<&str>, chunks: usize) -> Response {
-        s.apply(&Command::Create {
+        s.apply(&create_cmd(path, holder, chunks))
+    }
+
+    fn create_cmd(path: &str, holder: Option<&str>, chunks: usize) -> Command {
+        Command::Create {
             path: path.into(),
             policy: Policy {
                 replicas: 3,
@@ -870,7 +874,7 @@ mod tests {
                 expires_ms: 11_000,
             }),
             placements: vec![vec![1, 2, 3]; chunks],
-        })
+        }
     }
 
     fn kind(r: Response) -> ErrorKind {
@@ -956,18 +960,7 @@ mod tests {
     /// does not stop the ones after it, and the result equals applying them one by one.
     #[test]
     fn batch_applies_each_command_on_its_own() {
-        let mk = |path: &str| Command::Create {
-            path: path.into(),
-            policy: Policy {
-                replicas: 3,
-                compression: false,
-                min_copy: 0,
-            },
-            parents: false,
-            now_ms: 1000,
-            lease: None,
-            placements: vec![vec![1, 2, 3]],
-        };
+        let mk = |path: &str| create_cmd(path, None, 1);
         let cmds = vec![
             mk("/a"),
             mk("/a"),
