@@ -112,10 +112,12 @@ impl Inner {
                 "this master is still recovering its state after a start",
             ));
         }
-        let m = self.raft.metrics().borrow_watched().clone();
-        if m.current_leader == Some(self.id) {
+        let metrics = self.raft.metrics();
+        // Checked under the borrow: the common case (this master leads) clones nothing.
+        if metrics.borrow_watched().current_leader == Some(self.id) {
             return Ok(());
         }
+        let m = metrics.borrow_watched().clone();
         let addr = m.current_leader.and_then(|l| {
             m.membership_config
                 .membership()
