@@ -235,6 +235,12 @@ impl Client {
         Ok(c)
     }
 
+    /// `Batch` calls this client sent and the creates, commits and deletes they carried
+    /// (see [`ClientOptions::meta_batch_in_flight`]).
+    pub fn meta_batch_stats(&self) -> cairn_rpc::BatchStats {
+        self.inner.masters.batch_stats()
+    }
+
     /// Backup-read and blacklist counters.
     pub fn health_stats(&self) -> HealthCounts {
         self.inner.health.stats.snapshot()

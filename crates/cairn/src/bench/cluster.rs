@@ -90,6 +90,9 @@ struct Report {
     backup_reads_sent: u64,
     backup_reads_won: u64,
     blacklistings: u64,
+    /// Metadata batching during the run: `Batch` calls, and the operations they carried.
+    meta_batch_calls: u64,
+    meta_batch_ops: u64,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -156,9 +159,9 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
         let killer = a
             .kill_one_after
             .map(|after| rt.spawn(kill_one(masters.clone(), after)));
-        let h0 = client.health_stats();
+        let (h0, b0) = (client.health_stats(), client.meta_batch_stats());
         let (ops, errors, secs, lat) = rt.block_on(measure(op, &client, &prefix, run, &a))?;
-        let h1 = client.health_stats();
+        let (h1, b1) = (client.health_stats(), client.meta_batch_stats());
         let fault = match killer {
             Some(k) => Some(rt.block_on(k)??),
             None => None,
@@ -209,14 +212,16 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             backup_reads_sent: h1.backups_sent - h0.backups_sent,
             backup_reads_won: h1.backups_won - h0.backups_won,
             blacklistings: h1.listed_failed + h1.listed_slow - h0.listed_failed - h0.listed_slow,
+            meta_batch_calls: b1.calls - b0.calls,
+            meta_batch_ops: b1.ops - b0.ops,
         };
         println!("{}", serde_json::to_string(&r)?);
         if let Some(factor) = a.slow_one {
             let delay_ms = ((factor - 1.0) * lat.p50_us / 1000.0).ceil().max(1.0) as u32;
             let (server, how) = rt.block_on(slow_one(&masters, delay_ms))?;
-            let h0 = client.health_stats();
+            let (h0, b0) = (client.health_stats(), client.meta_batch_stats());
             let slow = rt.block_on(measure(op, &client, &prefix, run + 1000, &a));
-            let h1 = client.health_stats();
+            let (h1, b1) = (client.health_stats(), client.meta_batch_stats());
             rt.block_on(async {
                 let m = cairn_rpc::Masters::new(&masters)?;
                 crate::admin::inject(&m, server, &cairn_client::FaultSpec::default()).await
@@ -243,6 +248,8 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
                 blacklistings: h1.listed_failed + h1.listed_slow
                     - h0.listed_failed
                     - h0.listed_slow,
+                meta_batch_calls: b1.calls - b0.calls,
+                meta_batch_ops: b1.ops - b0.ops,
                 ..r
             };
             println!("{}", serde_json::to_string(&s)?);
