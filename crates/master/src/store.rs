@@ -34,7 +34,7 @@ pub type Raft = openraft::Raft<TypeConfig, StateMachine>;
 
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 
-fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
+pub(crate) fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
     io::Error::other(e)
 }
 

@@ -15,7 +15,7 @@
 //! Masters before this module kept the log in redb (`master.redb`, tables `log` and `meta`);
 //! [`LogStore::open`] moves such a log here once (see [`migrate`]).
 
-use crate::store::TypeConfig;
+use crate::store::{TypeConfig, io_err};
 use openraft::OptionalSend;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::type_config::alias::{EntryOf, LogIdOf, PayloadOf, VoteOf};
@@ -317,10 +317,6 @@ impl LogStore {
 const LEGACY_LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const LEGACY_META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
-fn db_err(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
-    io::Error::other(e)
-}
-
 /// Moves a log kept in redb to a new `raft-log` directory: written to `raft-log.new`, synced,
 /// then renamed, so a crash leaves either no new log (and the redb one) or the whole new one.
 /// The redb copy is dropped only after that (by [`clear_legacy`]).
@@ -332,14 +328,14 @@ fn migrate(data_dir: &Path, legacy: &Database) -> io::Result<()> {
     std::fs::create_dir_all(&tmp)?;
     {
         let mut log = RaftLog::<WalTypes>::open(config(&tmp))?;
-        let tx = legacy.begin_read().map_err(db_err)?;
+        let tx = legacy.begin_read().map_err(io_err)?;
         if let Ok(meta) = tx.open_table(LEGACY_META) {
-            if let Some(v) = meta.get("vote").map_err(db_err)? {
+            if let Some(v) = meta.get("vote").map_err(io_err)? {
                 let vote: VoteOf<TypeConfig> =
                     serde_json::from_slice(v.value()).map_err(invalid)?;
                 log.save_vote(Vote(vote))?;
             }
-            if let Some(v) = meta.get("purged").map_err(db_err)? {
+            if let Some(v) = meta.get("purged").map_err(io_err)? {
                 let purged: Option<LogIdOf<TypeConfig>> =
                     serde_json::from_slice(v.value()).map_err(invalid)?;
                 if let Some(p) = purged {
@@ -348,8 +344,8 @@ fn migrate(data_dir: &Path, legacy: &Database) -> io::Result<()> {
             }
         }
         if let Ok(table) = tx.open_table(LEGACY_LOG) {
-            for item in table.iter().map_err(db_err)? {
-                let (_, v) = item.map_err(db_err)?;
+            for item in table.iter().map_err(io_err)? {
+                let (_, v) = item.map_err(io_err)?;
                 let e: EntryOf<TypeConfig> = serde_json::from_slice(v.value()).map_err(invalid)?;
                 let payload = serde_json::to_vec(&e.payload).map_err(invalid)?;
                 log.append([(Id(e.log_id), payload)])?;
@@ -368,7 +364,7 @@ fn migrate(data_dir: &Path, legacy: &Database) -> io::Result<()> {
 /// Drops the legacy redb log and vote once the new log holds them.
 fn clear_legacy(legacy: &Database) -> io::Result<()> {
     let has_log = {
-        let tx = legacy.begin_read().map_err(db_err)?;
+        let tx = legacy.begin_read().map_err(io_err)?;
         let log = tx
             .open_table(LEGACY_LOG)
             .map(|t| t.len().unwrap_or(0) > 0)
@@ -382,10 +378,10 @@ fn clear_legacy(legacy: &Database) -> io::Result<()> {
     if !has_log {
         return Ok(());
     }
-    let tx = legacy.begin_write().map_err(db_err)?;
-    tx.delete_table(LEGACY_LOG).map_err(db_err)?;
-    tx.delete_table(LEGACY_META).map_err(db_err)?;
-    tx.commit().map_err(db_err)
+    let tx = legacy.begin_write().map_err(io_err)?;
+    tx.delete_table(LEGACY_LOG).map_err(io_err)?;
+    tx.delete_table(LEGACY_META).map_err(io_err)?;
+    tx.commit().map_err(io_err)
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {

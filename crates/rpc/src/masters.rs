@@ -106,10 +106,7 @@ impl Masters {
     /// # Errors
     /// As the `Create` call.
     pub async fn create(&self, req: pb::CreateRequest) -> Result<pb::FileReply, MetaError> {
-        match self.batched(pb::batch_op::Op::Create(req)).await? {
-            pb::batch_result::Result::File(f) => Ok(f),
-            _ => Err(MetaError::internal("a create answered without its file")),
-        }
+        file(self.batched(pb::batch_op::Op::Create(req)).await?)
     }
 
     /// Commits a writer's progress, renews or releases its lease, seals (batched).
@@ -117,10 +114,7 @@ impl Masters {
     /// # Errors
     /// As the `Commit` call.
     pub async fn commit(&self, req: pb::CommitRequest) -> Result<pb::FileReply, MetaError> {
-        match self.batched(pb::batch_op::Op::Commit(req)).await? {
-            pb::batch_result::Result::File(f) => Ok(f),
-            _ => Err(MetaError::internal("a commit answered without its file")),
-        }
+        file(self.batched(pb::batch_op::Op::Commit(req)).await?)
     }
 
     /// Deletes a file or an empty directory (batched).
@@ -137,13 +131,11 @@ impl Masters {
     /// One operation through the batcher, retried on its own while the failure is one a
     /// single call would retry (no chunkservers known yet after an election).
     async fn batched(&self, op: pb::batch_op::Op) -> Result<pb::batch_result::Result, MetaError> {
-        let deadline = Instant::now() + *self.shared.retry_for.lock();
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = self.shared.backoff();
         loop {
             match self.batcher.submit(&self.shared, op.clone()).await {
-                Err(e) if e.kind == ErrorKind::NoServers && Instant::now() < deadline => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                Err(e) if e.kind == ErrorKind::NoServers && !backoff.expired() => {
+                    backoff.wait().await;
                 }
                 r => return r,
             }
@@ -151,7 +143,39 @@ impl Masters {
     }
 }
 
+/// The file a create or commit answers with.
+fn file(r: pb::batch_result::Result) -> Result<pb::FileReply, MetaError> {
+    match r {
+        pb::batch_result::Result::File(f) => Ok(f),
+        _ => Err(MetaError::internal("answered without the file")),
+    }
+}
+
+/// How calls are retried: 20 ms between tries, doubling up to 500 ms, until `retry_for`.
+struct Backoff {
+    deadline: Instant,
+    next: Duration,
+}
+
+impl Backoff {
+    fn expired(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.next).await;
+        self.next = (self.next * 2).min(Duration::from_millis(500));
+    }
+}
+
 impl Shared {
+    fn backoff(&self) -> Backoff {
+        Backoff {
+            deadline: Instant::now() + *self.retry_for.lock(),
+            next: Duration::from_millis(20),
+        }
+    }
+
     fn client(&self, addr: &str) -> Result<MetaClient<Channel>, MetaError> {
         if let Some(c) = self.clients.lock().get(addr) {
             return Ok(c.clone());
@@ -180,8 +204,7 @@ impl Shared {
         F: Fn(MetaClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let deadline = Instant::now() + *self.retry_for.lock();
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = self.backoff();
         let mut idx = 0;
         let mut target = self
             .leader
@@ -202,14 +225,13 @@ impl Shared {
                 ErrorKind::NoServers => true,
                 _ => false,
             };
-            if !retry || Instant::now() >= deadline {
+            if !retry || backoff.expired() {
                 return Err(err);
             }
             match (&err.kind, &err.leader) {
                 (ErrorKind::NotLeader, Some(l)) if *l != target => target = l.clone(),
                 _ => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    backoff.wait().await;
                     idx += 1;
                     target = self.addrs[idx % self.addrs.len()].clone();
                 }
