@@ -7,6 +7,8 @@ use cairn_rpc::ErrorKind;
 use common::{Cluster, bytes};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 fn small_chunks() -> ClientOptions {
@@ -158,18 +160,26 @@ async fn keep_writing(
     c: cairn_client::Client,
     path: String,
     seed: u64,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<AtomicBool>,
+    noticed: Arc<AtomicU64>,
 ) -> (Acked, Trouble) {
     let mut acked = Vec::new();
     let mut trouble = Trouble::default();
     let mut w = c.create(&path, CreateOptions::default()).await.unwrap();
     let mut n = 0u64;
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+    // Replicas dropped and chunks switched by the current writer, as last added to `noticed`.
+    let mut seen = 0u64;
+    while !stop.load(Ordering::Relaxed) {
         let len = 512 + (n as usize * 37) % 3000;
         let rec = bytes(seed * 1_000_003 + n, 0, len);
-        match w.append(&rec).await {
+        let r = w.append(&rec).await;
+        let now = w.stats().dropped + w.stats().switches;
+        noticed.fetch_add(now - seen, Ordering::Relaxed);
+        seen = now;
+        match r {
             Ok(at) => acked.push((at, seed * 1_000_003 + n, len)),
             Err(e) => {
+                seen = 0;
                 eprintln!("{path}: append failed: {e}");
                 trouble.errors += 1;
                 trouble.dropped += w.stats().dropped;
@@ -242,7 +252,8 @@ async fn sigkill_of_a_chunkserver_and_of_the_master_loses_no_acknowledged_append
     let dir = tempfile::tempdir().unwrap();
     let mut cl = Cluster::start(dir.path(), 1, 4).await;
     let c = cl.client_with(small_chunks()).await;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let noticed = Arc::new(AtomicU64::new(0));
     let writers: Vec<_> = (0..4u64)
         .map(|i| {
             tokio::spawn(keep_writing(
@@ -250,19 +261,43 @@ async fn sigkill_of_a_chunkserver_and_of_the_master_loses_no_acknowledged_append
                 format!("/k/w{i}"),
                 i + 1,
                 stop.clone(),
+                noticed.clone(),
             ))
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    cl.chunkservers[1].kill();
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    cl.chunkservers[1].start();
+    // The victim: the server holding the most writers' open chunks.
+    let mut holds = BTreeMap::<u64, usize>::new();
+    for i in 0..4 {
+        if let Some(last) = common::chunks(&c, &format!("/k/w{i}")).await.last() {
+            for s in &last.servers {
+                *holds.entry(*s).or_default() += 1;
+            }
+        }
+    }
+    let victim_id = holds
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(s, _)| *s)
+        .unwrap();
+    let victim = cl.index_of(victim_id).await;
+    // Down until some writer has noticed (a writer stalled for the whole outage would find
+    // the server back with its chunk intact, and this test would prove nothing), at least 700 ms.
+    let before = noticed.load(Ordering::Relaxed);
+    let down = Instant::now();
+    cl.chunkservers[victim].kill();
+    while down.elapsed() < Duration::from_millis(700)
+        || (noticed.load(Ordering::Relaxed) == before && down.elapsed() < Duration::from_secs(20))
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cl.chunkservers[victim].start();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     cl.masters[0].kill();
     tokio::time::sleep(Duration::from_millis(700)).await;
     cl.masters[0].start();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     let mut all = BTreeMap::new();
     let mut trouble = Trouble::default();
     for (i, w) in writers.into_iter().enumerate() {

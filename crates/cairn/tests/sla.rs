@@ -12,19 +12,9 @@ use std::time::{Duration, Instant};
 /// others' clusters do not starve the one being timed of the two cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Index in `cl.chunkservers` of the server with masters' id `id`.
-async fn index_of(cl: &Cluster, id: u64) -> usize {
-    let s = cl.status().await.unwrap();
-    let addr = &s.servers.iter().find(|x| x.id == id).unwrap().addr;
-    cl.chunkservers
-        .iter()
-        .position(|p| &p.addr == addr)
-        .unwrap()
-}
-
 /// Reads a whole chunk from one replica directly.
 async fn replica_bytes(cl: &Cluster, server: u64, chunk: u64, len: u64) -> Vec<u8> {
-    let i = index_of(cl, server).await;
+    let i = cl.index_of(server).await;
     let d = DataConn::connect(
         cl.chunkservers[i].addr.parse().unwrap(),
         Duration::from_secs(10),
@@ -148,7 +138,7 @@ async fn a_lagging_replica_beyond_k_bytes_is_sealed_and_re_replicated() {
     let mut w = c.create("/lag", CreateOptions::default()).await.unwrap();
     w.append(&bytes(2, 0, 16 << 10)).await.unwrap();
     let first = chunks(&c, "/lag").await[0].clone();
-    let slow = index_of(&cl, first.servers[0]).await;
+    let slow = cl.index_of(first.servers[0]).await;
     cl.fault(
         slow,
         FaultSpec {
@@ -205,8 +195,8 @@ async fn a_failed_chunk_is_sealed_and_the_write_continues_in_a_new_chunk() {
     w.append(&bytes(3, 0, 10_000)).await.unwrap();
     let first = chunks(&c, "/ns").await[0].clone();
     let broken = [
-        index_of(&cl, first.servers[0]).await,
-        index_of(&cl, first.servers[1]).await,
+        cl.index_of(first.servers[0]).await,
+        cl.index_of(first.servers[1]).await,
     ];
     for &i in &broken {
         cl.fault(
@@ -284,9 +274,9 @@ async fn acknowledged_bytes_no_replica_holds_are_rewritten_from_the_clients_buff
     w.append(&bytes(4, 0, 4096)).await.unwrap();
     let first = chunks(&c, "/rw").await[0].clone();
     let idx = [
-        index_of(&cl, first.servers[0]).await,
-        index_of(&cl, first.servers[1]).await,
-        index_of(&cl, first.servers[2]).await,
+        cl.index_of(first.servers[0]).await,
+        cl.index_of(first.servers[1]).await,
+        cl.index_of(first.servers[2]).await,
     ];
     // The third replica answers every request 1.5 s late: it chases.
     cl.fault(
@@ -388,7 +378,7 @@ async fn a_down_servers_chunks_are_re_replicated_under_the_bandwidth_cap() {
         w.close().await.unwrap();
     }
     let victim_id = chunks(&c, "/r/f0").await[0].servers[0];
-    let victim = index_of(&cl, victim_id).await;
+    let victim = cl.index_of(victim_id).await;
     let mut lost_bytes = 0u64;
     for f in 0..4u64 {
         for ch in chunks(&c, &format!("/r/f{f}")).await {
@@ -513,7 +503,7 @@ async fn a_backup_read_is_sent_after_the_delay_and_the_first_answer_wins() {
     w.close().await.unwrap();
     // A fresh client knows no latencies and asks the replicas in the masters' order.
     let first = chunks(&c, "/b/f").await[0].servers[0];
-    let i = index_of(&cl, first).await;
+    let i = cl.index_of(first).await;
     cl.fault(
         i,
         FaultSpec {

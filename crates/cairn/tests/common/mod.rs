@@ -206,6 +206,16 @@ impl Cluster {
         c.fault(&spec).await.unwrap();
     }
 
+    /// Index in `chunkservers` of the server with the masters' id `id`.
+    pub async fn index_of(&self, id: u64) -> usize {
+        let s = self.status().await.unwrap();
+        let addr = &s.servers.iter().find(|x| x.id == id).unwrap().addr;
+        self.chunkservers
+            .iter()
+            .position(|p| &p.addr == addr)
+            .unwrap()
+    }
+
     /// The masters' id of chunkserver `i` (0-based).
     pub async fn server_id(&self, i: usize) -> u64 {
         let s = self.status().await.unwrap();
