@@ -22,9 +22,11 @@ pub struct ChunkserverArgs {
     /// sync (default): every acknowledged append is on the disk. none: benchmarks only.
     #[arg(long, default_value = "sync", value_parser = ["sync", "none"])]
     durability: String,
-    /// Write zeros over new store files (slower to create, steadier first-pass appends).
+    /// Do not write zeros over new store files. They are then created at once, but on
+    /// ext4/xfs the first append into each never-written block also commits a journal
+    /// transaction: appends are slower until every block has been written once.
     #[arg(long)]
-    zero_fill: bool,
+    no_zero_fill: bool,
     /// The masters (`HOST:PORT,…`): register, heartbeat and report chunks to them. Without
     /// it the server only serves the data plane.
     #[arg(long, env = "CAIRN_MASTERS")]
@@ -56,7 +58,7 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
             .map(|i| a.data_dir.join(format!("disk{i}.cairn")))
             .collect(),
         create_bytes: a.disk_size,
-        zero_fill: a.zero_fill,
+        zero_fill: !a.no_zero_fill,
         format: FormatOptions::default(),
         open: OpenOptions {
             durability: if a.durability == "sync" {

@@ -30,6 +30,10 @@ pub struct UpArgs {
     /// Start the chunkservers with --fault-injection (`cairn admin fault`).
     #[arg(long)]
     fault_injection: bool,
+    /// Create the chunkservers' store files without writing zeros over them (faster first
+    /// start, slower appends until every block has been written once).
+    #[arg(long)]
+    no_zero_fill: bool,
 }
 
 struct Managed {
@@ -158,6 +162,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             ]
             .into_iter()
             .chain(a.fault_injection.then(|| "--fault-injection".to_string()))
+            .chain(a.no_zero_fill.then(|| "--no-zero-fill".to_string()))
             .collect(),
             child: None,
             started: Instant::now(),

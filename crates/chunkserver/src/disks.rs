@@ -15,8 +15,9 @@ pub struct DiskSetOptions {
     pub paths: Vec<PathBuf>,
     /// Size of a store file created here.
     pub create_bytes: u64,
-    /// Write zeros over a new store file (slower to create; no unwritten-extent conversions
-    /// on the first pass of appends).
+    /// Write zeros over a new store file. Slower to create, but on ext4/xfs a preallocated,
+    /// never-written block is an unwritten extent: the first append into it makes its flush
+    /// commit a journal transaction as well (docs/operations.md, "Store files").
     pub zero_fill: bool,
     pub format: FormatOptions,
     pub open: OpenOptions,
@@ -157,17 +158,45 @@ fn open_or_create(path: &Path, opts: &DiskSetOptions) -> Result<Arc<FileDisk>, S
         op: "open disk",
         source: Arc::new(e),
     };
+    // A store file is made under a temporary name and renamed into place once formatted: a
+    // process killed while zero-filling or formatting leaves no half-made store behind, only a
+    // temporary file that the next start removes.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = PathBuf::from(tmp);
+    if tmp.exists() {
+        tracing::warn!(path = %tmp.display(), "removing a store file left half-made");
+        std::fs::remove_file(&tmp).map_err(io)?;
+    }
     if path.exists() {
         return FileDisk::open(path).map(Arc::new).map_err(io);
     }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let began = std::time::Instant::now();
+    if opts.zero_fill {
+        tracing::info!(path = %path.display(), bytes = opts.create_bytes, "zero-filling a new store file");
     }
-    let disk = FileDisk::create(path, opts.create_bytes, opts.zero_fill).map_err(io)?;
-    if let Err(e) = ChunkStore::format(&disk, &opts.format) {
-        // A half-made store file would be refused at the next start: remove it.
-        let _ = std::fs::remove_file(path);
+    let made = FileDisk::create(&tmp, opts.create_bytes, opts.zero_fill)
+        .map_err(io)
+        .and_then(|disk| ChunkStore::format(&disk, &opts.format));
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    Ok(Arc::new(disk))
+    std::fs::rename(&tmp, path).map_err(io)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io)?;
+    tracing::info!(
+        path = %path.display(),
+        bytes = opts.create_bytes,
+        zero_filled = opts.zero_fill,
+        seconds = began.elapsed().as_secs_f64(),
+        "created a store file"
+    );
+    FileDisk::open(path).map(Arc::new).map_err(io)
 }

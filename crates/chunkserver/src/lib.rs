@@ -397,7 +397,10 @@ impl Chunkserver {
                 async {
                     let store = self.disks.find(id)?;
                     let mut rep = h.reply(Status::Ok);
+                    let t0 = std::time::Instant::now();
                     rep.offset = payload.append(&store, id, h.offset).await?;
+                    metrics::histogram!("cairn_chunkserver_xstore_seconds")
+                        .record(t0.elapsed().as_secs_f64());
                     Ok((rep, Vec::new()))
                 }
                 .await

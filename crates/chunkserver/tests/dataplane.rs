@@ -220,3 +220,38 @@ async fn a_corrupt_frame_closes_that_connection_only() {
     // The good connection never noticed.
     assert_eq!(good.read(1, 0, 4).await.unwrap(), b"kept");
 }
+
+/// A store file is made under a temporary name and renamed into place once formatted: what a
+/// process killed while zero-filling leaves behind is removed at the next start, and the store
+/// is made again.
+#[test]
+fn a_half_made_store_file_is_made_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk0.cairn");
+    let leftover = dir.path().join("disk0.cairn.new");
+    std::fs::write(&leftover, vec![0xAB; 1 << 20]).unwrap();
+    let opts = DiskSetOptions {
+        paths: vec![path.clone()],
+        create_bytes: 16 << 20,
+        zero_fill: true,
+        format: FormatOptions::default(),
+        open: OpenOptions::default(),
+    };
+    let set = DiskSet::open(&opts).unwrap();
+    assert!(!leftover.exists(), "the half-made file is gone");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 16 << 20);
+    let store = set.place(7).unwrap();
+    store.create(7, 1).unwrap();
+    assert_eq!(store.append(7, 0, b"kept").unwrap(), 4);
+    // The store file is locked while open.
+    let e = DiskSet::open(&opts)
+        .err()
+        .expect("a second open is refused");
+    assert!(e.to_string().contains("locked"), "{e}");
+    drop(store);
+    set.close().unwrap();
+    // The next start opens the same store (nothing is made again).
+    let set = DiskSet::open(&opts).unwrap();
+    assert_eq!(set.find(7).unwrap().read(7, 0, 4).unwrap(), b"kept");
+    set.close().unwrap();
+}

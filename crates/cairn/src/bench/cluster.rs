@@ -77,6 +77,17 @@ struct Report {
     /// Appends: MiB/s ÷ (floor MiB/s ÷ replicas), all replicas share one disk here.
     /// Reads and creates: ops/s ÷ floor ops/s.
     ratio_ops: f64,
+    /// Appends at depth 1 with replicas: the replicated floor — one O_DIRECT write +
+    /// fdatasync per replica, on files of their own, all at once, until a majority is done
+    /// (`floor::run_replicated`) — and p50 / (it + rtt p50); likewise p99.9.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    floor_replicated_p50_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    floor_replicated_p999_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ratio_p50_replicated: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ratio_p999_replicated: Option<f64>,
     loadavg: f64,
     /// The fault during this run, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -121,6 +132,16 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
         &a.floor_dir,
         (a.depth as u64 * size as u64 * 64).max(256 << 20),
     )?;
+    // The replicated floor's files, one per replica (depth-1 appends only).
+    let replica_files = if op == Op::Append && a.depth == 1 && a.replicas > 1 {
+        (0..a.replicas)
+            .map(|i| {
+                floor::floor_file_named(&a.floor_dir, &format!("floor-replica{i}.dat"), 64 << 20)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?
+    } else {
+        Vec::new()
+    };
     let prefix = format!(
         "/bench-{}-{}",
         std::process::id(),
@@ -156,6 +177,12 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             true,
         )?;
         let rtt = rt.block_on(loopback_rtt(size, a.seconds.min(3.0)))?;
+        let replicated = if replica_files.is_empty() {
+            None
+        } else {
+            let quorum = replica_files.len() / 2 + 1;
+            Some(floor::run_replicated(&replica_files, size, quorum, a.seconds.min(3.0))?.latency)
+        };
         let killer = a
             .kill_one_after
             .map(|after| rt.spawn(kill_one(masters.clone(), after)));
@@ -205,6 +232,10 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             } else {
                 ops_per_s / floor_ops_per_s
             },
+            floor_replicated_p50_us: replicated.map(|f| f.p50_us),
+            floor_replicated_p999_us: replicated.map(|f| f.p999_us),
+            ratio_p50_replicated: replicated.map(|f| lat.p50_us / (f.p50_us + rtt.p50_us)),
+            ratio_p999_replicated: replicated.map(|f| lat.p999_us / (f.p999_us + rtt.p999_us)),
             loadavg: loadavg(),
             fault,
             vs_healthy_p999: None,
@@ -239,6 +270,8 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
                 max_us: sl.max_us,
                 ratio_p50: sl.p50_us / (fl.latency.p50_us + rtt.p50_us),
                 ratio_p999: sl.p999_us / (fl.latency.p999_us + rtt.p999_us),
+                ratio_p50_replicated: replicated.map(|f| sl.p50_us / (f.p50_us + rtt.p50_us)),
+                ratio_p999_replicated: replicated.map(|f| sl.p999_us / (f.p999_us + rtt.p999_us)),
                 loadavg: loadavg(),
                 fault: Some(how),
                 vs_healthy_p999: Some(sl.p999_us / lat.p999_us),

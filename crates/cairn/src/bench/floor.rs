@@ -21,7 +21,12 @@ pub struct FloorResult {
 
 /// Opens (creating and zero-filling if needed) the floor file of `bytes`.
 pub fn floor_file(dir: &Path, bytes: u64) -> anyhow::Result<Arc<FileDisk>> {
-    let path = dir.join("floor.dat");
+    floor_file_named(dir, "floor.dat", bytes)
+}
+
+/// Opens (creating and zero-filling if needed) `dir/name` of `bytes`.
+pub fn floor_file_named(dir: &Path, name: &str, bytes: u64) -> anyhow::Result<Arc<FileDisk>> {
+    let path = dir.join(name);
     if let Ok(m) = std::fs::metadata(&path) {
         if m.len() == bytes {
             return Ok(Arc::new(FileDisk::open(&path)?));
@@ -88,5 +93,89 @@ pub fn run(
         ops: all.len(),
         seconds,
         latency: Latency::of(&all),
+    })
+}
+
+/// The replicated append floor: one thread per file (each file standing for one replica's
+/// chunkserver disk) writes `size` bytes at its next offset + `fdatasync`, all of them at once,
+/// round after round; a round takes until the `quorum`-th of them is durable (an append is
+/// acknowledged once `quorum` replicas have it). On a machine whose replicas share one disk
+/// this is the least a replicated append can cost.
+pub fn run_replicated(
+    files: &[Arc<FileDisk>],
+    size: usize,
+    quorum: usize,
+    seconds: f64,
+) -> anyhow::Result<FloorResult> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Barrier, mpsc};
+    anyhow::ensure!(
+        (1..=files.len()).contains(&quorum),
+        "quorum must be 1..={}",
+        files.len()
+    );
+    let n = files.len();
+    let go = Arc::new(Barrier::new(n + 1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel::<std::io::Result<Instant>>();
+    let threads: Vec<_> = files
+        .iter()
+        .enumerate()
+        .map(|(t, disk)| {
+            let (disk, go, stop, tx) = (disk.clone(), go.clone(), stop.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let mut buf = AlignedBuf::zeroed(size);
+                buf.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, b)| *b = (i * 7 + t) as u8);
+                let region = disk.capacity() / size as u64 * size as u64;
+                let mut off = 0u64;
+                loop {
+                    go.wait();
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let r = disk.write_at(&buf, off).and_then(|()| disk.sync());
+                    let _ = tx.send(r.map(|()| Instant::now()));
+                    off = (off + size as u64) % region;
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    let mut h = histogram();
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let t0 = Instant::now();
+    let mut failed = None;
+    while failed.is_none() && Instant::now() < deadline {
+        let start = Instant::now();
+        go.wait();
+        let mut done = Vec::with_capacity(n);
+        for _ in 0..n {
+            match rx.recv() {
+                Ok(Ok(at)) => done.push(at),
+                Ok(Err(e)) => failed = Some(e),
+                Err(_) => anyhow::bail!("a floor thread died"),
+            }
+        }
+        done.sort();
+        if let Some(at) = done.get(quorum - 1) {
+            h.record(at.duration_since(start).as_nanos() as u64)
+                .expect("in range");
+        }
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    go.wait();
+    for t in threads {
+        t.join().expect("floor thread");
+    }
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    Ok(FloorResult {
+        ops: h.len(),
+        seconds,
+        latency: Latency::of(&h),
     })
 }

@@ -135,6 +135,8 @@ impl Cluster {
                         maddrs.join(","),
                         "--disk-size".into(),
                         "256m".into(),
+                        // Fast to create; the process and `up` tests cover zero-filling.
+                        "--no-zero-fill".into(),
                         "--heartbeat-ms".into(),
                         "200".into(),
                         "--fault-injection".into(),

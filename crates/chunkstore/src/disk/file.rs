@@ -128,6 +128,7 @@ impl FileDisk {
     }
 
     fn from_file(file: File, path: &Path, capacity: Option<u64>) -> io::Result<Self> {
+        lock(&file, path)?;
         let capacity = match capacity {
             Some(c) => c,
             None => device_size(&file)?,
@@ -232,6 +233,39 @@ impl FileDisk {
         }
     }
 }
+
+/// Takes the file's exclusive lock: one store per file, since a second process (or a second
+/// open in this one) would interleave its writes with ours. The lock goes with the file.
+///
+/// A process killed with writes in flight on its io_uring still holds the file for a moment
+/// after it is gone (the kernel tears the ring down asynchronously), so a lock held elsewhere
+/// is waited for up to [`LOCK_WAIT`] before it is an error.
+fn lock(file: &File, path: &Path) -> io::Result<()> {
+    let began = std::time::Instant::now();
+    loop {
+        // SAFETY: plain syscall on an fd the caller owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::WouldBlock {
+            return Err(e);
+        }
+        if began.elapsed() >= LOCK_WAIT {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!(
+                    "{}: the store is open elsewhere (locked for {LOCK_WAIT:?})",
+                    path.display()
+                ),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// How long [`lock`] waits for a lock held elsewhere.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn device_size(file: &File) -> io::Result<u64> {
     let meta = file.metadata()?;
