@@ -108,6 +108,23 @@ impl Payload {
         }
     }
 
+    /// Creates chunk `id` with it as the first append.
+    async fn create_with_append(
+        &self,
+        store: &cairn_chunkstore::ChunkStore,
+        id: u64,
+        version: u64,
+    ) -> Result<u64, StoreError> {
+        match self {
+            Self::Bytes(b) => store.create_with_append_async(id, version, b).await,
+            Self::Aligned(b, len) => {
+                store
+                    .create_with_append_aligned_async(id, version, b.clone(), *len)
+                    .await
+            }
+        }
+    }
+
     /// Appends it to chunk `id` at `offset`.
     async fn append(
         &self,
@@ -381,13 +398,26 @@ impl Chunkserver {
             Opcode::Create => {
                 async {
                     let store = self.disks.place(id)?;
-                    if let Err(e) = store.create_async(id, h.arg).await {
-                        self.disks.unplace(id);
-                        return Err(e);
-                    }
+                    // With a first append: one store batch, one flush for both.
+                    let created = if payload.is_empty() {
+                        store.create_async(id, h.arg).await.map(|()| 0)
+                    } else {
+                        payload.create_with_append(&store, id, h.arg).await
+                    };
                     let mut rep = h.reply(Status::Ok);
-                    if !payload.is_empty() {
-                        rep.offset = payload.append(&store, id, 0).await?;
+                    match created {
+                        Ok(len) => rep.offset = len,
+                        // Refused before the chunk was made: it is not here.
+                        Err(
+                            e @ (StoreError::AlreadyExists { .. }
+                            | StoreError::TooManyChunks { .. }
+                            | StoreError::StoreFailed
+                            | StoreError::Closed),
+                        ) => {
+                            self.disks.unplace(id);
+                            return Err(e);
+                        }
+                        Err(e) => return Err(e),
                     }
                     Ok((rep, Vec::new()))
                 }
@@ -397,10 +427,7 @@ impl Chunkserver {
                 async {
                     let store = self.disks.find(id)?;
                     let mut rep = h.reply(Status::Ok);
-                    let t0 = std::time::Instant::now();
                     rep.offset = payload.append(&store, id, h.offset).await?;
-                    metrics::histogram!("cairn_chunkserver_xstore_seconds")
-                        .record(t0.elapsed().as_secs_f64());
                     Ok((rep, Vec::new()))
                 }
                 .await

@@ -270,6 +270,7 @@ impl ChunkStore {
             chunk_id,
             version,
             reply,
+            first: None,
         })?)
     }
 
@@ -452,7 +453,70 @@ impl ChunkStore {
             chunk_id,
             version,
             reply,
+            first: None,
         })
+    }
+
+    /// Creates a chunk with its first append (the data plane's create with a piggybacked
+    /// append): both go into one batch, so they share one flush. Returns the new length once
+    /// both are durable. A refused create makes no append; a refused append leaves the chunk
+    /// created and empty, as [`ChunkStore::create`] followed by [`ChunkStore::append`] would.
+    ///
+    /// # Errors
+    /// As [`ChunkStore::create`], then as [`ChunkStore::append`].
+    pub fn create_with_append(&self, chunk_id: ChunkId, version: u64, data: &[u8]) -> Result<u64> {
+        let data = self.prepare(0, data);
+        let (areply, arx) = oneshot::channel();
+        let rx = self.submit(|reply| Request::Create {
+            chunk_id,
+            version,
+            reply,
+            first: Some((data, areply)),
+        })?;
+        Self::wait(rx)?;
+        Self::wait(arx)
+    }
+
+    /// Async form of [`ChunkStore::create_with_append`].
+    pub fn create_with_append_async(
+        &self,
+        chunk_id: ChunkId,
+        version: u64,
+        data: &[u8],
+    ) -> impl Future<Output = Result<u64>> + '_ {
+        let data = self.prepare(0, data);
+        self.create_with_prepared(chunk_id, version, Ok(data))
+    }
+
+    /// [`ChunkStore::create_with_append_async`] of an aligned buffer, written without a copy
+    /// when it makes a large append (as [`ChunkStore::append_aligned`]).
+    pub fn create_with_append_aligned_async(
+        &self,
+        chunk_id: ChunkId,
+        version: u64,
+        buf: Arc<AlignedBuf>,
+        len: usize,
+    ) -> impl Future<Output = Result<u64>> + '_ {
+        let data = self.prepare_aligned(0, buf, len);
+        self.create_with_prepared(chunk_id, version, data)
+    }
+
+    async fn create_with_prepared(
+        &self,
+        chunk_id: ChunkId,
+        version: u64,
+        data: Result<Prepared>,
+    ) -> Result<u64> {
+        let data = data?;
+        let (areply, arx) = oneshot::channel();
+        self.submit_async(move |reply| Request::Create {
+            chunk_id,
+            version,
+            reply,
+            first: Some((data, areply)),
+        })
+        .await?;
+        arx.await.map_err(|_| Error::Closed)?
     }
 
     /// Seals the chunk at its current length: no more appends. Idempotent. Returns its stat,

@@ -28,10 +28,13 @@ type Reply<T> = oneshot::Sender<Result<T>>;
 
 /// A request to the device thread.
 pub(crate) enum Request {
+    /// With `first`, the chunk's first append goes into the same batch as its creation (one
+    /// flush for both); it is answered on its own reply, and refused when the create is.
     Create {
         chunk_id: ChunkId,
         version: u64,
         reply: Reply<()>,
+        first: Option<(Prepared, Reply<u64>)>,
     },
     /// With `sync: false` the append is acknowledged when written, before a flush (see
     /// [`crate::ChunkStore::append_unsynced_async`]).
@@ -660,9 +663,12 @@ impl Writer {
                 chunk_id,
                 version,
                 reply,
+                first,
             } => {
+                let shared = self.shared.clone();
+                let pool = &shared.pool;
                 if failed {
-                    return send(reply, Err(Error::StoreFailed));
+                    return refuse_create(pool, reply, first, Error::StoreFailed);
                 }
                 if b.touched.contains(&chunk_id) || !self.log_has_room(b, 25) {
                     return self.defer(
@@ -672,22 +678,19 @@ impl Writer {
                             chunk_id,
                             version,
                             reply,
+                            first,
                         },
                     );
                 }
                 let index = self.shared.index.read();
                 if index.chunks.contains_key(&chunk_id) {
-                    return send(reply, Err(Error::AlreadyExists { chunk_id }));
+                    return refuse_create(pool, reply, first, Error::AlreadyExists { chunk_id });
                 }
                 if index.chunks.len() + b.creates.len() + pending_creates
                     >= self.shared.geo.sb.max_chunks as usize
                 {
-                    return send(
-                        reply,
-                        Err(Error::TooManyChunks {
-                            max_chunks: self.shared.geo.sb.max_chunks,
-                        }),
-                    );
+                    let max_chunks = self.shared.geo.sb.max_chunks;
+                    return refuse_create(pool, reply, first, Error::TooManyChunks { max_chunks });
                 }
                 drop(index);
                 let epoch = self.next_epoch;
@@ -703,6 +706,19 @@ impl Writer {
                 b.creates.push((chunk_id, epoch, version, reply));
                 b.created.insert(chunk_id, epoch);
                 b.touched.insert(chunk_id);
+                // The first append joins this batch: it finds the chunk in `b.created`.
+                if let Some((data, reply)) = first {
+                    self.plan(
+                        b,
+                        Request::Append {
+                            chunk_id,
+                            data,
+                            sync: true,
+                            reply,
+                        },
+                        busy,
+                    );
+                }
             }
             Request::Append {
                 chunk_id,
@@ -1430,6 +1446,20 @@ fn send<T>(reply: Reply<T>, r: Result<T>) {
     let _ = reply.send(r);
 }
 
+/// Answers a refused create; its first append, if any, is not made (its caller waits for the
+/// create's answer first and stops there).
+fn refuse_create(
+    pool: &crate::buf::BufPool,
+    reply: Reply<()>,
+    first: Option<(Prepared, Reply<u64>)>,
+    e: Error,
+) {
+    if let Some((mut data, _)) = first {
+        data.release(pool);
+    }
+    send(reply, Err(e));
+}
+
 fn clone_io(e: &std::io::Error) -> std::io::Error {
     match e.raw_os_error() {
         Some(code) => std::io::Error::from_raw_os_error(code),
@@ -1439,7 +1469,11 @@ fn clone_io(e: &std::io::Error) -> std::io::Error {
 
 fn req_bytes(r: &Request) -> usize {
     match r {
-        Request::Append { data, .. } => data.len,
+        Request::Append { data, .. }
+        | Request::Create {
+            first: Some((data, _)),
+            ..
+        } => data.len,
         _ => 0,
     }
 }

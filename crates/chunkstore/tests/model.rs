@@ -31,10 +31,15 @@ static CHAINED: AtomicU64 = AtomicU64::new(0);
 /// Large appends acknowledged, and crashes whose recovery had to follow one it never saw
 /// checkpointed.
 static LARGE: AtomicU64 = AtomicU64::new(0);
+/// Creates with a first append acknowledged, with and without a crash right after.
+static CREATED_WITH_APPEND: AtomicU64 = AtomicU64::new(0);
+static CREATED_WITH_APPEND_THEN_CRASH: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Debug, Clone)]
 enum Meta {
     Create(u8),
+    /// A create with its first append, in one batch.
+    CreateAppend(u8, u32),
     Seal(u8),
     Delete(u8),
 }
@@ -42,6 +47,8 @@ enum Meta {
 #[derive(Debug, Clone)]
 enum Op {
     Create(u8),
+    /// A create with its first append, in one batch.
+    CreateAppend(u8, u32),
     Append {
         id: u8,
         len: u32,
@@ -80,11 +87,13 @@ fn op() -> impl Strategy<Value = Op> {
     let burst = proptest::collection::vec((0..IDS, burst_len), 1..8);
     let meta = prop_oneof![
         (0..IDS).prop_map(Meta::Create),
+        (0..IDS, 1u32..20_000).prop_map(|(id, len)| Meta::CreateAppend(id, len)),
         (0..IDS).prop_map(Meta::Seal),
         (0..IDS).prop_map(Meta::Delete),
     ];
     prop_oneof![
         3 => id.clone().prop_map(Op::Create),
+        2 => (id.clone(), len.clone()).prop_map(|(id, len)| Op::CreateAppend(id, len)),
         8 => (id.clone(), len, proptest::bool::weighted(0.1)).prop_map(|(id, len, wrong_offset)| Op::Append { id, len, wrong_offset }),
         1 => id.clone().prop_map(Op::Seal),
         1 => (id.clone(), any::<u16>()).prop_map(|(id, f)| Op::SealAt(id, f)),
@@ -159,6 +168,30 @@ impl Harness {
                     }
                     Err(Error::AlreadyExists { .. }) if expect_exists => {}
                     other => return Err(format!("create {id}: {other:?}")),
+                }
+            }
+            Op::CreateAppend(id, len) => {
+                let id64 = id as u64;
+                let data = pattern(id64, 0, len as usize);
+                let r = self.store().create_with_append(id64, 1, &data);
+                let existed = self.model.contains_key(&id64);
+                match r {
+                    Ok(end) if !existed && end == len as u64 => {
+                        CREATED_WITH_APPEND.fetch_add(1, Ordering::Relaxed);
+                        self.model.insert(
+                            id64,
+                            MChunk {
+                                data,
+                                sealed: false,
+                            },
+                        );
+                    }
+                    Err(Error::AlreadyExists { .. }) if existed => {}
+                    // Created; the append found no room.
+                    Err(Error::NoSpace) if !existed => {
+                        self.model.insert(id64, MChunk::default());
+                    }
+                    other => return Err(format!("create {id} with {len} bytes: {other:?}")),
                 }
             }
             Op::Append {
@@ -331,6 +364,10 @@ impl Harness {
         let outcomes = self.burst(burst);
         let meta_result = meta.clone().map(|m| match m {
             Meta::Create(id) => self.store().create(id as u64, 1).map(|_| ()),
+            Meta::CreateAppend(id, len) => self
+                .store()
+                .create_with_append(id as u64, 1, &pattern(id as u64, 0, len as usize))
+                .map(|_| ()),
             Meta::Seal(id) => self.store().seal(id as u64).map(|_| ()),
             Meta::Delete(id) => self.store().delete(id as u64),
         });
@@ -362,6 +399,22 @@ impl Harness {
                 Ok(()) => match m {
                     Meta::Create(id) => {
                         self.model.entry(id as u64).or_default();
+                    }
+                    Meta::CreateAppend(id, len) => {
+                        if self.model.contains_key(&(id as u64)) {
+                            return Err(format!(
+                                "create {id}: acknowledged over an existing chunk"
+                            ));
+                        }
+                        let data = pattern(id as u64, 0, len as usize);
+                        self.model.insert(
+                            id as u64,
+                            MChunk {
+                                data,
+                                sealed: false,
+                            },
+                        );
+                        CREATED_WITH_APPEND_THEN_CRASH.fetch_add(1, Ordering::Relaxed);
                     }
                     Meta::Seal(id) => {
                         if let Some(c) = self.model.get_mut(&(id as u64)) {
@@ -412,6 +465,29 @@ impl Harness {
                         self.model.entry(id as u64).or_default();
                     }
                 }
+                // Not acknowledged: the chunk may be there, empty or with the whole append.
+                Meta::CreateAppend(id, len) if !self.model.contains_key(&(id as u64)) => {
+                    if let Ok(st) = self.store().stat(id as u64) {
+                        let data = if st.length == len as u64 {
+                            pattern(id as u64, 0, len as usize)
+                        } else if st.length == 0 {
+                            Vec::new()
+                        } else {
+                            return Err(format!(
+                                "create {id} with {len} bytes, unacknowledged: recovered {} bytes",
+                                st.length
+                            ));
+                        };
+                        self.model.insert(
+                            id as u64,
+                            MChunk {
+                                data,
+                                sealed: false,
+                            },
+                        );
+                    }
+                }
+                Meta::CreateAppend(..) => {}
                 Meta::Seal(id) => {
                     if let (Some(c), Ok(s)) = (
                         self.model.get_mut(&(id as u64)),
@@ -546,10 +622,13 @@ fn crash_paths_are_exercised() {
         &ACKED_CHECKED_AFTER_CRASH,
         &CHAINED,
         &LARGE,
+        &CREATED_WITH_APPEND,
+        &CREATED_WITH_APPEND_THEN_CRASH,
     ]
     .map(|p| p.load(Ordering::Relaxed));
     assert!(
         probes.iter().all(|&n| n > 0),
-        "probes (survived, lost, acked checked, chained in a batch, large) = {probes:?}"
+        "probes (survived, lost, acked checked, chained in a batch, large, created with an \
+         append, that and a crash) = {probes:?}"
     );
 }
