@@ -171,6 +171,19 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         });
     }
 
+    let fresh = file
+        .chunkserver_procs
+        .iter()
+        .filter(|p| !p.data_dir.join("disk0.cairn").exists())
+        .count();
+    if fresh > 0 && !a.no_zero_fill {
+        println!(
+            "cairn up: making {fresh} new store file(s) of {} MiB, written with zeros once \
+             (--no-zero-fill skips it; docs/operations.md)",
+            a.disk_size >> 20
+        );
+    }
+
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGINT, libc::SIGTERM] {
         signal_flag(sig, stop.clone())?;
