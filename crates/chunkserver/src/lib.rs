@@ -64,6 +64,9 @@ pub struct Chunkserver {
     recv_pool: BufPool,
 }
 
+/// Bytes of a connection's read buffer.
+const READ_BUFFER: usize = 64 << 10;
+
 /// Receive buffers kept for reuse (at most 16 × 4 MiB with `cairn fs put`'s appends).
 const RECV_BUFFERS: usize = 16;
 
@@ -244,7 +247,11 @@ impl Chunkserver {
 
     async fn connection(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
-        let (mut rd, wr) = stream.into_split();
+        let (rd, wr) = stream.into_split();
+        // Frames are read through a buffer: one read takes a small request's header and
+        // payload (and whatever follows them) in one system call. Payloads longer than the
+        // buffer are read straight into theirs.
+        let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER, rd);
         let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
         // Replies are bounded by the permits they carry, so the channel needs no bound.
         let writer = tokio::spawn(async move {
@@ -271,7 +278,7 @@ impl Chunkserver {
 
     async fn read_loop(
         self: &Arc<Self>,
-        rd: &mut tokio::net::tcp::OwnedReadHalf,
+        rd: &mut (impl AsyncReadExt + Unpin),
         tx: &mpsc::UnboundedSender<Reply>,
         count: &Arc<Semaphore>,
         bytes: &Arc<Semaphore>,

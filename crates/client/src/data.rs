@@ -126,7 +126,9 @@ impl DataConn {
                 message: e.to_string(),
             })?;
         let _ = stream.set_nodelay(true);
-        let (mut rd, wr) = stream.into_split();
+        let (rd, wr) = stream.into_split();
+        // Replies are read through a buffer: one read takes every reply that has arrived.
+        let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
         let (tx, mut rx) = mpsc::channel::<(Header, Bytes)>(SEND_QUEUE);
         let pending: Pending = Arc::new(Mutex::new(PendingState {
             waiting: HashMap::new(),
