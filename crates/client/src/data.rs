@@ -220,11 +220,24 @@ impl DataConn {
         &self.stats
     }
 
-    async fn call(&self, mut h: Header, payload: Bytes) -> Result<(Header, Vec<u8>)> {
+    async fn call(&self, h: Header, payload: Bytes) -> Result<(Header, Vec<u8>)> {
+        self.call_crc(h, payload, None).await
+    }
+
+    /// `crc`: the payload's CRC32C when the caller has it already.
+    async fn call_crc(
+        &self,
+        mut h: Header,
+        payload: Bytes,
+        crc: Option<u32>,
+    ) -> Result<(Header, Vec<u8>)> {
         if payload.len() > MAX_PAYLOAD as usize {
             return Err(Error::TooLarge(payload.len()));
         }
-        h = h.with_payload(&payload);
+        h = match crc {
+            Some(crc) => h.with_payload_crc(payload.len(), crc),
+            None => h.with_payload(&payload),
+        };
         h.request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
@@ -294,6 +307,35 @@ impl DataConn {
         let mut h = Header::request(Opcode::Append, 0, chunk_id);
         h.offset = offset;
         Ok(self.call(h, data.into()).await?.0.offset)
+    }
+
+    /// [`DataConn::create`] of bytes whose CRC32C ([`cairn_proto::frame::crc32c`]) the caller
+    /// computed once for all the replicas it sends them to. A wrong `crc` is a bad frame: the
+    /// server closes the connection.
+    pub async fn create_with_crc(
+        &self,
+        chunk_id: u64,
+        version: u64,
+        first: Bytes,
+        crc: u32,
+    ) -> Result<u64> {
+        let mut h = Header::request(Opcode::Create, 0, chunk_id);
+        h.arg = version;
+        Ok(self.call_crc(h, first, Some(crc)).await?.0.offset)
+    }
+
+    /// [`DataConn::append`] of bytes whose CRC32C the caller computed once (as
+    /// [`DataConn::create_with_crc`]).
+    pub async fn append_with_crc(
+        &self,
+        chunk_id: u64,
+        offset: u64,
+        data: Bytes,
+        crc: u32,
+    ) -> Result<u64> {
+        let mut h = Header::request(Opcode::Append, 0, chunk_id);
+        h.offset = offset;
+        Ok(self.call_crc(h, data, Some(crc)).await?.0.offset)
     }
 
     /// Reads `len` bytes at `offset`; the payload CRC is checked end to end.

@@ -30,6 +30,8 @@ use tokio::sync::{Notify, mpsc};
 struct Piece {
     offset: u64,
     data: Bytes,
+    /// CRC32C of `data`, computed once for every replica's frame.
+    crc: u32,
 }
 
 impl Piece {
@@ -338,6 +340,7 @@ impl FlatLogFile {
             let n = data.len();
             let piece = Piece {
                 offset: a.acked,
+                crc: cairn_proto::frame::crc32c(&data),
                 data,
             };
             match self.replicate(piece).await {
@@ -1048,13 +1051,13 @@ async fn send(
             Err(e) => return Err(e),
         }
     }
-    let data = p.data.clone();
+    let (data, crc) = (p.data.clone(), p.crc);
     let r = client
         .on_timed(server, Op::Write, data.len(), |d| async move {
             if create {
-                d.create(chunk, version, data).await
+                d.create_with_crc(chunk, version, data, crc).await
             } else {
-                d.append(chunk, offset, data).await
+                d.append_with_crc(chunk, offset, data, crc).await
             }
         })
         .await;

@@ -3,8 +3,10 @@
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-/// CRC32C (Castagnoli), the checksum of headers and payloads.
-fn crc32c(bytes: &[u8]) -> u32 {
+/// CRC32C (Castagnoli), the checksum of headers and payloads: what
+/// [`Header::with_payload`] puts in `payload_crc`, for a sender that sends the same payload in
+/// several frames and computes it once ([`Header::with_payload_crc`]).
+pub fn crc32c(bytes: &[u8]) -> u32 {
     crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32
 }
 
