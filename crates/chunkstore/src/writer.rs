@@ -665,10 +665,8 @@ impl Writer {
                 reply,
                 first,
             } => {
-                let shared = self.shared.clone();
-                let pool = &shared.pool;
                 if failed {
-                    return refuse_create(pool, reply, first, Error::StoreFailed);
+                    return refuse_create(&self.shared.pool, reply, first, Error::StoreFailed);
                 }
                 if b.touched.contains(&chunk_id) || !self.log_has_room(b, 25) {
                     return self.defer(
@@ -684,13 +682,15 @@ impl Writer {
                 }
                 let index = self.shared.index.read();
                 if index.chunks.contains_key(&chunk_id) {
-                    return refuse_create(pool, reply, first, Error::AlreadyExists { chunk_id });
+                    let e = Error::AlreadyExists { chunk_id };
+                    return refuse_create(&self.shared.pool, reply, first, e);
                 }
                 if index.chunks.len() + b.creates.len() + pending_creates
                     >= self.shared.geo.sb.max_chunks as usize
                 {
                     let max_chunks = self.shared.geo.sb.max_chunks;
-                    return refuse_create(pool, reply, first, Error::TooManyChunks { max_chunks });
+                    let e = Error::TooManyChunks { max_chunks };
+                    return refuse_create(&self.shared.pool, reply, first, e);
                 }
                 drop(index);
                 let epoch = self.next_epoch;

@@ -297,16 +297,12 @@ impl DataConn {
         version: u64,
         first: impl Into<Bytes>,
     ) -> Result<u64> {
-        let mut h = Header::request(Opcode::Create, 0, chunk_id);
-        h.arg = version;
-        Ok(self.call(h, first.into()).await?.0.offset)
+        self.create_crc(chunk_id, version, first.into(), None).await
     }
 
     /// Appends at `offset` (the chunk's current length). Returns the new length.
     pub async fn append(&self, chunk_id: u64, offset: u64, data: impl Into<Bytes>) -> Result<u64> {
-        let mut h = Header::request(Opcode::Append, 0, chunk_id);
-        h.offset = offset;
-        Ok(self.call(h, data.into()).await?.0.offset)
+        self.append_crc(chunk_id, offset, data.into(), None).await
     }
 
     /// [`DataConn::create`] of bytes whose CRC32C ([`cairn_proto::frame::crc32c`]) the caller
@@ -319,9 +315,7 @@ impl DataConn {
         first: Bytes,
         crc: u32,
     ) -> Result<u64> {
-        let mut h = Header::request(Opcode::Create, 0, chunk_id);
-        h.arg = version;
-        Ok(self.call_crc(h, first, Some(crc)).await?.0.offset)
+        self.create_crc(chunk_id, version, first, Some(crc)).await
     }
 
     /// [`DataConn::append`] of bytes whose CRC32C the caller computed once (as
@@ -333,9 +327,31 @@ impl DataConn {
         data: Bytes,
         crc: u32,
     ) -> Result<u64> {
+        self.append_crc(chunk_id, offset, data, Some(crc)).await
+    }
+
+    async fn create_crc(
+        &self,
+        chunk_id: u64,
+        version: u64,
+        first: Bytes,
+        crc: Option<u32>,
+    ) -> Result<u64> {
+        let mut h = Header::request(Opcode::Create, 0, chunk_id);
+        h.arg = version;
+        Ok(self.call_crc(h, first, crc).await?.0.offset)
+    }
+
+    async fn append_crc(
+        &self,
+        chunk_id: u64,
+        offset: u64,
+        data: Bytes,
+        crc: Option<u32>,
+    ) -> Result<u64> {
         let mut h = Header::request(Opcode::Append, 0, chunk_id);
         h.offset = offset;
-        Ok(self.call_crc(h, data, Some(crc)).await?.0.offset)
+        Ok(self.call_crc(h, data, crc).await?.0.offset)
     }
 
     /// Reads `len` bytes at `offset`; the payload CRC is checked end to end.
