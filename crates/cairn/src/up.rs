@@ -191,6 +191,17 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
 
     let mut announced = false;
     let began = Instant::now();
+    // Ready means what a first command needs: a leader, and every chunkserver of this cluster
+    // registered and heartbeating (a new store file is zero-filled first, which takes seconds).
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Readiness>();
+    {
+        let masters = file.masters.clone();
+        let servers: Vec<String> = file.chunkserver_procs.iter().map(|p| p.addr.clone()).collect();
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("up-ready".into())
+            .spawn(move || watch_ready(&masters, &servers, &stop, &ready_tx))?;
+    }
     while !stop.load(Ordering::Relaxed) {
         let mut changed = false;
         for m in &mut procs {
@@ -261,9 +272,27 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             }
             println!("  cluster file   {}", ClusterFile::path(&dir).display());
             println!("  logs           {}", logs.display());
-            println!(
-                "try: cairn status; cairn fs put README.md /readme; cairn fs cat /readme   (Ctrl-C stops the cluster)"
-            );
+            println!("cairn up: waiting for the chunkservers to register (Ctrl-C stops the cluster)");
+            use std::io::Write;
+            std::io::stdout().flush()?;
+        }
+        if announced && let Ok(r) = ready_rx.try_recv() {
+            match r {
+                Readiness::Ready { up } => println!(
+                    "cairn up: ready: {up} of {} chunkserver(s) up after {:.1} s\n\
+                     try: cairn status; cairn fs put README.md /readme; cairn fs cat /readme",
+                    a.chunkservers,
+                    began.elapsed().as_secs_f64()
+                ),
+                Readiness::Slow { up, why } => println!(
+                    "cairn up: still waiting after {:.0} s: {up} of {} chunkserver(s) up{} \
+                     (logs: {})",
+                    began.elapsed().as_secs_f64(),
+                    a.chunkservers,
+                    why.map(|w| format!("; masters: {w}")).unwrap_or_default(),
+                    logs.display()
+                ),
+            }
             use std::io::Write;
             std::io::stdout().flush()?;
         }
@@ -311,6 +340,64 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
 }
 
 /// Sets `flag` when signal `sig` arrives.
+/// What the readiness watcher tells the supervisor loop.
+enum Readiness {
+    /// A leader answers and every chunkserver of the cluster file is up.
+    Ready { up: usize },
+    /// Not yet, long after the start (said once; the watcher keeps watching).
+    Slow { up: usize, why: Option<String> },
+}
+
+/// Asks the masters' status until a leader answers and every address in `servers` is an up
+/// chunkserver that heartbeated within the last 3 s (a cluster started again on the same
+/// directory is remembered by the masters: an old registration alone is not readiness).
+fn watch_ready(
+    masters: &[String],
+    servers: &[String],
+    stop: &AtomicBool,
+    tx: &std::sync::mpsc::Sender<Readiness>,
+) {
+    use cairn_rpc::pb;
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    let began = Instant::now();
+    let mut warned = false;
+    while !stop.load(Ordering::Relaxed) {
+        let r: anyhow::Result<pb::StatusReply> = rt.block_on(async {
+            let m = cairn_rpc::Masters::new(masters)?;
+            let call = m.call(|mut c| async move { c.status(pb::Empty {}).await });
+            Ok(tokio::time::timeout(Duration::from_secs(2), call).await??)
+        });
+        let (up, why) = match r {
+            Ok(s) => {
+                let up = servers
+                    .iter()
+                    .filter(|a| {
+                        s.servers.iter().any(|c| {
+                            &&c.addr == a && c.state == "up" && c.last_heartbeat_ms_ago < 3_000
+                        })
+                    })
+                    .count();
+                (up, (s.leader_id == 0).then(|| "no leader yet".to_string()))
+            }
+            Err(e) => (0, Some(e.to_string())),
+        };
+        if up == servers.len() && why.is_none() {
+            let _ = tx.send(Readiness::Ready { up });
+            return;
+        }
+        if !warned && began.elapsed() > Duration::from_secs(30) {
+            warned = true;
+            let _ = tx.send(Readiness::Slow { up, why });
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn signal_flag(sig: i32, flag: Arc<AtomicBool>) -> anyhow::Result<()> {
     // A small tokio runtime would do too; a thread blocked in sigwait is simpler here.
     static FLAGS: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();

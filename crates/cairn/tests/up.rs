@@ -10,37 +10,44 @@ fn cairn() -> Command {
 
 #[allow(clippy::zombie_processes)] // on a failed start the test panics; the process is orphaned
 fn up(dir: &std::path::Path) -> std::process::Child {
-    let child = cairn()
+    use std::io::BufRead;
+    let mut child = cairn()
         .args(["up", "--disk-size", "128m", "--data-dir"])
         .arg(dir)
         .env("CAIRN_LOG", "error")
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    // Ready when `status` sees three chunkservers up.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = cairn()
-            .current_dir(dir.parent().unwrap())
-            .args(["status", "--json"])
-            .env("CAIRN_CLUSTER", masters(dir))
-            .output()
-            .unwrap();
-        if out.status.success() {
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-            let up = v["chunkservers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|c| c["state"] == "up")
-                .count();
-            if up == 3 {
-                return child;
+    // Ready when `cairn up` says so; the rest of its output is drained so it never blocks.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            if line.starts_with("cairn up: ready") {
+                let _ = tx.send(line);
             }
         }
-        assert!(Instant::now() < deadline, "cluster not up");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("cairn up never said it was ready");
+    assert!(line.contains("3 of 3"), "{line}");
+    // What it called ready is: the first command finds every chunkserver up.
+    let out = cairn()
+        .args(["status", "--json"])
+        .env("CAIRN_CLUSTER", masters(dir))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let up = v["chunkservers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["state"] == "up")
+        .count();
+    assert_eq!(up, 3, "ready, but status says {v}");
+    child
 }
 
 fn masters(dir: &std::path::Path) -> String {
