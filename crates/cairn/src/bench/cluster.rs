@@ -287,14 +287,12 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             };
             println!("{}", serde_json::to_string(&s)?);
         }
+        // What this run appended goes before the next run (runs of 1 MiB appends would
+        // otherwise fill small stores); readers' files stay for the next run.
+        rt.block_on(clean(&client, &prefix, |name| !name.starts_with('r')));
     }
-    // Clean up what the benchmark wrote.
     rt.block_on(async {
-        if let Ok(entries) = client.list(&prefix).await {
-            for e in entries {
-                let _ = client.delete(&format!("{prefix}/{}", e.name)).await;
-            }
-        }
+        clean(&client, &prefix, |_| true).await;
         let _ = client.delete(&prefix).await;
     });
     Ok(())
@@ -352,6 +350,15 @@ fn create_opts(replicas: u32) -> CreateOptions {
     CreateOptions {
         replicas,
         ..CreateOptions::default()
+    }
+}
+
+/// Deletes the files under `prefix` whose names `which` picks.
+async fn clean(client: &Client, prefix: &str, which: impl Fn(&str) -> bool) {
+    if let Ok(entries) = client.list(prefix).await {
+        for e in entries.iter().filter(|e| which(&e.name)) {
+            let _ = client.delete(&format!("{prefix}/{}", e.name)).await;
+        }
     }
 }
 
