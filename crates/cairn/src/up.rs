@@ -196,7 +196,11 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Readiness>();
     {
         let masters = file.masters.clone();
-        let servers: Vec<String> = file.chunkserver_procs.iter().map(|p| p.addr.clone()).collect();
+        let servers: Vec<String> = file
+            .chunkserver_procs
+            .iter()
+            .map(|p| p.addr.clone())
+            .collect();
         let stop = stop.clone();
         std::thread::Builder::new()
             .name("up-ready".into())
@@ -272,7 +276,9 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             }
             println!("  cluster file   {}", ClusterFile::path(&dir).display());
             println!("  logs           {}", logs.display());
-            println!("cairn up: waiting for the chunkservers to register (Ctrl-C stops the cluster)");
+            println!(
+                "cairn up: waiting for the chunkservers to register (Ctrl-C stops the cluster)"
+            );
             use std::io::Write;
             std::io::stdout().flush()?;
         }

@@ -42,8 +42,17 @@ async fn files_round_trip_and_concurrent_writers_read_back_in_order() {
         rng.fill(&mut data[..]);
         let path = format!("/put/f{i}");
         let mut w = c.create(&path, CreateOptions::default()).await.unwrap();
-        for piece in data.chunks(300_000) {
-            w.append(piece).await.unwrap();
+        // Borrowed and owned (`append_bytes`, sliced without a copy) pieces in turn; both
+        // cross the 256 KiB chunk boundaries.
+        for (j, piece) in data.chunks(300_000).enumerate() {
+            let at = if j % 2 == 0 {
+                w.append(piece).await.unwrap()
+            } else {
+                w.append_bytes(cairn_client::Bytes::copy_from_slice(piece))
+                    .await
+                    .unwrap()
+            };
+            assert_eq!(at, (j * 300_000) as u64);
         }
         assert_eq!(w.seal().await.unwrap(), size as u64);
         let st = c.stat(&path).await.unwrap();

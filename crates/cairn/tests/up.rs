@@ -38,7 +38,11 @@ fn up(dir: &std::path::Path) -> std::process::Child {
         .env("CAIRN_CLUSTER", masters(dir))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let up = v["chunkservers"]
         .as_array()

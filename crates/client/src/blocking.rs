@@ -82,6 +82,12 @@ impl FlatLogFile {
         rt.block_on(self.file().append(data))
     }
 
+    /// [`fs::FlatLogFile::append_bytes`]: appends without copying `data`.
+    pub fn append_bytes(&mut self, data: bytes::Bytes) -> Result<u64> {
+        let rt = self.rt.clone();
+        rt.block_on(self.file().append_bytes(data))
+    }
+
     pub fn len(&self) -> u64 {
         self.inner.as_ref().map_or(0, fs::FlatLogFile::len)
     }

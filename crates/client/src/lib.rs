@@ -27,6 +27,8 @@ mod fs;
 pub mod health;
 mod writer;
 
+/// The owned byte buffer [`FlatLogFile::append_bytes`] takes.
+pub use bytes::Bytes;
 pub use data::{
     ChunkInfo, ConnStats, DataConn, Error as DataError, FaultSpec, Result as DataResult, Status,
 };

@@ -301,9 +301,21 @@ impl FlatLogFile {
     /// chunkservers, masters unreachable), or the lease is lost; the writer is then unusable
     /// (reopen the file).
     pub async fn append(&mut self, data: &[u8]) -> Result<u64> {
+        self.append_src(Src::Borrowed(data)).await
+    }
+
+    /// Like [`FlatLogFile::append`], without copying `data`: its pieces are slices of it,
+    /// held until every replica has them.
+    ///
+    /// # Errors
+    /// As [`FlatLogFile::append`].
+    pub async fn append_bytes(&mut self, data: Bytes) -> Result<u64> {
+        self.append_src(Src::Owned(data)).await
+    }
+
+    async fn append_src(&mut self, mut rest: Src<'_>) -> Result<u64> {
         self.check()?;
         let start = self.length;
-        let mut rest = data;
         while !rest.is_empty() {
             let r = self.append_piece(&mut rest).await;
             if let Err(e) = r {
@@ -316,7 +328,7 @@ impl FlatLogFile {
 
     /// Appends the head of `rest` that fits the active chunk, advancing `rest` past it. Bytes
     /// waiting to be rewritten go first.
-    async fn append_piece(&mut self, rest: &mut &[u8]) -> Result<()> {
+    async fn append_piece(&mut self, rest: &mut Src<'_>) -> Result<()> {
         let opts = &self.client.inner.opts;
         let (chunk_size, max_append, retry_for) =
             (opts.chunk_size, opts.max_append, opts.retry_for);
@@ -334,7 +346,7 @@ impl FlatLogFile {
                 Some(b) => (b.slice(..b.len().min(room).min(max_append)), true),
                 None => {
                     let n = rest.len().min(room).min(max_append);
-                    (Bytes::copy_from_slice(&rest[..n]), false)
+                    (rest.head(n), false)
                 }
             };
             let n = data.len();
@@ -354,7 +366,7 @@ impl FlatLogFile {
                 }
                 Ok(()) => {
                     self.length += n as u64;
-                    *rest = &rest[n..];
+                    rest.advance(n);
                     return Ok(());
                 }
                 Err(Stuck::Switch(why)) => {
@@ -943,6 +955,41 @@ impl FlatLogFile {
     /// As [`FlatLogFile::close`].
     pub async fn seal(self) -> Result<u64> {
         self.finish(true).await
+    }
+}
+
+/// The bytes an append has still to place: the caller's slice (each piece copied once), or
+/// an owned buffer (each piece a slice of it).
+enum Src<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Bytes),
+}
+
+impl Src<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Src::Borrowed(b) => b.len(),
+            Src::Owned(b) => b.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first `n` bytes, as a piece's payload.
+    fn head(&self, n: usize) -> Bytes {
+        match self {
+            Src::Borrowed(b) => Bytes::copy_from_slice(&b[..n]),
+            Src::Owned(b) => b.slice(..n),
+        }
+    }
+
+    fn advance(&mut self, n: usize) {
+        match self {
+            Src::Borrowed(b) => *b = &b[n..],
+            Src::Owned(b) => *b = b.slice(n..),
+        }
     }
 }
 
