@@ -345,7 +345,6 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sets `flag` when signal `sig` arrives.
 /// What the readiness watcher tells the supervisor loop.
 enum Readiness {
     /// A leader answers and every chunkserver of the cluster file is up.
@@ -370,11 +369,13 @@ fn watch_ready(
     else {
         return;
     };
+    let Ok(m) = rt.block_on(async { cairn_rpc::Masters::new(masters) }) else {
+        return;
+    };
     let began = Instant::now();
     let mut warned = false;
     while !stop.load(Ordering::Relaxed) {
         let r: anyhow::Result<pb::StatusReply> = rt.block_on(async {
-            let m = cairn_rpc::Masters::new(masters)?;
             let call = m.call(|mut c| async move { c.status(pb::Empty {}).await });
             Ok(tokio::time::timeout(Duration::from_secs(2), call).await??)
         });
@@ -404,6 +405,7 @@ fn watch_ready(
     }
 }
 
+/// Sets `flag` when signal `sig` arrives.
 fn signal_flag(sig: i32, flag: Arc<AtomicBool>) -> anyhow::Result<()> {
     // A small tokio runtime would do too; a thread blocked in sigwait is simpler here.
     static FLAGS: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
