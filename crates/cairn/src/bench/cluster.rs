@@ -383,16 +383,15 @@ async fn measure(
         tasks.push(tokio::spawn(async move {
             let mut h = histogram();
             let mut errors = 0u64;
-            let buf = vec![0xA5u8; size];
-            // Appends hand the SDK an owned buffer (no copy per append, as for a caller that
+            // Appends hand the SDK this owned buffer (no copy per append, as for a caller that
             // owns its bytes); creates use the borrowed form.
-            let owned = cairn_client::Bytes::from(buf.clone());
+            let buf = cairn_client::Bytes::from(vec![0xA5u8; size]);
             match op {
                 Op::Append => {
                     let mut w = client.create(&path, create_opts(replicas)).await?;
                     while Instant::now() < deadline {
                         let s = Instant::now();
-                        match w.append_bytes(owned.clone()).await {
+                        match w.append_bytes(buf.clone()).await {
                             Ok(_) => h.record(s.elapsed().as_nanos() as u64)?,
                             Err(_) => {
                                 errors += 1;
