@@ -31,6 +31,12 @@ pub struct Args {
     /// Repeat floor + store this many times; one JSON line each.
     #[arg(long, default_value_t = 1)]
     runs: usize,
+    /// The floor and the store take turns in this many slices of `seconds / slices` each (the
+    /// floor first in the 1st, 3rd, ... slice, the store first in the others), so that both see
+    /// the same host: on a shared machine the disk's speed drifts within seconds. 1 runs the
+    /// floor, then the store.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    slices: u32,
     /// Size of the store file.
     #[arg(long, default_value = "4g", value_parser = parse_size)]
     store_size: u64,
@@ -65,6 +71,10 @@ struct Report {
     floor_mib_per_s: f64,
     ratio_p50: f64,
     ratio_ops: f64,
+    /// Slices the floor and store took turns in, and store ÷ floor ops/s of each
+    /// floor-and-store pair of slices (their spread is the host's noise).
+    slices: u32,
+    slice_ratios_ops: Vec<f64>,
     /// CPU time (user + system, all threads) per operation, store and floor.
     cpu_us_per_op: f64,
     floor_cpu_us_per_op: f64,
@@ -131,27 +141,51 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.seconds
         );
     }
+    let slice = a.seconds / f64::from(a.slices);
+    let mut floor_cursors = vec![0u64; a.depth];
+    let mut read_cursors: Vec<(usize, u64)> = (0..a.depth)
+        .map(|t| (t % prefilled.len().max(1), 0))
+        .collect();
     for _ in 0..a.runs {
-        let cpu0 = cpu_seconds();
-        let f = floor::run(
-            floor_disk.clone(),
-            floor_range,
-            write,
-            size,
-            a.depth,
-            a.seconds,
-            durable,
-        )?;
-        let cpu1 = cpu_seconds();
         let flushes0 = store.stats().flushes.load(Ordering::Relaxed);
         let appends0 = store.stats().appends.load(Ordering::Relaxed);
         let large0 = store.stats().large_appends.load(Ordering::Relaxed);
-        let (ops, errors, secs, lat) = if write {
-            appends(&store, size, a.depth, a.seconds)?
-        } else {
-            reads(&store, &prefilled, size, a.depth, a.seconds)?
-        };
-        let cpu2 = cpu_seconds();
+        let mut f = Totals::default();
+        let mut st = Totals::default();
+        let mut slice_ratios_ops = Vec::new();
+        for k in 0..a.slices {
+            let mut pair = [0.0f64; 2];
+            for store_turn in [k % 2 == 1, k % 2 == 0] {
+                let cpu0 = cpu_seconds();
+                if store_turn {
+                    let (ops, errors, secs, h) = if write {
+                        appends(&store, size, a.depth, slice)?
+                    } else {
+                        reads(&store, &prefilled, &mut read_cursors, size, a.depth, slice)?
+                    };
+                    st.add(ops, secs, &h, cpu_seconds() - cpu0)?;
+                    st.errors += errors;
+                    pair[1] = ops as f64 / secs;
+                } else {
+                    let r = floor::run_from(
+                        floor_disk.clone(),
+                        floor_range,
+                        write,
+                        size,
+                        a.depth,
+                        slice,
+                        durable,
+                        &mut floor_cursors,
+                    )?;
+                    f.add(r.ops, r.seconds, &r.hist, cpu_seconds() - cpu0)?;
+                    pair[0] = r.ops as f64 / r.seconds;
+                }
+            }
+            slice_ratios_ops.push(pair[1] / pair[0]);
+        }
+        let (ops, errors, secs) = (st.ops, st.errors, st.seconds);
+        let lat = Latency::of(&st.hist);
+        let flat = Latency::of(&f.hist);
         let flushes = store.stats().flushes.load(Ordering::Relaxed) - flushes0;
         let appends = store.stats().appends.load(Ordering::Relaxed) - appends0;
         let mib = |ops: u64, s: f64| ops as f64 * size as f64 / s / (1 << 20) as f64;
@@ -177,15 +211,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             } else {
                 "raw O_DIRECT pread loop over the store file's data region"
             },
-            floor_p50_us: f.latency.p50_us,
-            floor_p99_us: f.latency.p99_us,
-            floor_p999_us: f.latency.p999_us,
+            floor_p50_us: flat.p50_us,
+            floor_p99_us: flat.p99_us,
+            floor_p999_us: flat.p999_us,
             floor_ops_per_s,
             floor_mib_per_s: mib(f.ops, f.seconds),
-            ratio_p50: lat.p50_us / f.latency.p50_us,
+            ratio_p50: lat.p50_us / flat.p50_us,
             ratio_ops: (ops as f64 / secs) / floor_ops_per_s,
-            cpu_us_per_op: (cpu2 - cpu1) * 1e6 / ops.max(1) as f64,
-            floor_cpu_us_per_op: (cpu1 - cpu0) * 1e6 / f.ops.max(1) as f64,
+            slices: a.slices,
+            slice_ratios_ops,
+            cpu_us_per_op: st.cpu * 1e6 / ops.max(1) as f64,
+            floor_cpu_us_per_op: f.cpu * 1e6 / f.ops.max(1) as f64,
             appends_per_flush: if flushes > 0 {
                 appends as f64 / flushes as f64
             } else {
@@ -200,6 +236,43 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("store still shared"))?
         .close()?;
     Ok(())
+}
+
+/// One side's measurements summed over its slices.
+struct Totals {
+    ops: u64,
+    errors: u64,
+    seconds: f64,
+    cpu: f64,
+    hist: hdrhistogram::Histogram<u64>,
+}
+
+impl Default for Totals {
+    fn default() -> Self {
+        Self {
+            ops: 0,
+            errors: 0,
+            seconds: 0.0,
+            cpu: 0.0,
+            hist: histogram(),
+        }
+    }
+}
+
+impl Totals {
+    fn add(
+        &mut self,
+        ops: u64,
+        seconds: f64,
+        hist: &hdrhistogram::Histogram<u64>,
+        cpu: f64,
+    ) -> anyhow::Result<()> {
+        self.ops += ops;
+        self.seconds += seconds;
+        self.cpu += cpu;
+        self.hist.add(hist)?;
+        Ok(())
+    }
 }
 
 /// Opens the store file, creating and zero-filling it once (see `FileDisk::create`).
@@ -223,7 +296,7 @@ fn appends(
     size: usize,
     depth: usize,
     seconds: f64,
-) -> anyhow::Result<(u64, u64, f64, Latency)> {
+) -> anyhow::Result<(u64, u64, f64, hdrhistogram::Histogram<u64>)> {
     let space = store.space();
     let data_bytes = space.extent_bytes * space.extents_total as u64 * 98 / 100;
     let cap = (store.max_chunk_bytes())
@@ -307,14 +380,16 @@ fn prefill(
 }
 
 /// `depth` threads reading `size` bytes sequentially through the sealed chunks
-/// ([`ChunkStore::read_buf`]).
+/// ([`ChunkStore::read_buf`]), thread `t` from `cursors[t]` (chunk index, offset), where it
+/// leaves the position it would go on from.
 fn reads(
     store: &Arc<ChunkStore>,
     chunks: &[(u64, u64)],
+    cursors: &mut [(usize, u64)],
     size: usize,
     depth: usize,
     seconds: f64,
-) -> anyhow::Result<(u64, u64, f64, Latency)> {
+) -> anyhow::Result<(u64, u64, f64, hdrhistogram::Histogram<u64>)> {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let t0 = Instant::now();
     let chunks = Arc::new(chunks.to_vec());
@@ -322,11 +397,10 @@ fn reads(
         .map(|t| {
             let store = store.clone();
             let chunks = chunks.clone();
+            let (mut c, mut off) = cursors[t];
             std::thread::spawn(move || {
                 let mut h = histogram();
                 let mut errors = 0;
-                let mut c = t % chunks.len();
-                let mut off = 0u64;
                 while Instant::now() < deadline {
                     let (id, len) = chunks[c];
                     if off + size as u64 > len {
@@ -347,18 +421,28 @@ fn reads(
                     }
                     off += size as u64;
                 }
-                (h, errors)
+                (h, errors, (c, off))
             })
         })
         .collect();
-    join_workers(threads, t0)
+    let mut all = histogram();
+    let mut errors = 0;
+    for (t, cursor) in threads.into_iter().zip(cursors.iter_mut()) {
+        let (h, e, at) = t
+            .join()
+            .map_err(|_| anyhow::anyhow!("benchmark worker panicked"))?;
+        all.add(h)?;
+        errors += e;
+        *cursor = at;
+    }
+    Ok((all.len(), errors, t0.elapsed().as_secs_f64(), all))
 }
 
-/// Joins benchmark workers and merges what they measured: (ops, errors, seconds, latency).
+/// Joins benchmark workers and merges what they measured: (ops, errors, seconds, latencies).
 fn join_workers(
     threads: Vec<std::thread::JoinHandle<(hdrhistogram::Histogram<u64>, u64)>>,
     t0: Instant,
-) -> anyhow::Result<(u64, u64, f64, Latency)> {
+) -> anyhow::Result<(u64, u64, f64, hdrhistogram::Histogram<u64>)> {
     let mut all = histogram();
     let mut errors = 0;
     for t in threads {
@@ -368,10 +452,5 @@ fn join_workers(
         all.add(h)?;
         errors += e;
     }
-    Ok((
-        all.len(),
-        errors,
-        t0.elapsed().as_secs_f64(),
-        Latency::of(&all),
-    ))
+    Ok((all.len(), errors, t0.elapsed().as_secs_f64(), all))
 }

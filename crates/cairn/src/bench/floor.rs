@@ -17,6 +17,8 @@ pub struct FloorResult {
     pub ops: u64,
     pub seconds: f64,
     pub latency: Latency,
+    /// The latencies `latency` summarises, for merging runs.
+    pub hist: hdrhistogram::Histogram<u64>,
 }
 
 /// Opens (creating and zero-filling if needed) the floor file of `bytes`.
@@ -46,6 +48,33 @@ pub fn run(
     seconds: f64,
     durable: bool,
 ) -> anyhow::Result<FloorResult> {
+    run_from(
+        disk,
+        range,
+        write,
+        size,
+        depth,
+        seconds,
+        durable,
+        &mut vec![0; depth],
+    )
+}
+
+/// [`run`], with each thread starting at `cursors[t]` bytes into its slice and leaving there
+/// the offset it would have gone on with (a floor measured in slices, between which something
+/// else runs, goes on where it stopped).
+#[allow(clippy::too_many_arguments)]
+pub fn run_from(
+    disk: Arc<FileDisk>,
+    range: (u64, u64),
+    write: bool,
+    size: usize,
+    depth: usize,
+    seconds: f64,
+    durable: bool,
+    cursors: &mut [u64],
+) -> anyhow::Result<FloorResult> {
+    anyhow::ensure!(cursors.len() == depth, "one cursor per floor thread");
     let (start, len) = range;
     anyhow::ensure!(
         start + len <= disk.capacity(),
@@ -58,41 +87,46 @@ pub fn run(
     let threads: Vec<_> = (0..depth)
         .map(|t| {
             let disk = disk.clone();
-            std::thread::spawn(move || -> std::io::Result<hdrhistogram::Histogram<u64>> {
-                let mut h = histogram();
-                let mut buf = AlignedBuf::zeroed(size);
-                buf.iter_mut()
-                    .enumerate()
-                    .for_each(|(i, b)| *b = (i * 7 + t) as u8);
-                let base = start + t as u64 * region;
-                let mut off = 0u64;
-                while Instant::now() < deadline {
-                    let s = Instant::now();
-                    if write {
-                        disk.write_at(&buf, base + off)?;
-                        if durable {
-                            disk.sync()?;
+            let from = cursors[t] % region;
+            std::thread::spawn(
+                move || -> std::io::Result<(hdrhistogram::Histogram<u64>, u64)> {
+                    let mut h = histogram();
+                    let mut buf = AlignedBuf::zeroed(size);
+                    buf.iter_mut()
+                        .enumerate()
+                        .for_each(|(i, b)| *b = (i * 7 + t) as u8);
+                    let base = start + t as u64 * region;
+                    let mut off = from;
+                    while Instant::now() < deadline {
+                        let s = Instant::now();
+                        if write {
+                            disk.write_at(&buf, base + off)?;
+                            if durable {
+                                disk.sync()?;
+                            }
+                        } else {
+                            disk.read_at(&mut buf, base + off)?;
                         }
-                    } else {
-                        disk.read_at(&mut buf, base + off)?;
+                        h.record(s.elapsed().as_nanos() as u64).expect("in range");
+                        off = (off + size as u64) % region;
                     }
-                    h.record(s.elapsed().as_nanos() as u64).expect("in range");
-                    off = (off + size as u64) % region;
-                }
-                Ok(h)
-            })
+                    Ok((h, off))
+                },
+            )
         })
         .collect();
     let mut all = histogram();
-    for t in threads {
-        all.add(t.join().expect("floor thread")?)
-            .expect("same bounds");
+    for (t, c) in threads.into_iter().zip(cursors.iter_mut()) {
+        let (h, off) = t.join().expect("floor thread")?;
+        all.add(h).expect("same bounds");
+        *c = off;
     }
     let seconds = t0.elapsed().as_secs_f64();
     Ok(FloorResult {
         ops: all.len(),
         seconds,
         latency: Latency::of(&all),
+        hist: all,
     })
 }
 
@@ -177,5 +211,6 @@ pub fn run_replicated(
         ops: h.len(),
         seconds,
         latency: Latency::of(&h),
+        hist: h,
     })
 }
