@@ -111,6 +111,38 @@ async fn master_and_chunkserver_export_metrics() {
         "{text}"
     );
     assert!(value(&text, "cairn_chunkserver_bytes_total", "dir=\"in\"").unwrap() >= 40960.0);
+    // The chunk store's own counters, exported at each heartbeat: the 10 appends (the first
+    // may ride on the create), their bytes, their flushes and where their time went.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let t = scrape(&cmetrics);
+        let store = |m: &str, labels: &str| value(&t, m, labels).unwrap_or(0.0);
+        let disk = "disk=\"0\"";
+        if store("cairn_chunkstore_appends_total", disk) >= 10.0 {
+            assert!(
+                store("cairn_chunkstore_append_bytes_total", disk) >= 40960.0,
+                "{t}"
+            );
+            assert!(store("cairn_chunkstore_flushes_total", disk) >= 1.0, "{t}");
+            let phase = |p: &str| {
+                store(
+                    "cairn_chunkstore_append_micros_total",
+                    &format!("phase=\"{p}\""),
+                )
+            };
+            // Ten synced appends cannot all take under a microsecond on the device.
+            assert!(phase("write") + phase("flush") >= 1.0, "{t}");
+            assert!(
+                t.lines()
+                    .any(|l| l.starts_with("cairn_chunkstore_append_micros_total{")
+                        && l.contains("disk=\"0\",phase=\"queue\"}")),
+                "{t}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "store counters never came:\n{t}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // Gauges from the heartbeat and the master's once-a-second refresh.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -13,6 +13,7 @@ use crate::buf::{AlignedBuf, BufPool};
 use crate::checksum;
 use crate::layout::{Geometry, LargePlan};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Appends touching more units than this get their CRC by combining the units' CRCs.
 const COMBINE_FROM_UNITS: usize = 16;
@@ -36,6 +37,8 @@ pub(crate) struct Prepared {
     /// A large append: `buf` then holds just its first and last units (`unit_crcs` their
     /// new bytes' CRCs) and the rest of its bytes are written from the caller's buffer.
     pub large: Option<Large>,
+    /// When it was ready to queue (its CRCs done), for [`crate::Stats::append_queue_ns`].
+    pub ready: Instant,
 }
 
 /// The part of a large append (docs/formats/chunk-store.md §3.2) beyond its two units.
@@ -142,6 +145,7 @@ impl Prepared {
                 slot_crcs,
                 headers,
             }),
+            ready: Instant::now(),
         }
     }
 
@@ -154,6 +158,7 @@ impl Prepared {
             unit_crcs: Vec::new(),
             crc: 0,
             large: None,
+            ready: Instant::now(),
         };
         if data.is_empty() || offset > geo.sb.max_chunk_bytes {
             return p;
@@ -195,6 +200,7 @@ impl Prepared {
             };
             crc
         };
+        p.ready = Instant::now();
         p
     }
 

@@ -114,6 +114,14 @@ pub struct Stats {
     pub large_appends: AtomicU64,
     /// Segment headers a read took from the header cache instead of the device.
     pub header_cache_hits: AtomicU64,
+    /// Where acknowledged appends spent their time, summed over them in nanoseconds (divide
+    /// by `appends` for a mean): queued, from the caller's CRCs done until the device thread
+    /// started its batch; writing, until the device thread took the batch's writes as done
+    /// (batches are taken in order); flushing, from then until acknowledged (the group's
+    /// flush, or none, and the commit).
+    pub append_queue_ns: AtomicU64,
+    pub append_write_ns: AtomicU64,
+    pub append_flush_ns: AtomicU64,
 }
 
 /// Read buffers kept for reuse (each the next power of two above a read's device bytes: 2 MiB

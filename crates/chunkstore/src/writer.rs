@@ -22,6 +22,7 @@ use crate::store::{ChunkStat, Durability, Shared};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 type Reply<T> = oneshot::Sender<Result<T>>;
@@ -213,6 +214,9 @@ struct InFlight {
 
 #[derive(Default)]
 struct Batch {
+    /// When it was started, and when its writes were taken as done.
+    started: Option<Instant>,
+    written: Option<Instant>,
     order: Vec<ChunkId>,
     chunks: HashMap<ChunkId, ChunkPlan>,
     log: Vec<LogEntry>,
@@ -439,6 +443,7 @@ impl Writer {
                 Some(t) => self.shared.disk.finish_writes(t),
                 None => Vec::new(),
             };
+            b.written = Some(Instant::now());
             let mut error = b.pre_flush_error.take();
             if let Some(i) = log_index
                 && let Err(e) = &results[i]
@@ -536,7 +541,10 @@ impl Writer {
     /// Plans a batch and starts its writes.
     fn start_batch(&mut self, reqs: Vec<Request>, busy: &[&Batch]) -> InFlight {
         self.poll_checkpoint();
-        let mut b = Batch::default();
+        let mut b = Batch {
+            started: Some(Instant::now()),
+            ..Batch::default()
+        };
         for r in reqs {
             self.plan(&mut b, r, busy);
         }
@@ -1185,6 +1193,10 @@ impl Writer {
         }
         let mut replies_ok: Vec<(Reply<u64>, u64)> = Vec::new();
         let mut replies_err: Vec<(Reply<u64>, Error)> = Vec::new();
+        let phases = b
+            .started
+            .zip(b.written)
+            .map(|(s, w)| (s, w, Instant::now()));
         {
             let mut index = self.shared.index.write();
             for (id, epoch, version, _) in &b.creates {
@@ -1237,6 +1249,22 @@ impl Writer {
                     .stats
                     .append_bytes
                     .fetch_add(plan.len() - plan.base_len, Ordering::Relaxed);
+                if let Some((started, written, now)) = phases {
+                    let stats = &self.shared.stats;
+                    let n = plan.pieces.len() as u32;
+                    let queued: u64 = plan
+                        .pieces
+                        .iter()
+                        .map(|p| nanos(started.saturating_duration_since(p.ready)))
+                        .sum();
+                    stats.append_queue_ns.fetch_add(queued, Ordering::Relaxed);
+                    stats
+                        .append_write_ns
+                        .fetch_add(nanos((written - started) * n), Ordering::Relaxed);
+                    stats
+                        .append_flush_ns
+                        .fetch_add(nanos((now - written) * n), Ordering::Relaxed);
+                }
                 replies_ok.extend(plan.replies);
             }
             let mut seal_replies = Vec::new();
@@ -1439,6 +1467,10 @@ pub(crate) fn contiguous_end(extents: &[u32], u: u32, upe: u32) -> u32 {
         x += 1;
     }
     (x as u32 + 1) * upe - 1
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn send<T>(reply: Reply<T>, r: Result<T>) {

@@ -288,3 +288,39 @@ fn large_append_headers_are_cached_per_incarnation() {
         }
     }
 }
+
+#[test]
+fn append_phases_add_up_to_the_device_time() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::time::Duration;
+    let (disk, store) = fault_store(9);
+    store.create(3, 1).unwrap();
+    let latency = Duration::from_millis(3);
+    disk.set_faults(cairn_chunkstore::FaultConfig {
+        latency,
+        ..Default::default()
+    });
+    let s = store.stats();
+    let before =
+        [&s.append_queue_ns, &s.append_write_ns, &s.append_flush_ns].map(|c| c.load(Relaxed));
+    let appends0 = s.appends.load(Relaxed);
+    let mut len = 0;
+    for i in 0..4u64 {
+        let data = pattern(3, len, 1000 + 700 * i as usize);
+        len = store.append(3, len, &data).unwrap();
+    }
+    assert_eq!(s.appends.load(Relaxed) - appends0, 4);
+    let [queue, write, flush] = [&s.append_queue_ns, &s.append_write_ns, &s.append_flush_ns]
+        .map(|c| c.load(Relaxed))
+        .into_iter()
+        .zip(before)
+        .map(|(now, was)| Duration::from_nanos(now - was))
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    // Each append's batch wrote once and flushed once, each costing the injected latency.
+    assert!(write >= 4 * latency, "write {write:?}");
+    assert!(flush >= 4 * latency, "flush {flush:?}");
+    // Nothing else was queued: an append waits for no one's batch but its own.
+    assert!(queue < 4 * latency, "queue {queue:?}");
+}

@@ -80,6 +80,11 @@ struct Report {
     floor_cpu_us_per_op: f64,
     /// Appends per flush (group commit), store side.
     appends_per_flush: f64,
+    /// Mean time an append spent queued, writing and waiting for its flush and commit
+    /// (`Stats::append_*_ns`); appends only.
+    append_queue_us: f64,
+    append_write_us: f64,
+    append_flush_us: f64,
     /// Of the appends, those laid out as large appends: written from the caller's buffer.
     large_appends: u64,
     loadavg: f64,
@@ -150,6 +155,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let flushes0 = store.stats().flushes.load(Ordering::Relaxed);
         let appends0 = store.stats().appends.load(Ordering::Relaxed);
         let large0 = store.stats().large_appends.load(Ordering::Relaxed);
+        let phases0 = phases(&store);
         let mut f = Totals::default();
         let mut st = Totals::default();
         let mut slice_ratios_ops = Vec::new();
@@ -188,6 +194,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let flat = Latency::of(&f.hist);
         let flushes = store.stats().flushes.load(Ordering::Relaxed) - flushes0;
         let appends = store.stats().appends.load(Ordering::Relaxed) - appends0;
+        let phase_us = |i: usize| {
+            (phases(&store)[i] - phases0[i]) as f64 / 1e3 / appends as f64 // NaN without appends
+        };
         let mib = |ops: u64, s: f64| ops as f64 * size as f64 / s / (1 << 20) as f64;
         let floor_ops_per_s = f.ops as f64 / f.seconds;
         let r = Report {
@@ -227,6 +236,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             } else {
                 f64::NAN
             },
+            append_queue_us: phase_us(0),
+            append_write_us: phase_us(1),
+            append_flush_us: phase_us(2),
             large_appends: store.stats().large_appends.load(Ordering::Relaxed) - large0,
             loadavg: loadavg(),
         };
@@ -236,6 +248,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("store still shared"))?
         .close()?;
     Ok(())
+}
+
+/// The store's append phase counters: queued, writing, flushing (nanoseconds, summed).
+fn phases(store: &ChunkStore) -> [u64; 3] {
+    let s = store.stats();
+    [
+        s.append_queue_ns.load(Ordering::Relaxed),
+        s.append_write_ns.load(Ordering::Relaxed),
+        s.append_flush_ns.load(Ordering::Relaxed),
+    ]
 }
 
 /// One side's measurements summed over its slices.
