@@ -146,6 +146,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.seconds
         );
     }
+    let floor = floor::Floor {
+        disk: floor_disk,
+        range: floor_range,
+        write,
+        size,
+        depth: a.depth,
+        durable,
+    };
     let slice = a.seconds / f64::from(a.slices);
     let mut floor_cursors = vec![0u64; a.depth];
     let mut read_cursors: Vec<(usize, u64)> = (0..a.depth)
@@ -173,16 +181,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     st.errors += errors;
                     pair[1] = ops as f64 / secs;
                 } else {
-                    let r = floor::run_from(
-                        floor_disk.clone(),
-                        floor_range,
-                        write,
-                        size,
-                        a.depth,
-                        slice,
-                        durable,
-                        &mut floor_cursors,
-                    )?;
+                    let r = floor.run_from(slice, &mut floor_cursors)?;
                     f.add(r.ops, r.seconds, &r.hist, cpu_seconds() - cpu0)?;
                     pair[0] = r.ops as f64 / r.seconds;
                 }

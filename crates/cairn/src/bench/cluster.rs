@@ -167,15 +167,15 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
     }
     for run in 0..a.runs {
         let write = op != Op::Read;
-        let fl = floor::run(
-            fdisk.clone(),
-            (0, fdisk.capacity()),
+        let fl = floor::Floor {
+            disk: fdisk.clone(),
+            range: (0, fdisk.capacity()),
             write,
             size,
-            a.depth,
-            a.seconds,
-            true,
-        )?;
+            depth: a.depth,
+            durable: true,
+        }
+        .run(a.seconds)?;
         let rtt = rt.block_on(loopback_rtt(size, a.seconds.min(3.0)))?;
         let replicated = if replica_files.is_empty() {
             None

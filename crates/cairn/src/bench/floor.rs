@@ -38,40 +38,48 @@ pub fn floor_file_named(dir: &Path, name: &str, bytes: u64) -> anyhow::Result<Ar
     Ok(Arc::new(FileDisk::create(&path, bytes, true)?))
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    disk: Arc<FileDisk>,
-    range: (u64, u64),
-    write: bool,
-    size: usize,
-    depth: usize,
-    seconds: f64,
-    durable: bool,
-) -> anyhow::Result<FloorResult> {
-    run_from(
-        disk,
-        range,
-        write,
-        size,
-        depth,
-        seconds,
-        durable,
-        &mut vec![0; depth],
-    )
+/// A floor: `depth` threads doing `size`-byte O_DIRECT writes (+ `fdatasync` when `durable`)
+/// or reads, each sequentially through its share of `range` = (start, length) of `disk`.
+pub struct Floor {
+    pub disk: Arc<FileDisk>,
+    pub range: (u64, u64),
+    pub write: bool,
+    pub size: usize,
+    pub depth: usize,
+    pub durable: bool,
 }
 
-/// [`run`], with each thread starting at `cursors[t]` bytes into its slice and leaving there
-/// the offset it would have gone on with (a floor measured in slices, between which something
-/// else runs, goes on where it stopped).
+impl Floor {
+    /// Runs it for `seconds`, every thread from the start of its share.
+    pub fn run(&self, seconds: f64) -> anyhow::Result<FloorResult> {
+        self.run_from(seconds, &mut vec![0; self.depth])
+    }
+
+    /// [`Floor::run`], with thread `t` starting `cursors[t]` bytes into its share and leaving
+    /// there the offset it would have gone on with (a floor measured in slices, between which
+    /// something else runs, goes on where it stopped).
+    pub fn run_from(&self, seconds: f64, cursors: &mut [u64]) -> anyhow::Result<FloorResult> {
+        let Floor {
+            ref disk,
+            range,
+            write,
+            size,
+            depth,
+            durable,
+        } = *self;
+        run_threads(disk, range, write, size, depth, durable, seconds, cursors)
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
-pub fn run_from(
-    disk: Arc<FileDisk>,
+fn run_threads(
+    disk: &Arc<FileDisk>,
     range: (u64, u64),
     write: bool,
     size: usize,
     depth: usize,
-    seconds: f64,
     durable: bool,
+    seconds: f64,
     cursors: &mut [u64],
 ) -> anyhow::Result<FloorResult> {
     anyhow::ensure!(cursors.len() == depth, "one cursor per floor thread");

@@ -86,15 +86,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .build()?;
     std::fs::create_dir_all(&a.floor_dir)?;
     let fdisk = floor::floor_file(&a.floor_dir, 256 << 20)?;
-    let fl = floor::run(
-        fdisk.clone(),
-        (0, fdisk.capacity()),
-        true,
-        1 << 20,
-        1,
-        5.0,
-        true,
-    )?;
+    let fl = floor::Floor {
+        disk: fdisk.clone(),
+        range: (0, fdisk.capacity()),
+        write: true,
+        size: 1 << 20,
+        depth: 1,
+        durable: true,
+    }
+    .run(5.0)?;
     let floor_mib = fl.ops as f64 / fl.seconds;
     drop(fdisk);
     let _ = std::fs::remove_file(a.floor_dir.join("floor.dat"));
