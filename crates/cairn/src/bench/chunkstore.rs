@@ -117,29 +117,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else {
         prefill(&store, a.store_size, a.depth)?
     };
-    // The floor's working set is as large as the store's. Appends: 1 GiB of a file beside the
-    // store. Reads: the store file's own data region where the prefill put its chunks (the
-    // same bytes in the same cache state; allocation is lowest extent first).
-    let (floor_disk, floor_range, floor_name) = if write {
-        let bytes = (1u64 << 30).min(a.store_size);
-        let d = floor::floor_file(&a.dir, bytes)?;
-        (d, (0, bytes), a.dir.join("floor.dat"))
+    // The floor does the store's I/O on the store's own device locations: the store file's data
+    // region, where the store puts its chunks (lowest extent first). Reads: the prefilled
+    // chunks (the same bytes in the same cache state). Appends: its first GiB at most, written
+    // only while the store holds no chunk (every store turn deletes its chunks when it ends).
+    // Session 16 measured a separate file beside the store 13-18 % faster for the same writes.
+    let bytes = if write {
+        ((1u64 << 30).min(disk.capacity() - store.data_offset()) >> 20) << 20
     } else {
         let logical: u64 = prefilled.iter().map(|c| c.1).sum();
         // 4096-byte units carry 4016 data bytes.
-        let bytes = (logical / 4016 * 4096).max(1 << 20);
-        (
-            disk.clone(),
-            (store.data_offset(), bytes),
-            store_path.clone(),
-        )
+        (logical / 4016 * 4096).max(1 << 20)
     };
+    let (floor_disk, floor_range) = (disk.clone(), (store.data_offset(), bytes));
     if !a.json {
         eprintln!(
-            "store {} ({} MiB), floor {}; {} {} B x depth {} for {} s per run",
+            "store {} ({} MiB), floor in its data region; {} {} B x depth {} for {} s per run",
             store_path.display(),
             a.store_size >> 20,
-            floor_name.display(),
             a.op,
             size,
             a.depth,
@@ -181,6 +176,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     st.errors += errors;
                     pair[1] = ops as f64 / secs;
                 } else {
+                    anyhow::ensure!(
+                        !write || store.list().is_empty(),
+                        "the append floor writes where the store's chunks go: it needs an empty store"
+                    );
                     let r = floor.run_from(slice, &mut floor_cursors)?;
                     f.add(r.ops, r.seconds, &r.hist, cpu_seconds() - cpu0)?;
                     pair[0] = r.ops as f64 / r.seconds;
@@ -213,9 +212,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             p999_us: lat.p999_us,
             max_us: lat.max_us,
             floor: if write && durable {
-                "raw O_DIRECT pwrite+fdatasync loop"
+                "raw O_DIRECT pwrite+fdatasync loop over the store file's data region"
             } else if write {
-                "raw O_DIRECT pwrite loop"
+                "raw O_DIRECT pwrite loop over the store file's data region"
             } else {
                 "raw O_DIRECT pread loop over the store file's data region"
             },

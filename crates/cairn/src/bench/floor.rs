@@ -1,10 +1,10 @@
 //! The physical floor: the same I/O as the store does, with nothing around it.
 //!
 //! `depth` threads each own a slice of a byte range of a file and loop sequentially through it:
-//! O_DIRECT `pwrite` of `size` bytes + `fdatasync` (append floor: a preallocated, zero-filled
-//! file beside the store), or O_DIRECT `pread` of `size` bytes (read floor: the store's own
-//! data region, so that the floor reads the very bytes, device locations and cache state the
-//! store reads).
+//! O_DIRECT `pwrite` of `size` bytes + `fdatasync`, or O_DIRECT `pread` of `size` bytes. The
+//! chunk store benchmark runs both in the store file's own data region, on the device
+//! locations the store's chunks use (reads: the very bytes, in the same cache state); the
+//! cluster benchmarks write a preallocated, zero-filled file beside the chunkservers' stores.
 
 use super::{Latency, histogram};
 use cairn_chunkstore::buf::AlignedBuf;
