@@ -464,15 +464,7 @@ async fn one_master_grows_to_three_with_the_admin_command_then_loses_its_first()
         p.start();
         cl.masters.push(p);
     }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(["admin", "--cluster", &addrs[0], "masters", &peers])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::run_ok(common::cairn().args(["admin", "--cluster", &addrs[0], "masters", &peers]));
     let s = cl.status().await.unwrap();
     assert_eq!(s.masters.iter().filter(|m| m.voter).count(), 3);
     // Chunkservers learn the new group from their next heartbeat (every 200 ms here).

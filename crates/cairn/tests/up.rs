@@ -1,12 +1,11 @@
 //! The README's first command: `cairn up` brings up a cluster of processes; the CLI finds it
 //! through cluster.toml; Ctrl-C (SIGINT) stops it cleanly; running it again brings the data back.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-fn cairn() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-}
+use common::{cairn, run_ok};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 #[allow(clippy::zombie_processes)] // on a failed start the test panics; the process is orphaned
 fn up(dir: &std::path::Path) -> std::process::Child {
@@ -33,15 +32,10 @@ fn up(dir: &std::path::Path) -> std::process::Child {
         .expect("cairn up never said it was ready");
     assert!(line.contains("3 of 3"), "{line}");
     // What it called ready is: the first command finds every chunkserver up.
-    let out = cairn()
-        .args(["status", "--json"])
-        .env("CAIRN_CLUSTER", masters(dir))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        cairn()
+            .args(["status", "--json"])
+            .env("CAIRN_CLUSTER", masters(dir)),
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let up = v["chunkservers"]
@@ -88,17 +82,12 @@ fn up_put_cat_ctrl_c_and_up_again() {
     let data = tmp.path().join("in.bin");
     let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&data, &bytes).unwrap();
-    let put = cairn()
-        .args(["fs", "put"])
-        .arg(&data)
-        .arg("/d/in.bin")
-        .env("CAIRN_CLUSTER", &m)
-        .output()
-        .unwrap();
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
+    run_ok(
+        cairn()
+            .args(["fs", "put"])
+            .arg(&data)
+            .arg("/d/in.bin")
+            .env("CAIRN_CLUSTER", &m),
     );
     let cat = cairn()
         .args(["fs", "cat", "/d/in.bin"])

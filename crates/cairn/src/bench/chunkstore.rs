@@ -129,7 +129,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         // 4096-byte units carry 4016 data bytes.
         (logical / 4016 * 4096).max(1 << 20)
     };
-    let (floor_disk, floor_range) = (disk.clone(), (store.data_offset(), bytes));
     if !a.json {
         eprintln!(
             "store {} ({} MiB), floor in its data region; {} {} B x depth {} for {} s per run",
@@ -142,8 +141,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     let floor = floor::Floor {
-        disk: floor_disk,
-        range: floor_range,
+        disk: disk.clone(),
+        range: (store.data_offset(), bytes),
         write,
         size,
         depth: a.depth,

@@ -6,8 +6,25 @@
 use cairn_client::{Client, ClientOptions};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// The `cairn` binary under test.
+pub fn cairn() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cairn"))
+}
+
+/// Runs `cmd` to its end and returns its output, failing the test (with its stderr) unless it
+/// succeeded.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
 
 pub struct Proc {
     pub name: String,
