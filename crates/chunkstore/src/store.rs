@@ -11,10 +11,10 @@ use crate::prepare::Prepared;
 use crate::read::ReadBuf;
 use crate::recovery::{self, RecoveryReport};
 use crate::writer::{self, Limits, Request, Writer};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 /// When an acknowledged write is durable.
@@ -109,6 +109,9 @@ pub struct Stats {
     pub chained_appends: AtomicU64,
     /// Batches started while another batch was in flight.
     pub overlapped_batches: AtomicU64,
+    /// Requests a blocking caller ran itself, the device thread being idle
+    /// (docs/formats/chunk-store.md §5).
+    pub alone_batches: AtomicU64,
     /// Appends laid out as large appends (their bytes written from the caller's buffer when
     /// it came through `append_aligned`).
     pub large_appends: AtomicU64,
@@ -142,6 +145,9 @@ pub(crate) struct Shared {
     pub headers: crate::read::HeaderCache,
     /// Read buffers, handed out inside [`crate::ReadBuf`]s and returned when they drop.
     pub read_pool: Arc<BufPool>,
+    /// Requests queued to the device thread that it has not yet taken under the writer's
+    /// lock (raised before a send, lowered by the thread).
+    pub queued: AtomicUsize,
 }
 
 /// An append-only chunk store on one device.
@@ -151,6 +157,8 @@ pub(crate) struct Shared {
 /// there. Reads never go through the device thread: they `pread` from the caller's thread.
 pub struct ChunkStore {
     shared: Arc<Shared>,
+    /// The device thread's state; a blocking caller takes it when the thread is idle.
+    writer: Arc<Mutex<Writer>>,
     tx: mpsc::Sender<Request>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -206,6 +214,7 @@ impl ChunkStore {
             doorbell: crate::doorbell::Doorbell::new(),
             headers: crate::read::HeaderCache::new(opts.header_cache_entries),
             read_pool: Arc::new(BufPool::new(READ_BUFFERS)),
+            queued: AtomicUsize::new(0),
         });
         *shared.index.write() = std::mem::take(&mut rec.index);
         let limits = Limits {
@@ -213,15 +222,32 @@ impl ChunkStore {
             max_batch_bytes: opts.max_batch_bytes.max(1),
             max_append_bytes: opts.max_append_bytes.max(1),
         };
-        let writer = Writer::new(shared.clone(), opts.durability, limits, rec);
+        let writer = Arc::new(Mutex::new(Writer::new(
+            shared.clone(),
+            opts.durability,
+            limits,
+            rec,
+        )));
         let (tx, rx) = mpsc::channel(opts.queue_depth.max(1));
+        let core = writer.clone();
         let thread = std::thread::Builder::new()
             .name("cairn-device".into())
-            .spawn(move || writer.run(rx))
+            .spawn(move || {
+                let mut w = core.lock();
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    Writer::run(&mut w, rx)
+                }));
+                w.stopped = true;
+                drop(w);
+                if let Err(panic) = r {
+                    std::panic::resume_unwind(panic);
+                }
+            })
             .map_err(|e| Error::io("spawn device thread", e))?;
         Ok((
             Self {
                 shared,
+                writer,
                 tx,
                 thread: Some(thread),
             },
@@ -234,11 +260,35 @@ impl ChunkStore {
         make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request,
     ) -> Result<oneshot::Receiver<Result<T>>> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .blocking_send(make(reply))
-            .map_err(|_| Error::Closed)?;
-        self.shared.doorbell.ring();
+        self.queue(make(reply))?;
         Ok(rx)
+    }
+
+    /// Queues a request to the device thread.
+    fn queue(&self, r: Request) -> Result<()> {
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        if self.tx.blocking_send(r).is_err() {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(Error::Closed);
+        }
+        self.shared.doorbell.ring();
+        Ok(())
+    }
+
+    /// Runs a request and waits for its answer. When the device thread is idle and nothing is
+    /// queued, the caller runs the request itself (LevelDB's writer that finds no group
+    /// leader leads its own): the same plan, write, flush and commit, without the two thread
+    /// switches of a trip through the device thread. Otherwise it queues the request.
+    fn call<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request) -> Result<T> {
+        let (reply, rx) = oneshot::channel();
+        let r = make(reply);
+        match self.writer.try_lock() {
+            Some(mut w) if !w.stopped && self.shared.queued.load(Ordering::SeqCst) == 0 => {
+                w.run_alone(r);
+            }
+            _ => self.queue(r)?,
+        }
+        Self::wait(rx)
     }
 
     async fn submit_async<T>(
@@ -246,7 +296,11 @@ impl ChunkStore {
         make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request,
     ) -> Result<T> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(make(reply)).await.map_err(|_| Error::Closed)?;
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        if self.tx.send(make(reply)).await.is_err() {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(Error::Closed);
+        }
         self.shared.doorbell.ring();
         rx.await.map_err(|_| Error::Closed)?
     }
@@ -274,12 +328,12 @@ impl ChunkStore {
     /// # Errors
     /// `AlreadyExists`, `TooManyChunks`, `StoreFailed`, `Io`.
     pub fn create(&self, chunk_id: ChunkId, version: u64) -> Result<()> {
-        Self::wait(self.submit(|reply| Request::Create {
+        self.call(|reply| Request::Create {
             chunk_id,
             version,
             reply,
             first: None,
-        })?)
+        })
     }
 
     /// Appends `data` at `offset`, which must equal the chunk's current length. Returns the
@@ -295,7 +349,12 @@ impl ChunkStore {
     /// An append acknowledged once durable (`sync`) or once written.
     fn append_with(&self, chunk_id: ChunkId, offset: u64, data: &[u8], sync: bool) -> Result<u64> {
         let data = self.prepare(offset, data);
-        Self::wait(self.submit_append(chunk_id, data, sync)?)
+        self.call(|reply| Request::Append {
+            chunk_id,
+            data,
+            sync,
+            reply,
+        })
     }
 
     /// Async form of [`ChunkStore::append_with`].
@@ -337,7 +396,12 @@ impl ChunkStore {
         len: usize,
     ) -> Result<u64> {
         let data = self.prepare_aligned(offset, buf, len)?;
-        Self::wait(self.submit_append(chunk_id, data, true)?)
+        self.call(|reply| Request::Append {
+            chunk_id,
+            data,
+            sync: true,
+            reply,
+        })
     }
 
     /// [`ChunkStore::append_aligned`] that returns at once, like
@@ -475,13 +539,12 @@ impl ChunkStore {
     pub fn create_with_append(&self, chunk_id: ChunkId, version: u64, data: &[u8]) -> Result<u64> {
         let data = self.prepare(0, data);
         let (areply, arx) = oneshot::channel();
-        let rx = self.submit(|reply| Request::Create {
+        self.call(|reply| Request::Create {
             chunk_id,
             version,
             reply,
             first: Some((data, areply)),
         })?;
-        Self::wait(rx)?;
         Self::wait(arx)
     }
 
@@ -533,11 +596,11 @@ impl ChunkStore {
     /// # Errors
     /// `NotFound`, `StoreFailed`, `Io`.
     pub fn seal(&self, chunk_id: ChunkId) -> Result<ChunkStat> {
-        Self::wait(self.submit(|reply| Request::Seal {
+        self.call(|reply| Request::Seal {
             chunk_id,
             at: None,
             reply,
-        })?)
+        })
     }
 
     /// Async form of [`ChunkStore::seal`].
@@ -573,11 +636,11 @@ impl ChunkStore {
         }
         if length == st.length {
             // The CRC of [0, length) never changes, even if appends land meanwhile.
-            return Self::wait(self.submit(|reply| Request::Seal {
+            return self.call(|reply| Request::Seal {
                 chunk_id,
                 at: Some((length, st.crc32c)),
                 reply,
-            })?);
+            });
         }
         let mut crc = 0u32;
         let mut buf = vec![0u8; 1 << 20];
@@ -588,11 +651,11 @@ impl ChunkStore {
             crc = crc32c::crc32c_append(crc, &buf[..n]);
             off += n as u64;
         }
-        Self::wait(self.submit(|reply| Request::Seal {
+        self.call(|reply| Request::Seal {
             chunk_id,
             at: Some((length, crc)),
             reply,
-        })?)
+        })
     }
 
     /// Deletes the chunk; its extents are reused once the delete is durable.
@@ -600,7 +663,7 @@ impl ChunkStore {
     /// # Errors
     /// `NotFound`, `StoreFailed`, `Io`.
     pub fn delete(&self, chunk_id: ChunkId) -> Result<()> {
-        Self::wait(self.submit(|reply| Request::Delete { chunk_id, reply })?)
+        self.call(|reply| Request::Delete { chunk_id, reply })
     }
 
     /// Async form of [`ChunkStore::delete`].
@@ -729,6 +792,7 @@ impl Drop for ChunkStore {
         if let Some(t) = self.thread.take() {
             let (reply, _rx) = oneshot::channel();
             // If the queue is full or the thread is gone, dropping the sender ends the loop.
+            self.shared.queued.fetch_add(1, Ordering::SeqCst);
             let _ = self.tx.try_send(Request::Shutdown { reply });
             self.shared.doorbell.ring();
             let (dead_tx, _) = mpsc::channel(1);

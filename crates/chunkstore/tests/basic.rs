@@ -324,3 +324,62 @@ fn append_phases_add_up_to_the_device_time() {
     // Nothing else was queued: an append waits for no one's batch but its own.
     assert!(queue < 4 * latency, "queue {queue:?}");
 }
+
+#[test]
+fn a_lone_blocking_call_runs_on_the_callers_thread() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (_disk, store) = fault_store(10);
+    let s = store.stats();
+    let alone0 = s.alone_batches.load(Relaxed);
+    let batches0 = s.batches.load(Relaxed);
+    store.create(4, 1).unwrap();
+    let mut len = 0;
+    for i in 0..5usize {
+        len = store.append(4, len, &pattern(4, len, 3000 + i)).unwrap();
+    }
+    let sealed = store.seal(4).unwrap();
+    store.create(5, 1).unwrap();
+    store.delete(5).unwrap();
+    // With the device thread idle and nothing queued, each of the nine calls ran itself: one
+    // batch of its own, the device thread's code on the caller's thread.
+    assert_eq!(s.alone_batches.load(Relaxed) - alone0, 9);
+    assert_eq!(s.batches.load(Relaxed) - batches0, 9);
+    assert_eq!(sealed.length, len);
+    assert_eq!(
+        store.read(4, 0, len as usize).unwrap(),
+        pattern(4, 0, len as usize)
+    );
+    // A pipelined append goes through the device thread.
+    store.create(6, 1).unwrap();
+    let alone1 = s.alone_batches.load(Relaxed);
+    store
+        .append_pipelined(6, 0, &[1; 100])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(s.alone_batches.load(Relaxed), alone1);
+}
+
+#[test]
+fn a_blocking_call_never_overtakes_requests_queued_before_it() {
+    // Two pipelined appends are queued to the device thread, then the same thread appends
+    // after them with a blocking call. Were the blocking call to run itself before the
+    // device thread took the queued two, it would find the chunk short of its offset.
+    let (_disk, store) = fault_store(11);
+    store.create(8, 1).unwrap();
+    let mut len = 0u64;
+    for i in 0..300usize {
+        let a = pattern(8, len, 1000 + i);
+        let b = pattern(8, len + a.len() as u64, 700);
+        let pa = store.append_pipelined(8, len, &a).unwrap();
+        let pb = store.append_pipelined(8, len + a.len() as u64, &b).unwrap();
+        let at = len + (a.len() + b.len()) as u64;
+        len = store.append(8, at, &pattern(8, at, 300)).unwrap();
+        assert_eq!(pa.wait().unwrap(), at - b.len() as u64);
+        assert_eq!(pb.wait().unwrap(), at);
+    }
+    assert_eq!(
+        store.read(8, 0, len as usize).unwrap(),
+        pattern(8, 0, len as usize)
+    );
+}

@@ -34,6 +34,9 @@ static LARGE: AtomicU64 = AtomicU64::new(0);
 /// Creates with a first append acknowledged, with and without a crash right after.
 static CREATED_WITH_APPEND: AtomicU64 = AtomicU64::new(0);
 static CREATED_WITH_APPEND_THEN_CRASH: AtomicU64 = AtomicU64::new(0);
+/// Metadata operations of a crash scenario that their caller ran itself (the device thread
+/// idle), the power cut falling before, in or after them.
+static ALONE_IN_CRASH: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Debug, Clone)]
 enum Meta {
@@ -362,6 +365,7 @@ impl Harness {
             ..Default::default()
         });
         let outcomes = self.burst(burst);
+        let alone0 = self.store().stats().alone_batches.load(Ordering::Relaxed);
         let meta_result = meta.clone().map(|m| match m {
             Meta::Create(id) => self.store().create(id as u64, 1).map(|_| ()),
             Meta::CreateAppend(id, len) => self
@@ -371,6 +375,9 @@ impl Harness {
             Meta::Seal(id) => self.store().seal(id as u64).map(|_| ()),
             Meta::Delete(id) => self.store().delete(id as u64),
         });
+        if self.store().stats().alone_batches.load(Ordering::Relaxed) > alone0 {
+            ALONE_IN_CRASH.fetch_add(1, Ordering::Relaxed);
+        }
         // Power is cut now if it was not already; what survives is up to the crash policy.
         self.disk.power_off();
         let image = self.disk.crash(CrashPolicy::Random { seed });
@@ -624,11 +631,12 @@ fn crash_paths_are_exercised() {
         &LARGE,
         &CREATED_WITH_APPEND,
         &CREATED_WITH_APPEND_THEN_CRASH,
+        &ALONE_IN_CRASH,
     ]
     .map(|p| p.load(Ordering::Relaxed));
     assert!(
         probes.iter().all(|&n| n > 0),
         "probes (survived, lost, acked checked, chained in a batch, large, created with an \
-         append, that and a crash) = {probes:?}"
+         append, that and a crash, run by its caller in a crash) = {probes:?}"
     );
 }
