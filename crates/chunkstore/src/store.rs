@@ -282,11 +282,17 @@ impl ChunkStore {
     fn call<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request) -> Result<T> {
         let (reply, rx) = oneshot::channel();
         let r = make(reply);
-        match self.writer.try_lock() {
+        // The lock is released before queueing: a caller blocked on a full queue while holding
+        // it would keep the device thread from taking requests off the queue.
+        let queued = match self.writer.try_lock() {
             Some(mut w) if !w.stopped && self.shared.queued.load(Ordering::SeqCst) == 0 => {
                 w.run_alone(r);
+                None
             }
-            _ => self.queue(r)?,
+            _ => Some(r),
+        };
+        if let Some(r) = queued {
+            self.queue(r)?;
         }
         Self::wait(rx)
     }

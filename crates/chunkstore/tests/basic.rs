@@ -383,3 +383,51 @@ fn a_blocking_call_never_overtakes_requests_queued_before_it() {
         pattern(8, 0, len as usize)
     );
 }
+
+#[test]
+fn blocking_and_pipelined_callers_share_a_full_queue() {
+    // A queue of one request, four threads mixing pipelined and blocking appends: a caller
+    // that finds the queue busy must queue without holding the device thread's lock, or the
+    // thread could never take the next request off the full queue. A hang fails the test.
+    let disk = std::sync::Arc::new(cairn_chunkstore::FaultDisk::new(48 * MIB, 512, 12));
+    let opts = cairn_chunkstore::FormatOptions {
+        log_bytes: Some(2 * MIB),
+        ..Default::default()
+    };
+    cairn_chunkstore::ChunkStore::format(&*disk, &opts).unwrap();
+    let open = OpenOptions {
+        queue_depth: 1,
+        ..Default::default()
+    };
+    let (store, _) = cairn_chunkstore::ChunkStore::open(disk, open).unwrap();
+    let store = std::sync::Arc::new(store);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for t in 0..4u64 {
+        let store = store.clone();
+        let done_tx = done_tx.clone();
+        std::thread::spawn(move || {
+            let id = 20 + t;
+            store.create(id, 1).unwrap();
+            let mut len = 0u64;
+            for _ in 0..150 {
+                let p = store
+                    .append_pipelined(id, len, &pattern(id, len, 500))
+                    .unwrap();
+                len = store
+                    .append(id, len + 500, &pattern(id, len + 500, 300))
+                    .unwrap();
+                p.wait().unwrap();
+            }
+            done_tx.send((id, len)).unwrap();
+        });
+    }
+    for _ in 0..4 {
+        let (id, len) = done_rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("a writer hung");
+        assert_eq!(
+            store.read(id, 0, len as usize).unwrap(),
+            pattern(id, 0, len as usize)
+        );
+    }
+}
