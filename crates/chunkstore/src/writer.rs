@@ -448,6 +448,18 @@ impl Writer {
     /// the device thread's own path with `busy` empty.
     pub(crate) fn run_alone(&mut self, r: Request) {
         debug_assert!(!r.is_control() && self.carry.is_empty() && !self.stopped);
+        // A panic here leaves the writer's state half updated on a thread that goes on: the
+        // store fails (refuses writes until reopened), as when the device thread dies.
+        struct FailOnPanic<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for FailOnPanic<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.store(true, Ordering::Release);
+                }
+            }
+        }
+        let shared = self.shared.clone();
+        let _fail = FailOnPanic(&shared.failed);
         self.shared
             .stats
             .alone_batches
