@@ -110,7 +110,7 @@ pub struct Stats {
     /// Batches started while another batch was in flight.
     pub overlapped_batches: AtomicU64,
     /// Requests a blocking caller ran itself, the device thread being idle
-    /// (docs/formats/chunk-store.md §5).
+    /// (docs/formats/chunk-store.md §3, the write path).
     pub alone_batches: AtomicU64,
     /// Appends laid out as large appends (their bytes written from the caller's buffer when
     /// it came through `append_aligned`).
@@ -302,11 +302,11 @@ impl ChunkStore {
         make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request,
     ) -> Result<T> {
         let (reply, rx) = oneshot::channel();
+        // Room first, then count and send with no await between: a future dropped while it
+        // waits for room must not leave the count raised.
+        let permit = self.tx.reserve().await.map_err(|_| Error::Closed)?;
         self.shared.queued.fetch_add(1, Ordering::SeqCst);
-        if self.tx.send(make(reply)).await.is_err() {
-            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(Error::Closed);
-        }
+        permit.send(make(reply));
         self.shared.doorbell.ring();
         rx.await.map_err(|_| Error::Closed)?
     }
