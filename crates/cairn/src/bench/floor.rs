@@ -67,75 +67,61 @@ impl Floor {
             depth,
             durable,
         } = *self;
-        run_threads(disk, range, write, size, depth, durable, seconds, cursors)
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_threads(
-    disk: &Arc<FileDisk>,
-    range: (u64, u64),
-    write: bool,
-    size: usize,
-    depth: usize,
-    durable: bool,
-    seconds: f64,
-    cursors: &mut [u64],
-) -> anyhow::Result<FloorResult> {
-    anyhow::ensure!(cursors.len() == depth, "one cursor per floor thread");
-    let (start, len) = range;
-    anyhow::ensure!(
-        start + len <= disk.capacity(),
-        "floor range past the end of the file"
-    );
-    let region = len / depth as u64 / size as u64 * size as u64;
-    anyhow::ensure!(region >= size as u64, "floor file too small");
-    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let t0 = Instant::now();
-    let threads: Vec<_> = (0..depth)
-        .map(|t| {
-            let disk = disk.clone();
-            let from = cursors[t] % region;
-            std::thread::spawn(
-                move || -> std::io::Result<(hdrhistogram::Histogram<u64>, u64)> {
-                    let mut h = histogram();
-                    let mut buf = AlignedBuf::zeroed(size);
-                    buf.iter_mut()
-                        .enumerate()
-                        .for_each(|(i, b)| *b = (i * 7 + t) as u8);
-                    let base = start + t as u64 * region;
-                    let mut off = from;
-                    while Instant::now() < deadline {
-                        let s = Instant::now();
-                        if write {
-                            disk.write_at(&buf, base + off)?;
-                            if durable {
-                                disk.sync()?;
+        anyhow::ensure!(cursors.len() == depth, "one cursor per floor thread");
+        let (start, len) = range;
+        anyhow::ensure!(
+            start + len <= disk.capacity(),
+            "floor range past the end of the file"
+        );
+        let region = len / depth as u64 / size as u64 * size as u64;
+        anyhow::ensure!(region >= size as u64, "floor file too small");
+        let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+        let t0 = Instant::now();
+        let threads: Vec<_> = (0..depth)
+            .map(|t| {
+                let disk = disk.clone();
+                let from = cursors[t] % region;
+                std::thread::spawn(
+                    move || -> std::io::Result<(hdrhistogram::Histogram<u64>, u64)> {
+                        let mut h = histogram();
+                        let mut buf = AlignedBuf::zeroed(size);
+                        buf.iter_mut()
+                            .enumerate()
+                            .for_each(|(i, b)| *b = (i * 7 + t) as u8);
+                        let base = start + t as u64 * region;
+                        let mut off = from;
+                        while Instant::now() < deadline {
+                            let s = Instant::now();
+                            if write {
+                                disk.write_at(&buf, base + off)?;
+                                if durable {
+                                    disk.sync()?;
+                                }
+                            } else {
+                                disk.read_at(&mut buf, base + off)?;
                             }
-                        } else {
-                            disk.read_at(&mut buf, base + off)?;
+                            h.record(s.elapsed().as_nanos() as u64).expect("in range");
+                            off = (off + size as u64) % region;
                         }
-                        h.record(s.elapsed().as_nanos() as u64).expect("in range");
-                        off = (off + size as u64) % region;
-                    }
-                    Ok((h, off))
-                },
-            )
+                        Ok((h, off))
+                    },
+                )
+            })
+            .collect();
+        let mut all = histogram();
+        for (t, c) in threads.into_iter().zip(cursors.iter_mut()) {
+            let (h, off) = t.join().expect("floor thread")?;
+            all.add(h).expect("same bounds");
+            *c = off;
+        }
+        let seconds = t0.elapsed().as_secs_f64();
+        Ok(FloorResult {
+            ops: all.len(),
+            seconds,
+            latency: Latency::of(&all),
+            hist: all,
         })
-        .collect();
-    let mut all = histogram();
-    for (t, c) in threads.into_iter().zip(cursors.iter_mut()) {
-        let (h, off) = t.join().expect("floor thread")?;
-        all.add(h).expect("same bounds");
-        *c = off;
     }
-    let seconds = t0.elapsed().as_secs_f64();
-    Ok(FloorResult {
-        ops: all.len(),
-        seconds,
-        latency: Latency::of(&all),
-        hist: all,
-    })
 }
 
 /// The replicated append floor: one thread per file (each file standing for one replica's
