@@ -15,6 +15,14 @@ use tonic::{Request, Response, Status};
 
 type Rpc<T> = Result<Response<T>, Status>;
 
+/// What a batched operation answers with.
+#[derive(Clone, Copy)]
+enum Answer {
+    File,
+    Done,
+    Object,
+}
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -249,13 +257,15 @@ impl Inner {
         metrics::histogram!("cairn_master_batch_ops").record(ops.len() as f64);
         let mut results: Vec<Option<Outcome>> = vec![None; ops.len()];
         let mut cmds = Vec::with_capacity(ops.len());
-        // (index in the request, whether it answers with the file)
+        // (index in the request, what it answers with)
         let mut at = Vec::with_capacity(ops.len());
         for (i, op) in ops.into_iter().enumerate() {
             let prepared = match op.op {
-                Some(Op::Create(r)) => self.create_command(r).map(|c| (c, true)),
-                Some(Op::Commit(r)) => self.commit_command(&r).map(|c| (c, true)),
-                Some(Op::Delete(r)) => delete_command(&r).map(|c| (c, false)),
+                Some(Op::Create(r)) => self.create_command(r).map(|c| (c, Answer::File)),
+                Some(Op::Commit(r)) => self.commit_command(&r).map(|c| (c, Answer::File)),
+                Some(Op::Delete(r)) => delete_command(&r).map(|c| (c, Answer::Done)),
+                Some(Op::Object(b)) => cairn_rpc::object::decode(&b)
+                    .map(|op| (Command::Object(op), Answer::Object)),
                 None => Err(MetaError::invalid("a batch operation without an operation")),
             };
             match prepared {
@@ -275,10 +285,14 @@ impl Inner {
                     reply.batch.len()
                 )));
             }
-            for ((i, file), r) in at.into_iter().zip(reply.batch) {
-                let out = r.and_then(|reply| match file {
-                    true => self.file_reply(reply.inode).map(Outcome::File),
-                    false => Ok(Outcome::Done(pb::Empty {})),
+            for ((i, answer), r) in at.into_iter().zip(reply.batch) {
+                let out = r.and_then(|reply| match answer {
+                    Answer::File => self.file_reply(reply.inode).map(Outcome::File),
+                    Answer::Done => Ok(Outcome::Done(pb::Empty {})),
+                    Answer::Object => match reply.object {
+                        Some(o) => Ok(Outcome::Object(cairn_rpc::object::encode(&o))),
+                        None => Err(MetaError::internal("an object change without its answer")),
+                    },
                 });
                 results[i] = Some(out.unwrap_or_else(|e| Outcome::Error((&e).into())));
             }
@@ -378,6 +392,19 @@ impl pb::meta_server::Meta for MetaService {
             let a = self.inner.sm.lock();
             let ino = a.state.lookup(&path)?;
             Ok(convert::node_reply(&a.state, &path, ino))
+        }
+        .await)
+    }
+
+    async fn object_read(&self, req: Request<pb::ObjectBytes>) -> Rpc<pb::ObjectBytes> {
+        let r = req.into_inner();
+        ok(async {
+            let q: cairn_rpc::object::ObjectQuery = cairn_rpc::object::decode(&r.body)?;
+            self.inner.read_barrier().await?;
+            let result = self.inner.sm.lock().state.objects().query(&q);
+            Ok(pb::ObjectBytes {
+                body: cairn_rpc::object::encode(&result),
+            })
         }
         .await)
     }

@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+mod objects;
+pub use objects::{ObjectIndex, PackUse};
+
 pub type ServerId = u64;
 pub type ChunkId = u64;
 pub type InodeId = u64;
@@ -209,6 +212,8 @@ pub enum Command {
     /// Independent commands of concurrent callers in one Raft entry, applied in order; each
     /// has its own result in [`Reply::batch`]. A batch inside a batch is refused.
     Batch(Vec<Command>),
+    /// A change to the object index (the S3 gateway's); its answer is in [`Reply::object`].
+    Object(cairn_rpc::object::ObjectOp),
 }
 
 impl fmt::Display for Command {
@@ -235,6 +240,8 @@ impl fmt::Display for Command {
             } => write!(f, "repaired {chunk_id} on {server}"),
             Command::SetConfig { config } => write!(f, "set-config {config:?}"),
             Command::Batch(cmds) => write!(f, "batch of {}", cmds.len()),
+            // Never the op itself: a user's creation carries its secret.
+            Command::Object(op) => write!(f, "object {}", object_op_name(op)),
         }
     }
 }
@@ -246,6 +253,24 @@ pub struct Reply {
     /// For [`Command::Batch`]: one result per command, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub batch: Vec<Response>,
+    /// For [`Command::Object`]: the object index's answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<cairn_rpc::object::OpResult>,
+}
+
+fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {
+    use cairn_rpc::object::ObjectOp as O;
+    match op {
+        O::CreateUser { .. } => "create-user",
+        O::CreateBucket { .. } => "create-bucket",
+        O::DeleteBucket { .. } => "delete-bucket",
+        O::PutObject { .. } => "put",
+        O::DeleteObject { .. } => "delete",
+        O::CreateUpload { .. } => "create-upload",
+        O::PutPart { .. } => "put-part",
+        O::CompleteUpload { .. } => "complete-upload",
+        O::AbortUpload { .. } => "abort-upload",
+    }
 }
 
 pub type Response = Result<Reply, MetaError>;
@@ -259,6 +284,9 @@ pub struct State {
     servers: BTreeMap<ServerId, ServerRecord>,
     #[serde(default)]
     config: Config,
+    /// The object service's buckets, objects, uploads and users.
+    #[serde(default)]
+    objects: ObjectIndex,
     /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
     #[serde(skip)]
     dentries: BTreeMap<(InodeId, String), InodeId>,
@@ -287,6 +315,7 @@ impl Default for State {
             next_chunk: 1,
             servers: BTreeMap::new(),
             config: Config::default(),
+            objects: ObjectIndex::default(),
             dentries: BTreeMap::new(),
             chunk_owner: HashMap::new(),
         }
@@ -326,6 +355,10 @@ impl State {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    pub fn objects(&self) -> &ObjectIndex {
+        &self.objects
     }
 
     /// Every file's chunks with the file's policy (for the repair scan).
@@ -529,7 +562,7 @@ impl State {
     fn reply(&self, id: InodeId) -> Response {
         Ok(Reply {
             inode: self.inodes.get(&id).cloned(),
-            batch: Vec::new(),
+            ..Reply::default()
         })
     }
 
@@ -820,7 +853,12 @@ impl State {
                 self.config = config.clone();
                 Ok(Reply::default())
             }
+            Command::Object(op) => Ok(Reply {
+                object: Some(self.apply_object(op)),
+                ..Reply::default()
+            }),
             Command::Batch(cmds) => Ok(Reply {
+                object: None,
                 inode: None,
                 batch: cmds
                     .iter()

@@ -234,5 +234,18 @@ async fn single(shared: &Shared, op: Op) -> Answer {
             .send(r, |mut c, r| async move { c.delete(r).await })
             .await
             .map(Outcome::Done),
+        // Object index changes exist only in batches: a batch of one.
+        op @ Op::Object(_) => {
+            let req = pb::BatchRequest {
+                ops: vec![pb::BatchOp { op: Some(op) }],
+            };
+            let reply = shared
+                .send(req, |mut c, r| async move { c.batch(r).await })
+                .await?;
+            match reply.results.into_iter().next() {
+                Some(r) => outcome(r),
+                None => Err(MetaError::internal("a batch of one got no result")),
+            }
+        }
     }
 }

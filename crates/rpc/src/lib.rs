@@ -7,6 +7,7 @@ pub mod pb {
 }
 
 mod error;
+pub mod object;
 mod path;
 
 pub use error::{ErrorKind, LEADER_METADATA, MetaError};

@@ -128,6 +128,41 @@ impl Masters {
         }
     }
 
+    /// A change to the object index (batched with concurrent callers'). The outer error is
+    /// the call's (masters unreachable); the inner one the index's answer.
+    ///
+    /// # Errors
+    /// As the `Batch` call.
+    pub async fn object_op(
+        &self,
+        op: &crate::object::ObjectOp,
+    ) -> Result<crate::object::OpResult, MetaError> {
+        match self
+            .batched(pb::batch_op::Op::Object(crate::object::encode(op)))
+            .await?
+        {
+            pb::batch_result::Result::Object(b) => crate::object::decode(&b),
+            _ => Err(MetaError::internal("an object change answered without its result")),
+        }
+    }
+
+    /// A read of the object index, answered by the leader.
+    ///
+    /// # Errors
+    /// As the `ObjectRead` call.
+    pub async fn object_query(
+        &self,
+        q: &crate::object::ObjectQuery,
+    ) -> Result<crate::object::QueryResult, MetaError> {
+        let req = pb::ObjectBytes {
+            body: crate::object::encode(q),
+        };
+        let reply = self
+            .send(req, |mut c, r| async move { c.object_read(r).await })
+            .await?;
+        crate::object::decode(&reply.body)
+    }
+
     /// One operation through the batcher, retried on its own while the failure is one a
     /// single call would retry (no chunkservers known yet after an election).
     async fn batched(&self, op: pb::batch_op::Op) -> Result<pb::batch_result::Result, MetaError> {

@@ -1,0 +1,617 @@
+//! The object index in the replicated state: users, buckets, objects, multipart uploads and
+//! the usage of shared small-object logs (docs/object.md).
+//!
+//! Every change is checked before anything is touched, so a refused change leaves the state
+//! as it was; a change that frees data (overwrite, delete, abort, a replaced part) deletes the
+//! extents' own files in the same step, so no object ever names a deleted file.
+
+use super::{Command, State};
+use cairn_rpc::object::{
+    BucketInfo, Extent, ListEntry, ListPage, ListRequest, MAX_LIST_KEYS, MIN_PART_BYTES,
+    ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply, OpResult, Part, QueryReply,
+    QueryResult, Upload, User,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectIndex {
+    /// By access key.
+    users: BTreeMap<String, User>,
+    buckets: BTreeMap<String, Bucket>,
+    /// By upload id.
+    uploads: BTreeMap<String, Upload>,
+    /// Shared small-object logs: live bytes and objects in each (compaction picks the ones
+    /// mostly dead).
+    packs: BTreeMap<String, PackUse>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Bucket {
+    owner: String,
+    created_ms: u64,
+    objects: BTreeMap<String, ObjectMeta>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackUse {
+    pub live_bytes: u64,
+    pub live_objects: u64,
+}
+
+impl ObjectIndex {
+    pub fn totals(&self) -> (u64, u64, u64) {
+        let objects = self.buckets.values().map(|b| b.objects.len() as u64).sum();
+        (self.buckets.len() as u64, objects, self.uploads.len() as u64)
+    }
+
+    pub fn packs(&self) -> &BTreeMap<String, PackUse> {
+        &self.packs
+    }
+
+    fn bucket(&self, user: &str, name: &str) -> Result<&Bucket, ObjectError> {
+        let b = self.buckets.get(name).ok_or(ObjectError::NoSuchBucket)?;
+        if b.owner != user {
+            return Err(ObjectError::AccessDenied);
+        }
+        Ok(b)
+    }
+
+    fn upload(&self, user: &str, id: &str) -> Result<&Upload, ObjectError> {
+        let u = self.uploads.get(id).ok_or(ObjectError::NoSuchUpload)?;
+        if u.owner != user {
+            return Err(ObjectError::AccessDenied);
+        }
+        Ok(u)
+    }
+
+    /// Answers a read.
+    pub fn query(&self, q: &ObjectQuery) -> QueryResult {
+        match q {
+            ObjectQuery::User { access_key } => {
+                Ok(QueryReply::User(self.users.get(access_key).cloned()))
+            }
+            ObjectQuery::ListBuckets { user } => Ok(QueryReply::Buckets(
+                self.buckets
+                    .iter()
+                    .filter(|(_, b)| b.owner == *user)
+                    .map(|(name, b)| info(name, b))
+                    .collect(),
+            )),
+            ObjectQuery::HeadBucket { user, bucket } => {
+                Ok(QueryReply::Bucket(info(bucket, self.bucket(user, bucket)?)))
+            }
+            ObjectQuery::HeadObject { user, bucket, key } => {
+                let b = self.bucket(user, bucket)?;
+                let o = b.objects.get(key).ok_or(ObjectError::NoSuchKey)?;
+                Ok(QueryReply::Object(o.clone()))
+            }
+            ObjectQuery::ListObjects { user, bucket, list } => {
+                let b = self.bucket(user, bucket)?;
+                Ok(QueryReply::List(list_keys(&b.objects, list, |key, o| {
+                    ListEntry {
+                        key: key.clone(),
+                        size: o.size,
+                        etag: o.etag.clone(),
+                        mtime_ms: o.mtime_ms,
+                        upload_id: String::new(),
+                        owner: b.owner.clone(),
+                    }
+                })))
+            }
+            ObjectQuery::ListUploads { user, bucket, list } => {
+                self.bucket(user, bucket)?;
+                // Uploads are few and short-lived: gathered per call, keyed "key\0id" so the
+                // same listing code pages through them in (key, upload id) order.
+                let by_key: BTreeMap<String, &Upload> = self
+                    .uploads
+                    .values()
+                    .filter(|u| u.bucket == *bucket && u.key.starts_with(&list.prefix))
+                    .map(|u| (format!("{}\0{}", u.key, u.id), u))
+                    .collect();
+                Ok(QueryReply::List(list_keys(&by_key, list, |_, u| ListEntry {
+                    key: u.key.clone(),
+                    size: 0,
+                    etag: String::new(),
+                    mtime_ms: u.initiated_ms,
+                    upload_id: u.id.clone(),
+                    owner: u.owner.clone(),
+                })))
+            }
+            ObjectQuery::ListParts {
+                user,
+                upload_id,
+                after,
+                max,
+            } => {
+                let u = self.upload(user, upload_id)?;
+                let max = (*max as usize).clamp(1, MAX_LIST_KEYS);
+                let mut parts: Vec<Part> = u
+                    .parts
+                    .range(after + 1..)
+                    .map(|(_, p)| p.clone())
+                    .take(max + 1)
+                    .collect();
+                let truncated = parts.len() > max;
+                parts.truncate(max);
+                let mut upload = u.clone();
+                upload.parts.clear();
+                Ok(QueryReply::Parts {
+                    upload,
+                    parts,
+                    truncated,
+                })
+            }
+            ObjectQuery::StaleUploads { before_ms, max } => Ok(QueryReply::Uploads(
+                self.uploads
+                    .values()
+                    .filter(|u| u.initiated_ms < *before_ms)
+                    .take(*max as usize)
+                    .map(|u| {
+                        let mut u = u.clone();
+                        u.parts.clear();
+                        u
+                    })
+                    .collect(),
+            )),
+        }
+    }
+}
+
+fn info(name: &str, b: &Bucket) -> BucketInfo {
+    BucketInfo {
+        name: name.to_owned(),
+        owner: b.owner.clone(),
+        created_ms: b.created_ms,
+    }
+}
+
+/// A page of `map`'s keys in order (see [`ListRequest`]); memory bounded by the page.
+pub fn list_keys<V>(
+    map: &BTreeMap<String, V>,
+    req: &ListRequest,
+    entry: impl Fn(&String, &V) -> ListEntry,
+) -> ListPage {
+    let max = (req.max as usize).clamp(1, MAX_LIST_KEYS);
+    let delimiter = req.delimiter.as_deref().filter(|d| !d.is_empty());
+    let prefix = req.prefix.as_str();
+    // Where to start: after `after`, skipping the whole common prefix it falls in.
+    let mut lower: Bound<String> = if req.after.as_str() < prefix {
+        Bound::Included(prefix.to_owned())
+    } else {
+        match delimiter.and_then(|d| common_prefix(&req.after, prefix, d)) {
+            Some(cp) => successor(cp),
+            None => Bound::Excluded(req.after.clone()),
+        }
+    };
+    let mut page = ListPage::default();
+    let mut count = 0;
+    loop {
+        let next = map
+            .range::<String, _>((lower.as_ref(), Bound::Unbounded))
+            .next();
+        let Some((key, value)) = next else { break };
+        if !key.starts_with(prefix) {
+            break;
+        }
+        if count == max {
+            page.truncated = true;
+            break;
+        }
+        count += 1;
+        match delimiter.and_then(|d| common_prefix(key, prefix, d)) {
+            Some(cp) => {
+                page.prefixes.push(cp.to_owned());
+                page.last = Some(cp.to_owned());
+                lower = successor(cp);
+            }
+            None => {
+                page.entries.push(entry(key, value));
+                page.last = Some(key.clone());
+                lower = Bound::Excluded(key.clone());
+            }
+        }
+        if matches!(lower, Bound::Unbounded) {
+            break;
+        }
+    }
+    page
+}
+
+/// The common prefix `key` rolls up into: up to and including the first `delimiter` after
+/// `prefix`.
+fn common_prefix<'a>(key: &'a str, prefix: &str, delimiter: &str) -> Option<&'a str> {
+    let rest = key.strip_prefix(prefix)?;
+    let at = rest.find(delimiter)?;
+    Some(&key[..prefix.len() + at + delimiter.len()])
+}
+
+/// The least bound above every string that starts with `p` (keys order by code point, as
+/// UTF-8 bytes do): `p` with its last character incremented, dropping characters that are
+/// already the largest.
+fn successor(p: &str) -> Bound<String> {
+    let mut s = p.to_owned();
+    while let Some(c) = s.pop() {
+        let next = (c as u32 + 1..=char::MAX as u32).find_map(char::from_u32);
+        if let Some(n) = next {
+            s.push(n);
+            return Bound::Included(s);
+        }
+    }
+    Bound::Unbounded
+}
+
+impl State {
+    /// Applies a change to the object index.
+    pub(super) fn apply_object(&mut self, op: &ObjectOp) -> OpResult {
+        let idx = &mut self.objects;
+        match op {
+            ObjectOp::CreateUser { user } => {
+                let taken = idx.users.contains_key(&user.access_key)
+                    || idx.users.values().any(|u| u.name == user.name);
+                if taken {
+                    return Err(ObjectError::UserExists);
+                }
+                if user.name.is_empty() || user.access_key.is_empty() || user.secret_key.is_empty()
+                {
+                    return Err(ObjectError::InvalidArgument(
+                        "user name, access key and secret must not be empty".into(),
+                    ));
+                }
+                idx.users.insert(user.access_key.clone(), user.clone());
+                Ok(OpReply::Done)
+            }
+            ObjectOp::CreateBucket {
+                user,
+                bucket,
+                now_ms,
+            } => {
+                if !cairn_rpc::object::valid_bucket_name(bucket) {
+                    return Err(ObjectError::InvalidArgument(format!(
+                        "invalid bucket name {bucket:?}"
+                    )));
+                }
+                match idx.buckets.get(bucket) {
+                    Some(b) if b.owner == *user => Err(ObjectError::BucketAlreadyOwnedByYou),
+                    Some(_) => Err(ObjectError::BucketAlreadyExists),
+                    None => {
+                        idx.buckets.insert(
+                            bucket.clone(),
+                            Bucket {
+                                owner: user.clone(),
+                                created_ms: *now_ms,
+                                objects: BTreeMap::new(),
+                            },
+                        );
+                        Ok(OpReply::Done)
+                    }
+                }
+            }
+            ObjectOp::DeleteBucket { user, bucket } => {
+                let b = idx.bucket(user, bucket)?;
+                let uploads = idx.uploads.values().any(|u| u.bucket == *bucket);
+                if !b.objects.is_empty() || uploads {
+                    return Err(ObjectError::BucketNotEmpty);
+                }
+                idx.buckets.remove(bucket);
+                Ok(OpReply::Done)
+            }
+            ObjectOp::PutObject {
+                user,
+                bucket,
+                key,
+                meta,
+            } => {
+                idx.bucket(user, bucket)?;
+                check_meta(meta)?;
+                self.check_extents(meta.extents.iter())?;
+                Ok(OpReply::Object(self.install(bucket, key, meta.clone())))
+            }
+            ObjectOp::DeleteObject { user, bucket, key } => {
+                let b = idx.buckets.get_mut(bucket).ok_or(ObjectError::NoSuchBucket)?;
+                if b.owner != *user {
+                    return Err(ObjectError::AccessDenied);
+                }
+                if let Some(old) = b.objects.remove(key) {
+                    self.free(&old.extents);
+                }
+                Ok(OpReply::Done)
+            }
+            ObjectOp::CreateUpload { user, upload } => {
+                idx.bucket(user, &upload.bucket)?;
+                if upload.owner != *user || !upload.parts.is_empty() {
+                    return Err(ObjectError::InvalidArgument(
+                        "a new upload has its user as owner and no parts".into(),
+                    ));
+                }
+                if idx.uploads.contains_key(&upload.id) {
+                    // A retry of a create that applied.
+                    return Ok(OpReply::Done);
+                }
+                idx.uploads.insert(upload.id.clone(), upload.clone());
+                Ok(OpReply::Done)
+            }
+            ObjectOp::PutPart {
+                user,
+                upload_id,
+                part,
+            } => {
+                idx.upload(user, upload_id)?;
+                if !(1..=cairn_rpc::object::MAX_PARTS).contains(&part.number)
+                    || part.extent.len != part.size
+                {
+                    return Err(ObjectError::InvalidArgument(format!(
+                        "part {} of {} bytes in an extent of {}",
+                        part.number, part.size, part.extent.len
+                    )));
+                }
+                self.check_extents(std::iter::once(&part.extent))?;
+                let upload = self.objects.uploads.get_mut(upload_id).expect("checked");
+                let old = upload.parts.insert(part.number, part.clone());
+                self.take_extent(&part.extent);
+                if let Some(old) = old.filter(|o| o.extent != part.extent) {
+                    self.free(std::slice::from_ref(&old.extent));
+                }
+                Ok(OpReply::Done)
+            }
+            ObjectOp::CompleteUpload {
+                user,
+                upload_id,
+                parts,
+                meta,
+            } => self.complete_upload(user, upload_id, parts, meta),
+            ObjectOp::AbortUpload { user, upload_id } => {
+                idx.upload(user, upload_id)?;
+                let upload = self.objects.uploads.remove(upload_id).expect("checked");
+                let extents: Vec<Extent> = upload.parts.into_values().map(|p| p.extent).collect();
+                self.free(&extents);
+                Ok(OpReply::Done)
+            }
+        }
+    }
+
+    fn complete_upload(
+        &mut self,
+        user: &str,
+        upload_id: &str,
+        listed: &[(u32, String)],
+        meta: &ObjectMeta,
+    ) -> OpResult {
+        let upload = match self.objects.upload(user, upload_id) {
+            Ok(u) => u,
+            Err(ObjectError::NoSuchUpload) => {
+                // A retry of a completion that applied: the object carries the upload's id.
+                let done = self.objects.buckets.values().any(|b| {
+                    b.objects
+                        .values()
+                        .any(|o| o.put_id == meta.put_id && o.etag == meta.etag)
+                });
+                return match done {
+                    true => Ok(OpReply::Done),
+                    false => Err(ObjectError::NoSuchUpload),
+                };
+            }
+            Err(e) => return Err(e),
+        };
+        if listed.is_empty() {
+            return Err(ObjectError::InvalidArgument(
+                "a completion lists at least one part".into(),
+            ));
+        }
+        let mut chosen = Vec::with_capacity(listed.len());
+        let mut prev = 0;
+        for (i, (n, etag)) in listed.iter().enumerate() {
+            if *n <= prev {
+                return Err(ObjectError::InvalidPartOrder);
+            }
+            prev = *n;
+            let p = upload.parts.get(n).ok_or(ObjectError::InvalidPart(*n))?;
+            if p.etag != etag.trim_matches('"') {
+                return Err(ObjectError::InvalidPart(*n));
+            }
+            if i + 1 < listed.len() && p.size < MIN_PART_BYTES {
+                return Err(ObjectError::EntityTooSmall(*n));
+            }
+            chosen.push(p.clone());
+        }
+        let (bucket, key) = (upload.bucket.clone(), upload.key.clone());
+        self.objects.bucket(user, &bucket)?;
+        let upload = self.objects.uploads.remove(upload_id).expect("checked");
+        let mut meta = meta.clone();
+        meta.size = chosen.iter().map(|p| p.size).sum();
+        meta.part_sizes = chosen.iter().map(|p| p.size).collect();
+        meta.extents = chosen.iter().map(|p| p.extent.clone()).collect();
+        // Parts not listed are dropped with the upload.
+        let unlisted: Vec<Extent> = upload
+            .parts
+            .into_values()
+            .filter(|p| !chosen.iter().any(|c| c.number == p.number))
+            .map(|p| p.extent)
+            .collect();
+        self.free(&unlisted);
+        // The chosen parts' extents move from the upload to the object: taken once already.
+        for e in &meta.extents {
+            self.release_pack(e);
+        }
+        Ok(OpReply::Object(self.install(&bucket, &key, meta)))
+    }
+
+    /// Makes `meta` the object at `key`, freeing the version it replaces.
+    fn install(&mut self, bucket: &str, key: &str, meta: ObjectMeta) -> ObjectMeta {
+        let b = self.objects.buckets.get_mut(bucket).expect("checked");
+        if let Some(cur) = b.objects.get(key)
+            && cur.put_id == meta.put_id
+        {
+            // A retry of the PUT that made the current version.
+            return cur.clone();
+        }
+        let old = b.objects.insert(key.to_owned(), meta.clone());
+        for e in &meta.extents {
+            self.take_extent(e);
+        }
+        if let Some(old) = old {
+            self.free(&old.extents);
+        }
+        meta
+    }
+
+    /// Every extent's file exists (an object is never visible without its data).
+    fn check_extents<'a>(&self, extents: impl Iterator<Item = &'a Extent>) -> Result<(), ObjectError> {
+        for e in extents {
+            match self.lookup(&e.path) {
+                Ok(ino) if ino.file().is_some() => {}
+                _ => {
+                    return Err(ObjectError::InvalidArgument(format!(
+                        "data file {} is missing",
+                        e.path
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts an extent as live in its pack.
+    fn take_extent(&mut self, e: &Extent) {
+        if e.shared {
+            let u = self.objects.packs.entry(e.path.clone()).or_default();
+            u.live_bytes += e.len;
+            u.live_objects += 1;
+        }
+    }
+
+    /// Undoes [`State::take_extent`] (the extent stays live, counted elsewhere).
+    fn release_pack(&mut self, e: &Extent) {
+        if e.shared
+            && let Some(u) = self.objects.packs.get_mut(&e.path)
+        {
+            u.live_bytes = u.live_bytes.saturating_sub(e.len);
+            u.live_objects = u.live_objects.saturating_sub(1);
+        }
+    }
+
+    /// Frees extents no object or part names any more: their own files are deleted now;
+    /// shared bytes become dead in their pack (compaction reclaims them).
+    fn free(&mut self, extents: &[Extent]) {
+        for e in extents {
+            if e.shared {
+                self.release_pack(e);
+            } else {
+                // Already gone is fine: the file was this extent's alone.
+                let _ = self.apply(&Command::Delete {
+                    path: e.path.clone(),
+                });
+            }
+        }
+    }
+}
+
+fn check_meta(meta: &ObjectMeta) -> Result<(), ObjectError> {
+    let total: u64 = meta.extents.iter().map(|e| e.len).sum();
+    if total != meta.size {
+        return Err(ObjectError::InvalidArgument(format!(
+            "extents of {total} bytes for an object of {}",
+            meta.size
+        )));
+    }
+    if meta.put_id.is_empty() {
+        return Err(ObjectError::InvalidArgument("a PUT needs a put id".into()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(keys: &[&str]) -> BTreeMap<String, ()> {
+        keys.iter().map(|k| (k.to_string(), ())).collect()
+    }
+
+    fn page(m: &BTreeMap<String, ()>, prefix: &str, delim: Option<&str>, after: &str, max: u32) -> (Vec<String>, Vec<String>, bool) {
+        let p = list_keys(
+            m,
+            &ListRequest {
+                prefix: prefix.into(),
+                delimiter: delim.map(Into::into),
+                after: after.into(),
+                max,
+            },
+            |k, _| ListEntry {
+                key: k.clone(),
+                size: 0,
+                etag: String::new(),
+                mtime_ms: 0,
+                upload_id: String::new(),
+                owner: String::new(),
+            },
+        );
+        (p.entries.into_iter().map(|e| e.key).collect(), p.prefixes, p.truncated)
+    }
+
+    #[test]
+    fn listing_with_prefix_delimiter_and_pages() {
+        let m = map(&["a", "b/1", "b/2", "b/c/3", "c", "d/x", "e"]);
+        let (k, p, t) = page(&m, "", Some("/"), "", 1000);
+        assert_eq!(k, ["a", "c", "e"]);
+        assert_eq!(p, ["b/", "d/"]);
+        assert!(!t);
+        let (k, p, _) = page(&m, "b/", Some("/"), "", 1000);
+        assert_eq!(k, ["b/1", "b/2"]);
+        assert_eq!(p, ["b/c/"]);
+        // Pages of two, continuing after the last key or common prefix.
+        let (k, p, t) = page(&m, "", Some("/"), "", 2);
+        assert_eq!((k, p, t), (vec!["a".to_string()], vec!["b/".to_string()], true));
+        let (k, p, t) = page(&m, "", Some("/"), "b/", 2);
+        assert_eq!((k, p, t), (vec!["c".to_string()], vec!["d/".to_string()], true));
+        let (k, p, t) = page(&m, "", Some("/"), "d/", 2);
+        assert_eq!((k, p, t), (vec!["e".to_string()], vec![], false));
+        // No delimiter: every key, in order.
+        let (k, _, _) = page(&m, "b", None, "b/1", 1000);
+        assert_eq!(k, ["b/2", "b/c/3"]);
+    }
+
+    #[test]
+    fn listing_matches_a_naive_model() {
+        let keys: Vec<String> = (0..300)
+            .map(|i| format!("{}/{}/{}", i % 7, i % 3, i))
+            .collect();
+        let m: BTreeMap<String, ()> = keys.iter().map(|k| (k.clone(), ())).collect();
+        for (prefix, delim) in [("", Some("/")), ("1/", Some("/")), ("2", None), ("", None)] {
+            // Naive: every key with the prefix, rolled up, deduplicated, in order.
+            let mut want: Vec<String> = Vec::new();
+            for k in m.keys().filter(|k| k.starts_with(prefix)) {
+                let item = match delim.and_then(|d| common_prefix(k, prefix, d)) {
+                    Some(cp) => cp.to_owned(),
+                    None => k.clone(),
+                };
+                if want.last() != Some(&item) {
+                    want.push(item);
+                }
+            }
+            for max in [1, 2, 7, 1000] {
+                let mut got: Vec<String> = Vec::new();
+                let mut after = String::new();
+                loop {
+                    let (k, p, t) = page(&m, prefix, delim, &after, max);
+                    let mut items: Vec<String> = k.into_iter().chain(p).collect();
+                    items.sort();
+                    after = items.last().cloned().unwrap_or_default();
+                    got.extend(items);
+                    if !t {
+                        break;
+                    }
+                }
+                assert_eq!(got, want, "prefix {prefix:?} delim {delim:?} max {max}");
+            }
+        }
+    }
+
+    #[test]
+    fn successor_skips_every_extension() {
+        assert_eq!(successor("a/"), Bound::Included("a0".into()));
+        assert_eq!(successor("\u{10FFFF}"), Bound::Unbounded);
+        assert_eq!(successor("a\u{D7FF}"), Bound::Included("a\u{E000}".into()));
+    }
+}

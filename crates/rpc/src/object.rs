@@ -1,0 +1,365 @@
+//! The object index's API: what the S3 gateway asks of the masters (docs/object.md).
+//!
+//! The masters keep buckets, objects, multipart uploads, users and small-object log ("pack")
+//! usage in their replicated state. Object *data* never comes here: it lives in FlatLogFiles
+//! and an object names the byte ranges ([`Extent`]s) that hold it. A gateway writes the data
+//! first, durably, and only then sends the index change that makes it visible, so an object is
+//! never visible without its data.
+//!
+//! Changes ([`ObjectOp`]) travel in `Batch` calls (concurrent PUTs share one Raft entry);
+//! reads ([`ObjectQuery`]) in `ObjectRead`. Both are JSON in protobuf `bytes`.
+//!
+//! Retries are safe: a PUT carries a `put_id` unique to it, and a PUT whose `put_id` is the
+//! current object's (the first try applied, its answer was lost) changes nothing.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Longest object key, in bytes (S3's limit).
+pub const MAX_KEY_BYTES: usize = 1024;
+/// Most keys one listing returns (S3's limit).
+pub const MAX_LIST_KEYS: usize = 1000;
+/// Most parts of one multipart upload (S3's limit).
+pub const MAX_PARTS: u32 = 10_000;
+/// Smallest part but the last of a completed multipart upload (S3's limit).
+pub const MIN_PART_BYTES: u64 = 5 << 20;
+
+/// A byte range of a FlatLogFile that holds (part of) an object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    pub path: String,
+    pub offset: u64,
+    pub len: u64,
+    /// In a shared small-object log (a pack): freeing it marks the bytes dead in the pack's
+    /// usage; otherwise the file is the extent's alone and is deleted with it.
+    pub shared: bool,
+}
+
+/// An object's entry in the index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectMeta {
+    pub size: u64,
+    /// Without quotes: hex MD5 for a single PUT, `md5-of-md5s-N` for a multipart upload.
+    pub etag: String,
+    pub mtime_ms: u64,
+    /// Unique to the PUT (or upload) that made this version; retries carry the same.
+    pub put_id: String,
+    /// Content-Type, Content-Encoding, Content-Disposition, Content-Language, Cache-Control,
+    /// Expires, as given.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// `x-amz-meta-*`, without the prefix.
+    #[serde(default)]
+    pub user_meta: BTreeMap<String, String>,
+    /// Algorithm (`CRC32`, `CRC32C`, `SHA1`, `SHA256`, `CRC64NVME`) → base64 value.
+    #[serde(default)]
+    pub checksums: BTreeMap<String, String>,
+    /// The data, in order; their lengths add up to `size`.
+    pub extents: Vec<Extent>,
+    /// A multipart object's part sizes, in order (GET with `partNumber`); empty otherwise.
+    #[serde(default)]
+    pub part_sizes: Vec<u64>,
+}
+
+/// One part of a multipart upload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    pub number: u32,
+    pub size: u64,
+    /// Hex MD5 of the part, without quotes.
+    pub etag: String,
+    pub mtime_ms: u64,
+    pub extent: Extent,
+    #[serde(default)]
+    pub checksums: BTreeMap<String, String>,
+}
+
+/// A multipart upload in progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Upload {
+    pub id: String,
+    pub bucket: String,
+    pub key: String,
+    pub owner: String,
+    pub initiated_ms: u64,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub user_meta: BTreeMap<String, String>,
+    #[serde(default)]
+    pub parts: BTreeMap<u32, Part>,
+}
+
+/// A user of the object service. The secret is stored by the masters and handed to gateways
+/// (which check signatures); it is never logged.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    pub name: String,
+    pub access_key: String,
+    pub secret_key: String,
+    pub created_ms: u64,
+}
+
+impl std::fmt::Debug for User {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("User")
+            .field("name", &self.name)
+            .field("access_key", &self.access_key)
+            .field("secret_key", &"<hidden>")
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketInfo {
+    pub name: String,
+    pub owner: String,
+    pub created_ms: u64,
+}
+
+/// A change to the object index. `user` is the authenticated user the gateway acts for; the
+/// masters check it against the bucket's owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ObjectOp {
+    CreateUser {
+        user: User,
+    },
+    CreateBucket {
+        user: String,
+        bucket: String,
+        now_ms: u64,
+    },
+    DeleteBucket {
+        user: String,
+        bucket: String,
+    },
+    /// Makes `meta` the object at `key` (last writer wins); frees the old version's data.
+    PutObject {
+        user: String,
+        bucket: String,
+        key: String,
+        meta: ObjectMeta,
+    },
+    /// Deleting a missing key succeeds (S3).
+    DeleteObject {
+        user: String,
+        bucket: String,
+        key: String,
+    },
+    CreateUpload {
+        user: String,
+        upload: Upload,
+    },
+    /// Adds or replaces a part (freeing the replaced part's data).
+    PutPart {
+        user: String,
+        upload_id: String,
+        part: Part,
+    },
+    /// Makes the listed parts (number, etag) the object, in order, and frees unlisted parts.
+    /// `meta.extents` and `meta.part_sizes` are filled by the masters from the parts.
+    CompleteUpload {
+        user: String,
+        upload_id: String,
+        parts: Vec<(u32, String)>,
+        meta: ObjectMeta,
+    },
+    AbortUpload {
+        user: String,
+        upload_id: String,
+    },
+}
+
+/// What a change answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OpReply {
+    Done,
+    /// The object a PUT or a completed upload made.
+    Object(ObjectMeta),
+}
+
+pub type OpResult = Result<OpReply, ObjectError>;
+
+/// A read of the object index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ObjectQuery {
+    /// The user with this access key (for signature checks).
+    User { access_key: String },
+    ListBuckets { user: String },
+    HeadBucket { user: String, bucket: String },
+    HeadObject { user: String, bucket: String, key: String },
+    ListObjects { user: String, bucket: String, list: ListRequest },
+    ListUploads { user: String, bucket: String, list: ListRequest },
+    ListParts { user: String, upload_id: String, after: u32, max: u32 },
+    /// Uploads started before `before_ms` (any bucket): the gateway's cleaner aborts them.
+    StaleUploads { before_ms: u64, max: u32 },
+}
+
+/// A listing in key order: keys after `after` with `prefix`; with a `delimiter`, keys that
+/// hold it past the prefix are rolled up into one common prefix each.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListRequest {
+    pub prefix: String,
+    pub delimiter: Option<String>,
+    /// Start after this key (or common prefix); empty = from the start.
+    pub after: String,
+    /// Keys plus common prefixes to return (1..=MAX_LIST_KEYS).
+    pub max: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListEntry {
+    pub key: String,
+    pub size: u64,
+    pub etag: String,
+    pub mtime_ms: u64,
+    /// For uploads: the upload id (`etag` and `size` are then empty).
+    #[serde(default)]
+    pub upload_id: String,
+    #[serde(default)]
+    pub owner: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListPage {
+    pub entries: Vec<ListEntry>,
+    pub prefixes: Vec<String>,
+    /// More keys follow; the next page starts after `last`.
+    pub truncated: bool,
+    /// The last key or common prefix this page covered.
+    pub last: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum QueryReply {
+    User(Option<User>),
+    Buckets(Vec<BucketInfo>),
+    Bucket(BucketInfo),
+    Object(ObjectMeta),
+    List(ListPage),
+    Parts {
+        upload: Upload,
+        parts: Vec<Part>,
+        truncated: bool,
+    },
+    Uploads(Vec<Upload>),
+}
+
+pub type QueryResult = Result<QueryReply, ObjectError>;
+
+/// Why the object index refused a request. Each maps to the S3 error of the same name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ObjectError {
+    #[error("no such bucket")]
+    NoSuchBucket,
+    #[error("the bucket exists and is yours")]
+    BucketAlreadyOwnedByYou,
+    #[error("the bucket name is taken")]
+    BucketAlreadyExists,
+    #[error("the bucket is not empty")]
+    BucketNotEmpty,
+    #[error("no such key")]
+    NoSuchKey,
+    #[error("no such upload")]
+    NoSuchUpload,
+    #[error("part {0}: missing, or its ETag differs")]
+    InvalidPart(u32),
+    #[error("parts must be listed in ascending order")]
+    InvalidPartOrder,
+    #[error("part {0} is smaller than 5 MiB and not the last")]
+    EntityTooSmall(u32),
+    #[error("access denied")]
+    AccessDenied,
+    #[error("a user or access key by that name exists")]
+    UserExists,
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// Encodes for a `bytes` field.
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("object index types serialize")
+}
+
+/// Decodes from a `bytes` field.
+///
+/// # Errors
+/// The bytes are not JSON of `T`.
+pub fn decode<T: for<'a> Deserialize<'a>>(bytes: &[u8]) -> Result<T, crate::MetaError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| crate::MetaError::invalid(format!("object index message: {e}")))
+}
+
+/// S3's bucket naming rules (the general-purpose bucket rules): 3–63 characters of lowercase
+/// letters, digits, `.` and `-`, starting and ending with a letter or digit, no `..`, not an
+/// IP address, none of the reserved prefixes and suffixes.
+pub fn valid_bucket_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    if !(3..=63).contains(&b.len()) {
+        return false;
+    }
+    let ok_char = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'.' || c == b'-';
+    let edge = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if !b.iter().all(|&c| ok_char(c)) || !edge(b[0]) || !edge(b[b.len() - 1]) {
+        return false;
+    }
+    if name.contains("..") || name.contains(".-") || name.contains("-.") {
+        return false;
+    }
+    if name.parse::<std::net::Ipv4Addr>().is_ok() {
+        return false;
+    }
+    const PREFIXES: [&str; 3] = ["xn--", "sthree-", "amzn-s3-demo-"];
+    const SUFFIXES: [&str; 3] = ["-s3alias", "--ol-s3", "--x-s3"];
+    !PREFIXES.iter().any(|p| name.starts_with(p)) && !SUFFIXES.iter().any(|s| name.ends_with(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_names() {
+        for ok in ["abc", "my-bucket", "a.b.c", "0bucket9", &"a".repeat(63)] {
+            assert!(valid_bucket_name(ok), "{ok}");
+        }
+        for bad in [
+            "ab",
+            &"a".repeat(64),
+            "Abc",
+            "a_b",
+            "-ab",
+            "ab-",
+            "a..b",
+            "a.-b",
+            "192.168.1.1",
+            "xn--abc",
+            "abc-s3alias",
+            "bücket",
+        ] {
+            assert!(!valid_bucket_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn user_debug_hides_the_secret() {
+        let u = User {
+            name: "n".into(),
+            access_key: "AK".into(),
+            secret_key: "very-secret".into(),
+            created_ms: 0,
+        };
+        assert!(!format!("{u:?}").contains("very-secret"));
+    }
+
+    #[test]
+    fn ops_round_trip() {
+        let op = ObjectOp::DeleteObject {
+            user: "u".into(),
+            bucket: "b".into(),
+            key: "k/é".into(),
+        };
+        assert_eq!(decode::<ObjectOp>(&encode(&op)).unwrap(), op);
+        assert!(decode::<ObjectOp>(b"{").is_err());
+    }
+}
