@@ -10,6 +10,7 @@ mod cluster;
 mod fs;
 mod master;
 mod metrics;
+mod s3;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +43,8 @@ enum Command {
     Status(fs::StatusArgs),
     /// Operators: change the master group, drain chunkservers.
     Admin(admin::AdminArgs),
+    /// The object service: run an S3 gateway, manage its users.
+    S3(s3::S3Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -60,6 +63,7 @@ fn main() -> std::process::ExitCode {
         Command::Fs(a) => fs::run(a),
         Command::Status(a) => fs::status(a),
         Command::Admin(a) => admin::run(a),
+        Command::S3(a) => s3::run(a),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

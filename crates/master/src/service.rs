@@ -264,8 +264,9 @@ impl Inner {
                 Some(Op::Create(r)) => self.create_command(r).map(|c| (c, Answer::File)),
                 Some(Op::Commit(r)) => self.commit_command(&r).map(|c| (c, Answer::File)),
                 Some(Op::Delete(r)) => delete_command(&r).map(|c| (c, Answer::Done)),
-                Some(Op::Object(b)) => cairn_rpc::object::decode(&b)
-                    .map(|op| (Command::Object(op), Answer::Object)),
+                Some(Op::Object(b)) => {
+                    cairn_rpc::object::decode(&b).map(|op| (Command::Object(op), Answer::Object))
+                }
                 None => Err(MetaError::invalid("a batch operation without an operation")),
             };
             match prepared {

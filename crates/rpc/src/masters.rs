@@ -142,7 +142,9 @@ impl Masters {
             .await?
         {
             pb::batch_result::Result::Object(b) => crate::object::decode(&b),
-            _ => Err(MetaError::internal("an object change answered without its result")),
+            _ => Err(MetaError::internal(
+                "an object change answered without its result",
+            )),
         }
     }
 

@@ -184,15 +184,42 @@ pub type OpResult = Result<OpReply, ObjectError>;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ObjectQuery {
     /// The user with this access key (for signature checks).
-    User { access_key: String },
-    ListBuckets { user: String },
-    HeadBucket { user: String, bucket: String },
-    HeadObject { user: String, bucket: String, key: String },
-    ListObjects { user: String, bucket: String, list: ListRequest },
-    ListUploads { user: String, bucket: String, list: ListRequest },
-    ListParts { user: String, upload_id: String, after: u32, max: u32 },
+    User {
+        access_key: String,
+    },
+    ListBuckets {
+        user: String,
+    },
+    HeadBucket {
+        user: String,
+        bucket: String,
+    },
+    HeadObject {
+        user: String,
+        bucket: String,
+        key: String,
+    },
+    ListObjects {
+        user: String,
+        bucket: String,
+        list: ListRequest,
+    },
+    ListUploads {
+        user: String,
+        bucket: String,
+        list: ListRequest,
+    },
+    ListParts {
+        user: String,
+        upload_id: String,
+        after: u32,
+        max: u32,
+    },
     /// Uploads started before `before_ms` (any bucket): the gateway's cleaner aborts them.
-    StaleUploads { before_ms: u64, max: u32 },
+    StaleUploads {
+        before_ms: u64,
+        max: u32,
+    },
 }
 
 /// A listing in key order: keys after `after` with `prefix`; with a `delimiter`, keys that

@@ -1,1 +1,247 @@
-pub fn _x() {}
+//! Cairn's object service: an S3-compatible gateway on FlatLogFiles (docs/object.md).
+//!
+//! The protocol (routing, XML, SigV4 header and query signing, presigned URLs, aws-chunked
+//! bodies) is s3s's; this crate maps S3 operations onto the masters' object index
+//! ([`cairn_rpc::object`]) and object bytes onto FlatLogFiles ([`data`], [`pack`]). A gateway
+//! keeps no state a restart would lose: every acknowledged PUT is durable in the cluster, so
+//! any number of gateways may serve one cluster.
+
+pub mod data;
+mod ops;
+pub mod pack;
+
+use cairn_client::Client;
+use cairn_rpc::object::{ObjectOp, ObjectQuery, OpReply, QueryReply, User};
+use parking_lot::Mutex;
+use s3s::auth::{S3Auth, SecretKey};
+use s3s::{S3Error, S3ErrorCode, S3Result, s3_error};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Where the gateway keeps its files in the Cairn namespace.
+pub const ROOT_DIR: &str = "/.s3";
+
+/// Gateway settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Bodies up to this size are packed into shared logs; larger ones get files of their own.
+    pub pack_max_bytes: usize,
+    /// A pack is closed past this length.
+    pub pack_bytes: u64,
+    /// Pack writers (packs open at once).
+    pub pack_lanes: usize,
+    /// Multipart uploads older than this are aborted by the cleaner.
+    pub upload_max_age: Duration,
+    /// The region the gateway answers with.
+    pub region: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            pack_max_bytes: 1 << 20,
+            pack_bytes: 256 << 20,
+            pack_lanes: 1,
+            upload_max_age: Duration::from_secs(7 * 24 * 3600),
+            region: "us-east-1".into(),
+        }
+    }
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A random id of `n` characters from `alphabet`.
+pub fn random_id(n: usize, alphabet: &[u8]) -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..n)
+        .map(|_| alphabet[rng.random_range(0..alphabet.len())] as char)
+        .collect()
+}
+
+const HEX: &[u8] = b"0123456789abcdef";
+
+/// A new user's credentials: a 20-character access key and a 40-character secret, the shape
+/// of AWS's.
+pub fn new_user(name: &str) -> User {
+    const UPPER: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    const SECRET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    User {
+        name: name.to_owned(),
+        access_key: format!("CK{}", random_id(18, UPPER)),
+        secret_key: random_id(40, SECRET),
+        created_ms: now_ms(),
+    }
+}
+
+/// Users by access key, asked of the masters and kept for a few seconds.
+struct Users {
+    client: Client,
+    cache: Mutex<HashMap<String, (Option<User>, Instant)>>,
+}
+
+const USER_TTL: Duration = Duration::from_secs(5);
+
+impl Users {
+    async fn get(&self, access_key: &str) -> S3Result<Option<User>> {
+        if let Some((u, at)) = self.cache.lock().get(access_key)
+            && at.elapsed() < USER_TTL
+        {
+            return Ok(u.clone());
+        }
+        let q = ObjectQuery::User {
+            access_key: access_key.to_owned(),
+        };
+        let user = match query(&self.client, &q).await? {
+            QueryReply::User(u) => u,
+            _ => {
+                return Err(data::internal(
+                    "the masters answered a user query with something else",
+                ));
+            }
+        };
+        let mut cache = self.cache.lock();
+        if cache.len() > 10_000 {
+            cache.clear();
+        }
+        cache.insert(access_key.to_owned(), (user.clone(), Instant::now()));
+        Ok(user)
+    }
+}
+
+struct Auth(Arc<Users>);
+
+#[async_trait::async_trait]
+impl S3Auth for Auth {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
+        match self.0.get(access_key).await? {
+            Some(u) => Ok(SecretKey::from(u.secret_key)),
+            None => Err(s3_error!(InvalidAccessKeyId)),
+        }
+    }
+}
+
+/// The masters' answer to a read, with the index's refusals as S3 errors.
+async fn query(client: &Client, q: &ObjectQuery) -> S3Result<QueryReply> {
+    match client.masters().object_query(q).await {
+        Ok(r) => r.map_err(ops::s3_err),
+        Err(e) => Err(meta_err(e)),
+    }
+}
+
+/// A change through the masters, with the index's refusals as S3 errors.
+async fn change(client: &Client, op: &ObjectOp) -> S3Result<OpReply> {
+    match client.masters().object_op(op).await {
+        Ok(r) => r.map_err(ops::s3_err),
+        Err(e) => Err(meta_err(e)),
+    }
+}
+
+fn meta_err(e: cairn_rpc::MetaError) -> S3Error {
+    use cairn_rpc::ErrorKind as K;
+    let code = match e.kind {
+        K::NotLeader | K::Unavailable | K::NoServers => S3ErrorCode::ServiceUnavailable,
+        _ => S3ErrorCode::InternalError,
+    };
+    S3Error::with_message(code, e.to_string())
+}
+
+/// Creates a user through the masters (`cairn s3 user create`).
+///
+/// # Errors
+/// The masters are unreachable, or the name is taken.
+pub async fn create_user(client: &Client, name: &str) -> Result<User, String> {
+    let user = new_user(name);
+    match client
+        .masters()
+        .object_op(&ObjectOp::CreateUser { user: user.clone() })
+        .await
+    {
+        Ok(Ok(_)) => Ok(user),
+        Ok(Err(e)) => Err(format!("user {name}: {e}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A running gateway.
+pub struct Gateway {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Gateway {
+    /// Binds `listen` and serves S3 on it for the cluster `client` reaches.
+    ///
+    /// # Errors
+    /// The address cannot be bound, or the gateway's directories cannot be made.
+    pub async fn start(client: Client, listen: &str, opts: Options) -> anyhow::Result<Self> {
+        for dir in ["packs", "blobs", "parts"] {
+            client.mkdir(&format!("{ROOT_DIR}/{dir}"), true).await?;
+        }
+        let writer_id = format!("{:x}-{}", now_ms(), random_id(6, HEX));
+        let packs = pack::Packs::start(
+            client.clone(),
+            pack::PackOptions {
+                dir: format!("{ROOT_DIR}/packs"),
+                writer_id,
+                lanes: opts.pack_lanes,
+                pack_bytes: opts.pack_bytes,
+            },
+        );
+        let users = Arc::new(Users {
+            client: client.clone(),
+            cache: Mutex::default(),
+        });
+        let gw = ops::Cairn {
+            data: Arc::new(data::DataStore {
+                client: client.clone(),
+                packs,
+                pack_max: opts.pack_max_bytes,
+                blob_dir: format!("{ROOT_DIR}/blobs"),
+            }),
+            users: users.clone(),
+            region: opts.region.clone(),
+        };
+        tokio::spawn(ops::clean_uploads(gw.clone(), opts.upload_max_age));
+        let mut builder = s3s::service::S3ServiceBuilder::new(gw);
+        builder.set_auth(Auth(users));
+        let service = builder.build();
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            let http =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            loop {
+                let (socket, _) = match listener.accept().await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = socket.set_nodelay(true);
+                let service = service.clone();
+                let http = http.clone();
+                tokio::spawn(async move {
+                    let io = hyper_util::rt::TokioIo::new(socket);
+                    if let Err(e) = http.serve_connection(io, service).await {
+                        tracing::debug!(error = %e, "connection ended");
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, task })
+    }
+
+    /// Serves until the task ends (it does not, unless aborted).
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+}

@@ -43,7 +43,11 @@ pub struct PackUse {
 impl ObjectIndex {
     pub fn totals(&self) -> (u64, u64, u64) {
         let objects = self.buckets.values().map(|b| b.objects.len() as u64).sum();
-        (self.buckets.len() as u64, objects, self.uploads.len() as u64)
+        (
+            self.buckets.len() as u64,
+            objects,
+            self.uploads.len() as u64,
+        )
     }
 
     pub fn packs(&self) -> &BTreeMap<String, PackUse> {
@@ -110,13 +114,15 @@ impl ObjectIndex {
                     .filter(|u| u.bucket == *bucket && u.key.starts_with(&list.prefix))
                     .map(|u| (format!("{}\0{}", u.key, u.id), u))
                     .collect();
-                Ok(QueryReply::List(list_keys(&by_key, list, |_, u| ListEntry {
-                    key: u.key.clone(),
-                    size: 0,
-                    etag: String::new(),
-                    mtime_ms: u.initiated_ms,
-                    upload_id: u.id.clone(),
-                    owner: u.owner.clone(),
+                Ok(QueryReply::List(list_keys(&by_key, list, |_, u| {
+                    ListEntry {
+                        key: u.key.clone(),
+                        size: 0,
+                        etag: String::new(),
+                        mtime_ms: u.initiated_ms,
+                        upload_id: u.id.clone(),
+                        owner: u.owner.clone(),
+                    }
                 })))
             }
             ObjectQuery::ListParts {
@@ -309,7 +315,10 @@ impl State {
                 Ok(OpReply::Object(self.install(bucket, key, meta.clone())))
             }
             ObjectOp::DeleteObject { user, bucket, key } => {
-                let b = idx.buckets.get_mut(bucket).ok_or(ObjectError::NoSuchBucket)?;
+                let b = idx
+                    .buckets
+                    .get_mut(bucket)
+                    .ok_or(ObjectError::NoSuchBucket)?;
                 if b.owner != *user {
                     return Err(ObjectError::AccessDenied);
                 }
@@ -457,7 +466,10 @@ impl State {
     }
 
     /// Every extent's file exists (an object is never visible without its data).
-    fn check_extents<'a>(&self, extents: impl Iterator<Item = &'a Extent>) -> Result<(), ObjectError> {
+    fn check_extents<'a>(
+        &self,
+        extents: impl Iterator<Item = &'a Extent>,
+    ) -> Result<(), ObjectError> {
         for e in extents {
             match self.lookup(&e.path) {
                 Ok(ino) if ino.file().is_some() => {}
@@ -529,7 +541,13 @@ mod tests {
         keys.iter().map(|k| (k.to_string(), ())).collect()
     }
 
-    fn page(m: &BTreeMap<String, ()>, prefix: &str, delim: Option<&str>, after: &str, max: u32) -> (Vec<String>, Vec<String>, bool) {
+    fn page(
+        m: &BTreeMap<String, ()>,
+        prefix: &str,
+        delim: Option<&str>,
+        after: &str,
+        max: u32,
+    ) -> (Vec<String>, Vec<String>, bool) {
         let p = list_keys(
             m,
             &ListRequest {
@@ -547,7 +565,11 @@ mod tests {
                 owner: String::new(),
             },
         );
-        (p.entries.into_iter().map(|e| e.key).collect(), p.prefixes, p.truncated)
+        (
+            p.entries.into_iter().map(|e| e.key).collect(),
+            p.prefixes,
+            p.truncated,
+        )
     }
 
     #[test]
@@ -562,9 +584,15 @@ mod tests {
         assert_eq!(p, ["b/c/"]);
         // Pages of two, continuing after the last key or common prefix.
         let (k, p, t) = page(&m, "", Some("/"), "", 2);
-        assert_eq!((k, p, t), (vec!["a".to_string()], vec!["b/".to_string()], true));
+        assert_eq!(
+            (k, p, t),
+            (vec!["a".to_string()], vec!["b/".to_string()], true)
+        );
         let (k, p, t) = page(&m, "", Some("/"), "b/", 2);
-        assert_eq!((k, p, t), (vec!["c".to_string()], vec!["d/".to_string()], true));
+        assert_eq!(
+            (k, p, t),
+            (vec!["c".to_string()], vec!["d/".to_string()], true)
+        );
         let (k, p, t) = page(&m, "", Some("/"), "d/", 2);
         assert_eq!((k, p, t), (vec!["e".to_string()], vec![], false));
         // No delimiter: every key, in order.

@@ -1,0 +1,114 @@
+//! `cairn s3`: run an S3 gateway (`cairn s3 serve`), manage its users (`cairn s3 user create`).
+
+use crate::cluster::ClusterArgs;
+use cairn_client::Client;
+
+#[derive(clap::Args)]
+pub struct S3Args {
+    #[command(subcommand)]
+    command: S3Command,
+}
+
+#[derive(clap::Subcommand)]
+enum S3Command {
+    /// Serve S3 for the cluster (one gateway process; run as many as you like).
+    Serve(ServeArgs),
+    /// Users of the object service.
+    #[command(subcommand)]
+    User(UserCommand),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Address to serve HTTP on; port 0 picks a free port. The bound address is printed on
+    /// stdout as `listening on ADDR`.
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    listen: String,
+    /// The masters (`HOST:PORT,…`).
+    #[arg(long, env = "CAIRN_MASTERS")]
+    masters: String,
+    /// Objects up to this size share append-only pack files; larger ones get files of their own.
+    #[arg(long, default_value = "1m", value_parser = crate::bench::parse_size)]
+    pack_max: u64,
+    /// Multipart uploads older than this many hours are aborted and their parts deleted.
+    #[arg(long, default_value_t = 24 * 7)]
+    upload_max_age_hours: u64,
+    /// The region the gateway answers with (clients sign for it).
+    #[arg(long, default_value = "us-east-1")]
+    region: String,
+    /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
+}
+
+#[derive(clap::Subcommand)]
+enum UserCommand {
+    /// Create a user; prints its access key and secret (shown once: the masters keep it).
+    Create {
+        name: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+}
+
+pub fn run(a: S3Args) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("cairn-s3")
+        .build()?;
+    match a.command {
+        S3Command::Serve(s) => rt.block_on(serve(s)),
+        S3Command::User(UserCommand::Create {
+            name,
+            json,
+            cluster,
+        }) => rt.block_on(async {
+            let client = Client::connect(&cluster.masters()?).await?;
+            let user = cairn_s3::create_user(&client, &name)
+                .await
+                .map_err(|e| anyhow::anyhow!(e))?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "name": user.name,
+                        "access_key": user.access_key,
+                        "secret_key": user.secret_key,
+                    })
+                );
+            } else {
+                println!("user        {}", user.name);
+                println!("access key  {}", user.access_key);
+                println!("secret key  {}", user.secret_key);
+            }
+            Ok(())
+        }),
+    }
+}
+
+async fn serve(s: ServeArgs) -> anyhow::Result<()> {
+    let masters: Vec<String> = s.masters.split(',').map(|m| m.trim().to_owned()).collect();
+    let client = Client::connect(&masters).await?;
+    if let Some(m) = s.metrics_listen {
+        crate::metrics::serve(m, "s3").await?;
+    }
+    let opts = cairn_s3::Options {
+        pack_max_bytes: s.pack_max as usize,
+        upload_max_age: std::time::Duration::from_secs(s.upload_max_age_hours * 3600),
+        region: s.region,
+        ..cairn_s3::Options::default()
+    };
+    let gw = cairn_s3::Gateway::start(client, &s.listen, opts).await?;
+    println!("listening on {}", gw.addr);
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        () = gw.wait() => {}
+    }
+    Ok(())
+}

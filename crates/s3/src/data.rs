@@ -1,0 +1,320 @@
+//! Object bytes on Cairn: a body becomes extents of FlatLogFiles (a pack record for a small
+//! object, a file of its own for a large one or a multipart part), and extents become a byte
+//! stream again for a GET.
+
+use crate::pack::Packs;
+use bytes::{Bytes, BytesMut};
+use cairn_client::{Client, CreateOptions, FlatLogFile};
+use cairn_rpc::object::Extent;
+use futures::{Stream, StreamExt};
+use s3s::checksum::ChecksumHasher;
+use s3s::crypto::{Checksum as _, Md5};
+use s3s::{S3Error, S3ErrorCode, s3_error};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::sync::mpsc;
+
+/// Bytes read from the cluster per piece of a GET's stream.
+pub const READ_PIECE: u64 = 4 << 20;
+/// Bytes gathered before an append to a large object's own file.
+const WRITE_PIECE: usize = 4 << 20;
+
+/// An object's bytes on their way to a client: a task reads pieces from the cluster, at most
+/// two ahead of the one being sent.
+pub struct BodyStream(mpsc::Receiver<Result<Bytes, std::io::Error>>);
+
+impl Stream for BodyStream {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// What a body was stored as, with its digests.
+pub struct Stored {
+    pub extents: Vec<Extent>,
+    pub size: u64,
+    pub md5_hex: String,
+    pub checksums: s3s::dto::Checksum,
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn internal(e: impl std::fmt::Display) -> S3Error {
+    S3Error::with_message(S3ErrorCode::InternalError, e.to_string())
+}
+
+pub struct DataStore {
+    pub client: Client,
+    pub packs: Packs,
+    /// Bodies up to this size go into a pack.
+    pub pack_max: usize,
+    /// Directory of large objects' and parts' own files.
+    pub blob_dir: String,
+}
+
+impl DataStore {
+    /// Stores a body: up to `pack_max` bytes as a pack record, more in a file of its own
+    /// (`own_name` under the blob directory). Digests are computed on the way.
+    ///
+    /// # Errors
+    /// The body stream failed (IncompleteBody), or the cluster refused the data.
+    pub async fn store<E: std::fmt::Display>(
+        &self,
+        bucket: &str,
+        key: &str,
+        own_name: &str,
+        mut body: impl Stream<Item = Result<Bytes, E>> + Unpin,
+        mut hasher: ChecksumHasher,
+        force_own_file: bool,
+    ) -> Result<Stored, S3Error> {
+        let mut md5 = Md5::new();
+        let mut head = BytesMut::new();
+        let mut size = 0u64;
+        let mut overflow: Option<Bytes> = None;
+        while let Some(piece) = body.next().await {
+            let piece = piece.map_err(|e| {
+                S3Error::with_message(
+                    S3ErrorCode::IncompleteBody,
+                    format!("reading the body: {e}"),
+                )
+            })?;
+            md5.update(&piece);
+            hasher.update(&piece);
+            size += piece.len() as u64;
+            if force_own_file || head.len() + piece.len() > self.pack_max {
+                overflow = Some(piece);
+                break;
+            }
+            head.extend_from_slice(&piece);
+        }
+        let extents = match overflow {
+            None => {
+                let data = head.freeze();
+                let e = self.packs.put(bucket, key, data).await.map_err(internal)?;
+                vec![e]
+            }
+            Some(first) => {
+                let path = format!("{}/{own_name}", self.blob_dir);
+                let file = self
+                    .client
+                    .create(&path, CreateOptions::default())
+                    .await
+                    .map_err(internal)?;
+                let mut pending = head;
+                pending.extend_from_slice(&first);
+                // The next piece is received while the last one is being appended.
+                type Appending = tokio::task::JoinHandle<Result<FlatLogFile, cairn_client::Error>>;
+                let mut file = Some(file);
+                let mut appending: Option<Appending> = None;
+                let mut ended = false;
+                loop {
+                    while !ended && pending.len() < WRITE_PIECE {
+                        match body.next().await {
+                            Some(Ok(piece)) => {
+                                md5.update(&piece);
+                                hasher.update(&piece);
+                                size += piece.len() as u64;
+                                pending.extend_from_slice(&piece);
+                            }
+                            Some(Err(e)) => {
+                                if let Some(a) = appending.take() {
+                                    let _ = a.await;
+                                }
+                                drop(file);
+                                let _ = self.client.delete(&path).await;
+                                return Err(S3Error::with_message(
+                                    S3ErrorCode::IncompleteBody,
+                                    format!("reading the body: {e}"),
+                                ));
+                            }
+                            None => ended = true,
+                        }
+                    }
+                    if let Some(a) = appending.take() {
+                        file = Some(a.await.map_err(internal)?.map_err(internal)?);
+                    }
+                    if !pending.is_empty() {
+                        let data = std::mem::take(&mut pending).freeze();
+                        let mut f = file.take().expect("no append in flight");
+                        appending = Some(tokio::spawn(async move {
+                            f.append_bytes(data).await.map(|_| f)
+                        }));
+                    }
+                    if ended {
+                        if let Some(a) = appending.take() {
+                            file = Some(a.await.map_err(internal)?.map_err(internal)?);
+                        }
+                        break;
+                    }
+                }
+                let file = file.expect("no append in flight");
+                let len = file.close().await.map_err(internal)?;
+                if len != size {
+                    return Err(internal(format!(
+                        "{path}: closed at {len} bytes after appending {size}"
+                    )));
+                }
+                vec![Extent {
+                    path,
+                    offset: 0,
+                    len,
+                    shared: false,
+                }]
+            }
+        };
+        Ok(Stored {
+            extents,
+            size,
+            md5_hex: hex(md5.finalize().as_ref()),
+            checksums: hasher.finalize(),
+        })
+    }
+
+    /// The bytes `range` (relative to the object) of an object made of `extents`, as a stream
+    /// read piece by piece.
+    pub fn read(&self, extents: &[Extent], range: std::ops::Range<u64>) -> BodyStream {
+        let mut pieces = Vec::new();
+        let mut start = 0u64;
+        for e in extents {
+            let (lo, hi) = (range.start.max(start), range.end.min(start + e.len));
+            let mut at = lo;
+            while at < hi {
+                let n = (hi - at).min(READ_PIECE);
+                pieces.push((e.path.clone(), e.offset + (at - start), n as usize));
+                at += n;
+            }
+            start += e.len;
+        }
+        let client = self.client.clone();
+        let (tx, rx) = mpsc::channel(2);
+        tokio::spawn(async move {
+            let mut reads = futures::stream::iter(pieces)
+                .map(|(path, offset, len)| {
+                    let client = client.clone();
+                    async move {
+                        client
+                            .read(&path, offset, len)
+                            .await
+                            .map(Bytes::from)
+                            .map_err(std::io::Error::other)
+                    }
+                })
+                .buffered(2);
+            while let Some(piece) = reads.next().await {
+                let failed = piece.is_err();
+                // The client went away: stop reading.
+                if tx.send(piece).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        BodyStream(rx)
+    }
+
+    /// Reads a whole range into memory (copies; small ranges only).
+    pub async fn read_all(
+        &self,
+        extents: &[Extent],
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, S3Error> {
+        let mut out = BytesMut::with_capacity((range.end - range.start) as usize);
+        let mut s = self.read(extents, range);
+        while let Some(p) = s.next().await {
+            out.extend_from_slice(&p.map_err(|e| internal(e.to_string()))?);
+        }
+        Ok(out.freeze())
+    }
+}
+
+/// Checks a stored body's digests against what the request declared (Content-MD5 and
+/// `x-amz-checksum-*`, from headers or trailers).
+///
+/// # Errors
+/// BadDigest on a mismatch, InvalidDigest on a malformed Content-MD5.
+pub fn verify(
+    stored: &Stored,
+    content_md5: Option<&str>,
+    declared: &s3s::dto::Checksum,
+) -> Result<(), S3Error> {
+    if let Some(m) = content_md5 {
+        let want = base64_decode(m)
+            .ok_or_else(|| s3_error!(InvalidDigest, "Content-MD5 is not base64"))?;
+        if want.len() != 16 {
+            return Err(s3_error!(InvalidDigest, "Content-MD5 is not 16 bytes"));
+        }
+        if hex(&want) != stored.md5_hex {
+            return Err(s3_error!(
+                BadDigest,
+                "the Content-MD5 you specified did not match what we received"
+            ));
+        }
+    }
+    let pairs = [
+        (
+            "CRC32",
+            &declared.checksum_crc32,
+            &stored.checksums.checksum_crc32,
+        ),
+        (
+            "CRC32C",
+            &declared.checksum_crc32c,
+            &stored.checksums.checksum_crc32c,
+        ),
+        (
+            "SHA1",
+            &declared.checksum_sha1,
+            &stored.checksums.checksum_sha1,
+        ),
+        (
+            "SHA256",
+            &declared.checksum_sha256,
+            &stored.checksums.checksum_sha256,
+        ),
+        (
+            "CRC64NVME",
+            &declared.checksum_crc64nvme,
+            &stored.checksums.checksum_crc64nvme,
+        ),
+    ];
+    for (name, want, got) in pairs {
+        if let Some(w) = want
+            && Some(w) != got.as_ref()
+        {
+            return Err(S3Error::with_message(
+                S3ErrorCode::BadDigest,
+                format!(
+                    "the x-amz-checksum-{} you specified did not match what we received",
+                    name.to_lowercase()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Standard base64 (with padding) to bytes; `None` if malformed.
+pub fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    base64_simd::STANDARD.decode_to_vec(s.trim()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_decodes_md5s() {
+        // MD5("") = d41d8cd98f00b204e9800998ecf8427e
+        assert_eq!(
+            hex(&base64_decode("1B2M2Y8AsgTpgAmY7PhCfg==").unwrap()),
+            "d41d8cd98f00b204e9800998ecf8427e"
+        );
+        assert_eq!(base64_decode("Zm9v").unwrap(), b"foo");
+        assert_eq!(base64_decode("Zm8=").unwrap(), b"fo");
+        assert!(base64_decode("Zm8").is_none());
+        assert!(base64_decode("Zm!v").is_none());
+    }
+}

@@ -1,0 +1,1481 @@
+//! The S3 operations, mapped onto the object index and FlatLogFiles.
+
+use crate::data::{self, DataStore, Stored, hex, internal};
+use crate::{HEX, Users, change, now_ms, query, random_id};
+use cairn_rpc::object::{
+    Extent, ListEntry, ListPage, ListRequest, MAX_KEY_BYTES, MAX_LIST_KEYS, MAX_PARTS, ObjectError,
+    ObjectMeta, ObjectOp, ObjectQuery, OpReply, Part, QueryReply, Upload,
+};
+use s3s::checksum::ChecksumHasher;
+use s3s::crypto::{Checksum as _, Md5};
+use s3s::dto::*;
+use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+#[derive(Clone)]
+pub struct Cairn {
+    pub data: Arc<DataStore>,
+    pub(crate) users: Arc<Users>,
+    pub region: String,
+}
+
+pub fn s3_err(e: ObjectError) -> S3Error {
+    use S3ErrorCode as C;
+    let code = match &e {
+        ObjectError::NoSuchBucket => C::NoSuchBucket,
+        ObjectError::BucketAlreadyOwnedByYou => C::BucketAlreadyOwnedByYou,
+        ObjectError::BucketAlreadyExists => C::BucketAlreadyExists,
+        ObjectError::BucketNotEmpty => C::BucketNotEmpty,
+        ObjectError::NoSuchKey => C::NoSuchKey,
+        ObjectError::NoSuchUpload => C::NoSuchUpload,
+        ObjectError::InvalidPart(_) => C::InvalidPart,
+        ObjectError::InvalidPartOrder => C::InvalidPartOrder,
+        ObjectError::EntityTooSmall(_) => C::EntityTooSmall,
+        ObjectError::AccessDenied => C::AccessDenied,
+        ObjectError::UserExists => C::InvalidArgument,
+        ObjectError::InvalidArgument(_) => C::InvalidArgument,
+    };
+    S3Error::with_message(code, e.to_string())
+}
+
+fn timestamp(ms: u64) -> Timestamp {
+    Timestamp::from(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+fn ms_of(t: &Timestamp) -> u64 {
+    let odt: time::OffsetDateTime = t.clone().into();
+    (odt.unix_timestamp_nanos() / 1_000_000).max(0) as u64
+}
+
+fn etag(e: &str) -> ETag {
+    ETag::Strong(e.to_owned())
+}
+
+fn check_key(key: &str) -> S3Result<()> {
+    if key.is_empty() {
+        return Err(s3_error!(InvalidArgument, "the key is empty"));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(s3_error!(KeyTooLongError, "keys are at most 1024 bytes"));
+    }
+    Ok(())
+}
+
+/// The system headers an object keeps, from a PUT's (or copy's, or upload's) input.
+fn headers_of(
+    content_type: Option<&String>,
+    content_encoding: Option<&String>,
+    content_disposition: Option<&String>,
+    content_language: Option<&String>,
+    cache_control: Option<&String>,
+    expires: Option<&Timestamp>,
+) -> BTreeMap<String, String> {
+    let mut h = BTreeMap::new();
+    for (name, v) in [
+        ("content-type", content_type),
+        ("content-encoding", content_encoding),
+        ("content-disposition", content_disposition),
+        ("content-language", content_language),
+        ("cache-control", cache_control),
+    ] {
+        if let Some(v) = v {
+            h.insert(name.to_owned(), v.clone());
+        }
+    }
+    if let Some(t) = expires {
+        h.insert("expires".to_owned(), ms_of(t).to_string());
+    }
+    h
+}
+
+fn user_meta(m: Option<Metadata>) -> BTreeMap<String, String> {
+    m.map(|m| m.into_iter().collect()).unwrap_or_default()
+}
+
+/// A hasher for every checksum the request declared or asked for.
+fn hasher_for(
+    algorithm: Option<&ChecksumAlgorithm>,
+    declared: &Checksum,
+) -> S3Result<ChecksumHasher> {
+    let mut h = ChecksumHasher::default();
+    if declared.checksum_crc32.is_some() {
+        h.crc32 = Some(Default::default());
+    }
+    if declared.checksum_crc32c.is_some() {
+        h.crc32c = Some(Default::default());
+    }
+    if declared.checksum_sha1.is_some() {
+        h.sha1 = Some(Default::default());
+    }
+    if declared.checksum_sha256.is_some() {
+        h.sha256 = Some(Default::default());
+    }
+    if declared.checksum_crc64nvme.is_some() {
+        h.crc64nvme = Some(Default::default());
+    }
+    if let Some(a) = algorithm {
+        match a.as_str() {
+            ChecksumAlgorithm::CRC32 => h.crc32 = Some(Default::default()),
+            ChecksumAlgorithm::CRC32C => h.crc32c = Some(Default::default()),
+            ChecksumAlgorithm::SHA1 => h.sha1 = Some(Default::default()),
+            ChecksumAlgorithm::SHA256 => h.sha256 = Some(Default::default()),
+            ChecksumAlgorithm::CRC64NVME => h.crc64nvme = Some(Default::default()),
+            other => {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "unsupported checksum algorithm {other}"
+                ));
+            }
+        }
+    }
+    Ok(h)
+}
+
+/// Checksums sent in trailers (aws-chunked uploads, what current SDKs do by default) join
+/// those sent as headers.
+fn with_trailers(
+    mut declared: Checksum,
+    trailers: Option<s3s::TrailingHeaders>,
+) -> S3Result<Checksum> {
+    let Some(t) = trailers.and_then(|t| t.take()) else {
+        return Ok(declared);
+    };
+    let get = |name: &str| -> S3Result<Option<String>> {
+        match t.get(name) {
+            Some(v) => Ok(Some(
+                v.to_str()
+                    .map_err(|_| s3_error!(InvalidArgument, "a checksum trailer is not text"))?
+                    .to_owned(),
+            )),
+            None => Ok(None),
+        }
+    };
+    if let Some(v) = get("x-amz-checksum-crc32")? {
+        declared.checksum_crc32 = Some(v);
+    }
+    if let Some(v) = get("x-amz-checksum-crc32c")? {
+        declared.checksum_crc32c = Some(v);
+    }
+    if let Some(v) = get("x-amz-checksum-sha1")? {
+        declared.checksum_sha1 = Some(v);
+    }
+    if let Some(v) = get("x-amz-checksum-sha256")? {
+        declared.checksum_sha256 = Some(v);
+    }
+    if let Some(v) = get("x-amz-checksum-crc64nvme")? {
+        declared.checksum_crc64nvme = Some(v);
+    }
+    Ok(declared)
+}
+
+/// The checksums worth keeping: those computed, by algorithm name.
+fn checksum_map(c: &Checksum) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    for (name, v) in [
+        ("CRC32", &c.checksum_crc32),
+        ("CRC32C", &c.checksum_crc32c),
+        ("SHA1", &c.checksum_sha1),
+        ("SHA256", &c.checksum_sha256),
+        ("CRC64NVME", &c.checksum_crc64nvme),
+    ] {
+        if let Some(v) = v {
+            m.insert(name.to_owned(), v.clone());
+        }
+    }
+    m
+}
+
+fn declared(
+    crc32: Option<String>,
+    crc32c: Option<String>,
+    sha1: Option<String>,
+    sha256: Option<String>,
+    crc64nvme: Option<String>,
+) -> Checksum {
+    Checksum {
+        checksum_crc32: crc32,
+        checksum_crc32c: crc32c,
+        checksum_sha1: sha1,
+        checksum_sha256: sha256,
+        checksum_crc64nvme: crc64nvme,
+        checksum_type: None,
+    }
+}
+
+/// Evaluates If-Match / If-None-Match / If-Modified-Since / If-Unmodified-Since (RFC 7232
+/// order: a failed If-Match is 412 before anything else; If-None-Match wins over
+/// If-Modified-Since).
+fn preconditions(
+    o: &ObjectMeta,
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+    if_modified_since: Option<&Timestamp>,
+    if_unmodified_since: Option<&Timestamp>,
+) -> S3Result<()> {
+    let matches = |c: &ETagCondition| match c {
+        ETagCondition::Any => true,
+        ETagCondition::ETag(e) => e.value() == o.etag,
+    };
+    let secs = o.mtime_ms / 1000;
+    if let Some(c) = if_match {
+        if !matches(c) {
+            return Err(s3_error!(PreconditionFailed));
+        }
+    } else if let Some(t) = if_unmodified_since
+        && secs > ms_of(t) / 1000
+    {
+        return Err(s3_error!(PreconditionFailed));
+    }
+    if let Some(c) = if_none_match {
+        if matches(c) {
+            return Err(s3_error!(NotModified));
+        }
+    } else if let Some(t) = if_modified_since
+        && secs <= ms_of(t) / 1000
+    {
+        return Err(s3_error!(NotModified));
+    }
+    Ok(())
+}
+
+fn list_entry_object(e: ListEntry, fetch_owner: bool) -> Object {
+    Object {
+        key: Some(e.key),
+        size: Some(e.size as i64),
+        e_tag: Some(etag(&e.etag)),
+        last_modified: Some(timestamp(e.mtime_ms)),
+        storage_class: Some(ObjectStorageClass::from_static(
+            ObjectStorageClass::STANDARD,
+        )),
+        owner: fetch_owner.then(|| owner(&e.owner)),
+        ..Default::default()
+    }
+}
+
+fn owner(name: &str) -> Owner {
+    Owner {
+        display_name: Some(name.to_owned()),
+        id: Some(name.to_owned()),
+    }
+}
+
+/// `encoding-type=url`: keys and prefixes in the answer are percent-encoded.
+fn encoder(encoding: Option<&EncodingType>) -> S3Result<impl Fn(String) -> String> {
+    let url = match encoding.map(EncodingType::as_str) {
+        None => false,
+        Some(EncodingType::URL) => true,
+        Some(other) => return Err(s3_error!(InvalidArgument, "unknown encoding type {other}")),
+    };
+    // What S3 leaves alone: unreserved characters and '/'.
+    const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~')
+        .remove(b'/');
+    Ok(move |s: String| match url {
+        true => percent_encoding::utf8_percent_encode(&s, SET).to_string(),
+        false => s,
+    })
+}
+
+fn max_keys(m: Option<i32>) -> S3Result<u32> {
+    match m {
+        None => Ok(MAX_LIST_KEYS as u32),
+        Some(n) if n < 0 => Err(s3_error!(InvalidArgument, "max-keys must not be negative")),
+        Some(n) => Ok((n as u32).min(MAX_LIST_KEYS as u32)),
+    }
+}
+
+impl Cairn {
+    /// The user a signed request acts for (s3s refuses unsigned ones before this).
+    async fn user<T>(&self, req: &S3Request<T>) -> S3Result<String> {
+        let creds = req
+            .credentials
+            .as_ref()
+            .ok_or_else(|| s3_error!(AccessDenied, "a signature is required"))?;
+        match self.users.get(&creds.access_key).await? {
+            Some(u) => Ok(u.name),
+            None => Err(s3_error!(InvalidAccessKeyId)),
+        }
+    }
+
+    async fn head(&self, user: &str, bucket: &str, key: &str) -> S3Result<ObjectMeta> {
+        let q = ObjectQuery::HeadObject {
+            user: user.to_owned(),
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+        };
+        match query(&self.data.client, &q).await? {
+            QueryReply::Object(o) => Ok(o),
+            _ => Err(internal("HeadObject answered with something else")),
+        }
+    }
+
+    async fn list(&self, q: ObjectQuery) -> S3Result<ListPage> {
+        match query(&self.data.client, &q).await? {
+            QueryReply::List(p) => Ok(p),
+            _ => Err(internal("a listing answered with something else")),
+        }
+    }
+
+    /// Stores a body and, if its digests check out, returns it; otherwise frees what was
+    /// written and fails.
+    #[allow(clippy::too_many_arguments)]
+    async fn store_checked(
+        &self,
+        bucket: &str,
+        key: &str,
+        own_name: &str,
+        body: Option<StreamingBlob>,
+        algorithm: Option<&ChecksumAlgorithm>,
+        declared_sums: Checksum,
+        content_md5: Option<&str>,
+        trailers: Option<s3s::TrailingHeaders>,
+        force_own_file: bool,
+    ) -> S3Result<Stored> {
+        let hasher = hasher_for(algorithm, &declared_sums)?;
+        let body = body
+            .unwrap_or_else(|| StreamingBlob::wrap::<_, std::io::Error>(futures::stream::empty()));
+        let stored = self
+            .data
+            .store(bucket, key, own_name, body, hasher, force_own_file)
+            .await?;
+        let sums = with_trailers(declared_sums, trailers)?;
+        if let Err(e) = data::verify(&stored, content_md5, &sums) {
+            self.discard(&stored.extents).await;
+            return Err(e);
+        }
+        Ok(stored)
+    }
+
+    /// Deletes extents no index entry names (a refused PUT's data). Pack bytes stay as dead
+    /// bytes for compaction.
+    async fn discard(&self, extents: &[Extent]) {
+        for e in extents.iter().filter(|e| !e.shared) {
+            if let Err(err) = self.data.client.delete(&e.path).await {
+                tracing::warn!(path = %e.path, error = %err, "could not delete refused data");
+            }
+        }
+    }
+
+    /// Puts an object's index entry; frees the data if the index refuses it.
+    async fn commit_object(
+        &self,
+        user: &str,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+    ) -> S3Result<ObjectMeta> {
+        let extents = meta.extents.clone();
+        let op = ObjectOp::PutObject {
+            user: user.to_owned(),
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            meta,
+        };
+        match change(&self.data.client, &op).await {
+            Ok(OpReply::Object(o)) => Ok(o),
+            Ok(OpReply::Done) => Err(internal("a PUT answered without its object")),
+            Err(e) => {
+                if e.code() != &S3ErrorCode::ServiceUnavailable {
+                    self.discard(&extents).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The source of a copy: its meta, after the copy-source conditions.
+    async fn copy_source(
+        &self,
+        user: &str,
+        src: &CopySource,
+        if_match: Option<&ETagCondition>,
+        if_none_match: Option<&ETagCondition>,
+        if_modified_since: Option<&Timestamp>,
+        if_unmodified_since: Option<&Timestamp>,
+    ) -> S3Result<(String, String, ObjectMeta)> {
+        let CopySource::Bucket { bucket, key, .. } = src else {
+            return Err(s3_error!(
+                NotImplemented,
+                "copies from access points are not supported"
+            ));
+        };
+        let o = self.head(user, bucket, key).await?;
+        preconditions(
+            &o,
+            if_match,
+            if_none_match,
+            if_modified_since,
+            if_unmodified_since,
+        )
+        .map_err(|e| {
+            // A copy answers a failed condition with 412 either way.
+            if e.code() == &S3ErrorCode::NotModified {
+                s3_error!(PreconditionFailed)
+            } else {
+                e
+            }
+        })?;
+        Ok((bucket.to_string(), key.to_string(), o))
+    }
+
+    async fn upload_of(
+        &self,
+        user: &str,
+        upload_id: &str,
+        bucket: &str,
+        key: &str,
+    ) -> S3Result<Upload> {
+        let q = ObjectQuery::ListParts {
+            user: user.to_owned(),
+            upload_id: upload_id.to_owned(),
+            after: 0,
+            max: 1,
+        };
+        match query(&self.data.client, &q).await? {
+            QueryReply::Parts { upload, .. } if upload.bucket == bucket && upload.key == key => {
+                Ok(upload)
+            }
+            QueryReply::Parts { .. } => Err(s3_error!(NoSuchUpload)),
+            _ => Err(internal("ListParts answered with something else")),
+        }
+    }
+
+    async fn put_part(&self, user: &str, upload_id: &str, part: Part) -> S3Result<()> {
+        let extent = part.extent.clone();
+        let op = ObjectOp::PutPart {
+            user: user.to_owned(),
+            upload_id: upload_id.to_owned(),
+            part,
+        };
+        if let Err(e) = change(&self.data.client, &op).await {
+            if e.code() != &S3ErrorCode::ServiceUnavailable {
+                self.discard(std::slice::from_ref(&extent)).await;
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// S3's InvalidPartNumber (416), which s3s has no code for.
+fn invalid_part_number() -> S3Error {
+    let mut e = S3Error::with_message(
+        S3ErrorCode::Custom("InvalidPartNumber".into()),
+        "the requested part number is not satisfiable",
+    );
+    e.set_status_code(http::StatusCode::RANGE_NOT_SATISFIABLE);
+    e
+}
+
+fn part_number(n: i32) -> S3Result<u32> {
+    if n < 1 || n as u32 > MAX_PARTS {
+        return Err(s3_error!(InvalidArgument, "part numbers are 1 to 10000"));
+    }
+    Ok(n as u32)
+}
+
+/// Aborts multipart uploads older than `max_age` (every gateway runs this; an abort that
+/// another gateway did first just finds the upload gone).
+pub async fn clean_uploads(gw: Cairn, max_age: Duration) {
+    let every = (max_age / 10).clamp(Duration::from_secs(1), Duration::from_secs(600));
+    loop {
+        tokio::time::sleep(every).await;
+        let q = ObjectQuery::StaleUploads {
+            before_ms: now_ms().saturating_sub(max_age.as_millis() as u64),
+            max: 100,
+        };
+        let Ok(QueryReply::Uploads(stale)) = query(&gw.data.client, &q).await else {
+            continue;
+        };
+        for u in stale {
+            let op = ObjectOp::AbortUpload {
+                user: u.owner.clone(),
+                upload_id: u.id.clone(),
+            };
+            match change(&gw.data.client, &op).await {
+                Ok(_) => {
+                    tracing::info!(upload = %u.id, bucket = %u.bucket, key = %u.key, "aborted an abandoned upload")
+                }
+                Err(e) => {
+                    tracing::debug!(upload = %u.id, error = %e, "abandoned upload not aborted")
+                }
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl S3 for Cairn {
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        let user = self.user(&req).await?;
+        let bucket = req.input.bucket;
+        if !cairn_rpc::object::valid_bucket_name(&bucket) {
+            return Err(s3_error!(InvalidBucketName));
+        }
+        let op = ObjectOp::CreateBucket {
+            user,
+            bucket: bucket.clone(),
+            now_ms: now_ms(),
+        };
+        change(&self.data.client, &op).await?;
+        Ok(S3Response::new(CreateBucketOutput {
+            location: Some(format!("/{bucket}")),
+            ..Default::default()
+        }))
+    }
+
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        let user = self.user(&req).await?;
+        let op = ObjectOp::DeleteBucket {
+            user,
+            bucket: req.input.bucket,
+        };
+        change(&self.data.client, &op).await?;
+        Ok(S3Response::new(DeleteBucketOutput {}))
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        let user = self.user(&req).await?;
+        let q = ObjectQuery::HeadBucket {
+            user,
+            bucket: req.input.bucket,
+        };
+        query(&self.data.client, &q).await?;
+        Ok(S3Response::new(HeadBucketOutput {
+            bucket_region: Some(self.region.clone()),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_buckets(
+        &self,
+        req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        let user = self.user(&req).await?;
+        let q = ObjectQuery::ListBuckets { user: user.clone() };
+        let QueryReply::Buckets(list) = query(&self.data.client, &q).await? else {
+            return Err(internal("ListBuckets answered with something else"));
+        };
+        let prefix = req.input.prefix.unwrap_or_default();
+        let buckets = list
+            .into_iter()
+            .filter(|b| b.name.starts_with(&prefix))
+            .map(|b| Bucket {
+                name: Some(b.name),
+                creation_date: Some(timestamp(b.created_ms)),
+                bucket_region: Some(self.region.clone()),
+            })
+            .collect();
+        Ok(S3Response::new(ListBucketsOutput {
+            buckets: Some(buckets),
+            owner: Some(owner(&user)),
+            ..Default::default()
+        }))
+    }
+
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        let user = self.user(&req).await?;
+        let q = ObjectQuery::HeadBucket {
+            user,
+            bucket: req.input.bucket,
+        };
+        query(&self.data.client, &q).await?;
+        // us-east-1 is answered as an empty constraint, as S3 does.
+        let constraint = (self.region != "us-east-1")
+            .then(|| BucketLocationConstraint::from(self.region.clone()));
+        Ok(S3Response::new(GetBucketLocationOutput {
+            location_constraint: constraint,
+        }))
+    }
+
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        check_key(&input.key)?;
+        let put_id = random_id(24, HEX);
+        let sums = declared(
+            input.checksum_crc32.clone(),
+            input.checksum_crc32c.clone(),
+            input.checksum_sha1.clone(),
+            input.checksum_sha256.clone(),
+            input.checksum_crc64nvme.clone(),
+        );
+        // Refuse early what the index would refuse after the bytes are written.
+        let q = ObjectQuery::HeadBucket {
+            user: user.clone(),
+            bucket: input.bucket.clone(),
+        };
+        query(&self.data.client, &q).await?;
+        let stored = self
+            .store_checked(
+                &input.bucket,
+                &input.key,
+                &put_id,
+                input.body,
+                input.checksum_algorithm.as_ref(),
+                sums,
+                input.content_md5.as_deref(),
+                req.trailing_headers,
+                false,
+            )
+            .await?;
+        let meta = ObjectMeta {
+            size: stored.size,
+            etag: stored.md5_hex.clone(),
+            mtime_ms: now_ms(),
+            put_id,
+            headers: headers_of(
+                input.content_type.as_ref(),
+                input.content_encoding.as_ref(),
+                input.content_disposition.as_ref(),
+                input.content_language.as_ref(),
+                input.cache_control.as_ref(),
+                input.expires.as_ref(),
+            ),
+            user_meta: user_meta(input.metadata),
+            checksums: checksum_map(&stored.checksums),
+            extents: stored.extents,
+            part_sizes: Vec::new(),
+        };
+        let o = self
+            .commit_object(&user, &input.bucket, &input.key, meta)
+            .await?;
+        let c = &stored.checksums;
+        Ok(S3Response::new(PutObjectOutput {
+            e_tag: Some(etag(&o.etag)),
+            checksum_crc32: c.checksum_crc32.clone(),
+            checksum_crc32c: c.checksum_crc32c.clone(),
+            checksum_sha1: c.checksum_sha1.clone(),
+            checksum_sha256: c.checksum_sha256.clone(),
+            checksum_crc64nvme: c.checksum_crc64nvme.clone(),
+            ..Default::default()
+        }))
+    }
+
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        let o = self.head(&user, &input.bucket, &input.key).await?;
+        preconditions(
+            &o,
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+            input.if_modified_since.as_ref(),
+            input.if_unmodified_since.as_ref(),
+        )?;
+        let (range, partial) = match (input.part_number, input.range) {
+            (Some(_), Some(_)) => {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "Range and partNumber cannot both be given"
+                ));
+            }
+            (Some(n), None) => {
+                let n = part_number(n)? as usize;
+                let sizes = if o.part_sizes.is_empty() {
+                    vec![o.size]
+                } else {
+                    o.part_sizes.clone()
+                };
+                if n > sizes.len() {
+                    return Err(invalid_part_number());
+                }
+                let start: u64 = sizes[..n - 1].iter().sum();
+                (start..start + sizes[n - 1], !o.part_sizes.is_empty())
+            }
+            (None, Some(r)) => (r.check(o.size)?, true),
+            (None, None) => (0..o.size, false),
+        };
+        let len = range.end - range.start;
+        let body = self.data.read(&o.extents, range.clone());
+        let h = |name: &str| o.headers.get(name).cloned();
+        let full = range.start == 0 && range.end == o.size;
+        let output = GetObjectOutput {
+            body: Some(StreamingBlob::wrap(body)),
+            content_length: Some(len as i64),
+            content_range: partial.then(|| {
+                format!(
+                    "bytes {}-{}/{}",
+                    range.start,
+                    range.end.saturating_sub(1),
+                    o.size
+                )
+            }),
+            accept_ranges: Some("bytes".into()),
+            e_tag: Some(etag(&o.etag)),
+            last_modified: Some(timestamp(o.mtime_ms)),
+            metadata: (!o.user_meta.is_empty()).then(|| o.user_meta.clone().into_iter().collect()),
+            content_type: input.response_content_type.or_else(|| h("content-type")),
+            content_encoding: input
+                .response_content_encoding
+                .or_else(|| h("content-encoding")),
+            content_disposition: input
+                .response_content_disposition
+                .or_else(|| h("content-disposition")),
+            content_language: input
+                .response_content_language
+                .or_else(|| h("content-language")),
+            cache_control: input.response_cache_control.or_else(|| h("cache-control")),
+            expires: input
+                .response_expires
+                .or_else(|| h("expires").and_then(|v| v.parse().ok()).map(timestamp)),
+            parts_count: (!o.part_sizes.is_empty()).then_some(o.part_sizes.len() as i32),
+            checksum_crc32: full.then(|| o.checksums.get("CRC32").cloned()).flatten(),
+            checksum_crc32c: full.then(|| o.checksums.get("CRC32C").cloned()).flatten(),
+            checksum_sha1: full.then(|| o.checksums.get("SHA1").cloned()).flatten(),
+            checksum_sha256: full.then(|| o.checksums.get("SHA256").cloned()).flatten(),
+            ..Default::default()
+        };
+        let mut resp = S3Response::new(output);
+        if partial {
+            resp.status = Some(http::StatusCode::PARTIAL_CONTENT);
+        }
+        Ok(resp)
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        let o = self.head(&user, &input.bucket, &input.key).await?;
+        preconditions(
+            &o,
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+            input.if_modified_since.as_ref(),
+            input.if_unmodified_since.as_ref(),
+        )?;
+        let mut len = o.size;
+        if let Some(n) = input.part_number {
+            let n = part_number(n)? as usize;
+            let sizes = if o.part_sizes.is_empty() {
+                vec![o.size]
+            } else {
+                o.part_sizes.clone()
+            };
+            if n > sizes.len() {
+                return Err(invalid_part_number());
+            }
+            len = sizes[n - 1];
+        }
+        let h = |name: &str| o.headers.get(name).cloned();
+        Ok(S3Response::new(HeadObjectOutput {
+            content_length: Some(len as i64),
+            accept_ranges: Some("bytes".into()),
+            e_tag: Some(etag(&o.etag)),
+            last_modified: Some(timestamp(o.mtime_ms)),
+            metadata: (!o.user_meta.is_empty()).then(|| o.user_meta.clone().into_iter().collect()),
+            content_type: h("content-type"),
+            content_encoding: h("content-encoding"),
+            content_disposition: h("content-disposition"),
+            content_language: h("content-language"),
+            cache_control: h("cache-control"),
+            expires: h("expires").and_then(|v| v.parse().ok()).map(timestamp),
+            parts_count: (!o.part_sizes.is_empty()).then_some(o.part_sizes.len() as i32),
+            checksum_crc32: o.checksums.get("CRC32").cloned(),
+            checksum_crc32c: o.checksums.get("CRC32C").cloned(),
+            checksum_sha1: o.checksums.get("SHA1").cloned(),
+            checksum_sha256: o.checksums.get("SHA256").cloned(),
+            ..Default::default()
+        }))
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let user = self.user(&req).await?;
+        check_key(&req.input.key)?;
+        let op = ObjectOp::DeleteObject {
+            user,
+            bucket: req.input.bucket,
+            key: req.input.key,
+        };
+        change(&self.data.client, &op).await?;
+        Ok(S3Response::new(DeleteObjectOutput::default()))
+    }
+
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        if input.delete.objects.len() > 1000 {
+            return Err(s3_error!(MalformedXML, "at most 1000 keys per request"));
+        }
+        let quiet = input.delete.quiet.unwrap_or(false);
+        // Concurrent deletes share the masters' batches.
+        let results = futures::future::join_all(input.delete.objects.into_iter().map(|id| {
+            let op = ObjectOp::DeleteObject {
+                user: user.clone(),
+                bucket: input.bucket.clone(),
+                key: id.key.clone(),
+            };
+            async move {
+                let r = match check_key(&id.key) {
+                    Ok(()) => change(&self.data.client, &op).await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                (id.key, r)
+            }
+        }))
+        .await;
+        let (mut deleted, mut errors) = (Vec::new(), Vec::new());
+        for (key, r) in results {
+            match r {
+                Ok(()) if !quiet => deleted.push(DeletedObject {
+                    key: Some(key),
+                    ..Default::default()
+                }),
+                Ok(()) => {}
+                Err(e) => errors.push(Error {
+                    code: Some(e.code().as_str().to_owned()),
+                    key: Some(key),
+                    message: e.message().map(str::to_owned),
+                    version_id: None,
+                }),
+            }
+        }
+        Ok(S3Response::new(DeleteObjectsOutput {
+            deleted: Some(deleted),
+            errors: Some(errors),
+            ..Default::default()
+        }))
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        check_key(&input.key)?;
+        let (sb, sk, src) = self
+            .copy_source(
+                &user,
+                &input.copy_source,
+                input.copy_source_if_match.as_ref(),
+                input.copy_source_if_none_match.as_ref(),
+                input.copy_source_if_modified_since.as_ref(),
+                input.copy_source_if_unmodified_since.as_ref(),
+            )
+            .await?;
+        let replace = input
+            .metadata_directive
+            .as_ref()
+            .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+        if !replace && sb == input.bucket && sk == input.key {
+            return Err(s3_error!(
+                InvalidRequest,
+                "This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata."
+            ));
+        }
+        // The gateway copies the bytes inside the cluster; none go through the client.
+        let put_id = random_id(24, HEX);
+        let body = self.data.read(&src.extents, 0..src.size);
+        let mut hasher = ChecksumHasher::default();
+        for alg in src.checksums.keys() {
+            match alg.as_str() {
+                "CRC32" => hasher.crc32 = Some(Default::default()),
+                "CRC32C" => hasher.crc32c = Some(Default::default()),
+                "SHA1" => hasher.sha1 = Some(Default::default()),
+                "SHA256" => hasher.sha256 = Some(Default::default()),
+                "CRC64NVME" => hasher.crc64nvme = Some(Default::default()),
+                _ => {}
+            }
+        }
+        let stored = self
+            .data
+            .store(&input.bucket, &input.key, &put_id, body, hasher, false)
+            .await?;
+        // A copy of a multipart object is a single-part object with the source's bytes.
+        if src.part_sizes.is_empty() && stored.md5_hex != src.etag {
+            self.discard(&stored.extents).await;
+            return Err(internal("the copy's bytes do not match the source's ETag"));
+        }
+        let (headers, user_meta) = if replace {
+            (
+                headers_of(
+                    input.content_type.as_ref(),
+                    input.content_encoding.as_ref(),
+                    input.content_disposition.as_ref(),
+                    input.content_language.as_ref(),
+                    input.cache_control.as_ref(),
+                    input.expires.as_ref(),
+                ),
+                user_meta(input.metadata),
+            )
+        } else {
+            (src.headers.clone(), src.user_meta.clone())
+        };
+        let meta = ObjectMeta {
+            size: stored.size,
+            etag: stored.md5_hex.clone(),
+            mtime_ms: now_ms(),
+            put_id,
+            headers,
+            user_meta,
+            checksums: checksum_map(&stored.checksums),
+            extents: stored.extents,
+            part_sizes: Vec::new(),
+        };
+        let o = self
+            .commit_object(&user, &input.bucket, &input.key, meta)
+            .await?;
+        Ok(S3Response::new(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(etag(&o.etag)),
+                last_modified: Some(timestamp(o.mtime_ms)),
+                checksum_crc32: o.checksums.get("CRC32").cloned(),
+                checksum_crc32c: o.checksums.get("CRC32C").cloned(),
+                checksum_sha256: o.checksums.get("SHA256").cloned(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        let enc = encoder(input.encoding_type.as_ref())?;
+        let encoding_type = input.encoding_type.clone();
+        let max = max_keys(input.max_keys)?;
+        let after = match &input.continuation_token {
+            Some(t) => {
+                let raw = data::base64_decode(t)
+                    .ok_or_else(|| s3_error!(InvalidArgument, "bad continuation token"))?;
+                String::from_utf8(raw)
+                    .map_err(|_| s3_error!(InvalidArgument, "bad continuation token"))?
+            }
+            None => input.start_after.clone().unwrap_or_default(),
+        };
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let page = if max == 0 {
+            ListPage::default()
+        } else {
+            self.list(ObjectQuery::ListObjects {
+                user,
+                bucket: input.bucket.clone(),
+                list: ListRequest {
+                    prefix: prefix.clone(),
+                    delimiter: input.delimiter.clone(),
+                    after,
+                    max,
+                },
+            })
+            .await?
+        };
+        let fetch_owner = input.fetch_owner.unwrap_or(false);
+        let key_count = (page.entries.len() + page.prefixes.len()) as i32;
+        let next = page
+            .truncated
+            .then(|| {
+                page.last
+                    .clone()
+                    .map(|l| base64_simd::STANDARD.encode_to_string(l.as_bytes()))
+            })
+            .flatten();
+        Ok(S3Response::new(ListObjectsV2Output {
+            name: Some(input.bucket),
+            prefix: Some(enc(prefix)),
+            delimiter: input.delimiter.map(&enc),
+            max_keys: Some(max as i32),
+            key_count: Some(key_count),
+            is_truncated: Some(page.truncated),
+            continuation_token: input.continuation_token,
+            next_continuation_token: next,
+            start_after: input.start_after.map(&enc),
+            encoding_type,
+            contents: Some(
+                page.entries
+                    .into_iter()
+                    .map(|mut e| {
+                        e.key = enc(e.key);
+                        list_entry_object(e, fetch_owner)
+                    })
+                    .collect(),
+            ),
+            common_prefixes: Some(
+                page.prefixes
+                    .into_iter()
+                    .map(|p| CommonPrefix {
+                        prefix: Some(enc(p)),
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        let enc = encoder(input.encoding_type.as_ref())?;
+        let encoding_type = input.encoding_type.clone();
+        let max = max_keys(input.max_keys)?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let page = if max == 0 {
+            ListPage::default()
+        } else {
+            self.list(ObjectQuery::ListObjects {
+                user,
+                bucket: input.bucket.clone(),
+                list: ListRequest {
+                    prefix: prefix.clone(),
+                    delimiter: input.delimiter.clone(),
+                    after: input.marker.clone().unwrap_or_default(),
+                    max,
+                },
+            })
+            .await?
+        };
+        // NextMarker is returned only with a delimiter (S3); clients use the last key otherwise.
+        let next_marker = (page.truncated && input.delimiter.is_some())
+            .then(|| page.last.clone().map(&enc))
+            .flatten();
+        Ok(S3Response::new(ListObjectsOutput {
+            name: Some(input.bucket),
+            prefix: Some(enc(prefix)),
+            marker: Some(enc(input.marker.unwrap_or_default())),
+            delimiter: input.delimiter.map(&enc),
+            max_keys: Some(max as i32),
+            is_truncated: Some(page.truncated),
+            next_marker,
+            encoding_type,
+            contents: Some(
+                page.entries
+                    .into_iter()
+                    .map(|mut e| {
+                        e.key = enc(e.key);
+                        list_entry_object(e, true)
+                    })
+                    .collect(),
+            ),
+            common_prefixes: Some(
+                page.prefixes
+                    .into_iter()
+                    .map(|p| CommonPrefix {
+                        prefix: Some(enc(p)),
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }))
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        check_key(&input.key)?;
+        let upload = Upload {
+            id: random_id(32, HEX),
+            bucket: input.bucket.clone(),
+            key: input.key.clone(),
+            owner: user.clone(),
+            initiated_ms: now_ms(),
+            headers: headers_of(
+                input.content_type.as_ref(),
+                input.content_encoding.as_ref(),
+                input.content_disposition.as_ref(),
+                input.content_language.as_ref(),
+                input.cache_control.as_ref(),
+                input.expires.as_ref(),
+            ),
+            user_meta: user_meta(input.metadata),
+            parts: BTreeMap::new(),
+        };
+        let id = upload.id.clone();
+        change(&self.data.client, &ObjectOp::CreateUpload { user, upload }).await?;
+        Ok(S3Response::new(CreateMultipartUploadOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(id),
+            ..Default::default()
+        }))
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        let number = part_number(input.part_number)?;
+        self.upload_of(&user, &input.upload_id, &input.bucket, &input.key)
+            .await?;
+        let sums = declared(
+            input.checksum_crc32.clone(),
+            input.checksum_crc32c.clone(),
+            input.checksum_sha1.clone(),
+            input.checksum_sha256.clone(),
+            input.checksum_crc64nvme.clone(),
+        );
+        let name = format!("{}-{number}-{}", input.upload_id, random_id(8, HEX));
+        let stored = self
+            .store_checked(
+                &input.bucket,
+                &input.key,
+                &name,
+                input.body,
+                input.checksum_algorithm.as_ref(),
+                sums,
+                input.content_md5.as_deref(),
+                req.trailing_headers,
+                true,
+            )
+            .await?;
+        let c = stored.checksums.clone();
+        let part = Part {
+            number,
+            size: stored.size,
+            etag: stored.md5_hex.clone(),
+            mtime_ms: now_ms(),
+            extent: own_extent(stored.extents)?,
+            checksums: checksum_map(&stored.checksums),
+        };
+        self.put_part(&user, &input.upload_id, part).await?;
+        Ok(S3Response::new(UploadPartOutput {
+            e_tag: Some(etag(&stored.md5_hex)),
+            checksum_crc32: c.checksum_crc32,
+            checksum_crc32c: c.checksum_crc32c,
+            checksum_sha1: c.checksum_sha1,
+            checksum_sha256: c.checksum_sha256,
+            checksum_crc64nvme: c.checksum_crc64nvme,
+            ..Default::default()
+        }))
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        let number = part_number(input.part_number)?;
+        self.upload_of(&user, &input.upload_id, &input.bucket, &input.key)
+            .await?;
+        let (_, _, src) = self
+            .copy_source(
+                &user,
+                &input.copy_source,
+                input.copy_source_if_match.as_ref(),
+                input.copy_source_if_none_match.as_ref(),
+                input.copy_source_if_modified_since.as_ref(),
+                input.copy_source_if_unmodified_since.as_ref(),
+            )
+            .await?;
+        let range = match &input.copy_source_range {
+            None => 0..src.size,
+            Some(r) => {
+                let r = r
+                    .strip_prefix("bytes=")
+                    .and_then(|r| r.split_once('-'))
+                    .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+                    .ok_or_else(|| {
+                        s3_error!(
+                            InvalidArgument,
+                            "x-amz-copy-source-range must be bytes=first-last"
+                        )
+                    })?;
+                if r.0 > r.1 || r.1 >= src.size {
+                    return Err(s3_error!(InvalidRange));
+                }
+                r.0..r.1 + 1
+            }
+        };
+        let name = format!("{}-{number}-{}", input.upload_id, random_id(8, HEX));
+        let body = self.data.read(&src.extents, range);
+        let stored = self
+            .data
+            .store(
+                &input.bucket,
+                &input.key,
+                &name,
+                body,
+                ChecksumHasher::default(),
+                true,
+            )
+            .await?;
+        let part = Part {
+            number,
+            size: stored.size,
+            etag: stored.md5_hex.clone(),
+            mtime_ms: now_ms(),
+            extent: own_extent(stored.extents)?,
+            checksums: BTreeMap::new(),
+        };
+        let mtime = part.mtime_ms;
+        self.put_part(&user, &input.upload_id, part).await?;
+        Ok(S3Response::new(UploadPartCopyOutput {
+            copy_part_result: Some(CopyPartResult {
+                e_tag: Some(etag(&stored.md5_hex)),
+                last_modified: Some(timestamp(mtime)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        let upload = self
+            .upload_of(&user, &input.upload_id, &input.bucket, &input.key)
+            .await?;
+        let listed = input
+            .multipart_upload
+            .and_then(|m| m.parts)
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| s3_error!(MalformedXML, "the completion lists no parts"))?;
+        let mut parts = Vec::with_capacity(listed.len());
+        let mut md5s = Md5::new();
+        for p in &listed {
+            let n = part_number(
+                p.part_number
+                    .ok_or_else(|| s3_error!(MalformedXML, "a part without a number"))?,
+            )?;
+            let e = p
+                .e_tag
+                .as_ref()
+                .ok_or_else(|| s3_error!(MalformedXML, "a part without an ETag"))?;
+            let raw = e.value().trim_matches('"').to_owned();
+            let bytes = (raw.len() == 32)
+                .then(|| {
+                    (0..16)
+                        .map(|i| u8::from_str_radix(&raw[2 * i..2 * i + 2], 16).ok())
+                        .collect::<Option<Vec<u8>>>()
+                })
+                .flatten()
+                .ok_or_else(|| {
+                    S3Error::with_message(
+                        S3ErrorCode::InvalidPart,
+                        format!("part {n}: malformed ETag"),
+                    )
+                })?;
+            md5s.update(&bytes);
+            parts.push((n, raw));
+        }
+        let etag_value = format!("{}-{}", hex(md5s.finalize().as_ref()), parts.len());
+        let meta = ObjectMeta {
+            size: 0,
+            etag: etag_value,
+            mtime_ms: now_ms(),
+            // A retried completion is recognised by the upload's id.
+            put_id: input.upload_id.clone(),
+            headers: upload.headers,
+            user_meta: upload.user_meta,
+            checksums: BTreeMap::new(),
+            extents: Vec::new(),
+            part_sizes: Vec::new(),
+        };
+        let op = ObjectOp::CompleteUpload {
+            user,
+            upload_id: input.upload_id,
+            parts,
+            meta: meta.clone(),
+        };
+        let o = match change(&self.data.client, &op).await? {
+            OpReply::Object(o) => o,
+            OpReply::Done => meta,
+        };
+        Ok(S3Response::new(CompleteMultipartUploadOutput {
+            bucket: Some(input.bucket.clone()),
+            key: Some(input.key.clone()),
+            e_tag: Some(etag(&o.etag)),
+            location: Some(format!("/{}/{}", input.bucket, input.key)),
+            ..Default::default()
+        }))
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        self.upload_of(&user, &input.upload_id, &input.bucket, &input.key)
+            .await?;
+        let op = ObjectOp::AbortUpload {
+            user,
+            upload_id: input.upload_id,
+        };
+        change(&self.data.client, &op).await?;
+        Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        let enc = encoder(input.encoding_type.as_ref())?;
+        let encoding_type = input.encoding_type.clone();
+        let max = max_keys(input.max_uploads)?.max(1);
+        let after = match (&input.key_marker, &input.upload_id_marker) {
+            (Some(k), Some(u)) => format!("{k}\0{u}"),
+            // After every upload of the key.
+            (Some(k), None) => format!("{k}\u{1}"),
+            _ => String::new(),
+        };
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let page = self
+            .list(ObjectQuery::ListUploads {
+                user,
+                bucket: input.bucket.clone(),
+                list: ListRequest {
+                    prefix: prefix.clone(),
+                    delimiter: None,
+                    after,
+                    max,
+                },
+            })
+            .await?;
+        let last = page.entries.last().cloned();
+        Ok(S3Response::new(ListMultipartUploadsOutput {
+            bucket: Some(input.bucket),
+            prefix: Some(enc(prefix)),
+            key_marker: input.key_marker,
+            upload_id_marker: input.upload_id_marker,
+            max_uploads: Some(max as i32),
+            is_truncated: Some(page.truncated),
+            next_key_marker: page
+                .truncated
+                .then(|| last.as_ref().map(|l| enc(l.key.clone())))
+                .flatten(),
+            next_upload_id_marker: page
+                .truncated
+                .then(|| last.as_ref().map(|l| l.upload_id.clone()))
+                .flatten(),
+            encoding_type,
+            uploads: Some(
+                page.entries
+                    .into_iter()
+                    .map(|e| MultipartUpload {
+                        key: Some(enc(e.key)),
+                        upload_id: Some(e.upload_id),
+                        initiated: Some(timestamp(e.mtime_ms)),
+                        owner: Some(owner(&e.owner)),
+                        initiator: Some(Initiator {
+                            display_name: Some(e.owner.clone()),
+                            id: Some(e.owner),
+                        }),
+                        storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        let user = self.user(&req).await?;
+        let input = req.input;
+        let after = match input.part_number_marker {
+            None => 0,
+            Some(m) => u32::try_from(m)
+                .map_err(|_| s3_error!(InvalidArgument, "part-number-marker is not negative"))?,
+        };
+        let max = input.max_parts.unwrap_or(1000).clamp(1, 1000) as u32;
+        let q = ObjectQuery::ListParts {
+            user,
+            upload_id: input.upload_id.clone(),
+            after,
+            max,
+        };
+        let QueryReply::Parts {
+            upload,
+            parts,
+            truncated,
+        } = query(&self.data.client, &q).await?
+        else {
+            return Err(internal("ListParts answered with something else"));
+        };
+        if upload.bucket != input.bucket || upload.key != input.key {
+            return Err(s3_error!(NoSuchUpload));
+        }
+        let next = parts.last().map(|p| p.number as i32);
+        Ok(S3Response::new(ListPartsOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(input.upload_id),
+            max_parts: Some(max as i32),
+            is_truncated: Some(truncated),
+            part_number_marker: input.part_number_marker,
+            next_part_number_marker: truncated.then_some(next).flatten(),
+            owner: Some(owner(&upload.owner)),
+            initiator: Some(Initiator {
+                display_name: Some(upload.owner.clone()),
+                id: Some(upload.owner),
+            }),
+            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+            parts: Some(
+                parts
+                    .into_iter()
+                    .map(|p| s3s::dto::Part {
+                        part_number: Some(p.number as i32),
+                        size: Some(p.size as i64),
+                        e_tag: Some(etag(&p.etag)),
+                        last_modified: Some(timestamp(p.mtime_ms)),
+                        checksum_crc32: p.checksums.get("CRC32").cloned(),
+                        checksum_crc32c: p.checksums.get("CRC32C").cloned(),
+                        checksum_sha256: p.checksums.get("SHA256").cloned(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }))
+    }
+}
+
+/// A part's one extent (parts always get files of their own).
+fn own_extent(mut extents: Vec<Extent>) -> S3Result<Extent> {
+    match (extents.pop(), extents.is_empty()) {
+        (Some(e), true) => Ok(e),
+        _ => Err(internal("a part was stored as other than one extent")),
+    }
+}
