@@ -3,6 +3,10 @@
 # property-test soak as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Real S3 clients for the object service's end-to-end tests (crates/cairn/tests/s3.rs): boto3
+# and the aws CLI, pinned, in a virtualenv of the project's own (nothing installed by hand).
+./scripts/python-env.sh
+export CAIRN_TEST_PYTHON="$PWD/target/py-venv/bin/python"
 cargo test --workspace --locked
 # The fuzz targets are their own workspace (cargo-fuzz runs them on nightly): keep them
 # compiling against today's APIs.
