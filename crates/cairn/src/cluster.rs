@@ -12,6 +12,9 @@ pub struct ClusterFile {
     pub master_procs: Vec<Proc>,
     #[serde(default, rename = "chunkserver")]
     pub chunkserver_procs: Vec<Proc>,
+    /// S3 gateways (`addr` is the HTTP endpoint's HOST:PORT).
+    #[serde(default, rename = "s3")]
+    pub s3_procs: Vec<Proc>,
 }
 
 /// One process `cairn up` runs.

@@ -2,6 +2,7 @@
 
 use crate::cluster::ClusterArgs;
 use cairn_client::{Client, CreateOptions};
+use cairn_rpc::object::{ObjectQuery, QueryReply};
 use cairn_rpc::pb;
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -307,17 +308,63 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let s: pb::StatusReply = rt.block_on(async {
+    let (s, objects) = rt.block_on(async {
         let m = cairn_rpc::Masters::new(&masters)?.retry_for(std::time::Duration::from_secs(5));
-        m.call(|mut c| async move { c.status(pb::Empty {}).await })
-            .await
+        let s: pb::StatusReply = m
+            .call(|mut c| async move { c.status(pb::Empty {}).await })
+            .await?;
+        // Masters from before the object service answer without gateways.
+        let objects = match m.object_query(&ObjectQuery::Gateways).await {
+            Ok(Ok(QueryReply::Gateways {
+                gateways,
+                buckets,
+                objects,
+                uploads,
+            })) => Some((gateways, buckets, objects, uploads)),
+            _ => None,
+        };
+        Ok::<_, cairn_rpc::MetaError>((s, objects))
     })?;
+    // Processes of this machine's `cairn up` show their pids (the masters do not know them).
+    let local = crate::cluster::ClusterFile::load(std::path::Path::new("./cairn-data"))
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let master_pid = |addr: &str| {
+        local
+            .master_procs
+            .iter()
+            .find(|p| p.addr == addr && p.pid != 0)
+            .map(|p| p.pid)
+    };
+    let this_host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let now = cairn_s3::now_ms();
+    let gateways: Vec<serde_json::Value> = objects
+        .as_ref()
+        .map(|(g, ..)| g.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|g| {
+            let up = now.saturating_sub(g.seen_ms) < cairn_rpc::object::GATEWAY_DOWN_MS;
+            serde_json::json!({
+                "endpoint": g.endpoint,
+                "host": g.host,
+                "pid": (g.host == this_host).then_some(g.pid),
+                "state": if up { "up" } else { "down" },
+                "last_seen_ms_ago": now.saturating_sub(g.seen_ms),
+            })
+        })
+        .collect();
     if a.json {
         let v = serde_json::json!({
             "leader": s.leader_id,
             "term": s.term,
             "last_applied": s.last_applied,
-            "masters": s.masters.iter().map(|m| serde_json::json!({"id": m.id, "addr": m.addr, "voter": m.voter, "leader": m.id == s.leader_id})).collect::<Vec<_>>(),
+            "masters": s.masters.iter().map(|m| serde_json::json!({"id": m.id, "addr": m.addr, "voter": m.voter, "leader": m.id == s.leader_id, "pid": master_pid(&m.addr)})).collect::<Vec<_>>(),
+            "s3": gateways,
+            "objects": objects.as_ref().map(|(_, b, o, u)| serde_json::json!({"buckets": b, "objects": o, "uploads": u})),
             "chunkservers": s.servers.iter().map(|c| serde_json::json!({
                 "id": c.id, "addr": c.addr, "host": c.host, "rack": c.rack, "state": c.state,
                 "pid": c.pid, "capacity_bytes": c.capacity_bytes, "used_bytes": c.used_bytes,
@@ -357,6 +404,23 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
             },
             if m.voter { "" } else { " (learner)" }
         );
+    }
+    if let Some((_, buckets, objects, uploads)) = &objects {
+        println!(
+            "s3 gateways ({buckets} buckets, {objects} objects, {uploads} uploads in progress):"
+        );
+        for g in &gateways {
+            println!(
+                "  {:<28} {:<5} {}{}",
+                g["endpoint"].as_str().unwrap_or_default(),
+                g["state"].as_str().unwrap_or_default(),
+                g["host"].as_str().unwrap_or_default(),
+                g["pid"]
+                    .as_u64()
+                    .map(|p| format!("  pid {p}"))
+                    .unwrap_or_default(),
+            );
+        }
     }
     println!("chunkservers:");
     println!(

@@ -36,6 +36,10 @@ struct ServeArgs {
     /// The region the gateway answers with (clients sign for it).
     #[arg(long, default_value = "us-east-1")]
     region: String,
+    /// `HOST:PORT` clients reach this gateway at, as `cairn status` lists it (default: the
+    /// bound address).
+    #[arg(long)]
+    advertise: Option<String>,
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -98,6 +102,7 @@ async fn serve(s: ServeArgs) -> anyhow::Result<()> {
         pack_max_bytes: s.pack_max as usize,
         upload_max_age: std::time::Duration::from_secs(s.upload_max_age_hours * 3600),
         region: s.region,
+        advertise: s.advertise,
         ..cairn_s3::Options::default()
     };
     let gw = cairn_s3::Gateway::start(client, &s.listen, opts).await?;

@@ -34,6 +34,13 @@ pub struct UpArgs {
     /// start, slower appends until every block has been written once).
     #[arg(long)]
     no_zero_fill: bool,
+    /// Do not run an S3 gateway.
+    #[arg(long)]
+    no_s3: bool,
+    /// Port of the S3 gateway on 127.0.0.1 (default: 9000 if free, else any free port; kept
+    /// in cluster.toml across restarts).
+    #[arg(long)]
+    s3_port: Option<u16>,
 }
 
 struct Managed {
@@ -51,7 +58,11 @@ struct Managed {
 enum Kind {
     Master,
     Chunkserver,
+    S3,
 }
+
+/// Where `cairn up` keeps the S3 credentials it made (an aws CLI credentials file).
+pub const S3_CREDENTIALS: &str = "s3-credentials";
 
 fn free_port() -> anyhow::Result<String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -105,6 +116,17 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         chunkserver_procs: procs_of(a.chunkservers, &old.chunkserver_procs, "chunkserver")?,
         ..ClusterFile::default()
     };
+    if !a.no_s3 {
+        let mut p = procs_of(1, &old.s3_procs, "s3")?.remove(0);
+        p.addr = match (a.s3_port, old.s3_procs.first()) {
+            (Some(port), _) => format!("127.0.0.1:{port}"),
+            (None, Some(o)) => o.addr.clone(),
+            (None, None) => std::net::TcpListener::bind("127.0.0.1:9000")
+                .map(|_| "127.0.0.1:9000".to_string())
+                .or_else(|_| free_port())?,
+        };
+        file.s3_procs.push(p);
+    }
     file.masters = file.master_procs.iter().map(|p| p.addr.clone()).collect();
     let peers = file
         .master_procs
@@ -164,6 +186,27 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             .chain(a.fault_injection.then(|| "--fault-injection".to_string()))
             .chain(a.no_zero_fill.then(|| "--no-zero-fill".to_string()))
             .collect(),
+            child: None,
+            started: Instant::now(),
+            restart_at: Some(Instant::now()),
+            backoff: Duration::from_millis(500),
+        });
+    }
+    for (i, p) in file.s3_procs.iter().enumerate() {
+        procs.push(Managed {
+            name: format!("s3-{}", p.id),
+            kind: Kind::S3,
+            index: i,
+            args: vec![
+                "s3".into(),
+                "serve".into(),
+                "--listen".into(),
+                p.addr.clone(),
+                "--masters".into(),
+                masters_list.clone(),
+                "--metrics-listen".into(),
+                p.metrics.clone(),
+            ],
             child: None,
             started: Instant::now(),
             restart_at: Some(Instant::now()),
@@ -250,6 +293,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 match m.kind {
                     Kind::Master => file.master_procs[m.index].pid = pid,
                     Kind::Chunkserver => file.chunkserver_procs[m.index].pid = pid,
+                    Kind::S3 => file.s3_procs[m.index].pid = pid,
                 }
             }
             file.store(&dir)?;
@@ -274,6 +318,12 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                     p.id, p.addr, p.pid, p.metrics
                 );
             }
+            for p in &file.s3_procs {
+                println!(
+                    "  s3 gateway     http://{}  pid {}  metrics http://{}/metrics",
+                    p.addr, p.pid, p.metrics
+                );
+            }
             println!("  cluster file   {}", ClusterFile::path(&dir).display());
             println!("  logs           {}", logs.display());
             println!(
@@ -284,12 +334,20 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         }
         if announced && let Ok(r) = ready_rx.try_recv() {
             match r {
-                Readiness::Ready { up } => println!(
-                    "cairn up: ready: {up} of {} chunkserver(s) up after {:.1} s\n\
-                     try: cairn status; cairn fs put README.md /readme; cairn fs cat /readme",
-                    a.chunkservers,
-                    began.elapsed().as_secs_f64()
-                ),
+                Readiness::Ready { up } => {
+                    println!(
+                        "cairn up: ready: {up} of {} chunkserver(s) up after {:.1} s\n\
+                         try: cairn status; cairn fs put README.md /readme; cairn fs cat /readme",
+                        a.chunkservers,
+                        began.elapsed().as_secs_f64()
+                    );
+                    if let Some(p) = file.s3_procs.first() {
+                        match s3_credentials(&exe, &dir, &masters_list) {
+                            Ok(keys) => print_s3(&p.addr, &dir, &keys),
+                            Err(e) => eprintln!("cairn up: no S3 credentials: {e:#}"),
+                        }
+                    }
+                }
                 Readiness::Slow { up, why } => println!(
                     "cairn up: still waiting after {:.0} s: {up} of {} chunkserver(s) up{} \
                      (logs: {})",
@@ -306,8 +364,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     }
 
     eprintln!("cairn up: stopping");
-    // Chunkservers first (they checkpoint their stores), then the masters.
-    for kind in [Kind::Chunkserver, Kind::Master] {
+    // Gateways and chunkservers first (chunkservers checkpoint their stores), then the masters.
+    for kind in [Kind::S3, Kind::Chunkserver, Kind::Master] {
         for m in procs.iter().filter(|m| m.kind == kind) {
             if let Some(c) = &m.child {
                 // SAFETY: kill(2) on our own child's pid.
@@ -337,6 +395,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         .master_procs
         .iter_mut()
         .chain(file.chunkserver_procs.iter_mut())
+        .chain(file.s3_procs.iter_mut())
     {
         p.pid = 0;
     }
@@ -406,6 +465,73 @@ fn watch_ready(
 }
 
 /// Sets `flag` when signal `sig` arrives.
+/// The S3 user `cairn up` made (`admin`), from DIR/s3-credentials; made on the first start.
+fn s3_credentials(exe: &Path, dir: &Path, masters: &str) -> anyhow::Result<(String, String)> {
+    let path = dir.join(S3_CREDENTIALS);
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let field = |name: &str| {
+            text.lines()
+                .filter_map(|l| l.split_once('='))
+                .find(|(k, _)| k.trim() == name)
+                .map(|(_, v)| v.trim().to_owned())
+        };
+        if let (Some(k), Some(s)) = (field("aws_access_key_id"), field("aws_secret_access_key")) {
+            return Ok((k, s));
+        }
+    }
+    let out = Command::new(exe)
+        .args([
+            "s3",
+            "user",
+            "create",
+            "admin",
+            "--json",
+            "--cluster",
+            masters,
+        ])
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "cairn s3 user create: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let key = v["access_key"].as_str().unwrap_or_default().to_owned();
+    let secret = v["secret_key"].as_str().unwrap_or_default().to_owned();
+    // Written private, then renamed: a reader never sees half of it.
+    let tmp = dir.join(format!("{S3_CREDENTIALS}.tmp"));
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        writeln!(
+            f,
+            "# Written by `cairn up`: the S3 user admin (aws CLI credentials file format).\n\
+             [default]\naws_access_key_id = {key}\naws_secret_access_key = {secret}"
+        )?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, &path)?;
+    Ok((key, secret))
+}
+
+fn print_s3(addr: &str, dir: &Path, (key, secret): &(String, String)) {
+    println!(
+        "cairn up: S3 at http://{addr} (region us-east-1), user admin; credentials in {}.\n\
+         paste into a shell, then try: aws s3 mb s3://demo; aws s3 cp README.md s3://demo/; aws s3 ls s3://demo\n  \
+         export AWS_ENDPOINT_URL=http://{addr}\n  \
+         export AWS_ACCESS_KEY_ID={key}\n  \
+         export AWS_SECRET_ACCESS_KEY={secret}\n  \
+         export AWS_DEFAULT_REGION=us-east-1",
+        dir.join(S3_CREDENTIALS).display()
+    );
+}
+
 fn signal_flag(sig: i32, flag: Arc<AtomicBool>) -> anyhow::Result<()> {
     // A small tokio runtime would do too; a thread blocked in sigwait is simpler here.
     static FLAGS: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();

@@ -24,7 +24,9 @@ fn python() -> String {
 }
 
 fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/s3")
+        .join(name)
 }
 
 struct Keys {
@@ -97,7 +99,14 @@ async fn s3_flows_with_real_clients() {
     let bob = create_user(&masters, "bob");
     // A name is taken once.
     let again = cairn()
-        .args(["s3", "user", "create", "alice", "--cluster", &masters.join(",")])
+        .args([
+            "s3",
+            "user",
+            "create",
+            "alice",
+            "--cluster",
+            &masters.join(","),
+        ])
         .output()
         .unwrap();
     assert!(!again.status.success());
@@ -137,7 +146,10 @@ async fn s3_gateway_sigkill_keeps_every_acknowledged_put() {
     // Kill it mid-stream, once enough PUTs (small and large) were acknowledged.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while std::fs::read_to_string(&acks).map_or(0, |s| s.lines().count()) < 40 {
-        assert!(std::time::Instant::now() < deadline, "the writer made no progress");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writer made no progress"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     gw.kill();

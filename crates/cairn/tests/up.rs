@@ -22,7 +22,7 @@ fn up(dir: &std::path::Path) -> std::process::Child {
     let out = std::io::BufReader::new(child.stdout.take().unwrap());
     std::thread::spawn(move || {
         for line in out.lines().map_while(Result::ok) {
-            if line.starts_with("cairn up: ready") {
+            if line.starts_with("cairn up: ready") || line.starts_with("cairn up: S3 at") {
                 let _ = tx.send(line);
             }
         }
@@ -45,7 +45,64 @@ fn up(dir: &std::path::Path) -> std::process::Child {
         .filter(|c| c["state"] == "up")
         .count();
     assert_eq!(up, 3, "ready, but status says {v}");
+    // The S3 gateway greets with its endpoint and the credentials it made.
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("cairn up never printed its S3 endpoint");
+    assert!(line.contains("http://127.0.0.1:"), "{line}");
     child
+}
+
+/// The gateway `cairn up` runs: its address in cluster.toml, its pid in `cairn status --json`.
+fn s3_endpoint(dir: &std::path::Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let file: toml::Value =
+            toml::from_str(&std::fs::read_to_string(dir.join("cluster.toml")).unwrap()).unwrap();
+        let s3 = &file["s3"][0];
+        let (addr, pid) = (
+            s3["addr"].as_str().unwrap(),
+            s3["pid"].as_integer().unwrap(),
+        );
+        let out = run_ok(
+            cairn()
+                .args(["status", "--json"])
+                .env("CAIRN_CLUSTER", masters(dir)),
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let listed = v["s3"].as_array().unwrap().iter().any(|g| {
+            g["endpoint"] == format!("http://{addr}") && g["pid"] == pid && g["state"] == "up"
+        });
+        if listed {
+            return format!("http://{addr}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status never listed the gateway: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Runs a boto3 snippet with the credentials `cairn up` wrote (see tests/s3.rs for python()).
+fn boto3(dir: &std::path::Path, endpoint: &str, code: &str) -> String {
+    let py = std::env::var("CAIRN_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let creds = std::fs::read_to_string(dir.join("s3-credentials")).unwrap();
+    let field = |k: &str| {
+        creds
+            .lines()
+            .find_map(|l| l.split_once('=').filter(|(n, _)| n.trim() == k))
+            .map(|(_, v)| v.trim().to_owned())
+            .unwrap()
+    };
+    let script = format!(
+        "import boto3\ns3 = boto3.client('s3', endpoint_url='{endpoint}', region_name='us-east-1', \
+         aws_access_key_id='{}', aws_secret_access_key='{}')\n{code}",
+        field("aws_access_key_id"),
+        field("aws_secret_access_key")
+    );
+    let out = run_ok(std::process::Command::new(py).args(["-c", &script]));
+    String::from_utf8(out.stdout).unwrap()
 }
 
 fn masters(dir: &std::path::Path) -> String {
@@ -102,6 +159,12 @@ fn up_put_cat_ctrl_c_and_up_again() {
         .unwrap();
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no such file"));
+    let endpoint = s3_endpoint(&dir);
+    boto3(
+        &dir,
+        &endpoint,
+        "s3.create_bucket(Bucket='tour')\ns3.put_object(Bucket='tour', Key='k', Body=b'kept')",
+    );
     stop(child);
     // Same directory: same cluster (same addresses), same data.
     let child = up(&dir);
@@ -112,5 +175,13 @@ fn up_put_cat_ctrl_c_and_up_again() {
         .output()
         .unwrap();
     assert!(cat.stdout == bytes, "data back after a restart");
+    // The same gateway address and credentials; the object is there.
+    assert_eq!(s3_endpoint(&dir), endpoint);
+    let got = boto3(
+        &dir,
+        &endpoint,
+        "print(s3.get_object(Bucket='tour', Key='k')['Body'].read().decode())",
+    );
+    assert_eq!(got.trim(), "kept");
     stop(child);
 }

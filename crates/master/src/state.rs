@@ -270,6 +270,7 @@ fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {
         O::PutPart { .. } => "put-part",
         O::CompleteUpload { .. } => "complete-upload",
         O::AbortUpload { .. } => "abort-upload",
+        O::GatewaySeen { .. } => "gateway-seen",
     }
 }
 

@@ -168,6 +168,31 @@ pub enum ObjectOp {
         user: String,
         upload_id: String,
     },
+    /// A gateway says it serves `endpoint` (at start and then every
+    /// [`GATEWAY_HEARTBEAT_MS`]); gateways not heard from for [`GATEWAY_FORGET_MS`] are
+    /// forgotten.
+    GatewaySeen {
+        gateway: Gateway,
+    },
+}
+
+/// How often a gateway tells the masters it is there.
+pub const GATEWAY_HEARTBEAT_MS: u64 = 30_000;
+/// A gateway silent this long is listed as down.
+pub const GATEWAY_DOWN_MS: u64 = 3 * GATEWAY_HEARTBEAT_MS;
+/// A gateway silent this long is no longer listed.
+pub const GATEWAY_FORGET_MS: u64 = 24 * 3600 * 1000;
+
+/// An S3 gateway serving the cluster (for `cairn status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gateway {
+    /// `http://HOST:PORT`.
+    pub endpoint: String,
+    /// The machine's host name and the process id there.
+    pub host: String,
+    pub pid: u32,
+    pub started_ms: u64,
+    pub seen_ms: u64,
 }
 
 /// What a change answers.
@@ -220,6 +245,8 @@ pub enum ObjectQuery {
         before_ms: u64,
         max: u32,
     },
+    /// The gateways that said they serve the cluster, and the object index's totals.
+    Gateways,
 }
 
 /// A listing in key order: keys after `after` with `prefix`; with a `delimiter`, keys that
@@ -270,6 +297,12 @@ pub enum QueryReply {
         truncated: bool,
     },
     Uploads(Vec<Upload>),
+    Gateways {
+        gateways: Vec<Gateway>,
+        buckets: u64,
+        objects: u64,
+        uploads: u64,
+    },
 }
 
 pub type QueryResult = Result<QueryReply, ObjectError>;

@@ -36,6 +36,8 @@ pub struct Options {
     pub upload_max_age: Duration,
     /// The region the gateway answers with.
     pub region: String,
+    /// `HOST:PORT` clients reach this gateway at (default: the bound address).
+    pub advertise: Option<String>,
 }
 
 impl Default for Options {
@@ -46,6 +48,7 @@ impl Default for Options {
             pack_lanes: 1,
             upload_max_age: Duration::from_secs(7 * 24 * 3600),
             region: "us-east-1".into(),
+            advertise: None,
         }
     }
 }
@@ -169,6 +172,31 @@ pub async fn create_user(client: &Client, name: &str) -> Result<User, String> {
     }
 }
 
+/// Tells the masters this gateway serves `endpoint`, now and every
+/// [`cairn_rpc::object::GATEWAY_HEARTBEAT_MS`] (`cairn status` lists gateways from it).
+async fn heartbeat(client: Client, endpoint: String) {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let started_ms = now_ms();
+    loop {
+        let gateway = cairn_rpc::object::Gateway {
+            endpoint: endpoint.clone(),
+            host: host.clone(),
+            pid: std::process::id(),
+            started_ms,
+            seen_ms: now_ms(),
+        };
+        if let Err(e) = change(&client, &ObjectOp::GatewaySeen { gateway }).await {
+            tracing::warn!(error = %e, "could not tell the masters about this gateway");
+        }
+        tokio::time::sleep(Duration::from_millis(
+            cairn_rpc::object::GATEWAY_HEARTBEAT_MS,
+        ))
+        .await;
+    }
+}
+
 /// A running gateway.
 pub struct Gateway {
     pub addr: SocketAddr,
@@ -214,6 +242,11 @@ impl Gateway {
         let service = builder.build();
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
+        let endpoint = format!(
+            "http://{}",
+            opts.advertise.clone().unwrap_or_else(|| addr.to_string())
+        );
+        tokio::spawn(heartbeat(client.clone(), endpoint));
         let task = tokio::spawn(async move {
             let http =
                 hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());

@@ -7,9 +7,9 @@
 
 use super::{Command, State};
 use cairn_rpc::object::{
-    BucketInfo, Extent, ListEntry, ListPage, ListRequest, MAX_LIST_KEYS, MIN_PART_BYTES,
-    ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply, OpResult, Part, QueryReply,
-    QueryResult, Upload, User,
+    BucketInfo, Extent, GATEWAY_FORGET_MS, Gateway, ListEntry, ListPage, ListRequest,
+    MAX_LIST_KEYS, MIN_PART_BYTES, ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply,
+    OpResult, Part, QueryReply, QueryResult, Upload, User,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -25,6 +25,9 @@ pub struct ObjectIndex {
     /// Shared small-object logs: live bytes and objects in each (compaction picks the ones
     /// mostly dead).
     packs: BTreeMap<String, PackUse>,
+    /// S3 gateways by endpoint.
+    #[serde(default)]
+    gateways: BTreeMap<String, Gateway>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,6 +150,15 @@ impl ObjectIndex {
                     upload,
                     parts,
                     truncated,
+                })
+            }
+            ObjectQuery::Gateways => {
+                let (buckets, objects, uploads) = self.totals();
+                Ok(QueryReply::Gateways {
+                    gateways: self.gateways.values().cloned().collect(),
+                    buckets,
+                    objects,
+                    uploads,
                 })
             }
             ObjectQuery::StaleUploads { before_ms, max } => Ok(QueryReply::Uploads(
@@ -370,6 +382,14 @@ impl State {
                 parts,
                 meta,
             } => self.complete_upload(user, upload_id, parts, meta),
+            ObjectOp::GatewaySeen { gateway } => {
+                let now = gateway.seen_ms;
+                idx.gateways
+                    .retain(|_, g| now.saturating_sub(g.seen_ms) < GATEWAY_FORGET_MS);
+                idx.gateways
+                    .insert(gateway.endpoint.clone(), gateway.clone());
+                Ok(OpReply::Done)
+            }
             ObjectOp::AbortUpload { user, upload_id } => {
                 idx.upload(user, upload_id)?;
                 let upload = self.objects.uploads.remove(upload_id).expect("checked");
