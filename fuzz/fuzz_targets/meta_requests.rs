@@ -144,6 +144,7 @@ fuzz_target!(|data: &[u8]| {
                             drops: convert::drops(&c.drops).ok()?,
                         }),
                         Op::Delete(d) => Some(Command::Delete { path: convert::path(&d.path).ok()? }),
+                        Op::Object(b) => Some(Command::Object(cairn_rpc::object::decode(b).ok()?)),
                     })
                     .collect();
                 let n = cmds.len();
