@@ -7,6 +7,7 @@ mod cluster;
 mod floor;
 mod recovery;
 mod repair;
+mod s3;
 
 use clap::Subcommand;
 
@@ -25,6 +26,9 @@ pub enum BenchCommand {
     /// Re-replication after a chunkserver loss against the bandwidth cap, with foreground
     /// appends measured before and during (a local cluster of 4+ chunkservers).
     Repair(repair::Args),
+    /// S3 PUT, GET or ListObjectsV2 through a running gateway, next to SDK appends or reads
+    /// of the same size (`cairn up` in this directory supplies the endpoint and keys).
+    S3(s3::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -35,6 +39,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Read(a) => cluster::run(cluster::Op::Read, a),
         BenchCommand::Create(a) => cluster::run(cluster::Op::Create, a),
         BenchCommand::Repair(a) => repair::run(a),
+        BenchCommand::S3(a) => s3::run(a),
     }
 }
 

@@ -1,0 +1,429 @@
+//! `cairn bench s3`: S3 PUT, GET and ListObjectsV2 through a running gateway, next to the
+//! same-run floor — the SDK doing what the gateway has to do underneath (appends, or reads, of
+//! the same size by as many writers as there are clients: `cairn bench append|read`).
+//!
+//! Requests are signed by rusty-s3 (presigned SigV4 URLs, the payload unsigned) and sent over
+//! keep-alive HTTP/1.1 connections (hyper), one per client.
+
+use super::{Latency, histogram, loadavg, parse_size};
+use crate::cluster::{ClusterArgs, ClusterFile};
+use bytes::Bytes;
+use cairn_client::{Client, CreateOptions};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
+use serde::Serialize;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// The gateway (default: the one in ./cairn-data/cluster.toml).
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// Credentials (default: ./cairn-data/s3-credentials, written by `cairn up`).
+    #[arg(long, env = "AWS_ACCESS_KEY_ID")]
+    access_key: Option<String>,
+    #[arg(long, env = "AWS_SECRET_ACCESS_KEY")]
+    secret_key: Option<String>,
+    /// put, get or list.
+    #[arg(long, default_value = "put", value_parser = ["put", "get", "list"])]
+    op: String,
+    /// Bytes per object (put, get).
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
+    size: u64,
+    /// Concurrent clients, each with its own connection and one request at a time.
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// list: objects in the bucket listed.
+    #[arg(long, default_value_t = 100_000)]
+    objects: usize,
+    /// Skip the SDK floor.
+    #[arg(long)]
+    no_floor: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    op: String,
+    size: u64,
+    clients: usize,
+    seconds: f64,
+    ops: u64,
+    errors: u64,
+    ops_per_s: f64,
+    mib_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    max_us: f64,
+    /// list: keys listed per second (pages of 1000).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    keys_per_s: Option<f64>,
+    floor: &'static str,
+    floor_size: u64,
+    floor_ops_per_s: f64,
+    floor_mib_per_s: f64,
+    floor_p50_us: f64,
+    /// ops/s over the floor's ops/s (4 KiB), or MiB/s over the floor's MiB/s (larger sizes).
+    ratio: f64,
+    loadavg: f64,
+}
+
+struct Target {
+    http: HttpClient<HttpConnector, Full<Bytes>>,
+    bucket: Bucket,
+    creds: Credentials,
+}
+
+const SIGN_FOR: Duration = Duration::from_secs(3600);
+
+impl Target {
+    async fn send(&self, method: &str, url: url::Url, body: Bytes) -> anyhow::Result<Bytes> {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(url.as_str())
+            .body(Full::new(body))?;
+        let resp = self.http.request(req).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        anyhow::ensure!(
+            status.is_success(),
+            "{method} {url}: {status}: {}",
+            String::from_utf8_lossy(&bytes)
+        );
+        Ok(bytes)
+    }
+
+    async fn put(&self, key: &str, body: Bytes) -> anyhow::Result<()> {
+        let url = self
+            .bucket
+            .put_object(Some(&self.creds), key)
+            .sign(SIGN_FOR);
+        self.send("PUT", url, body).await.map(|_| ())
+    }
+
+    async fn get(&self, key: &str) -> anyhow::Result<Bytes> {
+        let url = self
+            .bucket
+            .get_object(Some(&self.creds), key)
+            .sign(SIGN_FOR);
+        self.send("GET", url, Bytes::new()).await
+    }
+
+    /// Lists the whole bucket; returns the keys seen.
+    async fn list_all(&self) -> anyhow::Result<usize> {
+        let mut token: Option<String> = None;
+        let mut n = 0;
+        loop {
+            let mut a = self.bucket.list_objects_v2(Some(&self.creds));
+            a.with_max_keys(1000);
+            if let Some(t) = &token {
+                a.with_continuation_token(t.clone());
+            }
+            let body = self.send("GET", a.sign(SIGN_FOR), Bytes::new()).await?;
+            let page =
+                rusty_s3::actions::ListObjectsV2::parse_response(std::str::from_utf8(&body)?)
+                    .map_err(|e| anyhow::anyhow!("listing: {e:?}"))?;
+            n += page.contents.len();
+            match page.next_continuation_token {
+                Some(t) => token = Some(t),
+                None => return Ok(n),
+            }
+        }
+    }
+}
+
+/// The gateway and credentials of the local `cairn up`.
+fn defaults(a: &Args) -> anyhow::Result<(String, String, String)> {
+    let dir = Path::new("./cairn-data");
+    let endpoint = match &a.endpoint {
+        Some(e) => e.clone(),
+        None => ClusterFile::load(dir)?
+            .and_then(|f| f.s3_procs.first().map(|p| format!("http://{}", p.addr)))
+            .ok_or_else(|| anyhow::anyhow!("no gateway: pass --endpoint or run `cairn up` here"))?,
+    };
+    let creds = std::fs::read_to_string(dir.join(crate::up::S3_CREDENTIALS)).unwrap_or_default();
+    let field = |k: &str| {
+        creds
+            .lines()
+            .find_map(|l| l.split_once('=').filter(|(n, _)| n.trim() == k))
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let key = a.access_key.clone().or_else(|| field("aws_access_key_id"));
+    let secret = a
+        .secret_key
+        .clone()
+        .or_else(|| field("aws_secret_access_key"));
+    match (key, secret) {
+        (Some(k), Some(s)) => Ok((endpoint, k, s)),
+        _ => anyhow::bail!("no credentials: pass --access-key/--secret-key or run `cairn up` here"),
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(a.clients >= 1, "--clients must be at least 1");
+    let (endpoint, key, secret) = defaults(&a)?;
+    let masters = a.cluster.masters()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let name = format!(
+            "bench-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+        );
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let target = Arc::new(Target {
+            http: HttpClient::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(a.clients * 2)
+                .build(connector),
+            bucket: Bucket::new(endpoint.parse()?, UrlStyle::Path, name, "us-east-1")?,
+            creds: Credentials::new(key, secret),
+        });
+        let url = target.bucket.create_bucket(&target.creds).sign(SIGN_FOR);
+        target.send("PUT", url, Bytes::new()).await?;
+        let size = a.size as usize;
+        let body = Bytes::from((0..size).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>());
+        let (ops, errors, secs, lat, keys_per_s) = match a.op.as_str() {
+            "put" => {
+                // Each client overwrites its own key: large versions are freed as they are
+                // replaced, so long runs do not fill the cluster.
+                let body = body.clone();
+                let (o, e, s, l) = drive(&target, a.clients, a.seconds, move |t, c, _| {
+                    let body = body.clone();
+                    async move { t.put(&format!("c{c}"), body).await }
+                })
+                .await;
+                (o, e, s, l, None)
+            }
+            "get" => {
+                for c in 0..a.clients {
+                    target.put(&format!("c{c}"), body.clone()).await?;
+                }
+                let (o, e, s, l) =
+                    drive(&target, a.clients, a.seconds, move |t, c, _| async move {
+                        let got = t.get(&format!("c{c}")).await?;
+                        anyhow::ensure!(got.len() == size, "GET returned {} bytes", got.len());
+                        Ok(())
+                    })
+                    .await;
+                (o, e, s, l, None)
+            }
+            _ => {
+                fill(&target, a.objects).await?;
+                let mut best = Vec::new();
+                let mut h = histogram();
+                for _ in 0..3 {
+                    let t0 = Instant::now();
+                    let n = target.list_all().await?;
+                    let dt = t0.elapsed();
+                    anyhow::ensure!(n == a.objects, "listed {n} of {} keys", a.objects);
+                    h.record(dt.as_nanos() as u64).ok();
+                    best.push(n as f64 / dt.as_secs_f64());
+                }
+                best.sort_by(f64::total_cmp);
+                // Three whole listings; latency is per listing, keys/s the median's.
+                let secs = h.mean() * 3.0 / 1e9;
+                (3, 0, secs, Latency::of(&h), Some(best[1]))
+            }
+        };
+        // The floor: the SDK appending (or reading) the same sizes with as many writers.
+        let floor_size = a.size.min(1 << 20);
+        let fl = if a.no_floor {
+            None
+        } else {
+            Some(
+                sdk_floor(
+                    &masters,
+                    a.op == "get",
+                    floor_size as usize,
+                    a.clients,
+                    a.seconds,
+                )
+                .await?,
+            )
+        };
+        let mib = |ops: u64, s: f64, sz: u64| ops as f64 * sz as f64 / s / f64::from(1 << 20);
+        let ops_per_s = ops as f64 / secs;
+        let (f_ops, f_secs, f_lat) = fl.unwrap_or((0, 1.0, Latency::default()));
+        let floor_ops_per_s = f_ops as f64 / f_secs;
+        let floor_mib = mib(f_ops, f_secs, floor_size);
+        let r = Report {
+            op: a.op.clone(),
+            size: a.size,
+            clients: a.clients,
+            seconds: secs,
+            ops,
+            errors,
+            ops_per_s,
+            mib_per_s: if a.op == "list" {
+                0.0
+            } else {
+                mib(ops, secs, a.size)
+            },
+            p50_us: lat.p50_us,
+            p99_us: lat.p99_us,
+            p999_us: lat.p999_us,
+            max_us: lat.max_us,
+            keys_per_s,
+            floor: if a.op == "get" {
+                "SDK reads of the same size (cairn bench read), as many readers"
+            } else {
+                "SDK appends of the same size, 1 MiB at most (cairn bench append), as many writers"
+            },
+            floor_size,
+            floor_ops_per_s,
+            floor_mib_per_s: floor_mib,
+            floor_p50_us: f_lat.p50_us,
+            ratio: match a.op.as_str() {
+                "list" => 0.0,
+                _ if a.size <= 64 << 10 => ops_per_s / floor_ops_per_s,
+                _ => mib(ops, secs, a.size) / floor_mib,
+            },
+            loadavg: loadavg(),
+        };
+        println!("{}", serde_json::to_string(&r)?);
+        anyhow::Ok(())
+    })
+}
+
+/// `clients` tasks each running `op` back to back for `seconds`.
+async fn drive<F, Fut>(
+    target: &Arc<Target>,
+    clients: usize,
+    seconds: f64,
+    op: F,
+) -> (u64, u64, f64, Latency)
+where
+    F: Fn(Arc<Target>, usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs_f64(seconds);
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (target, op) = (target.clone(), op.clone());
+            tokio::spawn(async move {
+                let (mut h, mut ops, mut errors) = (histogram(), 0u64, 0u64);
+                let mut i = 0;
+                while Instant::now() < deadline {
+                    let s = Instant::now();
+                    match op(target.clone(), c, i).await {
+                        Ok(()) => {
+                            h.record(s.elapsed().as_nanos() as u64).ok();
+                            ops += 1;
+                        }
+                        Err(e) => {
+                            errors += 1;
+                            if errors <= 3 {
+                                eprintln!("bench s3: {e:#}");
+                            }
+                        }
+                    }
+                    i += 1;
+                }
+                (h, ops, errors)
+            })
+        })
+        .collect();
+    let (mut h, mut ops, mut errors) = (histogram(), 0, 0);
+    for t in tasks {
+        let (th, o, e) = t.await.expect("bench task");
+        h.add(&th).ok();
+        ops += o;
+        errors += e;
+    }
+    (ops, errors, t0.elapsed().as_secs_f64(), Latency::of(&h))
+}
+
+/// Fills the bucket with `n` 16-byte objects (32 at a time).
+async fn fill(target: &Arc<Target>, n: usize) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..n)
+        .map(|i| {
+            let t = target.clone();
+            async move {
+                t.put(
+                    &format!("k/{i:08}"),
+                    Bytes::from_static(b"sixteen bytes!!!"),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// The SDK floor: `depth` writers appending `size` bytes to files of their own (or readers of
+/// such a file) for `seconds`: (ops, seconds, latency).
+async fn sdk_floor(
+    masters: &[String],
+    read: bool,
+    size: usize,
+    depth: usize,
+    seconds: f64,
+) -> anyhow::Result<(u64, f64, Latency)> {
+    let client = Client::connect(masters).await?;
+    let dir = format!("/bench-s3-floor-{}", std::process::id());
+    let buf = cairn_client::Bytes::from(vec![0x5Au8; size]);
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs_f64(seconds);
+    let mut tasks = Vec::new();
+    for d in 0..depth {
+        let (client, buf, path) = (client.clone(), buf.clone(), format!("{dir}/f{d}"));
+        tasks.push(tokio::spawn(async move {
+            let mut h = histogram();
+            let mut ops = 0u64;
+            let mut w = client.create(&path, CreateOptions::default()).await?;
+            if read {
+                for _ in 0..16 {
+                    w.append_bytes(buf.clone()).await?;
+                }
+                w.seal().await?;
+                let mut i = 0u64;
+                while Instant::now() < deadline {
+                    let s = Instant::now();
+                    client.read(&path, (i % 16) * size as u64, size).await?;
+                    h.record(s.elapsed().as_nanos() as u64).ok();
+                    ops += 1;
+                    i += 1;
+                }
+            } else {
+                while Instant::now() < deadline {
+                    let s = Instant::now();
+                    w.append_bytes(buf.clone()).await?;
+                    h.record(s.elapsed().as_nanos() as u64).ok();
+                    ops += 1;
+                }
+                w.close().await?;
+            }
+            anyhow::Ok((h, ops))
+        }));
+    }
+    let (mut h, mut ops) = (histogram(), 0);
+    for t in tasks {
+        let (th, o) = t.await??;
+        h.add(&th).ok();
+        ops += o;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    for d in 0..depth {
+        let _ = client.delete(&format!("{dir}/f{d}")).await;
+    }
+    let _ = client.delete(&dir).await;
+    Ok((ops, secs, Latency::of(&h)))
+}
