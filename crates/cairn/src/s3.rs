@@ -30,6 +30,19 @@ struct ServeArgs {
     /// Objects up to this size share append-only pack files; larger ones get files of their own.
     #[arg(long, default_value = "1m", value_parser = crate::bench::parse_size)]
     pack_max: u64,
+    /// A pack (the shared log small objects go to) is closed and a new one begun past this.
+    #[arg(long, default_value = "256m", value_parser = crate::bench::parse_size)]
+    pack_bytes: u64,
+    /// Closed packs whose live bytes are under this percentage of their length are
+    /// compacted: live objects rewritten, the pack deleted.
+    #[arg(long, default_value_t = 50)]
+    compact_live_pct: u8,
+    /// Seconds between compaction passes.
+    #[arg(long, default_value_t = 60.0)]
+    compact_every_secs: f64,
+    /// Bytes per second compaction may read plus rewrite.
+    #[arg(long, default_value = "32m", value_parser = crate::bench::parse_size)]
+    compact_rate: u64,
     /// Multipart uploads older than this many hours are aborted and their parts deleted.
     #[arg(long, default_value_t = 24 * 7)]
     upload_max_age_hours: u64,
@@ -103,6 +116,13 @@ async fn serve(s: ServeArgs) -> anyhow::Result<()> {
         upload_max_age: std::time::Duration::from_secs(s.upload_max_age_hours * 3600),
         region: s.region,
         advertise: s.advertise,
+        pack_bytes: s.pack_bytes,
+        compact: cairn_s3::compact::CompactOptions {
+            live_pct: s.compact_live_pct.min(100),
+            every: std::time::Duration::from_secs_f64(s.compact_every_secs.max(0.05)),
+            bytes_per_sec: s.compact_rate,
+            ..cairn_s3::compact::CompactOptions::default()
+        },
         ..cairn_s3::Options::default()
     };
     let gw = cairn_s3::Gateway::start(client, &s.listen, opts).await?;

@@ -52,16 +52,24 @@ fn create_user(masters: &[String], name: &str) -> Keys {
 }
 
 fn gateway(masters: &[String], listen: &str) -> Proc {
+    gateway_with(masters, listen, &[])
+}
+
+fn gateway_with(masters: &[String], listen: &str, extra: &[&str]) -> Proc {
     let mut p = Proc {
         name: "s3".into(),
-        args: vec![
-            "s3".into(),
-            "serve".into(),
-            "--listen".into(),
-            listen.into(),
-            "--masters".into(),
-            masters.join(","),
-        ],
+        args: [
+            "s3",
+            "serve",
+            "--listen",
+            listen,
+            "--masters",
+            &masters.join(","),
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect(),
         addr: String::new(),
         child: None,
     };
@@ -209,4 +217,59 @@ async fn s3_survives_chunkserver_and_leader_kills() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Packs (shared small-object logs) whose objects were mostly deleted are compacted: the live
+/// objects move to a new pack, the old packs are deleted, and every survivor reads back.
+#[tokio::test(flavor = "multi_thread")]
+async fn s3_compaction_reclaims_mostly_dead_packs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cluster.master_addrs();
+    // Small packs (each closed past 64 KiB) and frequent passes, to see it within seconds.
+    let gw = gateway_with(
+        &masters,
+        "127.0.0.1:0",
+        &["--pack-bytes", "64k", "--compact-every-secs", "0.5"],
+    );
+    let alice = create_user(&masters, "alice");
+    let packs = || -> Vec<String> {
+        let out = run_ok(cairn().args(["fs", "ls", "/.s3/packs", "--cluster", &masters.join(",")]));
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let run = |mode: &str| {
+        let out = python_cmd(&gw, &alice, dir.path())
+            .arg(script("compaction.py"))
+            .arg(mode)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{mode}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run("fill");
+    let before = packs();
+    // 300 records of 4 KiB in packs of 64 KiB: at least 15 packs were written.
+    assert!(before.len() >= 15, "{before:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = packs();
+        // Every closed pack of the fill was 90 % dead: all of them are gone.
+        if now.len() <= 3 && !now.iter().any(|p| before[..before.len() - 1].contains(p)) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "packs not compacted: before {before:?}, now {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    run("verify");
 }

@@ -402,7 +402,7 @@ impl pb::meta_server::Meta for MetaService {
         ok(async {
             let q: cairn_rpc::object::ObjectQuery = cairn_rpc::object::decode(&r.body)?;
             self.inner.read_barrier().await?;
-            let result = self.inner.sm.lock().state.objects().query(&q);
+            let result = self.inner.sm.lock().state.query_objects(&q);
             Ok(pb::ObjectBytes {
                 body: cairn_rpc::object::encode(&result),
             })

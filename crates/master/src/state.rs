@@ -271,6 +271,8 @@ fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {
         O::CompleteUpload { .. } => "complete-upload",
         O::AbortUpload { .. } => "abort-upload",
         O::GatewaySeen { .. } => "gateway-seen",
+        O::MoveExtent { .. } => "move-extent",
+        O::DropPack { .. } => "drop-pack",
     }
 }
 

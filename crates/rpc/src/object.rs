@@ -174,6 +174,20 @@ pub enum ObjectOp {
     GatewaySeen {
         gateway: Gateway,
     },
+    /// Compaction moved a live pack record: the object at `key`, if it is still the version
+    /// `put_id` and still names `from`, names `to` instead (`NoSuchKey` otherwise).
+    MoveExtent {
+        bucket: String,
+        key: String,
+        put_id: String,
+        from: Extent,
+        to: Extent,
+    },
+    /// Deletes a pack no object names any more, if no writer holds it (refused otherwise).
+    DropPack {
+        path: String,
+        now_ms: u64,
+    },
 }
 
 /// How often a gateway tells the masters it is there.
@@ -247,6 +261,28 @@ pub enum ObjectQuery {
     },
     /// The gateways that said they serve the cluster, and the object index's totals.
     Gateways,
+    /// For compaction: the object at `key`, whoever owns it.
+    Locate {
+        bucket: String,
+        key: String,
+    },
+    /// Packs in `dir` that no writer holds (at `now_ms`) whose live bytes are under
+    /// `live_pct` percent of their length, most dead bytes first.
+    CompactionCandidates {
+        dir: String,
+        now_ms: u64,
+        live_pct: u8,
+        max: u32,
+    },
+}
+
+/// A pack worth compacting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackCandidate {
+    pub path: String,
+    pub length: u64,
+    pub live_bytes: u64,
+    pub live_objects: u64,
 }
 
 /// A listing in key order: keys after `after` with `prefix`; with a `delimiter`, keys that
@@ -297,6 +333,7 @@ pub enum QueryReply {
         truncated: bool,
     },
     Uploads(Vec<Upload>),
+    Packs(Vec<PackCandidate>),
     Gateways {
         gateways: Vec<Gateway>,
         buckets: u64,

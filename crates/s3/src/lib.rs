@@ -6,6 +6,7 @@
 //! keeps no state a restart would lose: every acknowledged PUT is durable in the cluster, so
 //! any number of gateways may serve one cluster.
 
+pub mod compact;
 pub mod data;
 mod ops;
 pub mod pack;
@@ -38,6 +39,8 @@ pub struct Options {
     pub region: String,
     /// `HOST:PORT` clients reach this gateway at (default: the bound address).
     pub advertise: Option<String>,
+    /// Pack compaction.
+    pub compact: compact::CompactOptions,
 }
 
 impl Default for Options {
@@ -49,6 +52,7 @@ impl Default for Options {
             upload_max_age: Duration::from_secs(7 * 24 * 3600),
             region: "us-east-1".into(),
             advertise: None,
+            compact: compact::CompactOptions::default(),
         }
     }
 }
@@ -226,13 +230,15 @@ impl Gateway {
             client: client.clone(),
             cache: Mutex::default(),
         });
+        let data = Arc::new(data::DataStore {
+            client: client.clone(),
+            packs,
+            pack_max: opts.pack_max_bytes,
+            blob_dir: format!("{ROOT_DIR}/blobs"),
+        });
+        tokio::spawn(compact::run(data.clone(), opts.compact.clone()));
         let gw = ops::Cairn {
-            data: Arc::new(data::DataStore {
-                client: client.clone(),
-                packs,
-                pack_max: opts.pack_max_bytes,
-                blob_dir: format!("{ROOT_DIR}/blobs"),
-            }),
+            data,
             users: users.clone(),
             region: opts.region.clone(),
         };

@@ -9,7 +9,7 @@ use super::{Command, State};
 use cairn_rpc::object::{
     BucketInfo, Extent, GATEWAY_FORGET_MS, Gateway, ListEntry, ListPage, ListRequest,
     MAX_LIST_KEYS, MIN_PART_BYTES, ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply,
-    OpResult, Part, QueryReply, QueryResult, Upload, User,
+    OpResult, PackCandidate, Part, QueryReply, QueryResult, Upload, User,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -152,6 +152,14 @@ impl ObjectIndex {
                     truncated,
                 })
             }
+            ObjectQuery::Locate { bucket, key } => {
+                let b = self.buckets.get(bucket).ok_or(ObjectError::NoSuchBucket)?;
+                let o = b.objects.get(key).ok_or(ObjectError::NoSuchKey)?;
+                Ok(QueryReply::Object(o.clone()))
+            }
+            ObjectQuery::CompactionCandidates { .. } => Err(ObjectError::InvalidArgument(
+                "compaction candidates are answered with the namespace".into(),
+            )),
             ObjectQuery::Gateways => {
                 let (buckets, objects, uploads) = self.totals();
                 Ok(QueryReply::Gateways {
@@ -261,6 +269,44 @@ fn successor(p: &str) -> Bound<String> {
 }
 
 impl State {
+    /// Answers a read of the object index (some need the namespace too).
+    pub fn query_objects(&self, q: &ObjectQuery) -> QueryResult {
+        match q {
+            ObjectQuery::CompactionCandidates {
+                dir,
+                now_ms,
+                live_pct,
+                max,
+            } => {
+                let mut found: Vec<PackCandidate> = Vec::new();
+                for ino in self.list(dir).unwrap_or_default() {
+                    let Some(f) = ino.file() else { continue };
+                    if f.lease.as_ref().is_some_and(|l| l.expires_ms > *now_ms) {
+                        continue; // a writer still appends to it
+                    }
+                    let path = format!("{}/{}", dir.trim_end_matches('/'), ino.name);
+                    let length = f.committed_length();
+                    let used = self.objects.packs.get(&path).copied().unwrap_or_default();
+                    if u128::from(used.live_bytes) * 100
+                        < u128::from(length) * u128::from(*live_pct)
+                        || used.live_objects == 0
+                    {
+                        found.push(PackCandidate {
+                            path,
+                            length,
+                            live_bytes: used.live_bytes,
+                            live_objects: used.live_objects,
+                        });
+                    }
+                }
+                found.sort_by_key(|c| std::cmp::Reverse(c.length - c.live_bytes.min(c.length)));
+                found.truncate(*max as usize);
+                Ok(QueryReply::Packs(found))
+            }
+            q => self.objects.query(q),
+        }
+    }
+
     /// Applies a change to the object index.
     pub(super) fn apply_object(&mut self, op: &ObjectOp) -> OpResult {
         let idx = &mut self.objects;
@@ -388,6 +434,63 @@ impl State {
                     .retain(|_, g| now.saturating_sub(g.seen_ms) < GATEWAY_FORGET_MS);
                 idx.gateways
                     .insert(gateway.endpoint.clone(), gateway.clone());
+                Ok(OpReply::Done)
+            }
+            ObjectOp::MoveExtent {
+                bucket,
+                key,
+                put_id,
+                from,
+                to,
+            } => {
+                if !from.shared || !to.shared || from.len != to.len {
+                    return Err(ObjectError::InvalidArgument(
+                        "a move is between pack records of one length".into(),
+                    ));
+                }
+                self.check_extents(std::iter::once(to))?;
+                let o = self
+                    .objects
+                    .buckets
+                    .get_mut(bucket)
+                    .and_then(|b| b.objects.get_mut(key))
+                    .filter(|o| o.put_id == *put_id)
+                    .ok_or(ObjectError::NoSuchKey)?;
+                let at = o
+                    .extents
+                    .iter()
+                    .position(|e| e == from)
+                    .ok_or(ObjectError::NoSuchKey)?;
+                o.extents[at] = to.clone();
+                self.release_pack(from);
+                self.take_extent(to);
+                Ok(OpReply::Done)
+            }
+            ObjectOp::DropPack { path, now_ms } => {
+                let live = self
+                    .objects
+                    .packs
+                    .get(path)
+                    .is_some_and(|u| u.live_objects > 0);
+                let held = match self.lookup(path) {
+                    Ok(ino) => ino
+                        .file()
+                        .and_then(|f| f.lease.as_ref())
+                        .is_some_and(|l| l.expires_ms > *now_ms),
+                    Err(_) => false,
+                };
+                if live || held {
+                    return Err(ObjectError::InvalidArgument(format!(
+                        "pack {path} is still {}",
+                        if live {
+                            "named by objects"
+                        } else {
+                            "being written"
+                        }
+                    )));
+                }
+                self.objects.packs.remove(path);
+                let _ = self.apply(&Command::Delete { path: path.clone() });
                 Ok(OpReply::Done)
             }
             ObjectOp::AbortUpload { user, upload_id } => {
@@ -654,6 +757,174 @@ mod tests {
                 assert_eq!(got, want, "prefix {prefix:?} delim {delim:?} max {max}");
             }
         }
+    }
+
+    fn op(st: &mut State, op: ObjectOp) -> OpResult {
+        st.apply(&Command::Object(op)).unwrap().object.unwrap()
+    }
+
+    fn file(st: &mut State, path: &str) {
+        let policy = crate::state::Policy {
+            replicas: 3,
+            compression: false,
+            min_copy: 0,
+        };
+        st.apply(&Command::Create {
+            path: path.into(),
+            policy,
+            parents: true,
+            now_ms: 1,
+            lease: None,
+            placements: vec![vec![1, 2, 3]],
+        })
+        .unwrap();
+    }
+
+    fn meta(put_id: &str, extents: Vec<Extent>) -> ObjectMeta {
+        ObjectMeta {
+            size: extents.iter().map(|e| e.len).sum(),
+            etag: "e".into(),
+            mtime_ms: 1,
+            put_id: put_id.into(),
+            headers: BTreeMap::new(),
+            user_meta: BTreeMap::new(),
+            checksums: BTreeMap::new(),
+            extents,
+            part_sizes: Vec::new(),
+        }
+    }
+
+    fn put(bucket: &str, key: &str, m: ObjectMeta) -> ObjectOp {
+        ObjectOp::PutObject {
+            user: "u".into(),
+            bucket: bucket.into(),
+            key: key.into(),
+            meta: m,
+        }
+    }
+
+    /// Overwrites free the old version (own files deleted, pack bytes counted dead); a retried
+    /// PUT changes nothing; compaction's move is conditional; a pack named by an object is
+    /// never dropped.
+    #[test]
+    fn versions_free_their_data_and_packs_drop_only_when_dead() {
+        let mut st = State::default();
+        let shared = |offset| Extent {
+            path: "/p/1".into(),
+            offset,
+            len: 10,
+            shared: true,
+        };
+        let own = Extent {
+            path: "/b/1".into(),
+            offset: 0,
+            len: 10,
+            shared: false,
+        };
+        file(&mut st, "/p/1");
+        file(&mut st, "/p/2");
+        file(&mut st, "/b/1");
+        op(
+            &mut st,
+            ObjectOp::CreateBucket {
+                user: "u".into(),
+                bucket: "bkt".into(),
+                now_ms: 1,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            op(
+                &mut st,
+                ObjectOp::CreateBucket {
+                    user: "v".into(),
+                    bucket: "bkt".into(),
+                    now_ms: 1
+                }
+            ),
+            Err(ObjectError::BucketAlreadyExists)
+        );
+        // Missing data is refused: nothing visible without its bytes.
+        let missing = Extent {
+            path: "/nope".into(),
+            ..own.clone()
+        };
+        assert!(op(&mut st, put("bkt", "k", meta("0", vec![missing]))).is_err());
+        op(&mut st, put("bkt", "k", meta("1", vec![own.clone()]))).unwrap();
+        op(&mut st, put("bkt", "k", meta("1", vec![own.clone()]))).unwrap(); // a retry
+        assert!(
+            st.lookup("/b/1").is_ok(),
+            "a retried PUT freed its own data"
+        );
+        op(&mut st, put("bkt", "k", meta("2", vec![shared(0)]))).unwrap();
+        assert!(
+            st.lookup("/b/1").is_err(),
+            "the replaced version's file is deleted"
+        );
+        assert_eq!(
+            st.objects.packs["/p/1"],
+            PackUse {
+                live_bytes: 10,
+                live_objects: 1
+            }
+        );
+        let drop = |p: &str| ObjectOp::DropPack {
+            path: p.into(),
+            now_ms: 5,
+        };
+        assert!(op(&mut st, drop("/p/1")).is_err(), "a live pack is dropped");
+        // Compaction moves the record; a stale move (wrong version) is refused.
+        let to = Extent {
+            path: "/p/2".into(),
+            ..shared(40)
+        };
+        let mv = |put_id: &str| ObjectOp::MoveExtent {
+            bucket: "bkt".into(),
+            key: "k".into(),
+            put_id: put_id.into(),
+            from: shared(0),
+            to: to.clone(),
+        };
+        assert_eq!(op(&mut st, mv("1")), Err(ObjectError::NoSuchKey));
+        op(&mut st, mv("2")).unwrap();
+        assert_eq!(
+            op(&mut st, mv("2")),
+            Err(ObjectError::NoSuchKey),
+            "moved twice"
+        );
+        assert_eq!(st.objects.packs["/p/1"].live_objects, 0);
+        op(&mut st, drop("/p/1")).unwrap();
+        assert!(st.lookup("/p/1").is_err());
+        assert!(op(&mut st, drop("/p/2")).is_err());
+        // Delete: the pack's bytes are dead; the bucket can go once empty.
+        assert_eq!(
+            op(
+                &mut st,
+                ObjectOp::DeleteBucket {
+                    user: "u".into(),
+                    bucket: "bkt".into()
+                }
+            ),
+            Err(ObjectError::BucketNotEmpty)
+        );
+        op(
+            &mut st,
+            ObjectOp::DeleteObject {
+                user: "u".into(),
+                bucket: "bkt".into(),
+                key: "k".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(st.objects.packs["/p/2"], PackUse::default());
+        op(
+            &mut st,
+            ObjectOp::DeleteBucket {
+                user: "u".into(),
+                bucket: "bkt".into(),
+            },
+        )
+        .unwrap();
     }
 
     #[test]
