@@ -43,6 +43,10 @@ struct ServeArgs {
     /// Bytes per second compaction may read plus rewrite.
     #[arg(long, default_value = "32m", value_parser = crate::bench::parse_size)]
     compact_rate: u64,
+    /// Seconds a freed file (a replaced or deleted large object, a compacted pack) is kept
+    /// before it is deleted, so that GETs already reading it finish.
+    #[arg(long, default_value_t = 300.0)]
+    free_grace_secs: f64,
     /// Multipart uploads older than this many hours are aborted and their parts deleted.
     #[arg(long, default_value_t = 24 * 7)]
     upload_max_age_hours: u64,
@@ -121,6 +125,7 @@ async fn serve(s: ServeArgs) -> anyhow::Result<()> {
             live_pct: s.compact_live_pct.min(100),
             every: std::time::Duration::from_secs_f64(s.compact_every_secs.max(0.05)),
             bytes_per_sec: s.compact_rate,
+            free_grace: std::time::Duration::from_secs_f64(s.free_grace_secs.max(0.0)),
             ..cairn_s3::compact::CompactOptions::default()
         },
         ..cairn_s3::Options::default()

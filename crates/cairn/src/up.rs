@@ -209,7 +209,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             ],
             child: None,
             started: Instant::now(),
-            restart_at: Some(Instant::now()),
+            // Started once the cluster is ready: its connections then take their ephemeral
+            // ports after every chunkserver has bound its own (cluster.toml keeps ports across
+            // restarts, so a port taken once would be taken for good).
+            restart_at: None,
             backoff: Duration::from_millis(500),
         });
     }
@@ -320,8 +323,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             }
             for p in &file.s3_procs {
                 println!(
-                    "  s3 gateway     http://{}  pid {}  metrics http://{}/metrics",
-                    p.addr, p.pid, p.metrics
+                    "  s3 gateway     http://{}  (starts once the chunkservers are up)  metrics http://{}/metrics",
+                    p.addr, p.metrics
                 );
             }
             println!("  cluster file   {}", ClusterFile::path(&dir).display());
@@ -341,6 +344,9 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                         a.chunkservers,
                         began.elapsed().as_secs_f64()
                     );
+                    for m in procs.iter_mut().filter(|m| m.kind == Kind::S3) {
+                        m.restart_at = Some(Instant::now());
+                    }
                     if let Some(p) = file.s3_procs.first() {
                         match s3_credentials(&exe, &dir, &masters_list) {
                             Ok(keys) => print_s3(&p.addr, &dir, &keys),

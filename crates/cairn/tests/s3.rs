@@ -230,7 +230,14 @@ async fn s3_compaction_reclaims_mostly_dead_packs() {
     let gw = gateway_with(
         &masters,
         "127.0.0.1:0",
-        &["--pack-bytes", "64k", "--compact-every-secs", "0.5"],
+        &[
+            "--pack-bytes",
+            "64k",
+            "--compact-every-secs",
+            "0.5",
+            "--free-grace-secs",
+            "0",
+        ],
     );
     let alice = create_user(&masters, "alice");
     let packs = || -> Vec<String> {

@@ -273,6 +273,7 @@ fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {
         O::GatewaySeen { .. } => "gateway-seen",
         O::MoveExtent { .. } => "move-extent",
         O::DropPack { .. } => "drop-pack",
+        O::EmptyTrash { .. } => "empty-trash",
     }
 }
 

@@ -183,10 +183,17 @@ pub enum ObjectOp {
         from: Extent,
         to: Extent,
     },
-    /// Deletes a pack no object names any more, if no writer holds it (refused otherwise).
+    /// Retires a pack no object names any more, if no writer holds it (refused otherwise):
+    /// it goes to the trash like every freed file.
     DropPack {
         path: String,
         now_ms: u64,
+    },
+    /// Deletes these files if they are in the trash. A file is freed into the trash (not
+    /// deleted) so that GETs already reading it finish; gateways empty what they saw there
+    /// a grace period ago.
+    EmptyTrash {
+        paths: Vec<String>,
     },
 }
 
@@ -261,6 +268,10 @@ pub enum ObjectQuery {
     },
     /// The gateways that said they serve the cluster, and the object index's totals.
     Gateways,
+    /// Files freed into the trash (up to `max`).
+    Trash {
+        max: u32,
+    },
     /// For compaction: the object at `key`, whoever owns it.
     Locate {
         bucket: String,
@@ -334,6 +345,7 @@ pub enum QueryReply {
     },
     Uploads(Vec<Upload>),
     Packs(Vec<PackCandidate>),
+    Trash(Vec<String>),
     Gateways {
         gateways: Vec<Gateway>,
         buckets: u64,

@@ -31,6 +31,9 @@ pub struct CompactOptions {
     pub every: Duration,
     /// Bytes read plus bytes rewritten per second, at most.
     pub bytes_per_sec: u64,
+    /// A freed file (a replaced large object, a dropped pack) is deleted this long after this
+    /// gateway first saw it in the trash, so that GETs already reading it finish.
+    pub free_grace: Duration,
 }
 
 impl Default for CompactOptions {
@@ -40,6 +43,7 @@ impl Default for CompactOptions {
             live_pct: 50,
             every: Duration::from_secs(60),
             bytes_per_sec: 32 << 20,
+            free_grace: Duration::from_secs(300),
         }
     }
 }
@@ -54,8 +58,17 @@ pub struct Pass {
 
 /// Runs passes forever.
 pub async fn run(data: Arc<DataStore>, opts: CompactOptions) {
+    let mut trash = Trash::default();
     loop {
         tokio::time::sleep(opts.every).await;
+        match trash.empty(&data, opts.free_grace).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(files = n, "emptied the trash");
+                metrics::counter!("cairn_s3_trash_deleted_total").increment(n);
+            }
+            Err(e) => tracing::warn!(error = %e, "emptying the trash failed"),
+        }
         match pass(&data, &opts).await {
             Ok(p) if p != Pass::default() => {
                 tracing::info!(?p, "compacted packs");
@@ -196,6 +209,40 @@ async fn move_if_live(
         // Overwritten or deleted meanwhile: the copy is dead, the writer won.
         Err(e) if e.code() == &S3ErrorCode::NoSuchKey => Ok(false),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Files this gateway saw in the trash, and when it first did.
+#[derive(Default)]
+pub struct Trash {
+    seen: std::collections::HashMap<String, Instant>,
+}
+
+impl Trash {
+    /// Deletes what was in the trash `grace` ago and still is; returns how many.
+    ///
+    /// # Errors
+    /// The masters could not be asked.
+    pub async fn empty(&mut self, data: &DataStore, grace: Duration) -> Result<u64, String> {
+        let now = Instant::now();
+        let listed = match query(&data.client, &ObjectQuery::Trash { max: 1000 }).await {
+            Ok(QueryReply::Trash(t)) => t,
+            Ok(_) => return Err("the trash answered with something else".into()),
+            Err(e) => return Err(e.to_string()),
+        };
+        self.seen.retain(|p, _| listed.contains(p));
+        let due: Vec<String> = listed
+            .into_iter()
+            .filter(|p| now.duration_since(*self.seen.entry(p.clone()).or_insert(now)) >= grace)
+            .collect();
+        if due.is_empty() {
+            return Ok(0);
+        }
+        let n = due.len() as u64;
+        change(&data.client, &ObjectOp::EmptyTrash { paths: due })
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(n)
     }
 }
 

@@ -28,6 +28,10 @@ pub struct ObjectIndex {
     /// S3 gateways by endpoint.
     #[serde(default)]
     gateways: BTreeMap<String, Gateway>,
+    /// Files no object names any more, deleted once gateways empty them (after a grace
+    /// period, so that GETs reading them finish).
+    #[serde(default)]
+    trash: std::collections::BTreeSet<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,6 +164,9 @@ impl ObjectIndex {
             ObjectQuery::CompactionCandidates { .. } => Err(ObjectError::InvalidArgument(
                 "compaction candidates are answered with the namespace".into(),
             )),
+            ObjectQuery::Trash { max } => Ok(QueryReply::Trash(
+                self.trash.iter().take(*max as usize).cloned().collect(),
+            )),
             ObjectQuery::Gateways => {
                 let (buckets, objects, uploads) = self.totals();
                 Ok(QueryReply::Gateways {
@@ -285,6 +292,9 @@ impl State {
                         continue; // a writer still appends to it
                     }
                     let path = format!("{}/{}", dir.trim_end_matches('/'), ino.name);
+                    if self.objects.trash.contains(&path) {
+                        continue; // retired already
+                    }
                     let length = f.committed_length();
                     let used = self.objects.packs.get(&path).copied().unwrap_or_default();
                     if u128::from(used.live_bytes) * 100
@@ -489,8 +499,20 @@ impl State {
                         }
                     )));
                 }
+                if self.lookup(path).is_err() {
+                    return Err(ObjectError::InvalidArgument(format!("no pack {path}")));
+                }
                 self.objects.packs.remove(path);
-                let _ = self.apply(&Command::Delete { path: path.clone() });
+                self.objects.trash.insert(path.clone());
+                Ok(OpReply::Done)
+            }
+            ObjectOp::EmptyTrash { paths } => {
+                for p in paths {
+                    if self.objects.trash.remove(p) {
+                        // Already gone is fine: the file was the trash's alone.
+                        let _ = self.apply(&Command::Delete { path: p.clone() });
+                    }
+                }
                 Ok(OpReply::Done)
             }
             ObjectOp::AbortUpload { user, upload_id } => {
@@ -626,17 +648,14 @@ impl State {
         }
     }
 
-    /// Frees extents no object or part names any more: their own files are deleted now;
+    /// Frees extents no object or part names any more: their own files go to the trash;
     /// shared bytes become dead in their pack (compaction reclaims them).
     fn free(&mut self, extents: &[Extent]) {
         for e in extents {
             if e.shared {
                 self.release_pack(e);
             } else {
-                // Already gone is fine: the file was this extent's alone.
-                let _ = self.apply(&Command::Delete {
-                    path: e.path.clone(),
-                });
+                self.objects.trash.insert(e.path.clone());
             }
         }
     }
@@ -857,10 +876,18 @@ mod tests {
             "a retried PUT freed its own data"
         );
         op(&mut st, put("bkt", "k", meta("2", vec![shared(0)]))).unwrap();
+        // The replaced version's file waits in the trash (GETs may still read it).
+        assert!(st.lookup("/b/1").is_ok() && st.objects.trash.contains("/b/1"));
+        let empty = |p: &str| ObjectOp::EmptyTrash {
+            paths: vec![p.into()],
+        };
+        op(&mut st, empty("/p/2")).unwrap();
         assert!(
-            st.lookup("/b/1").is_err(),
-            "the replaced version's file is deleted"
+            st.lookup("/p/2").is_ok(),
+            "emptying deleted a file not in the trash"
         );
+        op(&mut st, empty("/b/1")).unwrap();
+        assert!(st.lookup("/b/1").is_err(), "the trash was not emptied");
         assert_eq!(
             st.objects.packs["/p/1"],
             PackUse {
@@ -894,6 +921,7 @@ mod tests {
         );
         assert_eq!(st.objects.packs["/p/1"].live_objects, 0);
         op(&mut st, drop("/p/1")).unwrap();
+        op(&mut st, empty("/p/1")).unwrap();
         assert!(st.lookup("/p/1").is_err());
         assert!(op(&mut st, drop("/p/2")).is_err());
         // Delete: the pack's bytes are dead; the bucket can go once empty.
