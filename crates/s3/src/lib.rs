@@ -241,6 +241,7 @@ impl Gateway {
             data,
             users: users.clone(),
             region: opts.region.clone(),
+            writable: Arc::default(),
         };
         tokio::spawn(ops::clean_uploads(gw.clone(), opts.upload_max_age));
         let mut builder = s3s::service::S3ServiceBuilder::new(gw);

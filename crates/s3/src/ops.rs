@@ -19,7 +19,14 @@ pub struct Cairn {
     pub data: Arc<DataStore>,
     pub(crate) users: Arc<Users>,
     pub region: String,
+    /// (user, bucket) pairs the index recently said may be written: a PUT's early check
+    /// skips the masters for them. Only an optimisation — the index checks every PUT again.
+    pub(crate) writable:
+        Arc<parking_lot::Mutex<std::collections::HashMap<(String, String), std::time::Instant>>>,
 }
+
+/// How long a bucket found writable is trusted by the early check.
+const WRITABLE_TTL: Duration = Duration::from_secs(2);
 
 pub fn s3_err(e: ObjectError) -> S3Error {
     use S3ErrorCode as C;
@@ -312,6 +319,31 @@ impl Cairn {
             QueryReply::Object(o) => Ok(o),
             _ => Err(internal("HeadObject answered with something else")),
         }
+    }
+
+    /// The bucket exists and is the user's (asked of the masters at most every
+    /// [`WRITABLE_TTL`] per pair).
+    async fn check_writable(&self, user: &str, bucket: &str) -> S3Result<()> {
+        let pair = (user.to_owned(), bucket.to_owned());
+        if self
+            .writable
+            .lock()
+            .get(&pair)
+            .is_some_and(|at| at.elapsed() < WRITABLE_TTL)
+        {
+            return Ok(());
+        }
+        let q = ObjectQuery::HeadBucket {
+            user: user.to_owned(),
+            bucket: bucket.to_owned(),
+        };
+        query(&self.data.client, &q).await?;
+        let mut w = self.writable.lock();
+        if w.len() > 10_000 {
+            w.clear();
+        }
+        w.insert(pair, std::time::Instant::now());
+        Ok(())
     }
 
     async fn list(&self, q: ObjectQuery) -> S3Result<ListPage> {
@@ -621,11 +653,7 @@ impl S3 for Cairn {
             input.checksum_crc64nvme.clone(),
         );
         // Refuse early what the index would refuse after the bytes are written.
-        let q = ObjectQuery::HeadBucket {
-            user: user.clone(),
-            bucket: input.bucket.clone(),
-        };
-        query(&self.data.client, &q).await?;
+        self.check_writable(&user, &input.bucket).await?;
         let stored = self
             .store_checked(
                 &input.bucket,
