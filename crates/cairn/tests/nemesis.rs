@@ -1,26 +1,36 @@
 //! The nemesis: randomized fault scenarios against a real cluster of processes on loopback
-//! (3 masters, 4 chunkservers), while writers append verification data and a reader reads.
+//! (3 masters, 4 chunkservers, an S3 gateway), while writers append verification data and a
+//! reader reads, and S3 clients PUT, DELETE and GET objects through the gateway.
 //!
 //! Each scenario, chosen by its seed, injects one to three faults at random times — SIGKILL and
-//! restart of a chunkserver or a master, a slow server, an erroring server, a frozen server, a
-//! full disk — heals them, and checks:
+//! restart of a chunkserver, a master or the gateway, a slow server, an erroring server, a
+//! frozen server, a full disk — heals them, and checks:
 //! - every acknowledged append reads back with the right bytes (a loss otherwise);
 //! - every byte any reader saw is the right byte for its position and lies inside what the
 //!   writers finally had acknowledged (never unacknowledged or corrupt data);
-//! - every chunk returns to full redundancy.
+//! - every chunk returns to full redundancy;
+//! - every S3 key reads back as its last acknowledged PUT or DELETE left it (or as a later
+//!   request that failed, whose outcome the client cannot know), and every GET during the run
+//!   returned a whole version of its key no older than the last one acknowledged before it.
 //!
 //! `cargo test --test nemesis` runs 10 scenarios (seed 1). More:
 //! `CAIRN_NEMESIS_SCENARIOS=200 CAIRN_NEMESIS_SEED=7 cargo test --release --test nemesis -- --nocapture`
 //! (RELIABILITY.md holds the long runs).
 
 mod common;
+#[path = "../src/s3client.rs"]
+#[allow(dead_code)]
+mod s3client;
 
+use bytes::Bytes;
 use cairn_client::{Client, ClientOptions, CreateOptions, FaultSpec};
-use common::{Cluster, bytes, chunks};
+use common::{Cluster, Proc, bytes, chunks};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use s3client::S3Bucket;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -36,6 +46,16 @@ enum Kind {
     Errors,
     Frozen,
     DiskFull,
+    KillGateway,
+}
+
+impl Kind {
+    fn kills(self) -> bool {
+        matches!(
+            self,
+            Kind::KillChunkserver | Kind::KillMaster | Kind::KillGateway
+        )
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -57,17 +77,20 @@ fn plan(seed: u64) -> Vec<Fault> {
     let mut faults: Vec<Fault> = Vec::new();
     let mut killed = false;
     for _ in 0..n {
-        let kind = match rng.random_range(0..6) {
+        let kind = match rng.random_range(0..7) {
             0 if !killed => Kind::KillChunkserver,
             1 if !killed => Kind::KillMaster,
-            0..=2 => Kind::Slow,
+            6 if !killed => Kind::KillGateway,
+            0..=2 | 6 => Kind::Slow,
             3 => Kind::Errors,
             4 => Kind::Frozen,
             _ => Kind::DiskFull,
         };
-        killed |= matches!(kind, Kind::KillChunkserver | Kind::KillMaster);
+        killed |= kind.kills();
         let target = if kind == Kind::KillMaster {
             rng.random_range(0..3)
+        } else if kind == Kind::KillGateway {
+            0
         } else {
             servers.remove(rng.random_range(0..servers.len()))
         };
@@ -91,7 +114,7 @@ fn plan(seed: u64) -> Vec<Fault> {
                 disk_full: true,
                 ..FaultSpec::default()
             },
-            Kind::KillChunkserver | Kind::KillMaster => FaultSpec::default(),
+            Kind::KillChunkserver | Kind::KillMaster | Kind::KillGateway => FaultSpec::default(),
         };
         faults.push(Fault {
             kind,
@@ -228,6 +251,216 @@ async fn reader(c: Client, files: Vec<(String, u64)>, stop: Arc<AtomicBool>, see
     out
 }
 
+/// S3 keys per S3 writer in a scenario; each writer owns its keys, so each key sees one request
+/// at a time.
+const S3_KEYS: usize = 6;
+const S3_WRITERS: usize = 2;
+/// A request that has not answered in this time counts as failed (its outcome unknown).
+const S3_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The body of S3 version `v`: mostly small (packed into shared logs), one in eight over
+/// 1 MiB (a file of its own), with bytes that name the version.
+fn s3_body(v: u64) -> Bytes {
+    let mut rng = StdRng::seed_from_u64(v);
+    let len = if rng.random_range(0..8) == 0 {
+        rng.random_range((1 << 20) + 1..=2 << 20)
+    } else {
+        rng.random_range(1..=64 << 10)
+    };
+    Bytes::from(bytes(v ^ 0x5353_5353, 0, len))
+}
+
+/// What one S3 key went through, in the order its (single) writer issued it: `Some(v)` a PUT
+/// of version `v`, `None` a DELETE.
+#[derive(Debug, Default)]
+struct KeyLog {
+    ops: Vec<Option<u64>>,
+    /// Index in `ops` of the last acknowledged request.
+    acked: Option<usize>,
+    /// Indices of requests that failed: they may or may not have taken effect.
+    failed: Vec<usize>,
+}
+
+impl KeyLog {
+    /// May a GET sent when `floor` was the last acknowledged request return `got` (`None`:
+    /// no such key)? Yes if it is a request at or after the floor, or a failed one (which may
+    /// land late); with nothing acknowledged yet, the key may also not exist at all.
+    fn allows(&self, floor: Option<usize>, got: Option<&[u8]>) -> bool {
+        if floor.is_none() && got.is_none() {
+            return true;
+        }
+        self.ops.iter().enumerate().any(|(i, op)| {
+            let in_range = floor.is_none_or(|f| i >= f) || self.failed.contains(&i);
+            in_range
+                && match (op, got) {
+                    (None, None) => true,
+                    (Some(v), Some(b)) => s3_body(*v) == b,
+                    _ => false,
+                }
+        })
+    }
+}
+
+type S3Log = Arc<Mutex<BTreeMap<String, KeyLog>>>;
+
+#[derive(Debug, Default)]
+struct S3Seen {
+    puts: u64,
+    deletes: u64,
+    errors: u64,
+    gets: u64,
+    get_errors: u64,
+    /// GETs that returned something no request of that key wrote, or an older version than
+    /// the one acknowledged before the GET was sent.
+    bad_gets: u64,
+}
+
+async fn s3_writer(
+    s3: Arc<S3Bucket>,
+    keys: Vec<String>,
+    log: S3Log,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) -> S3Seen {
+    let mut out = S3Seen::default();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let key = &keys[rng.random_range(0..keys.len())];
+        let op = (rng.random_range(0..10) != 0).then(|| {
+            n += 1;
+            seed << 20 | n
+        });
+        let i = {
+            let mut l = log.lock().unwrap();
+            let k = l.entry(key.clone()).or_default();
+            k.ops.push(op);
+            k.ops.len() - 1
+        };
+        let res = match op {
+            Some(v) => tokio::time::timeout(S3_TIMEOUT, s3.put(key, s3_body(v))).await,
+            None => tokio::time::timeout(S3_TIMEOUT, s3.delete(key)).await,
+        };
+        let failed = !matches!(res, Ok(Ok(())));
+        {
+            let mut l = log.lock().unwrap();
+            let k = l.get_mut(key).unwrap();
+            match res {
+                Ok(Ok(())) => {
+                    k.acked = Some(i);
+                    if op.is_some() {
+                        out.puts += 1;
+                    } else {
+                        out.deletes += 1;
+                    }
+                }
+                Ok(Err(e)) => {
+                    eprintln!(
+                        "  s3 {key}: {} failed: {e:#}",
+                        if op.is_some() { "PUT" } else { "DELETE" }
+                    );
+                    k.failed.push(i);
+                    out.errors += 1;
+                }
+                Err(_) => {
+                    eprintln!("  s3 {key}: request timed out");
+                    k.failed.push(i);
+                    out.errors += 1;
+                }
+            }
+        }
+        if failed {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    out
+}
+
+/// GETs random keys and checks each answer against the key's log.
+async fn s3_reader(
+    s3: Arc<S3Bucket>,
+    keys: Vec<String>,
+    log: S3Log,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) -> S3Seen {
+    let mut out = S3Seen::default();
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6e7);
+    while !stop.load(Ordering::Relaxed) {
+        let key = &keys[rng.random_range(0..keys.len())];
+        let floor = log.lock().unwrap().get(key).and_then(|k| k.acked);
+        match tokio::time::timeout(S3_TIMEOUT, s3.get_opt(key)).await {
+            Ok(Ok(got)) => {
+                out.gets += 1;
+                let l = log.lock().unwrap();
+                let ok = match l.get(key) {
+                    Some(k) => k.allows(floor, got.as_deref()),
+                    None => got.is_none(),
+                };
+                if !ok {
+                    eprintln!(
+                        "  BAD s3 GET of {key}: {:?} bytes, not a version at or after the floor {floor:?}",
+                        got.map(|b| b.len())
+                    );
+                    out.bad_gets += 1;
+                }
+            }
+            Ok(Err(e)) => {
+                eprintln!("  s3 GET {key} failed: {e:#}");
+                out.get_errors += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(_) => {
+                eprintln!("  s3 GET {key} timed out");
+                out.get_errors += 1;
+            }
+        }
+    }
+    out
+}
+
+/// After the run: every key reads back as its log allows (the last acknowledged request, or
+/// one that failed), then is deleted (so that the runs do not fill the cluster). Returns the
+/// keys that did not read back right; retries requests that fail (the cluster has healed by
+/// now, the gateway may be restarting).
+async fn s3_verify_and_delete(s3: &S3Bucket, log: &S3Log) -> u64 {
+    let log = std::mem::take(&mut *log.lock().unwrap());
+    let mut lost = 0;
+    for (key, k) in &log {
+        let mut tries = 0;
+        let got = loop {
+            match s3.get_opt(key).await {
+                Ok(got) => break got,
+                Err(e) if tries < 50 => {
+                    tries += 1;
+                    eprintln!("  s3 verify {key}: {e:#}; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("s3 verify {key}: GET keeps failing: {e:#}"),
+            }
+        };
+        // Only the last acknowledged request or failed ones: the floor is the last ack.
+        let ok = match k.acked {
+            Some(a) => k.allows(Some(a), got.as_deref()),
+            None => k.allows(None, got.as_deref()),
+        };
+        if !ok {
+            eprintln!(
+                "  LOSS s3 {key}: read {:?} bytes; log {k:?}",
+                got.map(|b| b.len())
+            );
+            lost += 1;
+        }
+        let mut tries = 0;
+        while let Err(e) = s3.delete(key).await {
+            tries += 1;
+            assert!(tries < 50, "s3 delete {key} keeps failing: {e:#}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    lost
+}
+
 #[derive(Debug, Default)]
 struct Totals {
     scenarios: u64,
@@ -242,6 +475,18 @@ struct Totals {
     unacked_reads: u64,
     misplaced: u64,
     under_replicated: u64,
+    s3_puts: u64,
+    s3_deletes: u64,
+    s3_gets: u64,
+    s3_errors: u64,
+    s3_bad_gets: u64,
+    s3_losses: u64,
+}
+
+/// The S3 side of the cluster: a gateway process and a client of its bucket.
+struct Gateway {
+    proc: Proc,
+    s3: Arc<S3Bucket>,
 }
 
 /// Reads `path` back and counts the acknowledged bytes that are missing or wrong.
@@ -283,7 +528,7 @@ async fn verify(c: &Client, path: &str, seed: u64, acked: u64) -> u64 {
     lost
 }
 
-async fn scenario(cl: &mut Cluster, index: u64, seed: u64, t: &mut Totals) {
+async fn scenario(cl: &mut Cluster, gw: &mut Gateway, index: u64, seed: u64, t: &mut Totals) {
     let faults = plan(seed);
     eprintln!("scenario {index} seed {seed}: {faults:?}");
     let opts = ClientOptions {
@@ -302,6 +547,36 @@ async fn scenario(cl: &mut Cluster, index: u64, seed: u64, t: &mut Totals) {
         .collect();
     let reader_client = cl.client_with(opts).await;
     let rd = tokio::spawn(reader(reader_client, files.clone(), stop.clone(), seed));
+    let s3_log = S3Log::default();
+    let s3_keys: Vec<Vec<String>> = (0..S3_WRITERS)
+        .map(|w| {
+            (0..S3_KEYS)
+                .map(|k| format!("s{index}/w{w}/k{k}"))
+                .collect()
+        })
+        .collect();
+    let s3_writers: Vec<_> = s3_keys
+        .iter()
+        .enumerate()
+        .map(|(w, keys)| {
+            let s3 = gw.s3.clone();
+            let run = s3_writer(
+                s3,
+                keys.clone(),
+                s3_log.clone(),
+                seed * 16 + 8 + w as u64,
+                stop.clone(),
+            );
+            tokio::spawn(run)
+        })
+        .collect();
+    let s3_rd = tokio::spawn(s3_reader(
+        gw.s3.clone(),
+        s3_keys.concat(),
+        s3_log.clone(),
+        seed,
+        stop.clone(),
+    ));
 
     // The faults, in time order: (when, fault index, begin?).
     let mut events: Vec<(Duration, usize, bool)> = faults
@@ -319,6 +594,8 @@ async fn scenario(cl: &mut Cluster, index: u64, seed: u64, t: &mut Totals) {
             (Kind::KillChunkserver, false) => cl.chunkservers[f.target].start(),
             (Kind::KillMaster, true) => cl.masters[f.target].kill(),
             (Kind::KillMaster, false) => cl.masters[f.target].start(),
+            (Kind::KillGateway, true) => gw.proc.kill(),
+            (Kind::KillGateway, false) => gw.proc.start(),
             (_, true) => cl.fault(f.target, f.spec).await,
             (_, false) => cl.fault(f.target, FaultSpec::default()).await,
         }
@@ -333,6 +610,20 @@ async fn scenario(cl: &mut Cluster, index: u64, seed: u64, t: &mut Totals) {
         written.push(w.await.expect("writer task"));
     }
     let seen = rd.await.expect("reader task");
+    let mut s3_seen = Vec::new();
+    for w in s3_writers {
+        s3_seen.push(w.await.expect("s3 writer task"));
+    }
+    s3_seen.push(s3_rd.await.expect("s3 reader task"));
+    let s3_lost = s3_verify_and_delete(&gw.s3, &s3_log).await;
+    t.s3_losses += s3_lost;
+    for s in &s3_seen {
+        t.s3_puts += s.puts;
+        t.s3_deletes += s.deletes;
+        t.s3_gets += s.gets;
+        t.s3_errors += s.errors + s.get_errors;
+        t.s3_bad_gets += s.bad_gets;
+    }
 
     let mut lost = 0;
     for ((path, fseed), w) in files.iter().zip(&written) {
@@ -385,13 +676,19 @@ async fn scenario(cl: &mut Cluster, index: u64, seed: u64, t: &mut Totals) {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     eprintln!(
-        "  appends {} (errors {}), reads {} (errors {}), lost {lost}, corrupt reads {}, chunks {}",
+        "  appends {} (errors {}), reads {} (errors {}), lost {lost}, corrupt reads {}, chunks {}; \
+         s3 puts {}, deletes {}, gets {} (errors {}, bad {}), keys lost {s3_lost}",
         written.iter().map(|w| w.appends).sum::<u64>(),
         written.iter().map(|w| w.errors).sum::<u64>(),
         seen.reads,
         seen.errors,
         seen.corrupt,
         s.chunks,
+        s3_seen.iter().map(|s| s.puts).sum::<u64>(),
+        s3_seen.iter().map(|s| s.deletes).sum::<u64>(),
+        s3_seen.iter().map(|s| s.gets).sum::<u64>(),
+        s3_seen.iter().map(|s| s.errors + s.get_errors).sum::<u64>(),
+        s3_seen.iter().map(|s| s.bad_gets).sum::<u64>(),
     );
     for (path, _) in &files {
         c.delete(path).await.expect("delete");
@@ -410,11 +707,41 @@ async fn nemesis() {
     let seed = env("CAIRN_NEMESIS_SEED", 1);
     let dir = tempfile::tempdir().unwrap();
     let mut cl = Cluster::start(dir.path(), 3, 4).await;
+    let masters = cl.master_addrs();
+    // Small packs and frequent compaction passes, so that pack rotation and compaction run
+    // under the faults too.
+    let proc = common::gateway_with(
+        &masters,
+        "127.0.0.1:0",
+        &[
+            "--pack-bytes",
+            "4m",
+            "--compact-every-secs",
+            "2",
+            "--free-grace-secs",
+            "5",
+        ],
+    );
+    let keys = common::create_user(&masters, "nemesis");
+    let s3 = S3Bucket::new(
+        &format!("http://{}", proc.addr),
+        "nemesis",
+        &keys.access,
+        &keys.secret,
+        8,
+    )
+    .unwrap();
+    s3.create_bucket().await.unwrap();
+    let mut gw = Gateway {
+        proc,
+        s3: Arc::new(s3),
+    };
     let mut t = Totals::default();
     let started = Instant::now();
     for i in 0..scenarios {
         scenario(
             &mut cl,
+            &mut gw,
             i,
             seed.wrapping_mul(1_000_003).wrapping_add(i),
             &mut t,
@@ -444,11 +771,24 @@ async fn nemesis() {
         t.unacked_reads,
         t.under_replicated
     );
+    println!(
+        "| S3 PUTs acked | S3 DELETEs acked | S3 GETs checked | S3 errors | bad S3 GETs | S3 keys lost |"
+    );
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {} | {} | {} | {} |",
+        t.s3_puts, t.s3_deletes, t.s3_gets, t.s3_errors, t.s3_bad_gets, t.s3_losses
+    );
     println!("faults by kind: {:?}", t.faults);
     // Canary: a run that acknowledged and verified nothing proves nothing.
     assert!(
-        t.appends > 0 && t.bytes_verified > 0 && t.reads > 0,
+        t.appends > 0 && t.bytes_verified > 0 && t.reads > 0 && t.s3_puts > 0 && t.s3_gets > 0,
         "{t:?}"
+    );
+    assert_eq!(t.s3_losses, 0, "S3 keys not as acknowledged: {t:?}");
+    assert_eq!(
+        t.s3_bad_gets, 0,
+        "S3 GETs returned wrong or stale objects: {t:?}"
     );
     assert_eq!(t.losses, 0, "acknowledged bytes lost: {t:?}");
     assert_eq!(t.corrupt_reads, 0, "readers saw wrong bytes: {t:?}");
@@ -486,13 +826,45 @@ fn plans_are_reproducible_and_varied() {
     let kinds: std::collections::BTreeSet<Kind> = (0..50)
         .flat_map(|s| plan(s).into_iter().map(|f| f.kind))
         .collect();
-    assert_eq!(kinds.len(), 6, "{kinds:?}");
+    assert_eq!(kinds.len(), 7, "{kinds:?}");
     for s in 0..200 {
         let p = plan(s);
-        let kills = p
-            .iter()
-            .filter(|f| matches!(f.kind, Kind::KillChunkserver | Kind::KillMaster))
-            .count();
+        let kills = p.iter().filter(|f| f.kind.kills()).count();
         assert!(kills <= 1);
     }
+}
+
+/// Canary for the S3 checker: stale, foreign, truncated and missing objects are refused; the
+/// outcome of a failed request is allowed either way.
+#[test]
+fn the_s3_checker_refuses_stale_or_wrong_objects() {
+    let k = KeyLog {
+        ops: vec![Some(1), Some(2), None, Some(3), Some(4)],
+        acked: Some(3),
+        failed: vec![1, 4],
+    };
+    let body = |v| s3_body(v).to_vec();
+    // The last acknowledged PUT, and failed ones (before or after it).
+    assert!(k.allows(Some(3), Some(&body(3))));
+    assert!(k.allows(Some(3), Some(&body(4))));
+    assert!(k.allows(Some(3), Some(&body(2))));
+    // Older acknowledged requests: stale.
+    assert!(!k.allows(Some(3), Some(&body(1))));
+    assert!(!k.allows(Some(3), None));
+    // A GET sent before the delete was acknowledged may see it, or the PUTs after.
+    assert!(k.allows(Some(2), None));
+    // Bytes no request wrote, or a version cut short.
+    assert!(!k.allows(Some(3), Some(&body(9))));
+    let mut short = body(3);
+    short.pop();
+    assert!(!k.allows(Some(3), Some(&short)));
+    // Nothing acknowledged yet: absent, or any version written.
+    let fresh = KeyLog {
+        ops: vec![Some(7)],
+        acked: None,
+        failed: vec![],
+    };
+    assert!(fresh.allows(None, None));
+    assert!(fresh.allows(None, Some(&body(7))));
+    assert!(!fresh.allows(None, Some(&body(8))));
 }

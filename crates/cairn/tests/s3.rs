@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Cluster, Proc, cairn, run_ok};
+use common::{Cluster, Keys, Proc, cairn, create_user, gateway, gateway_with, run_ok};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -27,54 +27,6 @@ fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/s3")
         .join(name)
-}
-
-struct Keys {
-    access: String,
-    secret: String,
-}
-
-fn create_user(masters: &[String], name: &str) -> Keys {
-    let out = run_ok(cairn().args([
-        "s3",
-        "user",
-        "create",
-        name,
-        "--json",
-        "--cluster",
-        &masters.join(","),
-    ]));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    Keys {
-        access: v["access_key"].as_str().unwrap().to_owned(),
-        secret: v["secret_key"].as_str().unwrap().to_owned(),
-    }
-}
-
-fn gateway(masters: &[String], listen: &str) -> Proc {
-    gateway_with(masters, listen, &[])
-}
-
-fn gateway_with(masters: &[String], listen: &str, extra: &[&str]) -> Proc {
-    let mut p = Proc {
-        name: "s3".into(),
-        args: [
-            "s3",
-            "serve",
-            "--listen",
-            listen,
-            "--masters",
-            &masters.join(","),
-        ]
-        .iter()
-        .chain(extra)
-        .map(|s| s.to_string())
-        .collect(),
-        addr: String::new(),
-        child: None,
-    };
-    p.start();
-    p
 }
 
 fn python_cmd(gw: &Proc, a: &Keys, dir: &Path) -> Command {

@@ -428,7 +428,7 @@ impl Client {
         // Sealed chunks never change: a cached list whose chunks are all sealed serves any
         // range inside them without asking the masters (a file that grew is asked again).
         let cached = self.inner.cache.lock().get(path).cloned();
-        let view = match cached {
+        let mut view = match cached {
             Some(v)
                 if v.chunks.iter().all(|c| c.sealed) && known_length(&v) >= offset + len as u64 =>
             {
@@ -436,16 +436,29 @@ impl Client {
             }
             _ => self.refresh(path).await?,
         };
-        let lengths = self.lengths(&view).await;
-        let length: u64 = lengths.iter().sum();
-        if offset + len as u64 > length {
-            return Err(Error::OutOfRange {
-                path: path.into(),
-                offset,
-                len: len as u64,
-                length,
-            });
-        }
+        // An open chunk whose replicas did not all answer has an uncertain length: the ones
+        // that hold the acknowledged bytes may be the ones that did not answer. Such a range
+        // is asked again (fresh locations, the writer may have sealed and moved on) for up to
+        // about 3 s before it is called out of range; a certain length answers at once.
+        let mut tries = 0;
+        let lengths = loop {
+            let (lengths, uncertain) = self.lengths_checked(&view).await;
+            let length: u64 = lengths.iter().sum();
+            if offset + len as u64 <= length {
+                break lengths;
+            }
+            if !uncertain || tries == 9 {
+                return Err(Error::OutOfRange {
+                    path: path.into(),
+                    offset,
+                    len: len as u64,
+                    length,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50 << tries.min(3))).await;
+            tries += 1;
+            view = self.refresh(path).await?;
+        };
         let end = offset + len as u64;
         let mut out = Vec::with_capacity(len);
         let mut start = 0u64;
@@ -597,18 +610,28 @@ impl Client {
     /// Readable bytes of each chunk: a sealed chunk's length; for an open chunk, what MinCopy
     /// replicas hold (the master's committed length if fewer answer).
     async fn lengths(&self, v: &View) -> Vec<u64> {
-        join_all(v.chunks.iter().map(|c| async move {
+        self.lengths_checked(v).await.0
+    }
+
+    /// [`Self::lengths`], and whether an open chunk's length is uncertain (some of its
+    /// replicas did not answer).
+    async fn lengths_checked(&self, v: &View) -> (Vec<u64>, bool) {
+        let each = join_all(v.chunks.iter().map(|c| async move {
             if c.sealed {
-                c.length
+                (c.length, false)
             } else {
-                self.replicas(c)
-                    .await
+                let r = self.replicas(c).await;
+                let uncertain = r.lengths.len() < c.servers.len();
+                let l = r
                     .quorum_length(v.min_copy)
                     .unwrap_or(c.length)
-                    .max(c.length)
+                    .max(c.length);
+                (l, uncertain)
             }
         }))
-        .await
+        .await;
+        let uncertain = each.iter().any(|x| x.1);
+        (each.into_iter().map(|x| x.0).collect(), uncertain)
     }
 
     async fn live_length(&self, v: &View) -> u64 {

@@ -200,7 +200,11 @@ impl DataStore {
                             .read(&path, offset, len)
                             .await
                             .map(Bytes::from)
-                            .map_err(std::io::Error::other)
+                            .map_err(|e| {
+                                // The response has begun: the client sees a cut body.
+                                tracing::error!(%path, offset, len, error = %e, "an object's read failed mid-GET");
+                                std::io::Error::other(e)
+                            })
                     }
                 })
                 .buffered(2);

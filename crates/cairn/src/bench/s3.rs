@@ -2,18 +2,14 @@
 //! same-run floor — the SDK doing what the gateway has to do underneath (appends, or reads, of
 //! the same size by as many writers as there are clients: `cairn bench append|read`).
 //!
-//! Requests are signed by rusty-s3 (presigned SigV4 URLs, the payload unsigned) and sent over
-//! keep-alive HTTP/1.1 connections (hyper), one per client.
+//! Requests go through `crate::s3client` (rusty-s3 presigns, hyper sends), one keep-alive
+//! connection per client.
 
 use super::{Latency, histogram, loadavg, parse_size};
 use crate::cluster::{ClusterArgs, ClusterFile};
+use crate::s3client::S3Bucket;
 use bytes::Bytes;
 use cairn_client::{Client, CreateOptions};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;
@@ -77,70 +73,6 @@ struct Report {
     loadavg: f64,
 }
 
-struct Target {
-    http: HttpClient<HttpConnector, Full<Bytes>>,
-    bucket: Bucket,
-    creds: Credentials,
-}
-
-const SIGN_FOR: Duration = Duration::from_secs(3600);
-
-impl Target {
-    async fn send(&self, method: &str, url: url::Url, body: Bytes) -> anyhow::Result<Bytes> {
-        let req = http::Request::builder()
-            .method(method)
-            .uri(url.as_str())
-            .body(Full::new(body))?;
-        let resp = self.http.request(req).await?;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        anyhow::ensure!(
-            status.is_success(),
-            "{method} {url}: {status}: {}",
-            String::from_utf8_lossy(&bytes)
-        );
-        Ok(bytes)
-    }
-
-    async fn put(&self, key: &str, body: Bytes) -> anyhow::Result<()> {
-        let url = self
-            .bucket
-            .put_object(Some(&self.creds), key)
-            .sign(SIGN_FOR);
-        self.send("PUT", url, body).await.map(|_| ())
-    }
-
-    async fn get(&self, key: &str) -> anyhow::Result<Bytes> {
-        let url = self
-            .bucket
-            .get_object(Some(&self.creds), key)
-            .sign(SIGN_FOR);
-        self.send("GET", url, Bytes::new()).await
-    }
-
-    /// Lists the whole bucket; returns the keys seen.
-    async fn list_all(&self) -> anyhow::Result<usize> {
-        let mut token: Option<String> = None;
-        let mut n = 0;
-        loop {
-            let mut a = self.bucket.list_objects_v2(Some(&self.creds));
-            a.with_max_keys(1000);
-            if let Some(t) = &token {
-                a.with_continuation_token(t.clone());
-            }
-            let body = self.send("GET", a.sign(SIGN_FOR), Bytes::new()).await?;
-            let page =
-                rusty_s3::actions::ListObjectsV2::parse_response(std::str::from_utf8(&body)?)
-                    .map_err(|e| anyhow::anyhow!("listing: {e:?}"))?;
-            n += page.contents.len();
-            match page.next_continuation_token {
-                Some(t) => token = Some(t),
-                None => return Ok(n),
-            }
-        }
-    }
-}
-
 /// The gateway and credentials of the local `cairn up`.
 fn defaults(a: &Args) -> anyhow::Result<(String, String, String)> {
     let dir = Path::new("./cairn-data");
@@ -183,17 +115,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.subsec_nanos())
         );
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let target = Arc::new(Target {
-            http: HttpClient::builder(TokioExecutor::new())
-                .pool_max_idle_per_host(a.clients * 2)
-                .build(connector),
-            bucket: Bucket::new(endpoint.parse()?, UrlStyle::Path, name, "us-east-1")?,
-            creds: Credentials::new(key, secret),
-        });
-        let url = target.bucket.create_bucket(&target.creds).sign(SIGN_FOR);
-        target.send("PUT", url, Bytes::new()).await?;
+        let target = Arc::new(S3Bucket::new(
+            &endpoint,
+            &name,
+            &key,
+            &secret,
+            a.clients * 2,
+        )?);
+        target.create_bucket().await?;
         let size = a.size as usize;
         let body = Bytes::from((0..size).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>());
         let (ops, errors, secs, lat, keys_per_s) = match a.op.as_str() {
@@ -301,13 +230,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
 /// `clients` tasks each running `op` back to back for `seconds`.
 async fn drive<F, Fut>(
-    target: &Arc<Target>,
+    target: &Arc<S3Bucket>,
     clients: usize,
     seconds: f64,
     op: F,
 ) -> (u64, u64, f64, Latency)
 where
-    F: Fn(Arc<Target>, usize, u64) -> Fut + Clone + Send + 'static,
+    F: Fn(Arc<S3Bucket>, usize, u64) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
 {
     let t0 = Instant::now();
@@ -349,7 +278,7 @@ where
 }
 
 /// Fills the bucket with `n` 16-byte objects (32 at a time).
-async fn fill(target: &Arc<Target>, n: usize) -> anyhow::Result<()> {
+async fn fill(target: &Arc<S3Bucket>, n: usize) -> anyhow::Result<()> {
     use futures::StreamExt;
     let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..n)
         .map(|i| {

@@ -86,6 +86,57 @@ impl Drop for Proc {
     }
 }
 
+/// An S3 user's keys.
+pub struct Keys {
+    pub access: String,
+    pub secret: String,
+}
+
+/// `cairn s3 user create NAME`.
+pub fn create_user(masters: &[String], name: &str) -> Keys {
+    let out = run_ok(cairn().args([
+        "s3",
+        "user",
+        "create",
+        name,
+        "--json",
+        "--cluster",
+        &masters.join(","),
+    ]));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    Keys {
+        access: v["access_key"].as_str().unwrap().to_owned(),
+        secret: v["secret_key"].as_str().unwrap().to_owned(),
+    }
+}
+
+/// A `cairn s3 serve` process of the cluster `masters`, started.
+pub fn gateway(masters: &[String], listen: &str) -> Proc {
+    gateway_with(masters, listen, &[])
+}
+
+pub fn gateway_with(masters: &[String], listen: &str, extra: &[&str]) -> Proc {
+    let mut p = Proc {
+        name: "s3".into(),
+        args: [
+            "s3",
+            "serve",
+            "--listen",
+            listen,
+            "--masters",
+            &masters.join(","),
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect(),
+        addr: String::new(),
+        child: None,
+    };
+    p.start();
+    p
+}
+
 pub fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
