@@ -4,6 +4,7 @@
 
 mod chunkstore;
 mod cluster;
+mod codec;
 mod floor;
 mod recovery;
 mod repair;
@@ -29,6 +30,9 @@ pub enum BenchCommand {
     /// S3 PUT, GET or ListObjectsV2 through a running gateway, next to SDK appends or reads
     /// of the same size (`cairn up` in this directory supplies the endpoint and keys).
     S3(s3::Args),
+    /// The erasure codec (encode, degraded decode) and LZ4 blocks on one core, next to a
+    /// memcpy of the same bytes.
+    Codec(codec::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -40,6 +44,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Create(a) => cluster::run(cluster::Op::Create, a),
         BenchCommand::Repair(a) => repair::run(a),
         BenchCommand::S3(a) => s3::run(a),
+        BenchCommand::Codec(a) => codec::run(a),
     }
 }
 
