@@ -18,9 +18,10 @@ pub struct UpArgs {
     /// Masters in the Raft group (1, 3 or 5).
     #[arg(long, default_value_t = 1)]
     masters: usize,
-    /// Size of each chunkserver's store file.
-    #[arg(long, default_value = "2g", value_parser = crate::bench::parse_size)]
-    disk_size: u64,
+    /// Size of each new chunkserver store file (default: a quarter of the data directory's
+    /// free space shared by the chunkservers, 1–8 GiB each; existing store files keep theirs).
+    #[arg(long, value_parser = crate::bench::parse_size)]
+    disk_size: Option<u64>,
     /// Do not restart processes that die.
     #[arg(long)]
     no_restart: bool,
@@ -82,11 +83,46 @@ fn spawn(exe: &Path, m: &Managed, logs: &Path) -> anyhow::Result<Child> {
         .spawn()?)
 }
 
+/// Bytes free to an unprivileged user on the filesystem holding `dir`.
+fn free_bytes(dir: &Path) -> anyhow::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: statvfs fills the struct it is given; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Smallest and largest store file `cairn up` makes by itself.
+const MIN_STORE: u64 = 1 << 30;
+const MAX_STORE: u64 = 8 << 30;
+
+/// The size of each new store file: a quarter of `free` shared by `servers`, rounded down to
+/// a MiB, between [`MIN_STORE`] and [`MAX_STORE`]. A filesystem too small for that is an
+/// error that says what to do, not a cluster that fills up at once.
+fn store_size(free: u64, servers: usize) -> anyhow::Result<u64> {
+    let share = free / 4 / servers.max(1) as u64 & !((1 << 20) - 1);
+    anyhow::ensure!(
+        share >= MIN_STORE,
+        "{} MiB free where the data directory is: {servers} store file(s) of at least {} MiB \
+         each would take more than a quarter of it; free space, or pass --disk-size",
+        free >> 20,
+        MIN_STORE >> 20
+    );
+    Ok(share.min(MAX_STORE))
+}
+
 pub fn run(a: UpArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.masters >= 1 && a.masters <= 7, "--masters must be 1..=7");
     anyhow::ensure!(a.chunkservers >= 1, "--chunkservers must be at least 1");
     let dir = a.data_dir.clone();
     std::fs::create_dir_all(&dir)?;
+    let disk_size = match a.disk_size {
+        Some(s) => s,
+        None => store_size(free_bytes(&dir)?, a.chunkservers)?,
+    };
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
     let exe = std::env::current_exe()?;
@@ -174,7 +210,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 "--masters".into(),
                 masters_list.clone(),
                 "--disk-size".into(),
-                a.disk_size.to_string(),
+                disk_size.to_string(),
                 "--durability".into(),
                 a.durability.clone(),
                 "--host".into(),
@@ -224,9 +260,14 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         .count();
     if fresh > 0 && !a.no_zero_fill {
         println!(
-            "cairn up: making {fresh} new store file(s) of {} MiB, written with zeros once \
+            "cairn up: making {fresh} new store file(s) of {} MiB{}, written with zeros once \
              (--no-zero-fill skips it; docs/operations.md)",
-            a.disk_size >> 20
+            disk_size >> 20,
+            if a.disk_size.is_none() {
+                " (a quarter of the free space, 1-8 GiB each; --disk-size sets it)"
+            } else {
+                ""
+            }
         );
     }
 
@@ -555,4 +596,23 @@ fn signal_flag(sig: i32, flag: Arc<AtomicBool>) -> anyhow::Result<()> {
         "cannot install a handler for signal {sig}"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_size_is_a_capped_share_of_free_space() {
+        const G: u64 = 1 << 30;
+        // 80 GiB free, 3 servers: a quarter is 20 GiB, 6.67 GiB each (MiB-aligned).
+        let s = store_size(80 * G, 3).unwrap();
+        assert_eq!(s, (80 * G / 4 / 3) & !((1 << 20) - 1));
+        assert!(s > 6 * G && s < 7 * G);
+        assert_eq!(store_size(1000 * G, 3).unwrap(), MAX_STORE);
+        assert_eq!(store_size(12 * G, 3).unwrap(), G);
+        let err = store_size(10 * G, 3).unwrap_err().to_string();
+        assert!(err.contains("--disk-size"), "{err}");
+        assert!(free_bytes(Path::new(".")).unwrap() > 0);
+    }
 }

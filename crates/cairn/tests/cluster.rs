@@ -494,3 +494,73 @@ async fn one_master_grows_to_three_with_the_admin_command_then_loses_its_first()
     w.close().await.unwrap();
     assert_eq!(fresh.read("/after", 0, 12).await.unwrap(), b"two of three");
 }
+
+/// A full cluster refuses new data with a clear NoSpace error (no endless seal-and-allocate
+/// loop), keeps serving what it holds, and takes data again once some is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_cluster_says_no_space_and_keeps_serving_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let c = cl.client().await;
+    // 3 stores of 256 MiB, 3 replicas: a little under 256 MiB of user data fits.
+    let mut w = c.create("/big", CreateOptions::default()).await.unwrap();
+    let mut acked = 0u64;
+    let t0 = Instant::now();
+    let err = loop {
+        let data = bytes(1, acked, 1 << 20);
+        match w.append(&data).await {
+            Ok(_) => acked += 1 << 20,
+            Err(e) => break e,
+        }
+        assert!(
+            acked < 400 << 20,
+            "wrote {acked} bytes into 768 MiB of stores at 3 copies"
+        );
+    };
+    let took = t0.elapsed();
+    assert_eq!(meta_kind(&err), Some(ErrorKind::NoSpace), "{err}");
+    assert!(err.to_string().contains("full"), "{err}");
+    assert!(
+        acked > 150 << 20,
+        "only {acked} bytes before the cluster called itself full"
+    );
+    eprintln!("full after {acked} bytes in {took:?}: {err}");
+    drop(w);
+    // A new file is refused the same way, at once.
+    let t1 = Instant::now();
+    let e = match c.create("/more", CreateOptions::default()).await {
+        Ok(mut f) => f.append(&[1u8; 4096]).await.unwrap_err(),
+        Err(e) => e,
+    };
+    assert_eq!(meta_kind(&e), Some(ErrorKind::NoSpace), "{e}");
+    assert!(t1.elapsed() < Duration::from_secs(10), "{:?}", t1.elapsed());
+    // Reads go on: the first and the last acknowledged MiB.
+    for off in [0, acked - (1 << 20)] {
+        let got = c.read("/big", off, 1 << 20).await.unwrap();
+        assert!(got == bytes(1, off, 1 << 20), "bytes at {off}");
+    }
+    // Deleting makes room again (chunkservers delete, heartbeats report the space).
+    c.delete("/big").await.unwrap();
+    let _ = c.delete("/more").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = async {
+            let mut f = c.create("/again", CreateOptions::default()).await?;
+            f.append(&bytes(2, 0, 1 << 20)).await?;
+            f.close().await
+        }
+        .await;
+        match r {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no room after deleting: {e}");
+                let _ = c.delete("/again").await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    assert_eq!(
+        c.read("/again", 0, 1 << 20).await.unwrap(),
+        bytes(2, 0, 1 << 20)
+    );
+}

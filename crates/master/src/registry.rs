@@ -58,6 +58,19 @@ pub enum ServerState {
     Draining,
 }
 
+/// Free space a server keeps out of new placements: 64 MiB, or a sixteenth of a smaller
+/// server. A server under it takes no new chunks or copies (its open chunks may still fill it).
+pub fn reserve(capacity: u64) -> u64 {
+    (capacity / 16).min(64 << 20)
+}
+
+impl Live {
+    /// Below its reserve of free space (a server that has not said its capacity is not).
+    pub fn full(&self) -> bool {
+        self.capacity > 0 && self.capacity.saturating_sub(self.used) < reserve(self.capacity)
+    }
+}
+
 impl ServerState {
     pub fn name(self) -> &'static str {
         match self {
@@ -287,7 +300,7 @@ impl Registry {
     }
 
     /// Servers that may take a new copy, with their placement weight (free space divided by
-    /// load): up, not draining, not in `exclude`.
+    /// load): up, not draining, not full, not in `exclude`.
     fn candidates<'a>(
         &self,
         servers: &'a BTreeMap<ServerId, ServerRecord>,
@@ -296,7 +309,11 @@ impl Registry {
     ) -> Vec<(&'a ServerRecord, f64)> {
         servers
             .values()
-            .filter(|r| self.state_of(r, now) == ServerState::Up && !exclude.contains(&r.id))
+            .filter(|r| {
+                self.state_of(r, now) == ServerState::Up
+                    && !exclude.contains(&r.id)
+                    && !self.live[&r.id].full()
+            })
             .map(|r| {
                 let l = &self.live[&r.id];
                 let free = l.capacity.saturating_sub(l.used).max(1 << 20) as f64;
@@ -313,7 +330,7 @@ impl Registry {
     /// the chunk is sealed and servers return).
     ///
     /// # Errors
-    /// Fewer than `min_copy` servers are up.
+    /// Fewer than `min_copy` servers are up (`NoServers`), or up but full (`NoSpace`).
     pub fn place(
         &self,
         servers: &BTreeMap<ServerId, ServerRecord>,
@@ -328,6 +345,21 @@ impl Registry {
             candidates = self.candidates(servers, &BTreeSet::new(), now);
         }
         if candidates.len() < min_copy.max(1) {
+            let full = servers
+                .values()
+                .filter(|r| self.state_of(r, now) == ServerState::Up && self.live[&r.id].full())
+                .count();
+            if candidates.len() + full >= min_copy.max(1) {
+                return Err(MetaError::new(
+                    ErrorKind::NoSpace,
+                    format!(
+                        "the cluster is full: {full} of the {} chunkservers up have less free \
+                         space than their reserve, and a new chunk needs {min_copy} with room; \
+                         delete data or add chunkservers (reads go on)",
+                        candidates.len() + full
+                    ),
+                ));
+            }
             return Err(MetaError::new(
                 ErrorKind::NoServers,
                 format!(
@@ -513,6 +545,49 @@ mod tests {
         }
         let p = reg.place(&servers, 3, 2, 1, &ex, later).unwrap();
         assert_eq!(p[0].len(), 3);
+    }
+
+    #[test]
+    fn full_servers_take_no_new_chunks_and_a_full_cluster_says_so() {
+        let now = Instant::now();
+        let mut reg = Registry::new(RegistryOptions::default());
+        let mut servers = BTreeMap::new();
+        // 100 GiB each; server 3 has 10 MiB free (under the 64 MiB reserve).
+        for id in 1..=3 {
+            servers.insert(id, rec(id, "", ""));
+            beat(
+                &mut reg,
+                id,
+                if id == 3 { (100 << 30) - (10 << 20) } else { 0 },
+                now,
+            );
+        }
+        for p in reg
+            .place(&servers, 2, 2, 100, &BTreeSet::new(), now)
+            .unwrap()
+        {
+            assert!(!p.contains(&3), "{p:?}");
+        }
+        // Three copies wanted, two servers with room: two copies (repair adds the third later).
+        assert_eq!(
+            reg.place(&servers, 3, 2, 1, &BTreeSet::new(), now).unwrap()[0].len(),
+            2
+        );
+        assert_eq!(reg.place_copy(&servers, &[1, 2], &[1, 2], now), None);
+        beat(&mut reg, 2, (100 << 30) - (1 << 20), now);
+        let e = reg
+            .place(&servers, 3, 2, 1, &BTreeSet::new(), now)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NoSpace, "{e}");
+        assert!(e.message.contains("full"), "{e}");
+        // Down servers are not a space problem.
+        let later = now + Duration::from_secs(3600);
+        let e = reg
+            .place(&servers, 3, 2, 1, &BTreeSet::new(), later)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NoServers, "{e}");
+        assert_eq!(reserve(256 << 20), 16 << 20);
+        assert_eq!(reserve(8 << 30), 64 << 20);
     }
 
     #[test]

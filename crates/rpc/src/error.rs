@@ -28,6 +28,8 @@ pub enum ErrorKind {
     Sealed,
     /// Not enough chunkservers up to place a chunk.
     NoServers,
+    /// Not enough chunkservers with free space to place a chunk: the cluster is full.
+    NoSpace,
     /// This master is not the leader (the leader's address, if known, is in the metadata).
     NotLeader,
     Unavailable,
@@ -37,7 +39,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    const ALL: [(ErrorKind, &'static str, Code); 14] = [
+    const ALL: [(ErrorKind, &'static str, Code); 15] = [
         (ErrorKind::NotFound, "not-found", Code::NotFound),
         (
             ErrorKind::AlreadyExists,
@@ -68,6 +70,7 @@ impl ErrorKind {
         (ErrorKind::LeaseLost, "lease-lost", Code::Aborted),
         (ErrorKind::Sealed, "sealed", Code::FailedPrecondition),
         (ErrorKind::NoServers, "no-servers", Code::ResourceExhausted),
+        (ErrorKind::NoSpace, "no-space", Code::ResourceExhausted),
         (ErrorKind::NotLeader, "not-leader", Code::Unavailable),
         (ErrorKind::Unavailable, "unavailable", Code::Unavailable),
         (ErrorKind::Unsupported, "unsupported", Code::Unimplemented),

@@ -153,7 +153,10 @@ async fn change(client: &Client, op: &ObjectOp) -> S3Result<OpReply> {
 fn meta_err(e: cairn_rpc::MetaError) -> S3Error {
     use cairn_rpc::ErrorKind as K;
     let code = match e.kind {
-        K::NotLeader | K::Unavailable | K::NoServers => S3ErrorCode::ServiceUnavailable,
+        // A full cluster is 503 as well: space may come back (deletes, compaction, new servers).
+        K::NotLeader | K::Unavailable | K::NoServers | K::NoSpace => {
+            S3ErrorCode::ServiceUnavailable
+        }
         _ => S3ErrorCode::InternalError,
     };
     S3Error::with_message(code, e.to_string())
