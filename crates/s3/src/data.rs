@@ -39,6 +39,19 @@ pub struct Stored {
     pub checksums: s3s::dto::Checksum,
 }
 
+/// The S3 error for a request body that could not be read whole: a body unlike the SHA-256
+/// its signature covers is BadDigest (s3s's checking stream is private to it, so its error is
+/// known by its text), anything else IncompleteBody.
+fn body_error(e: impl std::fmt::Display) -> S3Error {
+    let text = e.to_string();
+    let code = if text.contains("Sha256Mismatch") {
+        S3ErrorCode::BadDigest
+    } else {
+        S3ErrorCode::IncompleteBody
+    };
+    S3Error::with_message(code, format!("reading the body: {text}"))
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -76,12 +89,7 @@ impl DataStore {
         let mut size = 0u64;
         let mut overflow: Option<Bytes> = None;
         while let Some(piece) = body.next().await {
-            let piece = piece.map_err(|e| {
-                S3Error::with_message(
-                    S3ErrorCode::IncompleteBody,
-                    format!("reading the body: {e}"),
-                )
-            })?;
+            let piece = piece.map_err(body_error)?;
             md5.update(&piece);
             hasher.update(&piece);
             size += piece.len() as u64;
@@ -126,10 +134,7 @@ impl DataStore {
                                 }
                                 drop(file);
                                 let _ = self.client.delete(&path).await;
-                                return Err(S3Error::with_message(
-                                    S3ErrorCode::IncompleteBody,
-                                    format!("reading the body: {e}"),
-                                ));
+                                return Err(body_error(e));
                             }
                             None => ended = true,
                         }

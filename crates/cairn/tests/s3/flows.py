@@ -271,4 +271,93 @@ a.create_bucket(Bucket="empty-one")
 a.delete_bucket(Bucket="empty-one")
 expect_error("404", lambda: a.head_bucket(Bucket="empty-one"), "deleted bucket")
 
+
+# Bad input on the wire, signed with SigV4 by botocore and sent raw: the right S3 error,
+# nothing stored, and the gateway serves the next request.
+import http.client
+import re
+import socket
+import urllib.parse
+
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+HOST = urllib.parse.urlparse(ENDPOINT).netloc
+
+
+def signed(method, path, body=b"", headers=None):
+    req = AWSRequest(method=method, url=ENDPOINT + path, data=body, headers=dict(headers or {}))
+    if "x-amz-content-sha256" not in req.headers:
+        req.headers["x-amz-content-sha256"] = hashlib.sha256(body).hexdigest()
+    S3SigV4Auth(Credentials(A_KEY, A_SECRET), "s3", "us-east-1").add_auth(req)
+    out = dict(req.headers.items())
+    if not any(k.lower() == "host" for k in out):
+        out["Host"] = HOST
+    return out
+
+
+def raw(method, path, body=b"", headers=None):
+    h = signed(method, path, body, headers)
+    c = http.client.HTTPConnection(HOST, timeout=30)
+    c.request(method, path, body=body, headers=h)
+    r = c.getresponse()
+    out = (r.status, r.read().decode(errors="replace"))
+    c.close()
+    return out
+
+
+def s3_code(text):
+    m = re.search(r"<Code>([^<]+)</Code>", text)
+    return m.group(1) if m else None
+
+
+def still_serving(what):
+    check(a.head_bucket(Bucket="photos")["ResponseMetadata"]["HTTPStatusCode"] == 200, f"serving after {what}")
+
+
+status, text = raw("POST", "/photos?delete", b"<Delete><Object><Key>x</Key></Object", {"content-md5": base64.b64encode(hashlib.md5(b"<Delete><Object><Key>x</Key></Object").digest()).decode()})
+check(status == 400 and s3_code(text) == "MalformedXML", f"malformed XML: {status} {text[:200]}")
+still_serving("malformed XML")
+bad_part = b"<CompleteMultipartUpload><Part><PartNumber>one</PartNumber></Part>"
+status, text = raw("POST", "/photos/k?uploadId=nosuch", bad_part)
+check(status == 400 and s3_code(text) in ("MalformedXML", "InvalidArgument"), f"malformed completion: {status} {text[:200]}")
+status, text = raw("PUT", "/photos?website", b"<WebsiteConfiguration/>")
+check(400 <= status < 600 and s3_code(text) in ("NotImplemented", "MethodNotAllowed"), f"unsupported operation: {status} {text[:200]}")
+still_serving("an unsupported operation")
+# A header of 64 KiB: refused (400/431), not a crashed gateway.
+c = http.client.HTTPConnection(HOST, timeout=30)
+try:
+    c.request("GET", "/photos?list-type=2", headers={"x-amz-meta-big": "v" * (64 << 10)})
+    check(c.getresponse().status in (400, 403, 413, 431), "oversized header refused")
+except (ConnectionError, http.client.HTTPException):
+    check(True, "oversized header: connection closed")
+c.close()
+still_serving("an oversized header")
+# A body cut short: Content-Length says 100 000, 40 000 arrive, the connection closes.
+u = urllib.parse.urlparse(ENDPOINT)
+h = signed("PUT", "/photos/cut", b"", {"content-length": "100000", "x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
+sock = socket.create_connection((u.hostname, u.port), timeout=30)
+head = "PUT /photos/cut HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items() if k.lower() != "content-length") + "Content-Length: 100000\r\n\r\n"
+sock.sendall(head.encode() + b"z" * 40000)
+sock.shutdown(socket.SHUT_WR)
+try:
+    sock.recv(4096)
+except OSError:
+    pass
+sock.close()
+expect_error("NoSuchKey", lambda: a.get_object(Bucket="photos", Key="cut"), "a cut body stored nothing")
+still_serving("a cut body")
+# A body that does not match its signed SHA-256.
+status, text = raw("PUT", "/photos/sha-lie", b"actual body")
+check(status == 200, f"signed body stored: {status} {text[:200]}")
+h = signed("PUT", "/photos/sha-lie2", b"what was signed")
+c = http.client.HTTPConnection(HOST, timeout=30)
+c.request("PUT", "/photos/sha-lie2", body=b"something else!", headers=h)
+r = c.getresponse()
+code = s3_code(r.read().decode())
+check(r.status in (400, 403) and code in ("XAmzContentSHA256Mismatch", "BadDigest", "SignatureDoesNotMatch"), f"body unlike its signed SHA-256: {r.status} {code}")
+c.close()
+expect_error("NoSuchKey", lambda: a.get_object(Bucket="photos", Key="sha-lie2"), "a body unlike its hash stored nothing")
+
 print(f"s3 flows: {passed} passed, 0 failed")
