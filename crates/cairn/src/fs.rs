@@ -13,11 +13,8 @@ pub enum FsCommand {
     Put {
         local: PathBuf,
         path: String,
-        #[arg(long, default_value_t = 3)]
-        replicas: u32,
-        /// Copies durable before a write is acknowledged (default: a majority of --replicas).
-        #[arg(long)]
-        min_copy: Option<u32>,
+        #[command(flatten)]
+        new: NewFile,
     },
     /// Copy a file out of the cluster.
     Get {
@@ -31,11 +28,15 @@ pub enum FsCommand {
     /// Append standard input to a file (created if missing); prints the acknowledged offset.
     Append {
         path: String,
-        #[arg(long, default_value_t = 3)]
-        replicas: u32,
-        /// Copies durable before the append is acknowledged (new files only).
-        #[arg(long)]
-        min_copy: Option<u32>,
+        /// How the file is made if it is missing.
+        #[command(flatten)]
+        new: NewFile,
+    },
+    /// Create an empty file (open for appends).
+    Create {
+        path: String,
+        #[command(flatten)]
+        new: NewFile,
     },
     /// List a directory.
     Ls {
@@ -55,16 +56,49 @@ pub enum FsCommand {
     Seal {
         path: String,
     },
+    /// Make a directory; `--policy` sets the default policy of files created below it (with
+    /// `-p` also on a directory that exists).
     Mkdir {
         path: String,
         #[arg(short = 'p')]
         parents: bool,
+        #[arg(long)]
+        policy: Option<cairn_client::Policy>,
     },
     /// Rename a file or directory.
     Mv {
         from: String,
         to: String,
     },
+}
+
+/// How a new file is made.
+#[derive(clap::Args)]
+pub struct NewFile {
+    /// Redundancy policy: replicas:N, ec:K+M or replicas:N,then:ec:K+M, optionally ,lz4
+    /// (default: the directory's, else replicas:3).
+    #[arg(long, conflicts_with = "replicas")]
+    policy: Option<cairn_client::Policy>,
+    /// Shorthand for --policy replicas:N.
+    #[arg(long)]
+    replicas: Option<u8>,
+    /// Copies durable before a write is acknowledged (default: a majority of the replicas).
+    #[arg(long)]
+    min_copy: Option<u32>,
+}
+
+impl NewFile {
+    fn options(&self) -> CreateOptions {
+        let policy = self.policy.or_else(|| {
+            self.replicas
+                .and_then(|n| CreateOptions::replicas(n).policy)
+        });
+        CreateOptions {
+            policy,
+            min_copy: self.min_copy,
+            ..CreateOptions::default()
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -108,25 +142,11 @@ pub fn run(a: FsArgs) -> anyhow::Result<()> {
 async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<()> {
     let c = Client::connect(&masters).await?;
     match cmd {
-        FsCommand::Put {
-            local,
-            path,
-            replicas,
-            min_copy,
-        } => {
+        FsCommand::Put { local, path, new } => {
             let mut f = std::fs::File::open(&local)?;
             let total = f.metadata()?.len();
             let bar = progress(total, "put");
-            let mut w = c
-                .create(
-                    &path,
-                    CreateOptions {
-                        replicas,
-                        min_copy,
-                        ..CreateOptions::default()
-                    },
-                )
-                .await?;
+            let mut w = c.create(&path, new.options()).await?;
             let mut buf = vec![0u8; PIECE];
             loop {
                 let n = read_full(&mut f, &mut buf)?;
@@ -169,25 +189,13 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
             .await?;
             out.flush()?;
         }
-        FsCommand::Append {
-            path,
-            replicas,
-            min_copy,
-        } => {
+        FsCommand::Append { path, new } => {
             let mut data = Vec::new();
             std::io::stdin().read_to_end(&mut data)?;
             let mut w = match c.open_append(&path).await {
                 Ok(w) => w,
                 Err(cairn_client::Error::Meta(e)) if e.kind == cairn_rpc::ErrorKind::NotFound => {
-                    c.create(
-                        &path,
-                        CreateOptions {
-                            replicas,
-                            min_copy,
-                            ..CreateOptions::default()
-                        },
-                    )
-                    .await?
+                    c.create(&path, new.options()).await?
                 }
                 Err(e) => return Err(e.into()),
             };
@@ -238,14 +246,17 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
             if json {
                 println!("{}", serde_json::to_string(&st)?);
             } else if st.is_dir {
-                println!("{}: directory", st.path);
+                match &st.policy {
+                    Some(p) => println!("{}: directory, new files {p}", st.path),
+                    None => println!("{}: directory", st.path),
+                }
             } else {
                 println!(
-                    "{}: {} bytes, {} chunk(s), {} replicas (writes acknowledged at {}), {}{}",
+                    "{}: {} bytes, {} chunk(s), {} (writes acknowledged at {} copies), {}{}",
                     st.path,
                     st.length,
                     st.chunks,
-                    st.replicas,
+                    st.policy.as_deref().unwrap_or("replicas:3"),
                     st.min_copy,
                     if st.sealed { "sealed" } else { "open" },
                     st.writer
@@ -260,7 +271,15 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
             let len = w.seal().await?;
             println!("{path}: sealed at {len} bytes");
         }
-        FsCommand::Mkdir { path, parents } => c.mkdir(&path, parents).await?,
+        FsCommand::Create { path, new } => {
+            let w = c.create(&path, new.options()).await?;
+            w.close().await?;
+        }
+        FsCommand::Mkdir {
+            path,
+            parents,
+            policy,
+        } => c.mkdir_with_policy(&path, parents, policy.as_ref()).await?,
         FsCommand::Mv { from, to } => c.rename(&from, &to).await?,
     }
     Ok(())

@@ -78,10 +78,7 @@ async fn master_and_chunkserver_export_metrics() {
     // Wait for the server to register, then write and read a one-copy file.
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut w = loop {
-        let opts = cairn_client::CreateOptions {
-            replicas: 1,
-            ..Default::default()
-        };
+        let opts = cairn_client::CreateOptions::replicas(1);
         match c.create("/m/f", opts).await {
             Ok(w) => break w,
             Err(e) => {

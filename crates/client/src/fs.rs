@@ -2,6 +2,7 @@
 
 use crate::data::{DataConn, Error as DataError};
 use crate::health::{Health, HealthCounts, HealthOptions, ListKind, Listed, Op};
+use crate::policy;
 pub use crate::writer::FlatLogFile;
 use cairn_proto::frame::Status;
 use cairn_rpc::{Masters, MetaError, pb};
@@ -107,12 +108,12 @@ impl Default for ClientOptions {
 /// How a new file is made.
 #[derive(Debug, Clone)]
 pub struct CreateOptions {
-    /// Copies of every chunk.
-    pub replicas: u32,
-    /// Copies durable before an append is acknowledged (a majority of `replicas`); `None` is
-    /// the least majority (2 of 3).
+    /// The file's redundancy policy; `None` is the nearest ancestor directory's default
+    /// (`mkdir --policy`), else `replicas:3`.
+    pub policy: Option<cairn_ec::Policy>,
+    /// Copies durable before an append is acknowledged (a majority of the replicas); `None`
+    /// is the least majority (2 of 3).
     pub min_copy: Option<u32>,
-    pub compression: bool,
     /// Create missing parent directories.
     pub parents: bool,
 }
@@ -120,10 +121,23 @@ pub struct CreateOptions {
 impl Default for CreateOptions {
     fn default() -> Self {
         Self {
-            replicas: 3,
+            policy: None,
             min_copy: None,
-            compression: false,
             parents: true,
+        }
+    }
+}
+
+impl CreateOptions {
+    /// `replicas:n`, everything else default.
+    pub fn replicas(n: u8) -> Self {
+        Self {
+            policy: Some(cairn_ec::Policy {
+                write: cairn_ec::Redundancy::Replicas(n),
+                then: None,
+                lz4: false,
+            }),
+            ..Self::default()
         }
     }
 }
@@ -137,6 +151,9 @@ pub struct FileStat {
     pub length: u64,
     pub chunks: usize,
     pub sealed: bool,
+    /// A file's policy; a directory's default for new files below it (its own or an
+    /// ancestor's), if any.
+    pub policy: Option<String>,
     pub replicas: u32,
     pub min_copy: u32,
     pub ctime_ms: u64,
@@ -268,9 +285,24 @@ impl Client {
     /// # Errors
     /// The path exists as a file, a parent is missing (without `parents`), or bad input.
     pub async fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
+        self.mkdir_with_policy(path, parents, None).await
+    }
+
+    /// [`Client::mkdir`] that gives the new directory a default policy for files created
+    /// below it. With `parents` and an existing directory, sets that directory's default.
+    ///
+    /// # Errors
+    /// As [`Client::mkdir`]; a policy the masters refuse (`InvalidArgument`).
+    pub async fn mkdir_with_policy(
+        &self,
+        path: &str,
+        parents: bool,
+        policy: Option<&cairn_ec::Policy>,
+    ) -> Result<()> {
         let req = pb::MkdirRequest {
             path: path.into(),
             parents,
+            policy: policy.map(|p| policy::to_pb(p, 0)),
         };
         self.inner
             .masters
@@ -286,11 +318,11 @@ impl Client {
     pub async fn create(&self, path: &str, opts: CreateOptions) -> Result<FlatLogFile> {
         let req = pb::CreateRequest {
             path: path.into(),
-            policy: Some(pb::Policy {
-                replicas: opts.replicas,
-                compression: opts.compression,
-                min_copy: opts.min_copy.unwrap_or(0),
-            }),
+            policy: match (&opts.policy, opts.min_copy) {
+                (Some(p), m) => Some(policy::to_pb(p, m.unwrap_or(0))),
+                (None, None) => None,
+                (None, Some(m)) => Some(policy::to_pb(&cairn_ec::Policy::default(), m)),
+            },
             client_id: self.inner.client_id.clone(),
             chunks: 1 + self.inner.opts.prefetch,
             parents: opts.parents,
@@ -345,6 +377,7 @@ impl Client {
                 length: 0,
                 chunks: 0,
                 sealed: false,
+                policy: r.dir_policy.as_ref().map(|p| policy::from_pb(p).to_string()),
                 replicas: 0,
                 min_copy: 0,
                 ctime_ms: r.ctime_ms,
@@ -361,6 +394,7 @@ impl Client {
             length,
             chunks: f.chunks.len(),
             sealed: f.sealed,
+            policy: f.policy.as_ref().map(|p| policy::from_pb(p).to_string()),
             replicas: f.policy.map_or(0, |p| p.replicas),
             min_copy: f.policy.map_or(0, |p| p.min_copy),
             ctime_ms: f.ctime_ms,

@@ -25,6 +25,7 @@ pub mod blocking;
 mod data;
 mod fs;
 pub mod health;
+mod policy;
 mod writer;
 
 /// The owned byte buffer [`FlatLogFile::append_bytes`] takes.
@@ -34,3 +35,5 @@ pub use data::{
 };
 pub use fs::{Client, ClientOptions, CreateOptions, DirEntry, Error, FileStat, FlatLogFile};
 pub use writer::WriterStats;
+/// A file's redundancy policy (`replicas:3`, `ec:4+2`, `replicas:3,then:ec:4+2`, `,lz4`).
+pub use cairn_ec::Policy;

@@ -180,7 +180,18 @@ impl FlatLogFile {
             min_copy,
             active: None,
             length,
-            failed: None,
+            // Until the EC writer exists, an `ec:K+M` file refuses appends rather than storing
+            // them with another redundancy than its policy names.
+            failed: file
+                .policy
+                .as_ref()
+                .filter(|p| p.ec_data > 0 && !p.then_ec)
+                .map(|p| {
+                    format!(
+                        "writing ec:{}+{} files directly is not built yet (issue 26)",
+                        p.ec_data, p.ec_parity
+                    )
+                }),
             lease_lost,
             renew: Some(renew),
             drops: Vec::new(),

@@ -2,7 +2,7 @@
 //! (and fuzzed: fuzz/fuzz_targets/meta_requests.rs) before it reaches the state machine.
 
 use crate::registry::{Heartbeat, RepairResult, Reported};
-use crate::state::{Chunk, ChunkUpdate, Config, Inode, Kind, Policy, ServerRecord, State};
+use crate::state::{Chunk, ChunkUpdate, Config, Ec, Inode, Kind, Policy, ServerRecord, State};
 use cairn_rpc::{MAX_ALLOCATE, MAX_REPLICAS, MetaError, normalize, pb};
 use std::collections::BTreeSet;
 
@@ -52,8 +52,32 @@ pub fn batch_len(n: usize) -> Result<(), MetaError> {
     Ok(())
 }
 
+/// A policy a client sent; `None` (nothing sent) is the default, replicas:3.
 pub fn policy(p: Option<&pb::Policy>) -> Result<Policy, MetaError> {
     let p = p.cloned().unwrap_or_default();
+    let ec = match (p.ec_data, p.ec_parity) {
+        (0, 0) if p.then_ec => {
+            return Err(MetaError::invalid("then_ec without ec_data and ec_parity"));
+        }
+        (0, 0) => None,
+        (k, m) => Some(Ec {
+            k: u8::try_from(k).map_err(|_| MetaError::invalid(format!("ec_data {k}")))?,
+            m: u8::try_from(m).map_err(|_| MetaError::invalid(format!("ec_parity {m}")))?,
+            then: p.then_ec,
+        }),
+    };
+    if let Some(e) = ec.filter(|e| !e.then) {
+        // Written as EC: the tail of a partial stripe has M+1 copies, all durable before an
+        // append is acknowledged, so it survives the M losses the stripes survive.
+        let policy = Policy {
+            replicas: e.m.saturating_add(1),
+            compression: p.compression,
+            min_copy: e.m.saturating_add(1),
+            ec,
+        };
+        policy.check()?;
+        return Ok(policy);
+    }
     let replicas = match p.replicas {
         0 => DEFAULT_REPLICAS,
         r if r <= MAX_REPLICAS => r as u8,
@@ -73,11 +97,26 @@ pub fn policy(p: Option<&pb::Policy>) -> Result<Policy, MetaError> {
             )));
         }
     };
-    Ok(Policy {
+    let policy = Policy {
         replicas,
         compression: p.compression,
         min_copy,
-    })
+        ec,
+    };
+    policy.check()?;
+    Ok(policy)
+}
+
+/// A policy as the wire carries it.
+pub fn policy_pb(p: &Policy) -> pb::Policy {
+    pb::Policy {
+        replicas: u32::from(p.replicas),
+        compression: p.compression,
+        min_copy: u32::from(p.min_copy()),
+        ec_data: p.ec.map_or(0, |e| u32::from(e.k)),
+        ec_parity: p.ec.map_or(0, |e| u32::from(e.m)),
+        then_ec: p.ec.is_some_and(|e| e.then),
+    }
 }
 
 pub fn drops(v: &[pb::ReplicaDrop]) -> Result<Vec<(u64, u64)>, MetaError> {
@@ -233,11 +272,7 @@ pub fn file(ino: &Inode) -> Option<pb::FileMeta> {
     };
     Some(pb::FileMeta {
         inode: ino.id,
-        policy: Some(pb::Policy {
-            replicas: u32::from(f.policy.replicas),
-            compression: f.policy.compression,
-            min_copy: u32::from(f.policy.min_copy()),
-        }),
+        policy: Some(policy_pb(&f.policy)),
         sealed: f.sealed,
         ctime_ms: ino.ctime_ms,
         mtime_ms: ino.mtime_ms,
@@ -288,6 +323,10 @@ pub fn node_reply(st: &State, path: &str, ino: &Inode) -> pb::NodeReply {
         mtime_ms: ino.mtime_ms,
         file: r.file,
         servers: r.servers,
+        dir_policy: match ino.kind {
+            Kind::Dir => st.inherited_policy(path).as_ref().map(policy_pb),
+            Kind::File(_) => None,
+        },
     }
 }
 

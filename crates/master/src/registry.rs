@@ -301,6 +301,14 @@ impl Registry {
 
     /// Servers that may take a new copy, with their placement weight (free space divided by
     /// load): up, not draining, not full, not in `exclude`.
+    /// Chunkservers up now (full or not).
+    pub fn up_count(&self, servers: &BTreeMap<ServerId, ServerRecord>, now: Instant) -> usize {
+        servers
+            .values()
+            .filter(|r| self.state_of(r, now) == ServerState::Up)
+            .count()
+    }
+
     fn candidates<'a>(
         &self,
         servers: &'a BTreeMap<ServerId, ServerRecord>,
@@ -621,6 +629,7 @@ mod tests {
                     replicas: 1,
                     compression: false,
                     min_copy: 0,
+                    ec: None,
                 },
                 parents: false,
                 now_ms: 0,
@@ -691,6 +700,7 @@ mod tests {
                 replicas: 3,
                 compression: false,
                 min_copy: 2,
+                ec: None,
             },
             parents: false,
             now_ms: 0,

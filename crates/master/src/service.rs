@@ -187,6 +187,35 @@ impl Inner {
         )
     }
 
+    /// Refuses an EC policy the cluster cannot place: more members (K+M) than chunkservers
+    /// registered is a mistake (`InvalidArgument`, at once); more than are up now may pass
+    /// (`NoServers`, which callers retry for a while). A group is never written with fewer
+    /// members than it names. (Replicated chunks keep their rule: placed once MinCopy servers
+    /// are up, the missing copies added by repair.)
+    fn check_placeable(&self, policy: &Policy) -> Result<(), MetaError> {
+        let Some(ec) = policy.ec else {
+            return Ok(());
+        };
+        let width = usize::from(ec.k) + usize::from(ec.m);
+        let servers = self.sm.lock().state.servers().clone();
+        let known = servers.values().filter(|s| !s.draining).count();
+        let up = self.registry.lock().up_count(&servers, Instant::now());
+        let (kind, have) = if width > known {
+            (ErrorKind::InvalidArgument, format!("the cluster has {known}"))
+        } else if width > up {
+            (ErrorKind::NoServers, format!("{up} are up"))
+        } else {
+            return Ok(());
+        };
+        Err(MetaError::new(
+            kind,
+            format!(
+                "policy {} needs {width} chunkservers (one per cell of a stripe), {have}",
+                policy.text()
+            ),
+        ))
+    }
+
     /// One leader pass of the repair scan (docs/masters.md, "Repair").
     pub(crate) fn scan_repairs(&self) {
         if self.leader_check().is_err() {
@@ -209,7 +238,15 @@ impl Inner {
     /// A create's command: placement of its first chunks happens here, on the leader.
     fn create_command(&self, r: pb::CreateRequest) -> Result<Command, MetaError> {
         let path = convert::path(&r.path)?;
-        let policy = convert::policy(r.policy.as_ref())?;
+        let policy = match &r.policy {
+            Some(p) => convert::policy(Some(p))?,
+            None => self
+                .sm
+                .lock()
+                .state
+                .inherited_policy(&path)
+                .unwrap_or_default(),
+        };
         let count = convert::chunk_count(r.chunks)?;
         let now = now_ms();
         let lease = if r.client_id.is_empty() {
@@ -221,6 +258,7 @@ impl Inner {
             })
         };
         self.leader_check()?;
+        self.check_placeable(&policy)?;
         let placements = self.place(&policy, count, &BTreeSet::new())?;
         Ok(Command::Create {
             path,
@@ -337,6 +375,11 @@ impl pb::meta_server::Meta for MetaService {
                     path: path.clone(),
                     parents: r.parents,
                     now_ms: now_ms(),
+                    policy: r
+                        .policy
+                        .as_ref()
+                        .map(|p| convert::policy(Some(p)))
+                        .transpose()?,
                 })
                 .await?;
             let ino = reply.inode.ok_or_else(|| MetaError::internal("no inode"))?;

@@ -25,12 +25,28 @@ pub const ROOT: InodeId = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
+    /// Copies of a replicated chunk. For a file written as EC, the copies of its tail (M+1:
+    /// docs/erasure-coding.md §3).
     pub replicas: u8,
+    /// LZ4 per block.
     pub compression: bool,
     /// Copies durable before an append is acknowledged (chasing): `2 * min_copy > replicas`.
     /// 0 (snapshots from before issue 5) means the least majority.
     #[serde(default)]
     pub min_copy: u8,
+    /// Erasure coding, if the policy has it (snapshots from before issue 26 have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ec: Option<Ec>,
+}
+
+/// The erasure coding of a policy: K data and M parity cells per stripe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ec {
+    pub k: u8,
+    pub m: u8,
+    /// Written with `replicas` copies and converted once sealed (`replicas:N,then:ec:K+M`),
+    /// rather than written as EC.
+    pub then: bool,
 }
 
 impl Policy {
@@ -45,6 +61,70 @@ impl Policy {
             Self::majority(self.replicas)
         } else {
             self.min_copy
+        }
+    }
+
+    /// `ec:K+M` written as EC (not converted later).
+    pub fn direct_ec(&self) -> Option<Ec> {
+        self.ec.filter(|e| !e.then)
+    }
+
+    /// The policy in the text form users write (`cairn_ec::Policy`).
+    pub fn text(&self) -> cairn_ec::Policy {
+        use cairn_ec::Redundancy as R;
+        let ec = self.ec.map(|e| R::Ec { k: e.k, m: e.m });
+        let (write, then) = match self.ec {
+            Some(e) if !e.then => (ec.unwrap_or(R::Replicas(self.replicas)), None),
+            _ => (R::Replicas(self.replicas), ec),
+        };
+        cairn_ec::Policy {
+            write,
+            then,
+            lz4: self.compression,
+        }
+    }
+
+    /// Checks the bounds a replicated command must keep (the leader checked them already;
+    /// a follower applying the log checks again rather than trusting).
+    pub fn check(&self) -> Result<(), MetaError> {
+        if self.replicas == 0 || u32::from(self.replicas) > cairn_rpc::MAX_REPLICAS {
+            return Err(MetaError::invalid(format!(
+                "replicas must be 1..={}",
+                cairn_rpc::MAX_REPLICAS
+            )));
+        }
+        let m = self.min_copy();
+        if m > self.replicas || 2 * m <= self.replicas {
+            return Err(MetaError::invalid(format!(
+                "min_copy {m} of {} replicas: it must be a majority",
+                self.replicas
+            )));
+        }
+        if let Some(e) = self.ec
+            && (e.k < cairn_ec::policy::MIN_EC_DATA
+                || e.m == 0
+                || u16::from(e.k) + u16::from(e.m) > u16::from(cairn_ec::policy::MAX_EC_WIDTH))
+        {
+            return Err(MetaError::invalid(format!(
+                "ec:{}+{}: EC needs K >= {}, M >= 1 and K+M <= {}",
+                e.k,
+                e.m,
+                cairn_ec::policy::MIN_EC_DATA,
+                cairn_ec::policy::MAX_EC_WIDTH
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Default for Policy {
+    /// Three replicas, MinCopy 2, uncompressed.
+    fn default() -> Self {
+        Self {
+            replicas: 3,
+            compression: false,
+            min_copy: 2,
+            ec: None,
         }
     }
 }
@@ -146,6 +226,9 @@ pub enum Command {
         path: String,
         parents: bool,
         now_ms: u64,
+        /// The default policy of files created below the new directory.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy: Option<Policy>,
     },
     Create {
         path: String,
@@ -291,6 +374,9 @@ pub struct State {
     /// The object service's buckets, objects, uploads and users.
     #[serde(default)]
     objects: ObjectIndex,
+    /// Directories' default policies for new files below them (`cairn fs mkdir --policy`).
+    #[serde(default)]
+    dir_policies: BTreeMap<InodeId, Policy>,
     /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
     #[serde(skip)]
     dentries: BTreeMap<(InodeId, String), InodeId>,
@@ -320,6 +406,7 @@ impl Default for State {
             servers: BTreeMap::new(),
             config: Config::default(),
             objects: ObjectIndex::default(),
+            dir_policies: BTreeMap::new(),
             dentries: BTreeMap::new(),
             chunk_owner: HashMap::new(),
         }
@@ -341,6 +428,25 @@ fn lease_held(lease: Option<&Lease>, holder: &str, now_ms: u64) -> Option<MetaEr
 }
 
 impl State {
+    /// The default policy for a new file or directory at `path`: that of the nearest existing
+    /// ancestor directory that has one (`path` itself included when it is a directory).
+    pub fn inherited_policy(&self, path: &str) -> Option<Policy> {
+        let mut id = ROOT;
+        let mut found = self.dir_policies.get(&ROOT).copied();
+        for name in components(path).unwrap_or_default() {
+            match self.dentries.get(&(id, name.to_owned())) {
+                Some(&child) if self.inodes.get(&child).is_some_and(|i| i.file().is_none()) => {
+                    id = child;
+                    if let Some(p) = self.dir_policies.get(&id) {
+                        found = Some(*p);
+                    }
+                }
+                _ => break,
+            }
+        }
+        found
+    }
+
     /// Rebuilds the derived indexes (after deserializing a snapshot).
     pub fn rebuild(&mut self) {
         self.dentries.clear();
@@ -577,18 +683,30 @@ impl State {
                 path,
                 parents,
                 now_ms,
+                policy,
             } => {
+                if let Some(p) = policy {
+                    p.check()?;
+                }
                 let (parent, name) = match self.parent_for_new(path, *parents, *now_ms) {
                     Err(e) if e.kind == ErrorKind::AlreadyExists && *parents => {
                         let ino = self.lookup(path)?;
                         if ino.file().is_some() {
                             return Err(e);
                         }
-                        return self.reply(ino.id);
+                        // `mkdir -p --policy` of an existing directory sets its default.
+                        let id = ino.id;
+                        if let Some(p) = policy {
+                            self.dir_policies.insert(id, *p);
+                        }
+                        return self.reply(id);
                     }
                     r => r?,
                 };
                 let id = self.insert(parent, &name, *now_ms, Kind::Dir);
+                if let Some(p) = policy {
+                    self.dir_policies.insert(id, *p);
+                }
                 self.reply(id)
             }
             Command::Create {
@@ -599,19 +717,7 @@ impl State {
                 lease,
                 placements,
             } => {
-                if policy.replicas == 0 || u32::from(policy.replicas) > cairn_rpc::MAX_REPLICAS {
-                    return Err(MetaError::invalid(format!(
-                        "replicas must be 1..={}",
-                        cairn_rpc::MAX_REPLICAS
-                    )));
-                }
-                let m = policy.min_copy();
-                if m > policy.replicas || 2 * m <= policy.replicas {
-                    return Err(MetaError::invalid(format!(
-                        "min_copy {m} of {} replicas: it must be a majority",
-                        policy.replicas
-                    )));
-                }
+                policy.check()?;
                 let (parent, name) = self.parent_for_new(path, *parents, *now_ms)?;
                 let chunks = self.new_chunks(placements);
                 let id = self.insert(
@@ -798,6 +904,7 @@ impl State {
                 }
                 let ino = self.inodes.remove(&id).expect("exists");
                 self.dentries.remove(&(ino.parent, ino.name.clone()));
+                self.dir_policies.remove(&id);
                 if let Some(f) = ino.file() {
                     for c in &f.chunks {
                         self.chunk_owner.remove(&c.id);
@@ -908,6 +1015,7 @@ mod tests {
                 replicas: 3,
                 compression: false,
                 min_copy: 0,
+                ec: None,
             },
             parents: false,
             now_ms: 1000,
@@ -935,6 +1043,7 @@ mod tests {
             path: "/a/b".into(),
             parents: true,
             now_ms: 1,
+            policy: None,
         })
         .unwrap();
         create(&mut s, "/a/f", Some("c1"), 2).unwrap();

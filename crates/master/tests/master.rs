@@ -53,6 +53,7 @@ async fn namespace_over_grpc_survives_restart() {
         c.mkdir(pb::MkdirRequest {
             path: "/logs/app".into(),
             parents: true,
+            policy: None,
         })
         .await
     })
@@ -193,6 +194,7 @@ async fn concurrent_callers_share_batches() {
                 c.mkdir(pb::MkdirRequest {
                     path: top,
                     parents: false,
+                    policy: None,
                 })
                 .await
             }

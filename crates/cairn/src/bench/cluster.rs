@@ -347,10 +347,7 @@ async fn kill_one(masters: Vec<String>, after: f64) -> anyhow::Result<String> {
 }
 
 fn create_opts(replicas: u32) -> CreateOptions {
-    CreateOptions {
-        replicas,
-        ..CreateOptions::default()
-    }
+    CreateOptions::replicas(replicas as u8)
 }
 
 /// Deletes the files under `prefix` whose names `which` picks.

@@ -787,6 +787,7 @@ mod tests {
             replicas: 3,
             compression: false,
             min_copy: 0,
+            ec: None,
         };
         st.apply(&Command::Create {
             path: path.into(),
