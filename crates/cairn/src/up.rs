@@ -103,7 +103,7 @@ const MAX_STORE: u64 = 8 << 30;
 /// a MiB, between [`MIN_STORE`] and [`MAX_STORE`]. A filesystem too small for that is an
 /// error that says what to do, not a cluster that fills up at once.
 fn store_size(free: u64, servers: usize) -> anyhow::Result<u64> {
-    let share = free / 4 / servers.max(1) as u64 & !((1 << 20) - 1);
+    let share = (free / 4 / servers.max(1) as u64) & !((1 << 20) - 1);
     anyhow::ensure!(
         share >= MIN_STORE,
         "{} MiB free where the data directory is: {servers} store file(s) of at least {} MiB \

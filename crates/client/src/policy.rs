@@ -22,7 +22,7 @@ pub(crate) fn to_pb(policy: &Policy, min_copy: u32) -> pb::Policy {
 
 /// The text form of a policy the masters sent (which they checked).
 pub(crate) fn from_pb(p: &pb::Policy) -> Policy {
-    let ec = (p.ec_data > 0).then(|| Redundancy::Ec {
+    let ec = (p.ec_data > 0).then_some(Redundancy::Ec {
         k: p.ec_data as u8,
         m: p.ec_parity as u8,
     });

@@ -560,7 +560,6 @@ impl S3 for Cairn {
         change(&self.data.client, &op).await?;
         Ok(S3Response::new(CreateBucketOutput {
             location: Some(format!("/{bucket}")),
-            ..Default::default()
         }))
     }
 
