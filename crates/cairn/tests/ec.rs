@@ -31,7 +31,13 @@ async fn policies_are_set_inherited_shown_and_refused_when_unplaceable() {
     };
 
     // A directory default, shown by stat and inherited by files and directories below it.
-    run_ok(&mut fs(&["mkdir", "-p", "--policy", "replicas:2,lz4", "/logs"]));
+    run_ok(&mut fs(&[
+        "mkdir",
+        "-p",
+        "--policy",
+        "replicas:2,lz4",
+        "/logs",
+    ]));
     assert_eq!(stat_json(&masters, "/logs")["policy"], "replicas:2,lz4");
     run_ok(&mut fs(&["mkdir", "-p", "/logs/app"]));
     assert_eq!(stat_json(&masters, "/logs/app")["policy"], "replicas:2,lz4");
@@ -40,7 +46,12 @@ async fn policies_are_set_inherited_shown_and_refused_when_unplaceable() {
     assert_eq!(a["policy"], "replicas:2,lz4");
     assert_eq!(a["replicas"], 2);
     // An explicit policy wins over the directory's.
-    run_ok(&mut fs(&["create", "--policy", "replicas:3,then:ec:2+1", "/logs/app/b"]));
+    run_ok(&mut fs(&[
+        "create",
+        "--policy",
+        "replicas:3,then:ec:2+1",
+        "/logs/app/b",
+    ]));
     assert_eq!(
         stat_json(&masters, "/logs/app/b")["policy"],
         "replicas:3,then:ec:2+1"
@@ -50,16 +61,31 @@ async fn policies_are_set_inherited_shown_and_refused_when_unplaceable() {
     assert_eq!(stat_json(&masters, "/c")["policy"], "replicas:3");
     assert!(stat_json(&masters, "/")["policy"].is_null());
     // `mkdir -p --policy` on an existing directory changes the default for new files only.
-    run_ok(&mut fs(&["mkdir", "-p", "--policy", "replicas:1", "/logs/app"]));
+    run_ok(&mut fs(&[
+        "mkdir",
+        "-p",
+        "--policy",
+        "replicas:1",
+        "/logs/app",
+    ]));
     run_ok(&mut fs(&["create", "/logs/app/d"]));
     assert_eq!(stat_json(&masters, "/logs/app/d")["policy"], "replicas:1");
-    assert_eq!(stat_json(&masters, "/logs/app/a")["policy"], "replicas:2,lz4");
+    assert_eq!(
+        stat_json(&masters, "/logs/app/a")["policy"],
+        "replicas:2,lz4"
+    );
     let text = run_ok(&mut fs(&["stat", "/logs/app/d"])).stdout;
     let text = String::from_utf8(text).unwrap();
     assert!(text.contains("replicas:1"), "{text}");
 
     // Bad text is refused by the CLI before anything is sent, with the reason.
-    for bad in ["ec:1+1", "ec:4", "replicas:0", "replicas:3,then:replicas:2", "raid5"] {
+    for bad in [
+        "ec:1+1",
+        "ec:4",
+        "replicas:0",
+        "replicas:3,then:replicas:2",
+        "raid5",
+    ] {
         let out = fs(&["create", "--policy", bad, "/bad"]).output().unwrap();
         assert!(!out.status.success(), "{bad} accepted");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -76,8 +102,15 @@ async fn policies_are_set_inherited_shown_and_refused_when_unplaceable() {
         };
         let t0 = std::time::Instant::now();
         let e = c.create("/wide", opts).await.err().expect(text);
-        assert!(t0.elapsed() < std::time::Duration::from_secs(5), "{text}: retried");
-        assert_eq!(meta_kind(&e), Some(ErrorKind::InvalidArgument), "{text}: {e}");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(5),
+            "{text}: retried"
+        );
+        assert_eq!(
+            meta_kind(&e),
+            Some(ErrorKind::InvalidArgument),
+            "{text}: {e}"
+        );
         let msg = e.to_string();
         assert!(
             msg.contains(text) && msg.contains(&format!("needs {width}")),
@@ -96,4 +129,142 @@ async fn policies_are_set_inherited_shown_and_refused_when_unplaceable() {
         .err()
         .expect("ec:4+2 on 3 servers");
     assert_eq!(meta_kind(&e), Some(ErrorKind::InvalidArgument), "{e}");
+}
+
+/// Asserts `got == want` for bytes read at file offset `at`, naming the first difference.
+fn same(got: &[u8], want: &[u8], at: u64) {
+    assert_eq!(got.len(), want.len(), "read at {at}: length");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!(
+            "read at {at}: first wrong byte at file offset {} (of {} read)",
+            at + i as u64,
+            got.len()
+        );
+    }
+}
+
+fn ec_opts(text: &str) -> CreateOptions {
+    CreateOptions {
+        policy: Some(text.parse().unwrap()),
+        ..CreateOptions::default()
+    }
+}
+
+/// Appends of every size to an `ec:4+2` file on 6 chunkservers: whole stripes go to chunk
+/// groups, partial ones through the tail; everything reads back while open, after close,
+/// with 2 of the 6 servers killed (degraded reads), and after the writer died mid-file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ec_files_round_trip_through_groups_tails_dead_servers_and_a_dead_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cl = Cluster::start(dir.path(), 1, 6).await;
+    // Members of 512 KiB: a group holds 2 MiB of user bytes, so the file spans groups.
+    let opts = cairn_client::ClientOptions {
+        chunk_size: 512 << 10,
+        renew_every: std::time::Duration::from_millis(500),
+        ..cairn_client::ClientOptions::default()
+    };
+    let c = cl.client_with(opts.clone()).await;
+    let mut w = c.create("/e", ec_opts("ec:4+2")).await.unwrap();
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
+    let mut acked = 0u64;
+    // Small appends (through the tail), stripe-sized and larger (straight to groups), mixed.
+    for i in 0..120 {
+        let n = match i % 4 {
+            0 => rand::Rng::random_range(&mut rng, 1..5000),
+            1 => rand::Rng::random_range(&mut rng, 1..100_000),
+            2 => 256 << 10,
+            _ => rand::Rng::random_range(&mut rng, 200_000..1_200_000),
+        };
+        let at = w.append(&common::bytes(1, acked, n)).await.unwrap();
+        assert_eq!(at, acked);
+        acked += n as u64;
+        if i % 17 == 0 {
+            // Readable while open, up to the last acknowledged byte.
+            let from = acked.saturating_sub(300_000);
+            let got = c.read("/e", from, (acked - from) as usize).await.unwrap();
+            same(&got, &common::bytes(1, from, (acked - from) as usize), from);
+        }
+    }
+    assert_eq!(w.close().await.unwrap(), acked);
+    let chunks = common::chunks(&c, "/e").await;
+    let groups: Vec<_> = chunks.iter().filter(|c| c.ec_data > 0).collect();
+    assert!(groups.len() >= 10, "{} groups", groups.len());
+    for g in &groups {
+        assert_eq!((g.ec_data, g.ec_parity, g.servers.len()), (4, 2, 6));
+        assert_eq!(g.length % (4 * u64::from(g.ec_cell)), 0, "whole stripes");
+        assert!(g.sealed);
+    }
+    let in_groups: u64 = groups.iter().map(|g| g.length).sum();
+    let in_tails: u64 = chunks
+        .iter()
+        .filter(|c| c.ec_data == 0)
+        .map(|c| c.length)
+        .sum();
+    assert_eq!(in_groups + in_tails, acked);
+    eprintln!(
+        "{acked} bytes: {in_groups} in {} groups, {in_tails} in tails",
+        groups.len()
+    );
+    assert!(in_tails < in_groups / 10, "most bytes are in stripes");
+    let check = |c: cairn_client::Client| async move {
+        let mut off = 0u64;
+        while off < acked {
+            let n = (acked - off).min(700_001) as usize;
+            let got = c.read("/e", off, n).await.unwrap();
+            same(&got, &common::bytes(1, off, n), off);
+            off += n as u64;
+        }
+    };
+    check(c.clone()).await;
+
+    // Two of six servers gone: every stripe still has K members; reads decode.
+    cl.chunkservers[1].kill();
+    cl.chunkservers[4].kill();
+    let before = c.health_stats().degraded_reads;
+    check(c.clone()).await;
+    let degraded = c.health_stats().degraded_reads - before;
+    assert!(degraded > 0, "no read decoded");
+    eprintln!("{degraded} degraded reads with 2 of 6 servers down");
+    // A third one is too many for the groups on it: a typed error, not wrong bytes.
+    cl.chunkservers[2].kill();
+    let e = c.read("/e", 0, 4 << 20).await.unwrap_err();
+    assert!(
+        matches!(e, Error::NoReplica { .. }),
+        "three members lost: {e}"
+    );
+    cl.chunkservers[1].start();
+    cl.chunkservers[2].start();
+    cl.chunkservers[4].start();
+    cl.wait_servers_up(6, std::time::Duration::from_secs(30))
+        .await;
+
+    // A writer that dies mid-stripe: every acknowledged byte is there for the next one.
+    let c2 = cl.client_with(opts.clone()).await;
+    let mut w = c2.create("/d", ec_opts("ec:4+2")).await.unwrap();
+    let mut acked = 0u64;
+    for n in [700_000usize, 3000, 262_144, 1, 50_000] {
+        w.append(&common::bytes(2, acked, n)).await.unwrap();
+        acked += n as u64;
+    }
+    drop(w); // no close: the lease runs out, the group and tail stay open
+    drop(c2);
+    let c3 = cl.client_with(opts).await;
+    let mut w = loop {
+        match c3.open_append("/d").await {
+            Ok(w) => break w,
+            Err(e) if meta_kind(&e) == Some(ErrorKind::LeaseHeld) => {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            }
+            Err(e) => panic!("reopen: {e}"),
+        }
+    };
+    assert!(w.len() >= acked, "recovered {} of {acked} bytes", w.len());
+    let len = w.len();
+    let got = c3.read("/d", 0, acked as usize).await.unwrap();
+    same(&got, &common::bytes(2, 0, acked as usize), 0);
+    // And the file goes on from there.
+    w.append(&common::bytes(3, 0, 600_000)).await.unwrap();
+    w.close().await.unwrap();
+    let got = c3.read("/d", len, 600_000).await.unwrap();
+    same(&got, &common::bytes(3, 0, 600_000), len);
 }

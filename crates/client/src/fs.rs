@@ -377,7 +377,10 @@ impl Client {
                 length: 0,
                 chunks: 0,
                 sealed: false,
-                policy: r.dir_policy.as_ref().map(|p| policy::from_pb(p).to_string()),
+                policy: r
+                    .dir_policy
+                    .as_ref()
+                    .map(|p| policy::from_pb(p).to_string()),
                 replicas: 0,
                 min_copy: 0,
                 ctime_ms: r.ctime_ms,
@@ -650,9 +653,12 @@ impl Client {
     /// [`Self::lengths`], and whether an open chunk's length is uncertain (some of its
     /// replicas did not answer).
     async fn lengths_checked(&self, v: &View) -> (Vec<u64>, bool) {
-        let each = join_all(v.chunks.iter().map(|c| async move {
+        let mut each = join_all(v.chunks.iter().map(|c| async move {
             if c.sealed {
                 (c.length, false)
+            } else if let Some(l) = crate::group::layout(c) {
+                let (len, uncertain) = self.group_length(c, &l).await;
+                (len.unwrap_or(c.length).max(c.length), uncertain)
             } else {
                 let r = self.replicas(c).await;
                 let uncertain = r.lengths.len() < c.servers.len();
@@ -664,6 +670,15 @@ impl Client {
             }
         }))
         .await;
+        // A group's stripes past its committed length count only while nothing after it in
+        // the file holds bytes (they may be a tail's bytes folded in, not yet committed:
+        // docs/erasure-coding.md §3).
+        for i in 0..each.len() {
+            let c = &v.chunks[i];
+            if !c.sealed && c.ec_data > 0 && each[i + 1..].iter().any(|x| x.0 > 0) {
+                each[i].0 = c.length;
+            }
+        }
         let uncertain = each.iter().any(|x| x.1);
         (each.into_iter().map(|x| x.0).collect(), uncertain)
     }
@@ -697,6 +712,9 @@ impl Client {
     /// Reads from the replicas in health order (fastest first, blacklisted last), falling
     /// over to fresh locations from the masters when all fail.
     async fn read_chunk(&self, c: &pb::ChunkMeta, offset: u64, len: usize) -> Result<Vec<u8>> {
+        if let Some(l) = crate::group::layout(c) {
+            return self.read_group(c, &l, offset, len).await;
+        }
         let mut last = String::from("no replicas");
         for attempt in 0..2 {
             let servers = if attempt == 0 {

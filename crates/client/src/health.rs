@@ -156,6 +156,8 @@ pub struct HealthStats {
     /// Listings refused because the cap was reached.
     pub cap_refusals: AtomicU64,
     pub probes: AtomicU64,
+    /// Reads of a chunk group that decoded (a member failed or was slow).
+    pub degraded_reads: AtomicU64,
 }
 
 /// A plain copy of [`HealthStats`].
@@ -170,6 +172,7 @@ pub struct HealthCounts {
     pub released: u64,
     pub cap_refusals: u64,
     pub probes: u64,
+    pub degraded_reads: u64,
 }
 
 impl HealthStats {
@@ -185,6 +188,7 @@ impl HealthStats {
             released: g(&self.released),
             cap_refusals: g(&self.cap_refusals),
             probes: g(&self.probes),
+            degraded_reads: g(&self.degraded_reads),
         }
     }
 }

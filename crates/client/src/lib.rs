@@ -24,16 +24,17 @@
 pub mod blocking;
 mod data;
 mod fs;
+mod group;
 pub mod health;
 mod policy;
 mod writer;
 
 /// The owned byte buffer [`FlatLogFile::append_bytes`] takes.
 pub use bytes::Bytes;
+/// A file's redundancy policy (`replicas:3`, `ec:4+2`, `replicas:3,then:ec:4+2`, `,lz4`).
+pub use cairn_ec::Policy;
 pub use data::{
     ChunkInfo, ConnStats, DataConn, Error as DataError, FaultSpec, Result as DataResult, Status,
 };
 pub use fs::{Client, ClientOptions, CreateOptions, DirEntry, Error, FileStat, FlatLogFile};
 pub use writer::WriterStats;
-/// A file's redundancy policy (`replicas:3`, `ec:4+2`, `replicas:3,then:ec:4+2`, `,lz4`).
-pub use cairn_ec::Policy;

@@ -25,6 +25,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, mpsc};
 
+mod ec;
+
 /// A piece of the file on its way to one replica: `data` at chunk offset `offset`.
 #[derive(Clone)]
 struct Piece {
@@ -87,6 +89,12 @@ struct Active {
     /// The pieces sent that some live replica may not hold yet, in order: what a rewrite can
     /// take from the client's memory when no replica holds the acknowledged length.
     unsettled: VecDeque<Piece>,
+    /// Replicas that must hold a piece before it is acknowledged: the file's MinCopy, or
+    /// every member of a chunk group (and every copy of an EC file's tail).
+    min_copy: usize,
+    /// User bytes per chunk byte: 1, or K for a chunk group (whose `acked` counts each
+    /// member's bytes).
+    scale: u64,
 }
 
 /// What sealing replicas at a length answered, per server.
@@ -114,6 +122,10 @@ pub struct FlatLogFile {
     renew: Option<tokio::task::JoinHandle<()>>,
     /// Replicas given up on, not yet told to the masters.
     drops: Vec<pb::ReplicaDrop>,
+    /// Tail chunks of an EC file folded into a group, not yet told to the masters.
+    remove: Vec<u64>,
+    /// For a file written as EC: its stripes, tail and parked chunks.
+    ec: Option<ec::EcWriter>,
     /// Servers that failed this writer: avoided when chunks are allocated.
     bad: BTreeSet<u64>,
     /// Acknowledged bytes no replica of their chunk held when it was finished: written again
@@ -173,28 +185,24 @@ impl FlatLogFile {
                 }
             })
         };
+        let ec = file
+            .policy
+            .as_ref()
+            .filter(|p| p.ec_data > 0 && !p.then_ec)
+            .and_then(|p| ec::EcWriter::new(p.ec_data, p.ec_parity, ec::CELL));
         Self {
             client,
             path: path.to_owned(),
+            ec,
             chunks: file.chunks,
             min_copy,
             active: None,
             length,
-            // Until the EC writer exists, an `ec:K+M` file refuses appends rather than storing
-            // them with another redundancy than its policy names.
-            failed: file
-                .policy
-                .as_ref()
-                .filter(|p| p.ec_data > 0 && !p.then_ec)
-                .map(|p| {
-                    format!(
-                        "writing ec:{}+{} files directly is not built yet (issue 26)",
-                        p.ec_data, p.ec_parity
-                    )
-                }),
+            failed: None,
             lease_lost,
             renew: Some(renew),
             drops: Vec::new(),
+            remove: Vec::new(),
             bad: BTreeSet::new(),
             rewrite: VecDeque::new(),
             stats: WriterStats::default(),
@@ -224,7 +232,11 @@ impl FlatLogFile {
     pub(crate) async fn recover(&mut self) -> Result<()> {
         let mut updates = Vec::new();
         let min_copy = self.min_copy;
-        for c in self.chunks.iter_mut().filter(|c| !c.sealed) {
+        for c in self
+            .chunks
+            .iter_mut()
+            .filter(|c| !c.sealed && c.ec_data == 0)
+        {
             let r: Replicas = self.client.replicas(c).await;
             if !r.exists {
                 continue; // never written: a spare, still usable
@@ -277,6 +289,8 @@ impl FlatLogFile {
                 sealed: true,
             });
         }
+        // Groups after the tails: whether a later chunk holds bytes decides their length.
+        self.recover_groups(&mut updates).await?;
         if !updates.is_empty() || !self.drops.is_empty() {
             self.commit(updates, false, false, false).await?;
         }
@@ -327,6 +341,13 @@ impl FlatLogFile {
     async fn append_src(&mut self, mut rest: Src<'_>) -> Result<u64> {
         self.check()?;
         let start = self.length;
+        if self.ec.is_some() {
+            let r = self.append_ec(&mut rest).await;
+            if let Err(e) = r {
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+        }
         while !rest.is_empty() {
             let r = self.append_piece(&mut rest).await;
             if let Err(e) = r {
@@ -366,7 +387,7 @@ impl FlatLogFile {
                 crc: cairn_proto::frame::crc32c(&data),
                 data,
             };
-            match self.replicate(piece).await {
+            match self.replicate(vec![piece]).await {
                 Ok(()) if again => {
                     let b = self.rewrite.front_mut().expect("rewriting");
                     *b = b.slice(n..);
@@ -398,10 +419,12 @@ impl FlatLogFile {
     }
 
     /// Sends one piece to every replica and waits for MinCopy of them (or all, when the
-    /// chasing memory is full).
-    async fn replicate(&mut self, piece: Piece) -> std::result::Result<(), Stuck> {
+    /// chasing memory is full). With several pieces (a stripe's cells), replica `i` gets
+    /// `pieces[i]`; they start and end at the same chunk offsets.
+    async fn replicate(&mut self, pieces: Vec<Piece>) -> std::result::Result<(), Stuck> {
         let inner = self.client.inner.clone();
         let opts = &inner.opts;
+        let piece = pieces[0].clone();
         let n = piece.data.len() as u64;
         let all = inner.chasing.load(Ordering::Relaxed) + n > opts.chase_memory;
         if all {
@@ -409,13 +432,16 @@ impl FlatLogFile {
             metrics::counter!("cairn_client_chasing_total", "event" => "memory_wait").increment(1);
         }
         let a = self.active.as_mut().expect("active");
+        let min_copy = a.min_copy;
         let end = piece.end();
-        for p in a.pipes.iter().filter(|p| !p.dropped) {
+        for (i, p) in a.pipes.iter().enumerate().filter(|(_, p)| !p.dropped) {
             if let Some(tx) = &p.tx {
-                let _ = tx.send(piece.clone());
+                let _ = tx.send(pieces.get(i).unwrap_or(&piece).clone());
             }
         }
-        a.unsettled.push_back(piece);
+        if pieces.len() == 1 {
+            a.unsettled.push_back(piece);
+        }
         let deadline = Instant::now() + opts.request_timeout;
         let tick = (opts.chase_timeout / 4).max(Duration::from_millis(10));
         loop {
@@ -432,7 +458,7 @@ impl FlatLogFile {
                 let done = live.iter().filter(|&&i| st[i].durable >= end).count();
                 (live.len(), done)
             };
-            if live < self.min_copy {
+            if live < min_copy {
                 let st = progress.state.lock();
                 let errors: Vec<String> = (0..a.pipes.len())
                     .filter_map(|i| {
@@ -442,11 +468,11 @@ impl FlatLogFile {
                     .collect();
                 return Err(Stuck::Switch(format!(
                     "{live} of the chunk's replicas can go on, {} are needed ({})",
-                    self.min_copy,
+                    min_copy,
                     errors.join("; ")
                 )));
             }
-            let need = if all { live } else { self.min_copy };
+            let need = if all { live } else { min_copy };
             if done >= need {
                 a.acked = end;
                 if done < live {
@@ -459,7 +485,7 @@ impl FlatLogFile {
             }
             let now = Instant::now();
             if now >= deadline {
-                if done >= self.min_copy {
+                if done >= min_copy {
                     // Waiting for every replica (memory full): the laggards are given up.
                     self.drop_behind(end, "did not keep up while chasing memory was full");
                     continue;
@@ -469,7 +495,7 @@ impl FlatLogFile {
                     opts.request_timeout
                 )));
             }
-            if all && done >= self.min_copy {
+            if all && done >= min_copy {
                 self.reap(end);
             }
             tokio::select! {
@@ -631,7 +657,10 @@ impl FlatLogFile {
             .collect();
         let mut sealed = self.seal_all(id, len, &live).await;
         let mut len = len;
+        // A chunk group is never sealed short: its stripes wait in the EC writer's memory
+        // until every member holds them, and are written again into the next group.
         if len > 0
+            && a.scale == 1
             && !sealed.iter().any(|(_, r)| r.is_ok())
             && let Some((short, again)) = self.seal_short(&a, &live).await
         {
@@ -661,6 +690,12 @@ impl FlatLogFile {
         for (s, r) in sealed {
             match r {
                 Ok(_) => {}
+                // A member keeps its place in the group (its position is its cell); one that
+                // lacks stripes is rebuilt by EC repair.
+                Err(e) if a.scale > 1 => {
+                    tracing::warn!(chunk = id, server = s, error = %e, "group member not sealed");
+                    self.bad.insert(s);
+                }
                 // It lacks acknowledged bytes, or refused: not a copy of this chunk.
                 Err(Error::Data { source, .. }) if !source.is_transient() => {
                     tracing::warn!(chunk = id, server = s, error = %source, "replica dropped at seal");
@@ -683,6 +718,7 @@ impl FlatLogFile {
         }
         let chasing = &self.client.inner.chasing;
         chasing.fetch_sub(a.held, Ordering::Relaxed);
+        let len = len * a.scale;
         self.chunks[a.idx].length = len;
         self.chunks[a.idx].sealed = true;
         let update = pb::ChunkUpdate {
@@ -786,19 +822,34 @@ impl FlatLogFile {
             .iter()
             .rposition(|c| c.sealed || c.length > 0)
             .map_or(0, |i| i + 1);
+        self.next_chunk_from(from, None).await
+    }
+
+    /// Makes the first usable spare at or after index `from` active, allocating when there
+    /// is none. `group`: any kind (`None`, replicated files), a chunk group (`Some(true)`) or
+    /// a tail chunk (`Some(false)`) of an EC file.
+    async fn next_chunk_from(&mut self, from: usize, group: Option<bool>) -> Result<()> {
         // Servers that failed this writer or are on the client's blacklists.
         let mut avoid = self.bad.clone();
         avoid.extend(self.client.blacklisted().iter().map(|l| l.server));
+        let kind = |c: &pb::ChunkMeta| group.is_none_or(|g| (c.ec_data > 0) == g);
         let usable = |c: &pb::ChunkMeta| {
-            !c.sealed && c.length == 0 && !c.servers.iter().any(|s| avoid.contains(s))
+            !c.sealed && c.length == 0 && kind(c) && !c.servers.iter().any(|s| avoid.contains(s))
         };
         let mut next = (from..self.chunks.len()).find(|&i| usable(&self.chunks[i]));
         if next.is_none() {
+            let tail = group == Some(false);
             let req = pb::AllocateRequest {
                 path: self.path.clone(),
                 client_id: self.client.inner.client_id.clone(),
-                chunks: 1 + self.client.inner.opts.prefetch,
+                // Tails are short-lived: one at a time.
+                chunks: if tail {
+                    1
+                } else {
+                    1 + self.client.inner.opts.prefetch
+                },
                 exclude: avoid.iter().copied().collect(),
+                tail,
             };
             let r = self
                 .client
@@ -811,14 +862,19 @@ impl FlatLogFile {
             self.chunks = f.chunks;
             // The masters avoid the failed servers while enough others are up; when they
             // cannot, the fresh chunks are used anyway.
-            next = (known.min(self.chunks.len())..self.chunks.len())
-                .find(|&i| !self.chunks[i].sealed && self.chunks[i].length == 0);
+            next = (known.min(self.chunks.len())..self.chunks.len()).find(|&i| {
+                let c = &self.chunks[i];
+                !c.sealed && c.length == 0 && kind(c)
+            });
         }
         let idx = next.ok_or_else(|| MetaError::internal("allocation returned no chunk"))?;
         // Spares passed over (on a failed server) are closed empty, so that no open chunk is
         // left in the middle of the file.
         let skipped: Vec<pb::ChunkUpdate> = (from..idx)
-            .filter(|&i| !self.chunks[i].sealed && self.chunks[i].length == 0)
+            .filter(|&i| {
+                let c = &self.chunks[i];
+                !c.sealed && c.length == 0 && kind(c)
+            })
             .map(|i| pb::ChunkUpdate {
                 chunk_id: self.chunks[i].id,
                 length: 0,
@@ -828,9 +884,21 @@ impl FlatLogFile {
         if !skipped.is_empty() {
             self.commit(skipped, false, false, false).await?;
         }
+        self.activate(idx, 0);
+        Ok(())
+    }
+
+    /// Starts the pipes of chunk `idx`, whose replicas (or members) hold `acked` bytes.
+    fn activate(&mut self, idx: usize, acked: u64) {
         let c = &self.chunks[idx];
         let progress = Arc::new(Progress {
-            state: Mutex::new(vec![ReplicaState::default(); c.servers.len()]),
+            state: Mutex::new(vec![
+                ReplicaState {
+                    durable: acked,
+                    ..ReplicaState::default()
+                };
+                c.servers.len()
+            ]),
             changed: Notify::new(),
         });
         let pipes = c
@@ -860,13 +928,18 @@ impl FlatLogFile {
         self.active = Some(Active {
             idx,
             id: c.id,
-            acked: 0,
+            acked,
             pipes,
             progress,
             held: 0,
             unsettled: VecDeque::new(),
+            min_copy: if c.ec_data > 0 {
+                c.servers.len()
+            } else {
+                self.min_copy
+            },
+            scale: u64::from(c.ec_data.max(1)),
         });
-        Ok(())
     }
 
     async fn commit(
@@ -884,19 +957,28 @@ impl FlatLogFile {
             release,
             seal,
             drops: std::mem::take(&mut self.drops),
+            remove: std::mem::take(&mut self.remove),
         };
         let r = self.client.inner.masters.commit(req.clone()).await;
         let r = match r {
             Ok(r) => r,
             Err(e) => {
                 self.drops = req.drops;
+                self.remove = req.remove;
                 return Err(e.into());
             }
         };
         let f = self.client.absorb(r)?;
-        // Keep the active chunk's place: the masters' list has the same chunks in the same
-        // order (a commit never removes chunks before the last one with data).
         self.chunks = f.chunks;
+        // The masters' list has the same chunks in the same order, less the tails a commit
+        // removed (always after the active chunk): find the active one again by id.
+        if let Some(a) = self.active.as_mut() {
+            a.idx = self
+                .chunks
+                .iter()
+                .position(|c| c.id == a.id)
+                .ok_or_else(|| MetaError::internal(format!("chunk {} left the file", a.id)))?;
+        }
         Ok(())
     }
 
@@ -911,7 +993,7 @@ impl FlatLogFile {
         // masters hold sealed, and a reader never reads past the masters' length. Replicas
         // still chasing get `chase_timeout` to catch up, else they are dropped.
         self.catch_up().await;
-        let mut updates = Vec::new();
+        let mut updates = self.close_parked();
         if let Some(mut a) = self.active.take() {
             for p in &mut a.pipes {
                 p.tx = None;
@@ -923,13 +1005,28 @@ impl FlatLogFile {
                 .fetch_sub(a.held, Ordering::Relaxed);
             if a.acked > 0 {
                 let c = &mut self.chunks[a.idx];
-                c.length = a.acked;
+                c.length = a.acked * a.scale;
                 c.sealed = true;
                 updates.push(pb::ChunkUpdate {
                     chunk_id: c.id,
-                    length: a.acked,
+                    length: c.length,
                     sealed: true,
                 });
+            }
+        }
+        if self.ec.is_some() {
+            // Spare groups passed over for tails after them: closed empty, so that no open
+            // chunk stays in the middle of a closed file.
+            let last = self.chunks.iter().rposition(|c| c.length > 0).unwrap_or(0);
+            for c in &mut self.chunks[..last] {
+                if !c.sealed && c.length == 0 {
+                    c.sealed = true;
+                    updates.push(pb::ChunkUpdate {
+                        chunk_id: c.id,
+                        length: 0,
+                        sealed: true,
+                    });
+                }
             }
         }
         let r = self.commit(updates, true, true, seal).await;

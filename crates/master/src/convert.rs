@@ -119,6 +119,15 @@ pub fn policy_pb(p: &Policy) -> pb::Policy {
     }
 }
 
+pub fn remove(v: &[u64]) -> Result<Vec<u64>, MetaError> {
+    if v.len() > MAX_UPDATES {
+        return Err(MetaError::invalid(format!(
+            "at most {MAX_UPDATES} chunks removed per commit"
+        )));
+    }
+    Ok(v.to_vec())
+}
+
 pub fn drops(v: &[pb::ReplicaDrop]) -> Result<Vec<(u64, u64)>, MetaError> {
     if v.len() > MAX_UPDATES {
         return Err(MetaError::invalid(format!(
@@ -263,6 +272,9 @@ pub fn chunk(c: &Chunk) -> pb::ChunkMeta {
         sealed: c.sealed,
         version: c.version,
         servers: c.servers.clone(),
+        ec_data: c.ec.map_or(0, |g| u32::from(g.k)),
+        ec_parity: c.ec.map_or(0, |g| u32::from(g.m)),
+        ec_cell: c.ec.map_or(0, |g| g.cell),
     }
 }
 

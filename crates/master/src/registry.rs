@@ -635,6 +635,7 @@ mod tests {
                 now_ms: 0,
                 lease: None,
                 placements: vec![vec![7], vec![7]],
+                groups: false,
             })
             .unwrap();
         let ids: Vec<u64> = f
@@ -709,6 +710,7 @@ mod tests {
                 expires_ms: 1_000_000,
             }),
             placements: vec![vec![1, 2, 3]],
+            groups: false,
         })
         .unwrap();
         st.chunks().next().unwrap().id
@@ -746,6 +748,7 @@ mod tests {
             seal: false,
             lease_until_ms: 0,
             drops: vec![],
+            remove: Vec::new(),
         })
         .unwrap();
         let full = |id: u64, chunks: &[u64]| Heartbeat {
@@ -856,6 +859,7 @@ mod tests {
             seal: false,
             lease_until_ms: 0,
             drops: vec![(chunk, 3)],
+            remove: Vec::new(),
         })
         .unwrap();
         assert_eq!(st.chunk(chunk).unwrap().1.servers, vec![1, 2]);

@@ -226,7 +226,9 @@ impl Registry {
         let mut short = HashMap::new();
         let mut wanted = Vec::new();
         for (policy, c) in state.chunks_with_policy() {
-            if !c.sealed || c.length == 0 {
+            // A group member is not a copy of another member: groups are rebuilt by decoding
+            // (EC repair), never copied here.
+            if !c.sealed || c.length == 0 || c.ec.is_some() {
                 continue;
             }
             let good = self.good_copies(state, c.id, c.length, &c.servers, now);

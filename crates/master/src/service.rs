@@ -162,29 +162,38 @@ impl Inner {
         }
     }
 
+    /// Places `count` new chunks of a file with `policy`: replicated chunks, or for a file
+    /// written as EC chunk groups (every member placed: MinCopy is K+M) or, with `tail`, tail
+    /// chunks of M+1 copies. Returns the placements and whether they are groups.
     fn place(
         &self,
         policy: &Policy,
+        tail: bool,
         count: usize,
         exclude: &BTreeSet<u64>,
-    ) -> Result<Vec<Vec<u64>>, MetaError> {
+    ) -> Result<(Vec<Vec<u64>>, bool), MetaError> {
         if count == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), false));
         }
+        let (replicas, min_copy, groups) = match policy.direct_ec() {
+            Some(e) if !tail => {
+                let w = usize::from(e.k) + usize::from(e.m);
+                (w, w, true)
+            }
+            _ => (
+                usize::from(policy.replicas),
+                usize::from(policy.min_copy()),
+                false,
+            ),
+        };
         let servers = self.sm.lock().state.servers().clone();
         let reg = self.registry.lock();
         let now = Instant::now();
         // Servers many clients report are avoided like ones this writer saw fail.
         let mut exclude = exclude.clone();
         exclude.extend(reg.reports.avoided(servers.len(), now));
-        reg.place(
-            &servers,
-            usize::from(policy.replicas),
-            usize::from(policy.min_copy()),
-            count,
-            &exclude,
-            now,
-        )
+        let placements = reg.place(&servers, replicas, min_copy, count, &exclude, now)?;
+        Ok((placements, groups))
     }
 
     /// Refuses an EC policy the cluster cannot place: more members (K+M) than chunkservers
@@ -201,7 +210,10 @@ impl Inner {
         let known = servers.values().filter(|s| !s.draining).count();
         let up = self.registry.lock().up_count(&servers, Instant::now());
         let (kind, have) = if width > known {
-            (ErrorKind::InvalidArgument, format!("the cluster has {known}"))
+            (
+                ErrorKind::InvalidArgument,
+                format!("the cluster has {known}"),
+            )
         } else if width > up {
             (ErrorKind::NoServers, format!("{up} are up"))
         } else {
@@ -259,7 +271,7 @@ impl Inner {
         };
         self.leader_check()?;
         self.check_placeable(&policy)?;
-        let placements = self.place(&policy, count, &BTreeSet::new())?;
+        let (placements, groups) = self.place(&policy, false, count, &BTreeSet::new())?;
         Ok(Command::Create {
             path,
             policy,
@@ -267,6 +279,7 @@ impl Inner {
             now_ms: now,
             lease,
             placements,
+            groups,
         })
     }
 
@@ -282,6 +295,7 @@ impl Inner {
             seal: r.seal,
             lease_until_ms: self.lease_until(now),
             drops: convert::drops(&r.drops)?,
+            remove: convert::remove(&r.remove)?,
         })
     }
 
@@ -409,7 +423,7 @@ impl pb::meta_server::Meta for MetaService {
             let count = convert::chunk_count(r.chunks)?;
             self.inner.read_barrier().await?;
             let policy = self.inner.policy_of(&path)?;
-            let placements = self.inner.place(&policy, count, &BTreeSet::new())?;
+            let (placements, groups) = self.inner.place(&policy, false, count, &BTreeSet::new())?;
             let now = now_ms();
             let reply = self
                 .inner
@@ -421,6 +435,7 @@ impl pb::meta_server::Meta for MetaService {
                         expires_ms: self.inner.lease_until(now),
                     },
                     placements,
+                    groups,
                 })
                 .await?;
             self.inner.file_reply(reply.inode)
@@ -504,7 +519,7 @@ impl pb::meta_server::Meta for MetaService {
             let exclude = convert::exclude(&r.exclude)?;
             self.inner.read_barrier().await?;
             let policy = self.inner.policy_of(&path)?;
-            let placements = self.inner.place(&policy, count, &exclude)?;
+            let (placements, groups) = self.inner.place(&policy, r.tail, count, &exclude)?;
             let reply = self
                 .inner
                 .write(Command::Allocate {
@@ -512,6 +527,7 @@ impl pb::meta_server::Meta for MetaService {
                     holder,
                     now_ms: now_ms(),
                     placements,
+                    groups,
                 })
                 .await?;
             self.inner.file_reply(reply.inode)

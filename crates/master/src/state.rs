@@ -157,11 +157,39 @@ pub struct Lease {
 pub struct Chunk {
     pub id: ChunkId,
     /// The length the master knows: final once sealed; for the chunk being written, the last
-    /// committed length (the replicas may hold more).
+    /// committed length (the replicas may hold more). For a chunk group, user bytes: whole
+    /// stripes, each `k * cell` bytes.
     pub length: u64,
     pub sealed: bool,
     pub version: u64,
+    /// The replicas; for a chunk group its K+M members in order, data members first (each
+    /// server holds its member under the group's id).
     pub servers: Vec<ServerId>,
+    /// Set for a chunk group (erasure coded, docs/erasure-coding.md §2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ec: Option<Group>,
+}
+
+/// The layout of a chunk group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Group {
+    pub k: u8,
+    pub m: u8,
+    /// Bytes per cell.
+    pub cell: u32,
+}
+
+/// Cell size of new chunk groups.
+pub const DEFAULT_CELL: u32 = 64 << 10;
+
+impl Chunk {
+    /// Bytes each holder of the chunk stores: the length, or a group member's length.
+    pub fn stored_length(&self) -> u64 {
+        match self.ec {
+            Some(g) => self.length / u64::from(g.k),
+            None => self.length,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -238,18 +266,27 @@ pub enum Command {
         lease: Option<Lease>,
         /// Chunkservers of each chunk to allocate, in order.
         placements: Vec<Vec<ServerId>>,
+        /// The placements are chunk groups of the file's EC policy.
+        #[serde(default)]
+        groups: bool,
     },
     OpenWrite {
         path: String,
         now_ms: u64,
         lease: Lease,
         placements: Vec<Vec<ServerId>>,
+        /// The placements are chunk groups of the file's EC policy.
+        #[serde(default)]
+        groups: bool,
     },
     Allocate {
         path: String,
         holder: String,
         now_ms: u64,
         placements: Vec<Vec<ServerId>>,
+        /// The placements are chunk groups of the file's EC policy.
+        #[serde(default)]
+        groups: bool,
     },
     Commit {
         path: String,
@@ -264,6 +301,9 @@ pub enum Command {
         /// (chunk, server): replicas the writer gave up on; no longer locations.
         #[serde(default)]
         drops: Vec<(ChunkId, ServerId)>,
+        /// Tail chunks of an EC file whose bytes are in a group now: leave the file.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        remove: Vec<ChunkId>,
     },
     Rename {
         from: String,
@@ -626,7 +666,8 @@ impl State {
         id
     }
 
-    fn new_chunks(&mut self, placements: &[Vec<ServerId>]) -> Vec<Chunk> {
+    /// New chunks on `placements`; chunk groups of layout `group` when it is set.
+    fn new_chunks(&mut self, placements: &[Vec<ServerId>], group: Option<Group>) -> Vec<Chunk> {
         placements
             .iter()
             .map(|servers| {
@@ -638,14 +679,42 @@ impl State {
                     sealed: false,
                     version: 1,
                     servers: servers.clone(),
+                    ec: group,
                 }
             })
             .collect()
     }
 
+    /// The group layout of new chunk groups of a file with `policy`, checking that each
+    /// placement has a server per member.
+    fn group_of(
+        policy: &Policy,
+        placements: &[Vec<ServerId>],
+        groups: bool,
+    ) -> Result<Option<Group>, MetaError> {
+        if !groups {
+            return Ok(None);
+        }
+        let e = policy
+            .direct_ec()
+            .ok_or_else(|| MetaError::invalid("chunk groups for a file not written as EC"))?;
+        let width = usize::from(e.k) + usize::from(e.m);
+        if placements.iter().any(|p| p.len() != width) {
+            return Err(MetaError::invalid(format!(
+                "a chunk group of ec:{}+{} needs {width} servers",
+                e.k, e.m
+            )));
+        }
+        Ok(Some(Group {
+            k: e.k,
+            m: e.m,
+            cell: DEFAULT_CELL,
+        }))
+    }
+
     /// Appends newly allocated chunks to a file.
-    fn add_chunks(&mut self, id: InodeId, placements: &[Vec<ServerId>]) {
-        let chunks = self.new_chunks(placements);
+    fn add_chunks(&mut self, id: InodeId, placements: &[Vec<ServerId>], group: Option<Group>) {
+        let chunks = self.new_chunks(placements, group);
         for c in &chunks {
             self.chunk_owner.insert(c.id, id);
         }
@@ -716,10 +785,12 @@ impl State {
                 now_ms,
                 lease,
                 placements,
+                groups,
             } => {
                 policy.check()?;
+                let group = Self::group_of(policy, placements, *groups)?;
                 let (parent, name) = self.parent_for_new(path, *parents, *now_ms)?;
-                let chunks = self.new_chunks(placements);
+                let chunks = self.new_chunks(placements, group);
                 let id = self.insert(
                     parent,
                     &name,
@@ -738,6 +809,7 @@ impl State {
                 now_ms,
                 lease,
                 placements,
+                groups,
             } => {
                 let (_, f) = self.file_mut(path)?;
                 if f.sealed {
@@ -746,9 +818,10 @@ impl State {
                 if let Some(e) = lease_held(f.lease.as_ref(), &lease.holder, *now_ms) {
                     return Err(e);
                 }
+                let group = Self::group_of(&f.policy, placements, *groups)?;
                 let (id, f) = self.file_mut(path)?;
                 f.lease = Some(lease.clone());
-                self.add_chunks(id, placements);
+                self.add_chunks(id, placements, group);
                 self.reply(id)
             }
             Command::Allocate {
@@ -756,11 +829,13 @@ impl State {
                 holder,
                 now_ms,
                 placements,
+                groups,
             } => {
                 let (_, f) = self.file_mut(path)?;
                 check_writer(path, f, holder, *now_ms)?;
+                let group = Self::group_of(&f.policy, placements, *groups)?;
                 let id = self.lookup(path)?.id;
-                self.add_chunks(id, placements);
+                self.add_chunks(id, placements, group);
                 self.inodes.get_mut(&id).expect("exists").mtime_ms = *now_ms;
                 self.reply(id)
             }
@@ -774,10 +849,26 @@ impl State {
                 seal,
                 lease_until_ms,
                 drops,
+                remove,
             } => {
                 let (id, f) = self.file_mut(path)?;
                 check_writer(path, f, holder, *now_ms)?;
                 // Validate everything before changing anything.
+                for chunk in remove {
+                    match f.chunks.iter().find(|c| c.id == *chunk) {
+                        Some(c) if c.ec.is_none() && f.policy.direct_ec().is_some() => {}
+                        Some(_) => {
+                            return Err(MetaError::invalid(format!(
+                                "{path}: chunk {chunk} is not the tail of an EC file"
+                            )));
+                        }
+                        None => {
+                            return Err(MetaError::invalid(format!(
+                                "{path}: chunk {chunk} is not in it"
+                            )));
+                        }
+                    }
+                }
                 for (chunk, _) in drops {
                     if !f.chunks.iter().any(|c| c.id == *chunk) {
                         return Err(MetaError::invalid(format!(
@@ -826,7 +917,8 @@ impl State {
                         c.servers.retain(|s| s != server);
                     }
                 }
-                let mut dropped = Vec::new();
+                let mut dropped = remove.clone();
+                f.chunks.retain(|c| !remove.contains(&c.id));
                 if *trim || *seal {
                     while let Some(c) = f.chunks.last() {
                         if c.length == 0 && !c.sealed {
@@ -1024,11 +1116,100 @@ mod tests {
                 expires_ms: 11_000,
             }),
             placements: vec![vec![1, 2, 3]; chunks],
+            groups: false,
         }
     }
 
     fn kind(r: Response) -> ErrorKind {
         r.unwrap_err().kind
+    }
+
+    #[test]
+    fn ec_files_get_chunk_groups_and_only_their_tails_are_removed() {
+        let mut s = State::default();
+        let ec = Policy {
+            replicas: 3,
+            compression: false,
+            min_copy: 3,
+            ec: Some(Ec {
+                k: 4,
+                m: 2,
+                then: false,
+            }),
+        };
+        let lease = Lease {
+            holder: "w".into(),
+            expires_ms: 11_000,
+        };
+        let create = |placements: Vec<Vec<ServerId>>, groups| Command::Create {
+            path: "/e".into(),
+            policy: ec,
+            parents: false,
+            now_ms: 1000,
+            lease: Some(lease.clone()),
+            placements,
+            groups,
+        };
+        // A group needs a server per member.
+        assert_eq!(
+            kind(s.apply(&create(vec![vec![1, 2, 3]], true))),
+            ErrorKind::InvalidArgument
+        );
+        let f = s
+            .apply(&create(vec![vec![1, 2, 3, 4, 5, 6]], true))
+            .unwrap();
+        let group = f.inode.unwrap().file().unwrap().chunks[0].clone();
+        assert_eq!(
+            group.ec,
+            Some(Group {
+                k: 4,
+                m: 2,
+                cell: DEFAULT_CELL
+            })
+        );
+        s.apply(&Command::Allocate {
+            path: "/e".into(),
+            holder: "w".into(),
+            now_ms: 1000,
+            placements: vec![vec![1, 2, 3]],
+            groups: false,
+        })
+        .unwrap();
+        let tail = s.lookup("/e").unwrap().file().unwrap().chunks[1].clone();
+        assert_eq!(tail.ec, None);
+        let commit = |remove: Vec<ChunkId>, length| Command::Commit {
+            path: "/e".into(),
+            holder: "w".into(),
+            now_ms: 1000,
+            updates: vec![ChunkUpdate {
+                chunk_id: group.id,
+                length,
+                sealed: false,
+            }],
+            trim: false,
+            release: false,
+            seal: false,
+            lease_until_ms: 0,
+            drops: vec![],
+            remove,
+        };
+        // A group is never removed; a refused commit changes nothing.
+        assert_eq!(
+            kind(s.apply(&commit(vec![group.id], 1 << 18))),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            s.lookup("/e").unwrap().file().unwrap().committed_length(),
+            0
+        );
+        // The fold: the group's stripes and the tail's removal in one step.
+        let f = s.apply(&commit(vec![tail.id], 1 << 18)).unwrap();
+        let ino = f.inode.unwrap();
+        let chunks = &ino.file().unwrap().chunks;
+        assert_eq!(chunks.len(), 1);
+        assert_eq!((chunks[0].id, chunks[0].length), (group.id, 1 << 18));
+        assert_eq!(chunks[0].stored_length(), 1 << 16);
+        assert!(!s.owns_chunk(tail.id));
     }
 
     #[test]
@@ -1179,6 +1360,7 @@ mod tests {
                     expires_ms: now + 10_000,
                 },
                 placements: vec![],
+                groups: false,
             })
         };
         assert_eq!(kind(open(&mut s, "w2", 5_000)), ErrorKind::LeaseHeld);
@@ -1197,6 +1379,7 @@ mod tests {
                 seal: false,
                 lease_until_ms: 16_000,
                 drops: vec![],
+                remove: Vec::new(),
             })
         };
         assert_eq!(

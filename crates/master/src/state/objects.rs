@@ -796,6 +796,7 @@ mod tests {
             now_ms: 1,
             lease: None,
             placements: vec![vec![1, 2, 3]],
+            groups: false,
         })
         .unwrap();
     }

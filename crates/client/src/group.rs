@@ -1,0 +1,191 @@
+//! Reading chunk groups (erasure-coded chunks, docs/erasure-coding.md §2 and §4).
+//!
+//! A read goes to the data members holding the range, one request per member (a member's
+//! part of a user range is contiguous in it). If a member fails, returns a CRC error, or the
+//! reads have not all answered within the backup-read delay (and the backup budget has a
+//! token), the read turns *degraded*: the stripes of the range are read from every member
+//! that can answer, the first K to answer are decoded, and the range is cut from the
+//! rebuilt data cells.
+
+use crate::fs::{Client, Error, Result};
+use crate::health::Op;
+use cairn_ec::{Codec, ReedSolomon, StripeLayout};
+use cairn_rpc::pb;
+use futures::StreamExt;
+use futures::future::join_all;
+use futures::stream::FuturesUnordered;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+/// The stripe layout of a chunk group; `None` for a replicated chunk.
+pub(crate) fn layout(c: &pb::ChunkMeta) -> Option<StripeLayout> {
+    if c.ec_data == 0 {
+        return None;
+    }
+    StripeLayout::new(c.ec_data, c.ec_parity, c.ec_cell)
+}
+
+impl Client {
+    /// User bytes every answering member of an open group holds (whole stripes), and whether
+    /// some member did not answer. `None` when fewer than K answered: the length is unknown.
+    pub(crate) async fn group_length(
+        &self,
+        c: &pb::ChunkMeta,
+        l: &StripeLayout,
+    ) -> (Option<u64>, bool) {
+        let r = self.replicas(c).await;
+        let uncertain = r.lengths.len() < c.servers.len();
+        if r.lengths.len() < l.k as usize {
+            return (None, uncertain);
+        }
+        let cell = u64::from(l.cell);
+        let least = r.lengths.iter().map(|x| x.1).min().unwrap_or(0);
+        (Some(least / cell * l.stripe_bytes()), uncertain)
+    }
+
+    /// Reads `len` user bytes at `offset` of group `c`.
+    pub(crate) async fn read_group(
+        &self,
+        c: &pb::ChunkMeta,
+        l: &StripeLayout,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        let pieces: Vec<cairn_ec::Piece> = l.pieces(offset, len as u64).collect();
+        // Each data member's part: one contiguous range of the member.
+        let mut ranges: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for p in &pieces {
+            let r = ranges
+                .entry(p.chunk)
+                .or_insert((p.chunk_offset, p.chunk_offset));
+            r.0 = r.0.min(p.chunk_offset);
+            r.1 = r.1.max(p.chunk_offset + p.len);
+        }
+        let reads = join_all(ranges.iter().map(|(&m, &(from, to))| {
+            let server = c.servers[m as usize];
+            let n = (to - from) as usize;
+            async move {
+                let r = self
+                    .on_timed(server, Op::Read, n, |d| async move {
+                        d.read(c.id, from, n).await
+                    })
+                    .await;
+                (m, r)
+            }
+        }));
+        tokio::pin!(reads);
+        let delay = ranges
+            .keys()
+            .map(|&m| self.inner.health.backup_delay(c.servers[m as usize], len))
+            .max()
+            .unwrap_or_default();
+        let results = tokio::select! {
+            r = &mut reads => Some(r),
+            () = tokio::time::sleep(delay) => None,
+        };
+        let results = match results {
+            Some(r) => r,
+            None if self.inner.health.take_backup() => {
+                return self.read_degraded(c, l, &pieces, offset, len, "slow").await;
+            }
+            None => reads.await,
+        };
+        let mut bufs = BTreeMap::new();
+        for (m, r) in results {
+            match r {
+                Ok(data) => {
+                    bufs.insert(m, data);
+                }
+                Err(e) => {
+                    tracing::debug!(chunk = c.id, member = m, error = %e, "degraded read");
+                    return self
+                        .read_degraded(c, l, &pieces, offset, len, &e.to_string())
+                        .await;
+                }
+            }
+        }
+        let mut out = vec![0u8; len];
+        for p in &pieces {
+            let from = (p.chunk_offset - ranges[&p.chunk].0) as usize;
+            out[p.at as usize..][..p.len as usize]
+                .copy_from_slice(&bufs[&p.chunk][from..][..p.len as usize]);
+        }
+        Ok(out)
+    }
+
+    /// Reads the stripes of the range from any K members and decodes the data cells.
+    async fn read_degraded(
+        &self,
+        c: &pb::ChunkMeta,
+        l: &StripeLayout,
+        pieces: &[cairn_ec::Piece],
+        offset: u64,
+        len: usize,
+        why: &str,
+    ) -> Result<Vec<u8>> {
+        self.inner
+            .health
+            .stats
+            .degraded_reads
+            .fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("cairn_client_degraded_reads_total").increment(1);
+        let (k, width) = (l.k as usize, (l.k + l.m) as usize);
+        let stripes = l.stripes(offset, len as u64);
+        let cell = u64::from(l.cell);
+        let from = stripes.start * cell;
+        let n = ((stripes.end - stripes.start) * cell) as usize;
+        let mut inflight: FuturesUnordered<_> = c
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(i, &server)| async move {
+                let r = self
+                    .on_timed(server, Op::Read, n, |d| async move {
+                        d.read(c.id, from, n).await
+                    })
+                    .await;
+                (i, r)
+            })
+            .collect();
+        let mut cells: Vec<Option<Vec<u8>>> = vec![None; width];
+        let mut got = 0;
+        let mut last = why.to_owned();
+        while got < k {
+            let Some((i, r)) = inflight.next().await else {
+                return Err(Error::NoReplica {
+                    chunk: c.id,
+                    last: format!(
+                        "{got} of the group's {width} members could serve stripes {stripes:?}, \
+                         {k} are needed; last error: {last}"
+                    ),
+                });
+            };
+            match r {
+                Ok(data) if data.len() == n => {
+                    cells[i] = Some(data);
+                    got += 1;
+                }
+                Ok(data) => last = format!("member {i} returned {} of {n} bytes", data.len()),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        drop(inflight);
+        let codec = ReedSolomon::new(k, width - k).map_err(|e| Error::NoReplica {
+            chunk: c.id,
+            last: e.to_string(),
+        })?;
+        codec
+            .reconstruct(&mut cells)
+            .map_err(|e| Error::NoReplica {
+                chunk: c.id,
+                last: e.to_string(),
+            })?;
+        let mut out = vec![0u8; len];
+        for p in pieces {
+            let at = (p.chunk_offset - from) as usize;
+            let shard = cells[p.chunk as usize].as_ref().expect("reconstructed");
+            out[p.at as usize..][..p.len as usize].copy_from_slice(&shard[at..][..p.len as usize]);
+        }
+        Ok(out)
+    }
+}
