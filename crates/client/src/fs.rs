@@ -162,6 +162,13 @@ pub struct FileStat {
     pub writer: Option<String>,
 }
 
+/// What [`Client::traffic`] counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Traffic {
+    pub sent: u64,
+    pub received: u64,
+}
+
 /// One entry of [`Client::list`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DirEntry {
@@ -203,6 +210,9 @@ pub(crate) struct Inner {
     pub(crate) client_id: String,
     /// Bytes held for lagging replicas by all writers (chasing memory).
     pub(crate) chasing: std::sync::atomic::AtomicU64,
+    /// Payload bytes sent to chunkservers in appends and received in reads (retries too).
+    sent: std::sync::atomic::AtomicU64,
+    received: std::sync::atomic::AtomicU64,
     addrs: Mutex<HashMap<u64, String>>,
     conns: Mutex<HashMap<u64, Arc<DataConn>>>,
     /// Latency per server, the blacklists and the backup-read budget.
@@ -245,6 +255,8 @@ impl Client {
                 cache: Mutex::new(LruCache::new(cache)),
                 locate: Locator::default(),
                 chasing: std::sync::atomic::AtomicU64::new(0),
+                sent: std::sync::atomic::AtomicU64::new(0),
+                received: std::sync::atomic::AtomicU64::new(0),
                 opts,
             }),
         };
@@ -256,6 +268,15 @@ impl Client {
     /// (see [`ClientOptions::meta_batch_in_flight`]).
     pub fn meta_batch_stats(&self) -> cairn_rpc::BatchStats {
         self.inner.masters.batch_stats()
+    }
+
+    /// Data-plane payload bytes this client sent in appends and received in reads, retries
+    /// and every replica or member included: the network cost of what it wrote and read.
+    pub fn traffic(&self) -> Traffic {
+        Traffic {
+            sent: self.inner.sent.load(Ordering::Relaxed),
+            received: self.inner.received.load(Ordering::Relaxed),
+        }
     }
 
     /// Backup-read and blacklist counters.
@@ -701,7 +722,16 @@ impl Client {
         Fut: std::future::Future<Output = crate::data::Result<T>>,
     {
         let t = Instant::now();
+        // Bytes sent count with every try; bytes received once they arrived.
+        if op == Op::Write {
+            self.inner.sent.fetch_add(bytes as u64, Ordering::Relaxed);
+        }
         let r = self.on(server, f).await;
+        if op == Op::Read && r.is_ok() {
+            self.inner
+                .received
+                .fetch_add(bytes as u64, Ordering::Relaxed);
+        }
         if r.is_ok() {
             let now = Instant::now();
             self.inner.health.sample(server, op, bytes, now - t, now);
@@ -748,6 +778,9 @@ impl Client {
             let r = self
                 .on(s, |d| async move { d.read(chunk, offset, len).await })
                 .await;
+            if r.is_ok() {
+                self.inner.received.fetch_add(len as u64, Ordering::Relaxed);
+            }
             (s, r)
         };
         let mut inflight = FuturesUnordered::new();

@@ -86,11 +86,15 @@ impl Client {
         let results = match results {
             Some(r) => r,
             None if self.inner.health.take_backup() => {
-                return self.read_degraded(c, l, &pieces, offset, len, "slow").await;
+                let none = BTreeMap::new();
+                return self
+                    .read_degraded(c, l, &pieces, offset, len, &none, "slow")
+                    .await;
             }
             None => reads.await,
         };
         let mut bufs = BTreeMap::new();
+        let mut failed = None;
         for (m, r) in results {
             match r {
                 Ok(data) => {
@@ -98,11 +102,22 @@ impl Client {
                 }
                 Err(e) => {
                     tracing::debug!(chunk = c.id, member = m, error = %e, "degraded read");
-                    return self
-                        .read_degraded(c, l, &pieces, offset, len, &e.to_string())
-                        .await;
+                    failed = Some(e.to_string());
                 }
             }
+        }
+        if let Some(why) = failed {
+            // The members that answered keep their bytes where they cover whole stripes.
+            let stripes = l.stripes(offset, len as u64);
+            let cell = u64::from(l.cell);
+            let whole = (stripes.start * cell, stripes.end * cell);
+            let have: BTreeMap<u32, Vec<u8>> = bufs
+                .into_iter()
+                .filter(|(m, _)| ranges[m] == whole)
+                .collect();
+            return self
+                .read_degraded(c, l, &pieces, offset, len, &have, &why)
+                .await;
         }
         let mut out = vec![0u8; len];
         for p in &pieces {
@@ -113,7 +128,10 @@ impl Client {
         Ok(out)
     }
 
-    /// Reads the stripes of the range from any K members and decodes the data cells.
+    /// Reads the stripes of the range from K members and decodes the data cells. `have`
+    /// holds members already read over exactly those stripes; the others are asked parity
+    /// first, no more at a time than are still needed, a failed one replaced by the next.
+    #[allow(clippy::too_many_arguments)]
     async fn read_degraded(
         &self,
         c: &pb::ChunkMeta,
@@ -121,6 +139,7 @@ impl Client {
         pieces: &[cairn_ec::Piece],
         offset: u64,
         len: usize,
+        have: &BTreeMap<u32, Vec<u8>>,
         why: &str,
     ) -> Result<Vec<u8>> {
         self.inner
@@ -134,21 +153,33 @@ impl Client {
         let cell = u64::from(l.cell);
         let from = stripes.start * cell;
         let n = ((stripes.end - stripes.start) * cell) as usize;
-        let mut inflight: FuturesUnordered<_> = c
-            .servers
-            .iter()
-            .enumerate()
-            .map(|(i, &server)| async move {
+        let mut cells: Vec<Option<Vec<u8>>> = vec![None; width];
+        for (&m, data) in have {
+            cells[m as usize] = Some(data.clone());
+        }
+        let mut got = have.len();
+        // Parity members first (the data members not read yet are likely the failed ones).
+        let mut order: Vec<usize> = (k..width)
+            .chain(0..k)
+            .filter(|i| cells[*i].is_none())
+            .collect();
+        order.reverse();
+        let read = |i: usize| {
+            let server = c.servers[i];
+            async move {
                 let r = self
                     .on_timed(server, Op::Read, n, |d| async move {
                         d.read(c.id, from, n).await
                     })
                     .await;
                 (i, r)
-            })
-            .collect();
-        let mut cells: Vec<Option<Vec<u8>>> = vec![None; width];
-        let mut got = 0;
+            }
+        };
+        let mut inflight = FuturesUnordered::new();
+        while inflight.len() < k.saturating_sub(got) {
+            let Some(i) = order.pop() else { break };
+            inflight.push(read(i));
+        }
         let mut last = why.to_owned();
         while got < k {
             let Some((i, r)) = inflight.next().await else {
@@ -164,9 +195,13 @@ impl Client {
                 Ok(data) if data.len() == n => {
                     cells[i] = Some(data);
                     got += 1;
+                    continue;
                 }
                 Ok(data) => last = format!("member {i} returned {} of {n} bytes", data.len()),
                 Err(e) => last = e.to_string(),
+            }
+            if let Some(j) = order.pop() {
+                inflight.push(read(j));
             }
         }
         drop(inflight);

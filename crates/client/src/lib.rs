@@ -36,5 +36,7 @@ pub use cairn_ec::Policy;
 pub use data::{
     ChunkInfo, ConnStats, DataConn, Error as DataError, FaultSpec, Result as DataResult, Status,
 };
-pub use fs::{Client, ClientOptions, CreateOptions, DirEntry, Error, FileStat, FlatLogFile};
+pub use fs::{
+    Client, ClientOptions, CreateOptions, DirEntry, Error, FileStat, FlatLogFile, Traffic,
+};
 pub use writer::WriterStats;

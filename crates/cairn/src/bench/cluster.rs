@@ -28,6 +28,9 @@ pub struct Args {
     runs: usize,
     #[arg(long, default_value_t = 3)]
     replicas: u32,
+    /// The files' policy (replicas:N, ec:K+M, ...,lz4); overrides --replicas.
+    #[arg(long)]
+    policy: Option<cairn_client::Policy>,
     /// A directory on the chunkservers' filesystem, for the disk floor's file.
     #[arg(long, default_value = "./cairn-data")]
     floor_dir: PathBuf,
@@ -43,17 +46,30 @@ pub struct Args {
     /// it): `errors` and `max_us` show what the writers saw.
     #[arg(long)]
     kill_one_after: Option<f64>,
+    /// After each healthy run, make this many chunkservers fail every disk request (injected
+    /// errors; needs --fault-injection) and run again: degraded reads of EC files. The second
+    /// line's `vs_healthy_mib` is the ratio.
+    #[arg(long)]
+    fail_servers: Option<usize>,
     /// The client's metadata batching (`ClientOptions::meta_batch_in_flight`; 0 = off).
     #[arg(long, default_value_t = ClientOptions::default().meta_batch_in_flight)]
     meta_batch_in_flight: usize,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Clone)]
 struct Report {
     op: &'static str,
     size: u64,
     depth: usize,
     replicas: u32,
+    policy: String,
+    /// Bytes stored per user byte by the policy (full stripes), which the append ratio's
+    /// floor divides by.
+    stored_per_user_byte: f64,
+    /// Data-plane payload bytes the client sent (appends) or received (reads) per user byte.
+    network_per_user_byte: f64,
+    /// Reads of chunk groups that decoded.
+    degraded_reads: u64,
     seconds: f64,
     ops: u64,
     errors: u64,
@@ -74,7 +90,8 @@ struct Report {
     /// p50 / (disk floor p50 + rtt p50); likewise p99.9.
     ratio_p50: f64,
     ratio_p999: f64,
-    /// Appends: MiB/s ÷ (floor MiB/s ÷ replicas), all replicas share one disk here.
+    /// Appends: MiB/s ÷ (floor MiB/s ÷ stored bytes per user byte), all replicas (members)
+    /// share one disk here.
     /// Reads and creates: ops/s ÷ floor ops/s.
     ratio_ops: f64,
     /// Appends at depth 1 with replicas: the replicated floor — one O_DIRECT write +
@@ -97,6 +114,8 @@ struct Report {
     vs_healthy_p999: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     vs_healthy_p99: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vs_healthy_mib: Option<f64>,
     /// Backup reads sent and won during the run; servers the client blacklisted during it.
     backup_reads_sent: u64,
     backup_reads_won: u64,
@@ -154,7 +173,7 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
         rt.block_on(async {
             for d in 0..a.depth {
                 let mut w = client
-                    .create(&format!("{prefix}/r{d}"), create_opts(a.replicas))
+                    .create(&format!("{prefix}/r{d}"), create_opts(&a))
                     .await?;
                 let buf = vec![0x5Au8; size];
                 for _ in 0..64 {
@@ -186,14 +205,30 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
         let killer = a
             .kill_one_after
             .map(|after| rt.spawn(kill_one(masters.clone(), after)));
-        let (h0, b0) = (client.health_stats(), client.meta_batch_stats());
+        let (h0, b0, t0) = (
+            client.health_stats(),
+            client.meta_batch_stats(),
+            client.traffic(),
+        );
         let (ops, errors, secs, lat) = rt.block_on(measure(op, &client, &prefix, run, &a))?;
-        let (h1, b1) = (client.health_stats(), client.meta_batch_stats());
+        let (h1, b1, t1) = (
+            client.health_stats(),
+            client.meta_batch_stats(),
+            client.traffic(),
+        );
+        let network = |t0: cairn_client::Traffic, t1: cairn_client::Traffic, ops: u64| {
+            let moved = match op {
+                Op::Read => t1.received - t0.received,
+                _ => t1.sent - t0.sent,
+            };
+            moved as f64 / (ops as f64 * size as f64).max(1.0)
+        };
         let fault = match killer {
             Some(k) => Some(rt.block_on(k)??),
             None => None,
         };
         let mib = |ops: u64, s: f64| ops as f64 * size as f64 / s / f64::from(1 << 20);
+        let overhead = policy(&a).write.overhead();
         let floor_ops_per_s = fl.ops as f64 / fl.seconds;
         let ops_per_s = ops as f64 / secs;
         let r = Report {
@@ -205,6 +240,10 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             size: a.size,
             depth: a.depth,
             replicas: a.replicas,
+            policy: policy(&a).to_string(),
+            stored_per_user_byte: overhead,
+            network_per_user_byte: network(t0, t1, ops),
+            degraded_reads: h1.degraded_reads - h0.degraded_reads,
             seconds: secs,
             ops,
             errors,
@@ -228,7 +267,7 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             ratio_p50: lat.p50_us / (fl.latency.p50_us + rtt.p50_us),
             ratio_p999: lat.p999_us / (fl.latency.p999_us + rtt.p999_us),
             ratio_ops: if op == Op::Append {
-                mib(ops, secs) / (mib(fl.ops, fl.seconds) / f64::from(a.replicas))
+                mib(ops, secs) / (mib(fl.ops, fl.seconds) / overhead)
             } else {
                 ops_per_s / floor_ops_per_s
             },
@@ -240,6 +279,7 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             fault,
             vs_healthy_p999: None,
             vs_healthy_p99: None,
+            vs_healthy_mib: None,
             backup_reads_sent: h1.backups_sent - h0.backups_sent,
             backup_reads_won: h1.backups_won - h0.backups_won,
             blacklistings: h1.listed_failed + h1.listed_slow - h0.listed_failed - h0.listed_slow,
@@ -283,9 +323,43 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
                     - h0.listed_slow,
                 meta_batch_calls: b1.calls - b0.calls,
                 meta_batch_ops: b1.ops - b0.ops,
-                ..r
+                ..r.clone()
             };
             println!("{}", serde_json::to_string(&s)?);
+        }
+        if let Some(n) = a.fail_servers {
+            let (servers, how) = rt.block_on(fail_some(&masters, n))?;
+            let (h0, t0) = (client.health_stats(), client.traffic());
+            let failed = rt.block_on(measure(op, &client, &prefix, run + 2000, &a));
+            let (h1, t1) = (client.health_stats(), client.traffic());
+            rt.block_on(async {
+                let m = cairn_rpc::Masters::new(&masters)?;
+                for s in servers {
+                    crate::admin::inject(&m, s, &cairn_client::FaultSpec::default()).await?;
+                }
+                anyhow::Ok(())
+            })?;
+            let (ops, errors, secs, fl_lat) = failed?;
+            let f = Report {
+                seconds: secs,
+                ops,
+                errors,
+                ops_per_s: ops as f64 / secs,
+                mib_per_s: mib(ops, secs),
+                p50_us: fl_lat.p50_us,
+                p99_us: fl_lat.p99_us,
+                p999_us: fl_lat.p999_us,
+                max_us: fl_lat.max_us,
+                network_per_user_byte: network(t0, t1, ops),
+                degraded_reads: h1.degraded_reads - h0.degraded_reads,
+                loadavg: loadavg(),
+                fault: Some(how),
+                vs_healthy_mib: Some(mib(ops, secs) / r.mib_per_s),
+                vs_healthy_p999: Some(fl_lat.p999_us / r.p999_us),
+                vs_healthy_p99: Some(fl_lat.p99_us / r.p99_us),
+                ..r
+            };
+            println!("{}", serde_json::to_string(&f)?);
         }
         // What this run appended goes before the next run (runs of 1 MiB appends would
         // otherwise fill small stores); readers' files stay for the next run.
@@ -346,8 +420,42 @@ async fn kill_one(masters: Vec<String>, after: f64) -> anyhow::Result<String> {
     ))
 }
 
-fn create_opts(replicas: u32) -> CreateOptions {
-    CreateOptions::replicas(replicas as u8)
+fn policy(a: &Args) -> cairn_client::Policy {
+    a.policy.unwrap_or_else(|| {
+        CreateOptions::replicas(a.replicas as u8)
+            .policy
+            .expect("a replicas policy")
+    })
+}
+
+fn create_opts(a: &Args) -> CreateOptions {
+    CreateOptions {
+        policy: Some(policy(a)),
+        ..CreateOptions::default()
+    }
+}
+
+/// Makes the first `n` chunkservers fail every disk request; returns their ids and a
+/// description.
+async fn fail_some(masters: &[String], n: usize) -> anyhow::Result<(Vec<u64>, String)> {
+    let m = cairn_rpc::Masters::new(masters)?;
+    let s = m
+        .call(|mut c| async move { c.status(cairn_rpc::pb::Empty {}).await })
+        .await?;
+    anyhow::ensure!(s.servers.len() > n, "only {} chunkservers", s.servers.len());
+    let spec = cairn_client::FaultSpec {
+        error_ppm: 1_000_000,
+        disk_only: true,
+        ..cairn_client::FaultSpec::default()
+    };
+    let ids: Vec<u64> = s.servers.iter().take(n).map(|x| x.id).collect();
+    for &id in &ids {
+        crate::admin::inject(&m, id, &spec).await?;
+    }
+    Ok((
+        ids.clone(),
+        format!("chunkservers {ids:?} fail every disk request"),
+    ))
 }
 
 /// Deletes the files under `prefix` whose names `which` picks.
@@ -376,7 +484,7 @@ async fn measure(
             "{prefix}/{}{run}-{d}",
             if op == Op::Create { "c" } else { "w" }
         );
-        let replicas = a.replicas;
+        let opts = create_opts(a);
         tasks.push(tokio::spawn(async move {
             let mut h = histogram();
             let mut errors = 0u64;
@@ -385,7 +493,7 @@ async fn measure(
             let buf = cairn_client::Bytes::from(vec![0xA5u8; size]);
             match op {
                 Op::Append => {
-                    let mut w = client.create(&path, create_opts(replicas)).await?;
+                    let mut w = client.create(&path, opts.clone()).await?;
                     while Instant::now() < deadline {
                         let s = Instant::now();
                         match w.append_bytes(buf.clone()).await {
@@ -415,9 +523,7 @@ async fn measure(
                     while Instant::now() < deadline {
                         let s = Instant::now();
                         let r = async {
-                            let mut w = client
-                                .create(&format!("{path}-{i}"), create_opts(replicas))
-                                .await?;
+                            let mut w = client.create(&format!("{path}-{i}"), opts.clone()).await?;
                             w.append(&buf).await?;
                             w.close().await
                         }
