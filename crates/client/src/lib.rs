@@ -32,7 +32,7 @@ mod writer;
 /// The owned byte buffer [`FlatLogFile::append_bytes`] takes.
 pub use bytes::Bytes;
 /// A file's redundancy policy (`replicas:3`, `ec:4+2`, `replicas:3,then:ec:4+2`, `,lz4`).
-pub use cairn_ec::Policy;
+pub use cairn_ec::{Policy, Redundancy};
 pub use data::{
     ChunkInfo, ConnStats, DataConn, Error as DataError, FaultSpec, Result as DataResult, Status,
 };

@@ -70,6 +70,15 @@ struct Report {
     network_per_user_byte: f64,
     /// Reads of chunk groups that decoded.
     degraded_reads: u64,
+    /// Appends: the device floor of this policy's writes — every replica or member write of
+    /// every writer at once (`depth × copies` writers of size/K bytes for EC) — in user MiB/s
+    /// (its bytes divided by the stored bytes per user byte), and MiB/s over it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    floor_policy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    floor_policy_user_mib_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ratio_policy: Option<f64>,
     seconds: f64,
     ops: u64,
     errors: u64,
@@ -196,6 +205,30 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
         }
         .run(a.seconds)?;
         let rtt = rt.block_on(loopback_rtt(size, a.seconds.min(3.0)))?;
+        // What the device is asked to do by this policy's appends: every replica or member
+        // write of every writer at once (members are size/K each).
+        let (psize, pdepth) = match policy(&a).write {
+            cairn_client::Redundancy::Ec { k, m } => (
+                (size / usize::from(k)).next_multiple_of(4096),
+                a.depth * usize::from(k + m),
+            ),
+            cairn_client::Redundancy::Replicas(n) => (size, a.depth * usize::from(n)),
+        };
+        let policy_floor = if op == Op::Append {
+            Some(
+                floor::Floor {
+                    disk: fdisk.clone(),
+                    range: (0, fdisk.capacity()),
+                    write: true,
+                    size: psize,
+                    depth: pdepth,
+                    durable: true,
+                }
+                .run(a.seconds.min(5.0))?,
+            )
+        } else {
+            None
+        };
         let replicated = if replica_files.is_empty() {
             None
         } else {
@@ -229,6 +262,9 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
         };
         let mib = |ops: u64, s: f64| ops as f64 * size as f64 / s / f64::from(1 << 20);
         let overhead = policy(&a).write.overhead();
+        let policy_floor_user = policy_floor
+            .as_ref()
+            .map(|f| f.ops as f64 * psize as f64 / f.seconds / f64::from(1 << 20) / overhead);
         let floor_ops_per_s = fl.ops as f64 / fl.seconds;
         let ops_per_s = ops as f64 / secs;
         let r = Report {
@@ -244,6 +280,11 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             stored_per_user_byte: overhead,
             network_per_user_byte: network(t0, t1, ops),
             degraded_reads: h1.degraded_reads - h0.degraded_reads,
+            floor_policy: policy_floor
+                .as_ref()
+                .map(|_| format!("{pdepth} O_DIRECT writers of {psize} B + fdatasync")),
+            floor_policy_user_mib_per_s: policy_floor_user,
+            ratio_policy: policy_floor_user.map(|f| mib(ops, secs) / f),
             seconds: secs,
             ops,
             errors,
