@@ -1,6 +1,7 @@
 //! The nemesis: randomized fault scenarios against a real cluster of processes on loopback
-//! (3 masters, 4 chunkservers, an S3 gateway), while writers append verification data and a
-//! reader reads, and S3 clients PUT, DELETE and GET objects through the gateway.
+//! (3 masters, 4 chunkservers, an S3 gateway), while writers append verification data (two
+//! files of three replicas, one erasure-coded `ec:2+1`) and a reader reads, and S3 clients PUT,
+//! DELETE and GET objects through the gateway.
 //!
 //! Each scenario, chosen by its seed, injects one to three faults at random times — SIGKILL and
 //! restart of a chunkserver, a master or the gateway, a slow server, an erroring server, a
@@ -137,11 +138,30 @@ struct Written {
     misplaced: u64,
 }
 
-async fn writer(c: Client, path: String, seed: u64, stop: Arc<AtomicBool>) -> Written {
+/// The policy of writer `w`'s file: the last writer's file is erasure-coded (`ec:2+1`, three
+/// of the four chunkservers per group, tails of two copies), the others have three replicas.
+fn policy_of(w: usize) -> CreateOptions {
+    if w + 1 == WRITERS {
+        CreateOptions {
+            policy: Some("ec:2+1".parse().expect("a policy")),
+            ..CreateOptions::default()
+        }
+    } else {
+        CreateOptions::default()
+    }
+}
+
+async fn writer(
+    c: Client,
+    path: String,
+    seed: u64,
+    opts: CreateOptions,
+    stop: Arc<AtomicBool>,
+) -> Written {
     let mut out = Written::default();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut w = loop {
-        match c.create(&path, CreateOptions::default()).await {
+        match c.create(&path, opts.clone()).await {
             Ok(w) => break w,
             Err(e) => {
                 eprintln!("  {path}: create failed: {e}");
@@ -543,7 +563,11 @@ async fn scenario(cl: &mut Cluster, gw: &mut Gateway, index: u64, seed: u64, t: 
         .collect();
     let writers: Vec<_> = files
         .iter()
-        .map(|(p, s)| tokio::spawn(writer(c.clone(), p.clone(), *s, stop.clone())))
+        .enumerate()
+        .map(|(i, (p, s))| {
+            let run = writer(c.clone(), p.clone(), *s, policy_of(i), stop.clone());
+            tokio::spawn(run)
+        })
         .collect();
     let reader_client = cl.client_with(opts).await;
     let rd = tokio::spawn(reader(reader_client, files.clone(), stop.clone(), seed));
@@ -655,7 +679,13 @@ async fn scenario(cl: &mut Cluster, gw: &mut Gateway, index: u64, seed: u64, t: 
         let mut short = Vec::new();
         for (path, _) in &files {
             for ch in chunks(&c, path).await.iter().filter(|ch| ch.length > 0) {
-                if ch.servers.len() < 3 || !ch.sealed {
+                // A group has all its members; an EC file's tail M+1 copies; else 3.
+                let width = match (ch.ec_data, policy_of_path(path)) {
+                    (k, _) if k > 0 => (k + ch.ec_parity) as usize,
+                    (_, Some(m)) => m + 1,
+                    (_, None) => 3,
+                };
+                if ch.servers.len() < width || !ch.sealed {
                     short.push((path.clone(), ch.id, ch.servers.clone()));
                 }
             }
@@ -692,6 +722,15 @@ async fn scenario(cl: &mut Cluster, gw: &mut Gateway, index: u64, seed: u64, t: 
     );
     for (path, _) in &files {
         c.delete(path).await.expect("delete");
+    }
+}
+
+/// M of the EC file at `path`, if it is one.
+fn policy_of_path(path: &str) -> Option<usize> {
+    let w: usize = path.rsplit_once("/w")?.1.parse().ok()?;
+    match policy_of(w).policy?.write {
+        cairn_client::Redundancy::Ec { m, .. } => Some(usize::from(m)),
+        cairn_client::Redundancy::Replicas(_) => None,
     }
 }
 
