@@ -43,6 +43,20 @@ impl Client {
         (Some(least / cell * l.stripe_bytes()), uncertain)
     }
 
+    /// `n` bytes at `from` of member `i` of group `c`.
+    async fn read_member(
+        &self,
+        c: &pb::ChunkMeta,
+        i: usize,
+        from: u64,
+        n: usize,
+    ) -> Result<Vec<u8>> {
+        self.on_timed(c.servers[i], Op::Read, n, |d| async move {
+            d.read(c.id, from, n).await
+        })
+        .await
+    }
+
     /// Reads `len` user bytes at `offset` of group `c`.
     pub(crate) async fn read_group(
         &self,
@@ -61,17 +75,12 @@ impl Client {
             r.0 = r.0.min(p.chunk_offset);
             r.1 = r.1.max(p.chunk_offset + p.len);
         }
-        let reads = join_all(ranges.iter().map(|(&m, &(from, to))| {
-            let server = c.servers[m as usize];
-            let n = (to - from) as usize;
-            async move {
-                let r = self
-                    .on_timed(server, Op::Read, n, |d| async move {
-                        d.read(c.id, from, n).await
-                    })
-                    .await;
-                (m, r)
-            }
+        let reads = join_all(ranges.iter().map(|(&m, &(from, to))| async move {
+            (
+                m,
+                self.read_member(c, m as usize, from, (to - from) as usize)
+                    .await,
+            )
         }));
         tokio::pin!(reads);
         let delay = ranges
@@ -164,17 +173,7 @@ impl Client {
             .filter(|i| cells[*i].is_none())
             .collect();
         order.reverse();
-        let read = |i: usize| {
-            let server = c.servers[i];
-            async move {
-                let r = self
-                    .on_timed(server, Op::Read, n, |d| async move {
-                        d.read(c.id, from, n).await
-                    })
-                    .await;
-                (i, r)
-            }
-        };
+        let read = |i: usize| async move { (i, self.read_member(c, i, from, n).await) };
         let mut inflight = FuturesUnordered::new();
         while inflight.len() < k.saturating_sub(got) {
             let Some(i) = order.pop() else { break };

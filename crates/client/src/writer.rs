@@ -97,6 +97,17 @@ struct Active {
     scale: u64,
 }
 
+/// Marks `c` sealed at `length` in the writer's list; the update that tells the masters.
+fn seal_update(c: &mut pb::ChunkMeta, length: u64) -> pb::ChunkUpdate {
+    c.length = length;
+    c.sealed = true;
+    pb::ChunkUpdate {
+        chunk_id: c.id,
+        length,
+        sealed: true,
+    }
+}
+
 /// What sealing replicas at a length answered, per server.
 type Sealed = Vec<(u64, Result<crate::data::ChunkInfo>)>;
 
@@ -281,13 +292,7 @@ impl FlatLogFile {
                     });
                 }
             }
-            c.length = len;
-            c.sealed = true;
-            updates.push(pb::ChunkUpdate {
-                chunk_id: id,
-                length: len,
-                sealed: true,
-            });
+            updates.push(seal_update(c, len));
         }
         // Groups after the tails: whether a later chunk holds bytes decides their length.
         self.recover_groups(&mut updates).await?;
@@ -718,14 +723,7 @@ impl FlatLogFile {
         }
         let chasing = &self.client.inner.chasing;
         chasing.fetch_sub(a.held, Ordering::Relaxed);
-        let len = len * a.scale;
-        self.chunks[a.idx].length = len;
-        self.chunks[a.idx].sealed = true;
-        let update = pb::ChunkUpdate {
-            chunk_id: id,
-            length: len,
-            sealed: true,
-        };
+        let update = seal_update(&mut self.chunks[a.idx], len * a.scale);
         self.commit(vec![update], false, false, false).await
     }
 
@@ -1004,14 +1002,7 @@ impl FlatLogFile {
                 .chasing
                 .fetch_sub(a.held, Ordering::Relaxed);
             if a.acked > 0 {
-                let c = &mut self.chunks[a.idx];
-                c.length = a.acked * a.scale;
-                c.sealed = true;
-                updates.push(pb::ChunkUpdate {
-                    chunk_id: c.id,
-                    length: c.length,
-                    sealed: true,
-                });
+                updates.push(seal_update(&mut self.chunks[a.idx], a.acked * a.scale));
             }
         }
         if self.ec.is_some() {
@@ -1020,12 +1011,7 @@ impl FlatLogFile {
             let last = self.chunks.iter().rposition(|c| c.length > 0).unwrap_or(0);
             for c in &mut self.chunks[..last] {
                 if !c.sealed && c.length == 0 {
-                    c.sealed = true;
-                    updates.push(pb::ChunkUpdate {
-                        chunk_id: c.id,
-                        length: 0,
-                        sealed: true,
-                    });
+                    updates.push(seal_update(c, 0));
                 }
             }
         }

@@ -13,7 +13,7 @@
 //! acknowledged stripes and its tails are sealed as they are: they stay in the file, and the
 //! next group starts after them. So no group is ever written before a tail with data.
 
-use super::{FlatLogFile, Piece, Src, Stuck};
+use super::{FlatLogFile, Piece, Src, Stuck, seal_update};
 use crate::fs::{Error, Result};
 use bytes::Bytes;
 use cairn_ec::{Codec, ReedSolomon, StripeLayout};
@@ -178,14 +178,7 @@ impl FlatLogFile {
         let mut updates = Vec::new();
         if let Some((id, acked)) = parked {
             let idx = self.index_of(id)?;
-            let c = &mut self.chunks[idx];
-            c.length = acked;
-            c.sealed = true;
-            updates.push(pb::ChunkUpdate {
-                chunk_id: c.id,
-                length: acked,
-                sealed: true,
-            });
+            updates.push(seal_update(&mut self.chunks[idx], acked));
         }
         if !updates.is_empty() {
             self.commit(updates, false, false, false).await?;
@@ -367,14 +360,7 @@ impl FlatLogFile {
                     tracing::warn!(chunk = id, server = s, error = %e, "group member not sealed during recovery");
                 }
             }
-            let c = &mut self.chunks[i];
-            c.length = len;
-            c.sealed = true;
-            updates.push(pb::ChunkUpdate {
-                chunk_id: id,
-                length: len,
-                sealed: true,
-            });
+            updates.push(seal_update(&mut self.chunks[i], len));
         }
         Ok(())
     }
@@ -391,16 +377,9 @@ impl FlatLogFile {
         ];
         let mut updates = Vec::new();
         for (id, len) in parked.into_iter().flatten() {
-            let Some(c) = self.chunks.iter_mut().find(|c| c.id == id) else {
-                continue;
-            };
-            c.length = len;
-            c.sealed = true;
-            updates.push(pb::ChunkUpdate {
-                chunk_id: c.id,
-                length: len,
-                sealed: true,
-            });
+            if let Some(c) = self.chunks.iter_mut().find(|c| c.id == id) {
+                updates.push(seal_update(c, len));
+            }
         }
         updates
     }
