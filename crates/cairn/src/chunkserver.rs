@@ -49,6 +49,13 @@ pub struct ChunkserverArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// The scrubber's read rate: every chunk is read and CRC-checked in the
+    /// background at most this fast, behind foreground requests (0: no scrubbing).
+    #[arg(long, default_value = "8m", value_parser = crate::bench::parse_size)]
+    scrub_bytes_per_sec: u64,
+    /// Seconds between the end of a scrub pass and the start of the next.
+    #[arg(long, default_value_t = 3600)]
+    scrub_every_secs: u64,
 }
 
 pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
@@ -102,6 +109,10 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
                     host: a.host.clone(),
                     rack: a.rack.clone(),
                     interval: std::time::Duration::from_millis(a.heartbeat_ms.max(10)),
+                    scrub: cairn_chunkserver::scrub::ScrubOptions {
+                        bytes_per_sec: a.scrub_bytes_per_sec,
+                        every: std::time::Duration::from_secs(a.scrub_every_secs),
+                    },
                 };
                 let mut rx = stop_rx.clone();
                 Some(tokio::spawn(control::run(cs.clone(), opts, async move {

@@ -389,6 +389,7 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
                 "pid": c.pid, "capacity_bytes": c.capacity_bytes, "used_bytes": c.used_bytes,
                 "chunks": c.chunk_count, "load": c.load,
                 "reported_by_clients": c.reported_by, "avoided": c.avoided,
+                "scrub": {"bytes": c.scrub_bytes, "passes": c.scrub_passes, "corrupt_found": c.scrub_corrupt, "corrupt_now": c.corrupt_now},
                 "last_heartbeat_ms_ago": if c.last_heartbeat_ms_ago == u64::MAX { None } else { Some(c.last_heartbeat_ms_ago) },
             })).collect::<Vec<_>>(),
             "files": s.files, "dirs": s.dirs, "chunks": s.chunks, "logical_bytes": s.logical_bytes,
@@ -471,6 +472,13 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         human(s.logical_bytes),
         s.missing_replicas,
         s.pending_deletes
+    );
+    println!(
+        "scrub: {} read, {} passes, {} bad copies found, {} waiting for repair (all servers)",
+        human(s.servers.iter().map(|c| c.scrub_bytes).sum()),
+        s.servers.iter().map(|c| c.scrub_passes).sum::<u64>(),
+        s.servers.iter().map(|c| c.scrub_corrupt).sum::<u64>(),
+        s.servers.iter().map(|c| c.corrupt_now).sum::<u64>(),
     );
     println!(
         "repair: {} chunks ({}) under-replicated, {} lost; {} running, {} done, {} failed, \

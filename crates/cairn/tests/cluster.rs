@@ -564,3 +564,103 @@ async fn a_full_cluster_says_no_space_and_keeps_serving_reads() {
         bytes(2, 0, 1 << 20)
     );
 }
+
+/// Bits flipped inside a store file behind the chunkserver's back: the scrubber finds the bad
+/// copy without any client read, the masters stop counting it, and repair replaces it (in
+/// place: with three servers and three copies no other server can take one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scrubber_finds_a_flipped_bit_and_repair_replaces_the_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let scrub = ["--scrub-bytes-per-sec", "64m", "--scrub-every-secs", "1"];
+    let cl = common::Cluster::start_with(dir.path(), 1, 3, &scrub).await;
+    let c = cl.client().await;
+    // A recognisable pattern, to find the bytes in the store file.
+    let pattern: Vec<u8> = (0..300_000u32)
+        .flat_map(|i| format!("scrub-canary-{i:08}|").into_bytes())
+        .take(1 << 20)
+        .collect();
+    let mut w = c.create("/s", CreateOptions::default()).await.unwrap();
+    w.append(&pattern).await.unwrap();
+    w.seal().await.unwrap();
+    let chunk = common::chunks(&c, "/s").await[0].clone();
+    assert_eq!(chunk.servers.len(), 3);
+
+    // Flip one bit of server 0's copy, in the middle of the chunk.
+    let needle = b"scrub-canary-00020000|";
+    let store = cl.dir.join("cs-1/disk0.cairn");
+    let at = find(&store, needle).expect("the copy's bytes in the store file") + 5;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&store)
+        .unwrap();
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+    f.sync_data().unwrap();
+    drop(f);
+    let bad_server = cl.server_id(0).await;
+
+    // The scrubber finds it; repair replaces it; nobody read the file meanwhile.
+    let t0 = Instant::now();
+    let mut found = false;
+    loop {
+        let s = cl.status().await.unwrap();
+        let me = s.servers.iter().find(|x| x.id == bad_server).unwrap();
+        found |= me.scrub_corrupt >= 1;
+        if found && me.corrupt_now == 0 && s.under_replicated == 0 && s.repairs_running == 0 {
+            eprintln!(
+                "found and replaced in {:?}: {} scrubbed, {} passes, {} repairs",
+                t0.elapsed(),
+                me.scrub_bytes,
+                me.scrub_passes,
+                s.repairs_done
+            );
+            assert!(s.repairs_done >= 1, "no repair ran");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "after 60 s: found {found} ({} scrubbed in {} passes), corrupt now {}, \
+             under-replicated {}, running {}",
+            me.scrub_bytes,
+            me.scrub_passes,
+            me.corrupt_now,
+            s.under_replicated,
+            s.repairs_running
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Server 0's copy reads back whole and right; so does the file.
+    let addr = cl.chunkservers[0].addr.parse().unwrap();
+    let conn = cairn_client::DataConn::connect(addr, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let got = conn.read(chunk.id, 0, pattern.len()).await.unwrap();
+    assert!(got == pattern, "the replaced copy differs");
+    assert!(c.read("/s", 0, pattern.len()).await.unwrap() == pattern);
+}
+
+/// Where `needle` first occurs in the file at `path`.
+fn find(path: &std::path::Path, needle: &[u8]) -> Option<u64> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut buf = vec![0u8; 8 << 20];
+    let mut base = 0u64;
+    let mut carry: Vec<u8> = Vec::new();
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            return None;
+        }
+        let mut hay = std::mem::take(&mut carry);
+        let start = base - hay.len() as u64;
+        hay.extend_from_slice(&buf[..n]);
+        if let Some(i) = hay.windows(needle.len()).position(|w| w == needle) {
+            return Some(start + i as u64);
+        }
+        carry = hay[hay.len().saturating_sub(needle.len())..].to_vec();
+        base += n as u64;
+    }
+}

@@ -8,6 +8,7 @@ use cairn_rpc::{ErrorKind, Masters, pb};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -19,6 +20,7 @@ pub struct ControlOptions {
     pub host: String,
     pub rack: String,
     pub interval: Duration,
+    pub scrub: crate::scrub::ScrubOptions,
 }
 
 /// This server's id: read from `DIR/server-id`, or made (random, non-zero) and stored there on
@@ -61,6 +63,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let repairer = Repairer::new(cs.clone());
+    let scrubber = crate::scrub::Scrubber::spawn(cs.clone(), opts.scrub);
     tokio::pin!(shutdown);
     let mut known = opts.masters.clone();
     let mut masters = match Masters::new(&opts.masters) {
@@ -132,6 +135,10 @@ pub async fn run(
                 pid: std::process::id(),
                 repaired: repairer.take_done(),
                 repairing: repairer.running(),
+                corrupt: scrubber.bad(),
+                scrub_bytes: scrubber.stats.bytes.load(Ordering::Relaxed),
+                scrub_passes: scrubber.stats.passes.load(Ordering::Relaxed),
+                scrub_corrupt: scrubber.stats.corrupt.load(Ordering::Relaxed),
             };
             let repaired = req.repaired.clone();
             let reply = match masters

@@ -11,6 +11,7 @@
 pub mod control;
 mod disks;
 pub mod repair;
+pub mod scrub;
 
 pub use disks::{DiskSet, DiskSetOptions};
 
@@ -62,6 +63,8 @@ pub struct Chunkserver {
     /// Receive buffers of large payloads, reused (a fresh one costs a zero-fill and page
     /// faults per request).
     recv_pool: BufPool,
+    /// Copies the scrubber found bad, until repair replaces them.
+    corrupt: scrub::BadSet,
 }
 
 /// Bytes of a connection's read buffer.
@@ -199,7 +202,19 @@ impl Chunkserver {
             load: std::sync::atomic::AtomicU32::new(0),
             faults: tokio::sync::watch::Sender::new(FaultSpec::default()),
             recv_pool: BufPool::new(RECV_BUFFERS),
+            corrupt: Default::default(),
         })
+    }
+
+    /// Copies the scrubber found bad and repair has not replaced yet.
+    pub fn corrupt(&self) -> std::collections::BTreeSet<u64> {
+        self.corrupt.lock().clone()
+    }
+
+    pub(crate) fn corrupt_mut(
+        &self,
+    ) -> parking_lot::MutexGuard<'_, std::collections::BTreeSet<u64>> {
+        self.corrupt.lock()
     }
 
     /// The faults injected right now.

@@ -173,11 +173,15 @@ impl Repairer {
         self.stage(id, "replacing the old copy", 0);
         if let Ok(store) = disks.find(id) {
             let st = store.stat(id).map_err(|e| e.to_string())?;
-            if st.sealed && st.length == length {
+            let bad = self.cs.corrupt_mut().contains(&id);
+            if st.sealed && st.length == length && !bad {
                 return Ok((st.length, st.crc32c)); // an earlier try finished
             }
+            // A copy the scrubber found bad is replaced here when no other server could
+            // take the chunk.
             store.delete_async(id).await.map_err(|e| e.to_string())?;
             disks.unplace(id);
+            self.cs.corrupt_mut().remove(&id);
         }
         self.stage(id, "creating the copy", 0);
         let store = disks.place(id).map_err(|e| e.to_string())?;
@@ -276,20 +280,21 @@ impl Repairer {
 
 /// A token bucket: `take(n)` waits until `n` bytes fit the rate. Allows a burst of 10 ms (at
 /// least two pieces): pieces are spread over time, not sent back to back.
-struct Bucket {
+/// A token bucket of bytes/s (repairs here; the scrubber too).
+pub(crate) struct Bucket {
     rate: AtomicU64,
     state: Mutex<(f64, Instant)>,
 }
 
 impl Bucket {
-    fn new(rate: u64) -> Self {
+    pub(crate) fn new(rate: u64) -> Self {
         Self {
             rate: AtomicU64::new(rate),
             state: Mutex::new((0.0, Instant::now())),
         }
     }
 
-    async fn take(&self, n: u64) {
+    pub(crate) async fn take(&self, n: u64) {
         let wait = {
             let rate = self.rate.load(Ordering::Relaxed).max(1) as f64;
             let burst = (rate / 100.0).max(2.0 * PIECE as f64);

@@ -253,6 +253,8 @@ pub fn heartbeat(r: &pb::HeartbeatRequest) -> Result<Heartbeat, MetaError> {
             })
             .collect(),
         repairing: r.repairing.clone(),
+        corrupt: r.corrupt.iter().copied().take(MAX_UPDATES).collect(),
+        scrub: [r.scrub_bytes, r.scrub_passes, r.scrub_corrupt],
     })
 }
 

@@ -98,6 +98,10 @@ pub struct Live {
     pub repairing: HashSet<ChunkId>,
     /// Chunks it holds that no file owns, and since when.
     orphans: HashMap<ChunkId, Instant>,
+    /// Copies its scrubber found bad: not good copies.
+    pub corrupt: HashSet<ChunkId>,
+    /// Its scrubber's bytes, passes and findings since it started.
+    pub scrub: [u64; 3],
 }
 
 #[derive(Default)]
@@ -123,6 +127,10 @@ pub struct Heartbeat {
     pub deleted: Vec<ChunkId>,
     pub repaired: Vec<RepairResult>,
     pub repairing: Vec<ChunkId>,
+    /// Copies its scrubber found bad.
+    pub corrupt: Vec<ChunkId>,
+    /// Its scrubber's bytes, passes and findings since it started.
+    pub scrub: [u64; 3],
 }
 
 pub struct HeartbeatAnswer {
@@ -160,6 +168,13 @@ impl Registry {
             ServerState::Up | ServerState::Suspect
         ) {
             return false;
+        }
+        if self
+            .live
+            .get(&rec.id)
+            .is_some_and(|l| l.corrupt.contains(&chunk))
+        {
+            return false; // its scrubber found the copy bad
         }
         match self.live.get(&rec.id).and_then(|l| l.reported.as_ref()) {
             Some(r) => r.get(&chunk).is_some_and(|c| c.length >= length),
@@ -199,8 +214,12 @@ impl Registry {
             reported: None,
             repairing: HashSet::new(),
             orphans: HashMap::new(),
+            corrupt: HashSet::new(),
+            scrub: [0; 3],
         });
         live.last = now;
+        live.corrupt = hb.corrupt.iter().copied().collect();
+        live.scrub = hb.scrub;
         live.capacity = hb.capacity;
         live.used = hb.used;
         live.chunk_count = hb.chunk_count;
@@ -488,6 +507,8 @@ mod tests {
                 .collect(),
             deleted,
             repaired: vec![],
+            corrupt: vec![],
+            scrub: [0; 3],
             repairing: vec![],
         }
     }

@@ -11,7 +11,7 @@
 //! leader's memory only: a new leader adopts the repairs targets say they are running and
 //! schedules the rest again.
 
-use crate::registry::{Registry, RepairResult};
+use crate::registry::{Registry, RepairResult, ServerState};
 use crate::state::{ChunkId, Command, ServerId, State};
 use cairn_rpc::pb;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -264,7 +264,25 @@ impl Registry {
             if self.repairs.running.len() >= TOTAL {
                 break;
             }
-            let Some(target) = self.place_copy(state.servers(), &servers, &good, now) else {
+            // No other server can take a copy: one of the chunk's own servers whose copy is
+            // not good (its scrubber found it bad) and that is up replaces it in place.
+            let in_place = || {
+                servers.iter().copied().find(|s| {
+                    !good.contains(s)
+                        && self
+                            .live
+                            .get(s)
+                            .is_some_and(|l| l.corrupt.contains(&chunk_id))
+                        && state
+                            .servers()
+                            .get(s)
+                            .is_some_and(|r| self.state_of(r, now) == ServerState::Up)
+                })
+            };
+            let Some(target) = self
+                .place_copy(state.servers(), &servers, &good, now)
+                .or_else(in_place)
+            else {
                 if self.repairs.stuck.insert(chunk_id) {
                     tracing::warn!(
                         chunk = chunk_id,

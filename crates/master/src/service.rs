@@ -686,6 +686,10 @@ impl pb::meta_server::Meta for MetaService {
                         pid: live.map_or(0, |l| l.pid),
                         reported_by: reporters.get(&s.id).copied().unwrap_or(0),
                         avoided: avoided.contains(&s.id),
+                        scrub_bytes: live.map_or(0, |l| l.scrub[0]),
+                        scrub_passes: live.map_or(0, |l| l.scrub[1]),
+                        scrub_corrupt: live.map_or(0, |l| l.scrub[2]),
+                        corrupt_now: live.map_or(0, |l| l.corrupt.len() as u64),
                     }
                 })
                 .collect();

@@ -152,6 +152,11 @@ impl Cluster {
     /// Starts `m` masters (one Raft group) and `c` chunkservers, and waits until every
     /// chunkserver is up at the leader.
     pub async fn start(dir: &Path, m: usize, c: usize) -> Self {
+        Self::start_with(dir, m, c, &[]).await
+    }
+
+    /// [`Cluster::start`] with `extra` arguments for every chunkserver.
+    pub async fn start_with(dir: &Path, m: usize, c: usize, extra: &[&str]) -> Self {
         let maddrs: Vec<String> = (0..m).map(|_| free_addr()).collect();
         let peers = maddrs
             .iter()
@@ -208,7 +213,10 @@ impl Cluster {
                         "--heartbeat-ms".into(),
                         "200".into(),
                         "--fault-injection".into(),
-                    ],
+                    ]
+                    .into_iter()
+                    .chain(extra.iter().map(|s| s.to_string()))
+                    .collect(),
                     addr: a,
                     child: None,
                 }
