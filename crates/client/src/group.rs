@@ -105,9 +105,16 @@ impl Client {
         let mut bufs = BTreeMap::new();
         let mut failed = None;
         for (m, r) in results {
+            let want = (ranges[&m].1 - ranges[&m].0) as usize;
             match r {
-                Ok(data) => {
+                Ok(data) if data.len() == want => {
                     bufs.insert(m, data);
+                }
+                Ok(data) => {
+                    failed = Some(format!(
+                        "member {m} returned {} of {want} bytes",
+                        data.len()
+                    ));
                 }
                 Err(e) => {
                     tracing::debug!(chunk = c.id, member = m, error = %e, "degraded read");
