@@ -145,6 +145,11 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
         FsCommand::Put { local, path, new } => {
             let mut f = std::fs::File::open(&local)?;
             let total = f.metadata()?.len();
+            let policy = match new.options().policy {
+                Some(p) => p,
+                None => inherited(&c, &path).await,
+            };
+            check_fits(c.masters(), total, &policy).await?;
             let bar = progress(total, "put");
             let mut w = c.create(&path, new.options()).await?;
             let mut buf = vec![0u8; PIECE];
@@ -282,6 +287,54 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
         } => c.mkdir_with_policy(&path, parents, policy.as_ref()).await?,
         FsCommand::Mv { from, to } => c.rename(&from, &to).await?,
     }
+    Ok(())
+}
+
+/// The policy a new file at `path` would get: its nearest existing directory's default.
+async fn inherited(c: &Client, path: &str) -> cairn_client::Policy {
+    let mut dir = path;
+    while let Some((parent, _)) = dir.rsplit_once('/') {
+        let parent = if parent.is_empty() { "/" } else { parent };
+        if let Ok(st) = c.stat(parent).await {
+            return st.policy.and_then(|p| p.parse().ok()).unwrap_or_default();
+        }
+        if parent == "/" {
+            break;
+        }
+        dir = parent;
+    }
+    cairn_client::Policy::default()
+}
+
+/// Refuses, before anything is written, `user_bytes` that would not fit: their stored size
+/// under `policy` (full stripes, every copy) against the free space of the chunkservers up,
+/// less each one's reserve (the masters' rule: min(64 MiB, capacity / 16)).
+pub(crate) async fn check_fits(
+    masters: &cairn_rpc::Masters,
+    user_bytes: u64,
+    policy: &cairn_client::Policy,
+) -> anyhow::Result<()> {
+    let s = masters
+        .send(pb::Empty {}, |mut c, r| async move { c.status(r).await })
+        .await?;
+    let free: u64 = s
+        .servers
+        .iter()
+        .filter(|c| c.state == "up")
+        .map(|c| {
+            let reserve = (64u64 << 20).min(c.capacity_bytes / 16);
+            c.capacity_bytes.saturating_sub(c.used_bytes + reserve)
+        })
+        .sum();
+    let stored = (user_bytes as f64 * policy.write.overhead()).ceil() as u64;
+    anyhow::ensure!(
+        stored <= free,
+        "would not fit: {} at {policy} is {} stored, and the chunkservers up have {} free \
+         (past their reserves); delete data, add chunkservers or use a leaner policy",
+        human(user_bytes),
+        human(stored),
+        human(free)
+    );
     Ok(())
 }
 

@@ -235,6 +235,23 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             let quorum = replica_files.len() / 2 + 1;
             Some(floor::run_replicated(&replica_files, size, quorum, a.seconds.min(3.0))?.latency)
         };
+        let overhead = policy(&a).write.overhead();
+        let policy_floor_user = policy_floor
+            .as_ref()
+            .map(|f| f.ops as f64 * psize as f64 / f.seconds / f64::from(1 << 20) / overhead);
+        // Whether the run can fill the cluster: at the disk floor's rate it writes at most
+        // `floor × seconds` user bytes; say so before it starts (the cluster, not the bench,
+        // would otherwise tell, with `no-space` errors mid-run).
+        if let Some(f) = policy_floor_user {
+            let most = (f * a.seconds * f64::from(1 << 20)) as u64;
+            let m = cairn_rpc::Masters::new(&masters)?;
+            if let Err(e) = rt.block_on(crate::fs::check_fits(&m, most, &policy(&a))) {
+                eprintln!(
+                    "warning: this run may not fit ({e}); at most {most} bytes at the disk \
+                     floor's rate: shorten --seconds or give the chunkservers more space"
+                );
+            }
+        }
         let killer = a
             .kill_one_after
             .map(|after| rt.spawn(kill_one(masters.clone(), after)));
@@ -261,10 +278,6 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             None => None,
         };
         let mib = |ops: u64, s: f64| ops as f64 * size as f64 / s / f64::from(1 << 20);
-        let overhead = policy(&a).write.overhead();
-        let policy_floor_user = policy_floor
-            .as_ref()
-            .map(|f| f.ops as f64 * psize as f64 / f.seconds / f64::from(1 << 20) / overhead);
         let floor_ops_per_s = fl.ops as f64 / fl.seconds;
         let ops_per_s = ops as f64 / secs;
         let r = Report {
