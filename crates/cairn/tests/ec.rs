@@ -121,6 +121,23 @@ async fn policies_are_set_inherited_shown_and_refused_when_unplaceable() {
             Some(ErrorKind::NotFound)
         );
     }
+    // A put that would not fit says so before it writes anything: 1 GiB at replicas:3 is
+    // 3 GiB stored, on three 256 MiB stores.
+    let big = dir.path().join("big");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let out = fs(&["put", big.to_str().unwrap(), "/big"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("would not fit"), "{err}");
+    assert_eq!(
+        meta_kind(&c.stat("/big").await.unwrap_err()),
+        Some(ErrorKind::NotFound)
+    );
     // So is a directory default the cluster can place but a create below it cannot.
     run_ok(&mut fs(&["mkdir", "--policy", "ec:4+2", "/wide-dir"]));
     let e = c

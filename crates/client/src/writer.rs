@@ -196,11 +196,17 @@ impl FlatLogFile {
                 }
             })
         };
-        let ec = file
+        let ec_policy = file
             .policy
             .as_ref()
             .filter(|p| p.ec_data > 0 && !p.then_ec)
-            .and_then(|p| ec::EcWriter::new(p.ec_data, p.ec_parity, ec::CELL));
+            .map(|p| (p.ec_data, p.ec_parity));
+        let ec = ec_policy.and_then(|(k, m)| ec::EcWriter::new(k, m, ec::CELL));
+        // An EC file this client cannot encode is refused, never written another way.
+        let failed = match (ec_policy, &ec) {
+            (Some((k, m)), None) => Some(format!("cannot write ec:{k}+{m} files")),
+            _ => None,
+        };
         Self {
             client,
             path: path.to_owned(),
@@ -209,7 +215,7 @@ impl FlatLogFile {
             min_copy,
             active: None,
             length,
-            failed: None,
+            failed,
             lease_lost,
             renew: Some(renew),
             drops: Vec::new(),
