@@ -220,8 +220,12 @@ async fn s3_compaction_reclaims_mostly_dead_packs() {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let now = packs();
-        // Every closed pack of the fill was 90 % dead: all of them are gone.
-        if now.len() <= 3 && !now.iter().any(|p| before[..before.len() - 1].contains(p)) {
+        // Every closed pack of the fill was 90 % dead: they are gone, but for the pack open
+        // at the end and the one the compactor's passes during the fill moved live records
+        // into (a pass that runs while the fill still writes — often, on a loaded machine —
+        // fills the pack open then with live records, which keep it).
+        let kept = now.iter().filter(|p| before.contains(p)).count();
+        if now.len() <= 3 && kept <= 2 {
             break;
         }
         assert!(
