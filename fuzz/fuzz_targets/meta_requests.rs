@@ -21,13 +21,17 @@ fuzz_target!(|data: &[u8]| {
                 && let (Ok(path), Ok(policy), Ok(n)) =
                     (convert::path(&r.path), convert::policy(r.policy.as_ref()), convert::chunk_count(r.chunks))
             {
+                // An EC policy gets chunk groups, a server per member.
+                let groups = policy.direct_ec().is_some();
+                let width = policy.direct_ec().map_or(3, |e| u64::from(e.k) + u64::from(e.m));
                 let cmd = Command::Create {
                     path,
                     policy,
                     parents: r.parents,
                     now_ms: 1,
                     lease: convert::client_id(&r.client_id).ok().map(|holder| Lease { holder, expires_ms: 2 }),
-                    placements: vec![vec![1, 2, 3]; n],
+                    placements: vec![(1..=width).collect(); n],
+                    groups,
                 };
                 if let Ok(reply) = st.apply(&cmd) {
                     let ino = reply.inode.expect("create returns the inode");
@@ -37,11 +41,12 @@ fuzz_target!(|data: &[u8]| {
         }
         1 => {
             if let Ok(r) = pb::CommitRequest::decode(body)
-                && let (Ok(path), Ok(holder), Ok(updates), Ok(drops)) = (
+                && let (Ok(path), Ok(holder), Ok(updates), Ok(drops), Ok(remove)) = (
                     convert::path(&r.path),
                     convert::client_id(&r.client_id),
                     convert::updates(&r.updates),
                     convert::drops(&r.drops),
+                    convert::remove(&r.remove),
                 )
             {
                 // Against a file this writer holds, with chunks 1 and 2 on servers 1..=3.
@@ -52,6 +57,7 @@ fuzz_target!(|data: &[u8]| {
                     now_ms: 1,
                     lease: Some(Lease { holder: holder.clone(), expires_ms: 10 }),
                     placements: vec![vec![1, 2, 3]; 2],
+                    groups: false,
                 });
                 let _ = st.apply(&Command::Commit {
                     path,
@@ -63,6 +69,7 @@ fuzz_target!(|data: &[u8]| {
                     seal: r.seal,
                     lease_until_ms: 5,
                     drops,
+                    remove,
                 });
                 for c in st.chunks() {
                     assert!(!c.servers.is_empty(), "a chunk lost its last location");
@@ -85,7 +92,12 @@ fuzz_target!(|data: &[u8]| {
             if let Ok(r) = pb::MkdirRequest::decode(body)
                 && let Ok(path) = convert::path(&r.path)
             {
-                let _ = st.apply(&Command::Mkdir { path: path.clone(), parents: r.parents, now_ms: 1 });
+                let _ = st.apply(&Command::Mkdir {
+                    path: path.clone(),
+                    parents: r.parents,
+                    now_ms: 1,
+                    policy: r.policy.as_ref().and_then(|p| convert::policy(Some(p)).ok()),
+                });
                 let _ = st.list(&path);
             }
         }
@@ -93,7 +105,7 @@ fuzz_target!(|data: &[u8]| {
             if let Ok(r) = pb::RenameRequest::decode(body)
                 && let (Ok(from), Ok(to)) = (convert::path(&r.from), convert::path(&r.to))
             {
-                let _ = st.apply(&Command::Mkdir { path: from.clone(), parents: true, now_ms: 1 });
+                let _ = st.apply(&Command::Mkdir { path: from.clone(), parents: true, now_ms: 1, policy: None });
                 let _ = st.apply(&Command::Rename { from, to, now_ms: 2 });
             }
         }
@@ -131,6 +143,7 @@ fuzz_target!(|data: &[u8]| {
                             now_ms: 1,
                             lease: None,
                             placements: vec![vec![1, 2, 3]; convert::chunk_count(c.chunks).ok()?],
+                            groups: false,
                         }),
                         Op::Commit(c) => Some(Command::Commit {
                             path: convert::path(&c.path).ok()?,
@@ -142,6 +155,7 @@ fuzz_target!(|data: &[u8]| {
                             seal: c.seal,
                             lease_until_ms: 5,
                             drops: convert::drops(&c.drops).ok()?,
+                            remove: convert::remove(&c.remove).ok()?,
                         }),
                         Op::Delete(d) => Some(Command::Delete { path: convert::path(&d.path).ok()? }),
                         Op::Object(b) => Some(Command::Object(cairn_rpc::object::decode(b).ok()?)),
