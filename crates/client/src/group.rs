@@ -7,7 +7,7 @@
 //! that can answer, the first K to answer are decoded, and the range is cut from the
 //! rebuilt data cells.
 
-use crate::fs::{Client, Error, Result};
+use crate::fs::{Client, Error, Replicas, Result};
 use crate::health::Op;
 use cairn_ec::{Codec, ReedSolomon, StripeLayout};
 use cairn_rpc::pb;
@@ -25,6 +25,16 @@ pub(crate) fn layout(c: &pb::ChunkMeta) -> Option<StripeLayout> {
     StripeLayout::new(c.ec_data, c.ec_parity, c.ec_cell)
 }
 
+/// The whole stripes, in user bytes, that every member in `r` holds; `None` when fewer than K
+/// of them answered.
+pub(crate) fn stripes_held(r: &Replicas, l: &StripeLayout) -> Option<u64> {
+    if r.lengths.len() < l.k as usize {
+        return None;
+    }
+    let least = r.lengths.iter().map(|x| x.1).min().unwrap_or(0);
+    Some(least / u64::from(l.cell) * l.stripe_bytes())
+}
+
 impl Client {
     /// User bytes every answering member of an open group holds (whole stripes), and whether
     /// some member did not answer. `None` when fewer than K answered: the length is unknown.
@@ -34,13 +44,7 @@ impl Client {
         l: &StripeLayout,
     ) -> (Option<u64>, bool) {
         let r = self.replicas(c).await;
-        let uncertain = r.lengths.len() < c.servers.len();
-        if r.lengths.len() < l.k as usize {
-            return (None, uncertain);
-        }
-        let cell = u64::from(l.cell);
-        let least = r.lengths.iter().map(|x| x.1).min().unwrap_or(0);
-        (Some(least / cell * l.stripe_bytes()), uncertain)
+        (stripes_held(&r, l), r.lengths.len() < c.servers.len())
     }
 
     /// `n` bytes at `from` of member `i` of group `c`.

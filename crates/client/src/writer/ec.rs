@@ -340,12 +340,11 @@ impl FlatLogFile {
                 if !r.exists {
                     continue; // never written: a spare, still usable
                 }
-                let (len, _) = self.client.group_length(c, &l).await;
-                let len = len.ok_or_else(|| {
+                let len = crate::group::stripes_held(&r, &l).ok_or_else(|| {
                     MetaError::new(
                         cairn_rpc::ErrorKind::Unavailable,
                         format!(
-                            "{}: chunk group {} was left open and fewer than {} of its members                              answer",
+                            "{}: chunk group {} was left open and fewer than {} of its members answer",
                             self.path, c.id, l.k
                         ),
                     )
