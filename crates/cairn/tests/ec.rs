@@ -285,3 +285,71 @@ async fn ec_files_round_trip_through_groups_tails_dead_servers_and_a_dead_writer
     let got = c3.read("/d", len, 600_000).await.unwrap();
     same(&got, &common::bytes(3, 0, 600_000), len);
 }
+
+/// A group member whose server died is rebuilt from K others onto a server outside the group
+/// (the masters put it in the member's position), and serves the degraded reads when another
+/// member's server dies afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_group_member_is_rebuilt_from_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cl = Cluster::start(dir.path(), 1, 4).await;
+    // Members of 512 KiB: 1 MiB of user bytes per group, three groups.
+    let opts = cairn_client::ClientOptions {
+        chunk_size: 512 << 10,
+        ..cairn_client::ClientOptions::default()
+    };
+    let c = cl.client_with(opts).await;
+    let mut w = c.create("/r", ec_opts("ec:2+1")).await.unwrap();
+    let len = 3u64 << 20;
+    for off in (0..len).step_by(256 << 10) {
+        w.append(&common::bytes(4, off, 256 << 10)).await.unwrap();
+    }
+    assert_eq!(w.close().await.unwrap(), len);
+    let before = common::chunks(&c, "/r").await;
+    assert!(
+        before
+            .iter()
+            .all(|g| g.ec_data == 2 && g.servers.len() == 3)
+    );
+    let first = before[0].servers.clone();
+    let dead = first[0];
+    let i = cl.index_of(dead).await;
+    cl.chunkservers[i].kill();
+
+    let s = cl
+        .wait_fully_replicated(std::time::Duration::from_secs(60))
+        .await;
+    assert!(s.repairs_done >= 1, "{s:?}");
+    eprintln!(
+        "repairs done {}, {} bytes",
+        s.repairs_done, s.repaired_bytes
+    );
+    let after = common::chunks(&c, "/r").await;
+    for (a, b) in after.iter().zip(&before) {
+        assert_eq!((a.id, a.length), (b.id, b.length));
+        let mut distinct = a.servers.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            3,
+            "members on distinct servers: {:?}",
+            a.servers
+        );
+        assert!(
+            !a.servers.contains(&dead),
+            "{:?} still names {dead}",
+            a.servers
+        );
+        // Only the dead server's position moved.
+        for (i, (x, y)) in a.servers.iter().zip(&b.servers).enumerate() {
+            assert!(x == y || *y == dead, "member {i}: {y} became {x}");
+        }
+    }
+    // The rebuilt member of the first group is read (decoded with its parity) once the
+    // server of the other data member dies too.
+    let i = cl.index_of(first[1]).await;
+    cl.chunkservers[i].kill();
+    let got = c.read("/r", 0, len as usize).await.unwrap();
+    same(&got, &common::bytes(4, 0, len as usize), 0);
+}

@@ -4,7 +4,9 @@
 //! heartbeat. Copies run under this server's share of the cluster's repair bandwidth cap.
 
 use crate::Chunkserver;
+use cairn_chunkstore::ChunkStore;
 use cairn_client::DataConn;
+use cairn_ec::{Codec, ReedSolomon};
 use cairn_rpc::pb;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -22,6 +24,10 @@ const PIECE: u64 = 256 << 10;
 const CONCURRENT: usize = 4;
 /// A source request without a reply after this long fails over to the next source.
 const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Stripes a group member's rebuild reads and decodes per step (shards of 4 cells: the
+/// decoder's fixed cost per call is amortised, docs/erasure-coding.md §6).
+const REBUILD_STRIPES: u64 = 4;
 
 /// A stage of a repair that lasts longer than this is logged (once per stage).
 const SLOW_STAGE: Duration = Duration::from_secs(30);
@@ -165,8 +171,8 @@ impl Repairer {
         });
     }
 
-    /// Copies the chunk from the first source that serves it; returns the sealed copy's length
-    /// and CRC.
+    /// Makes this server's copy of the task's chunk (a replica pulled from a source, or a
+    /// group member rebuilt from the others); returns the sealed copy's length and CRC.
     async fn copy(&self, task: &pb::RepairTask) -> Result<(u64, u32), String> {
         let (id, length) = (task.chunk_id, task.length);
         let disks = self.cs.disks();
@@ -189,6 +195,16 @@ impl Repairer {
             disks.unplace(id);
             return Err(e.to_string());
         }
+        if task.ec_data > 0 {
+            self.rebuild(task, &store).await
+        } else {
+            self.pull(task, &store).await
+        }
+    }
+
+    /// Copies a replicated chunk from the first source that serves it.
+    async fn pull(&self, task: &pb::RepairTask, store: &ChunkStore) -> Result<(u64, u32), String> {
+        let (id, length) = (task.chunk_id, task.length);
         let mut sources = Vec::new();
         for s in &task.sources {
             match s.addr.parse() {
@@ -274,6 +290,137 @@ impl Repairer {
                 st.crc32c
             ));
         }
+        Ok((st.length, st.crc32c))
+    }
+}
+
+impl Repairer {
+    /// Rebuilds member `task.member` of a chunk group: reads the same range of K good members
+    /// (data members first; a member that fails is replaced by the next), decodes the missing
+    /// cells and appends this member's, [`REBUILD_STRIPES`] stripes at a time. Every byte read
+    /// is CRC-checked by the serving chunk store; the decode needs exactly K whole ranges.
+    async fn rebuild(
+        &self,
+        task: &pb::RepairTask,
+        store: &ChunkStore,
+    ) -> Result<(u64, u32), String> {
+        let (id, length) = (task.chunk_id, task.length);
+        let (k, m, cell) = (
+            task.ec_data as usize,
+            task.ec_parity as usize,
+            u64::from(task.ec_cell),
+        );
+        let width = k + m;
+        let target = task.member as usize;
+        if task.members.len() != width || target >= width || cell == 0 || length % cell != 0 {
+            return Err(format!(
+                "bad rebuild task: member {target} of {} members, ec {k}+{m}, cell {cell}, length {length}",
+                task.members.len()
+            ));
+        }
+        let codec = ReedSolomon::new(k, m).map_err(|e| e.to_string())?;
+        // Readable members other than the one rebuilt, data members first (they are what
+        // healthy reads touch, and a decode from them needs the fewest parity computations).
+        let mut order: Vec<usize> = (0..width)
+            .filter(|&i| i != target && task.members[i].id != 0)
+            .collect();
+        let mut addrs = Vec::with_capacity(width);
+        for s in &task.members {
+            addrs.push(s.addr.parse::<std::net::SocketAddr>().ok());
+        }
+        order.retain(|&i| addrs[i].is_some());
+        let mut conns: Vec<Option<DataConn>> = (0..width).map(|_| None).collect();
+        let piece = cell * REBUILD_STRIPES;
+        let mut off = 0u64;
+        while off < length {
+            let n = (length - off).min(piece);
+            self.stage(id, "waiting for the bandwidth cap", off);
+            // The bytes read (K ranges) are what this costs the cluster.
+            self.bucket.take(n * k as u64).await;
+            self.stage(id, "reading members", off);
+            let mut cells: Vec<Option<Vec<u8>>> = vec![None; width];
+            let mut have = 0;
+            let mut failed = Vec::new();
+            let mut last = String::from("fewer than K members readable");
+            // K reads at once; a failure is replaced by the next member in `order`.
+            let mut next = 0;
+            while have < k && next < order.len() {
+                let batch: Vec<usize> = order[next..].iter().take(k - have).copied().collect();
+                next += batch.len();
+                let mut ready = Vec::new();
+                for &i in &batch {
+                    if conns[i].is_none() {
+                        match DataConn::connect(addrs[i].expect("kept"), TIMEOUT).await {
+                            Ok(c) => conns[i] = Some(c),
+                            Err(e) => {
+                                last = format!("member {i} (server {}): {e}", task.members[i].id);
+                                failed.push(i);
+                                continue;
+                            }
+                        }
+                    }
+                    ready.push(i);
+                }
+                let reads = ready.iter().map(|&i| {
+                    let c = conns[i].as_ref().expect("connected");
+                    async move {
+                        let r = tokio::time::timeout(TIMEOUT, c.read(id, off, n as usize)).await;
+                        (i, r)
+                    }
+                });
+                let answers = futures::future::join_all(reads).await;
+                for (i, r) in answers {
+                    match r {
+                        Ok(Ok(d)) if d.len() as u64 == n => {
+                            cells[i] = Some(d);
+                            have += 1;
+                        }
+                        Ok(Ok(d)) => {
+                            last = format!("member {i}: {} bytes where {n} were asked", d.len());
+                            failed.push(i);
+                        }
+                        Ok(Err(e)) => {
+                            last = format!("member {i} (server {}): {e}", task.members[i].id);
+                            conns[i] = None;
+                            failed.push(i);
+                        }
+                        Err(_) => {
+                            last = format!("member {i}: no answer in {TIMEOUT:?}");
+                            conns[i] = None;
+                            failed.push(i);
+                        }
+                    }
+                }
+            }
+            if have < k {
+                return Err(format!("{last} (rebuilding at offset {off})"));
+            }
+            if !failed.is_empty() {
+                tracing::warn!(chunk = id, offset = off, error = %last, "a member failed during a rebuild; reading others");
+                order.retain(|i| !failed.contains(i));
+                order.extend(failed);
+            }
+            self.stage(id, "decoding", off);
+            let cells =
+                tokio::task::spawn_blocking(move || codec.reconstruct(&mut cells).map(|()| cells))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
+            let data = cells
+                .into_iter()
+                .nth(target)
+                .flatten()
+                .ok_or("the decoder returned no cell")?;
+            self.stage(id, "writing", off);
+            store
+                .append_unsynced_async(id, off, &data)
+                .await
+                .map_err(|e| e.to_string())?;
+            off += n;
+            self.copied.fetch_add(n, Ordering::Relaxed);
+        }
+        self.stage(id, "sealing", off);
+        let st = store.seal_async(id).await.map_err(|e| e.to_string())?;
         Ok((st.length, st.crc32c))
     }
 }

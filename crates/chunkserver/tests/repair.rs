@@ -81,6 +81,7 @@ async fn a_source_that_stopped_answering_is_asked_last() {
                 addr: source.to_string(),
             },
         ],
+        ..Default::default()
     });
     let done = loop {
         let d = repairer.take_done();

@@ -232,7 +232,7 @@ impl Registry {
             .repairs
             .results(server, &hb.repaired)
             .into_iter()
-            .map(|(chunk, length)| self.repaired(state, chunk, length, server, now))
+            .map(|(chunk, length, member)| self.repaired(state, chunk, length, server, member, now))
             .collect();
         self.repairs.adopt(server, &hb.repairing, state, now);
         let live = self.live.get_mut(&server).expect("inserted above");
@@ -844,6 +844,7 @@ mod tests {
                 length: 5000,
                 server: 4,
                 remove: vec![3],
+                member: None,
             }]
         );
         st.apply(&a.finished[0]).unwrap();

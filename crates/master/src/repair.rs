@@ -12,7 +12,7 @@
 //! schedules the rest again.
 
 use crate::registry::{Registry, RepairResult, ServerState};
-use crate::state::{ChunkId, Command, ServerId, State};
+use crate::state::{ChunkId, Command, MemberMove, ServerId, State};
 use cairn_rpc::pb;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -29,7 +29,12 @@ const RATE_WINDOW: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 struct Task {
     target: ServerId,
+    /// Bytes the target writes: the chunk's length, or a group member's.
     length: u64,
+    /// The chunk's length at the masters (user bytes).
+    chunk_length: u64,
+    /// The group member being rebuilt.
+    member: Option<MemberMove>,
     handed_out: Instant,
     /// The result came back and its Raft command is being written.
     committing: bool,
@@ -92,12 +97,17 @@ impl Repairs {
     /// adopted, so the copy is not taken for an orphan and not scheduled twice.
     pub fn adopt(&mut self, server: ServerId, repairing: &[ChunkId], state: &State, now: Instant) {
         for &c in repairing {
+            // A group's rebuild is not adopted: which member it rebuilds is not reported, so
+            // it is scheduled again (the unrecorded copy becomes an orphan).
             if let Some((_, chunk)) = state.chunk(c)
                 && chunk.sealed
+                && chunk.ec.is_none()
             {
                 self.running.entry(c).or_insert(Task {
                     target: server,
                     length: chunk.length,
+                    chunk_length: chunk.length,
+                    member: None,
                     handed_out: now,
                     committing: false,
                 });
@@ -105,9 +115,13 @@ impl Repairs {
         }
     }
 
-    /// Takes a target's results; returns the (chunk, length) of the successful ones, whose
-    /// tasks now wait for their `Repaired` command to be written.
-    pub fn results(&mut self, server: ServerId, results: &[RepairResult]) -> Vec<(ChunkId, u64)> {
+    /// Takes a target's results; returns the (chunk, chunk length, rebuilt member) of the
+    /// successful ones, whose tasks now wait for their `Repaired` command to be written.
+    pub fn results(
+        &mut self,
+        server: ServerId,
+        results: &[RepairResult],
+    ) -> Vec<(ChunkId, u64, Option<MemberMove>)> {
         let mut out = Vec::new();
         for r in results {
             let Some(t) = self.running.get_mut(&r.chunk_id) else {
@@ -118,7 +132,7 @@ impl Repairs {
             }
             if r.ok && r.length == t.length {
                 t.committing = true;
-                out.push((r.chunk_id, r.length));
+                out.push((r.chunk_id, t.chunk_length, t.member));
             } else {
                 tracing::warn!(chunk = r.chunk_id, server, error = %r.error, "repair failed");
                 self.running.remove(&r.chunk_id);
@@ -168,15 +182,26 @@ impl Registry {
     }
 
     /// The command recording a repair of `chunk` onto `server`: the new copy becomes a
-    /// location, the locations that are not good copies stop being ones.
+    /// location, the locations that are not good copies stop being ones; a rebuilt group
+    /// member takes its position.
     pub fn repaired(
         &self,
         state: &State,
         chunk_id: ChunkId,
         length: u64,
         server: ServerId,
+        member: Option<MemberMove>,
         now: Instant,
     ) -> Command {
+        if member.is_some() {
+            return Command::Repaired {
+                chunk_id,
+                length,
+                server,
+                remove: Vec::new(),
+                member,
+            };
+        }
         let servers = state
             .chunk(chunk_id)
             .map(|(_, c)| c.servers.clone())
@@ -187,6 +212,7 @@ impl Registry {
             length,
             server,
             remove: servers.into_iter().filter(|s| !good.contains(s)).collect(),
+            member: None,
         }
     }
 
@@ -225,14 +251,30 @@ impl Registry {
         let (mut under, mut under_bytes, mut lost_chunks) = (0, 0, 0);
         let mut short = HashMap::new();
         let mut wanted = Vec::new();
+        let mut wanted_groups = Vec::new();
         for (policy, c) in state.chunks_with_policy() {
-            // A group member is not a copy of another member: groups are rebuilt by decoding
-            // (EC repair), never copied here.
-            if !c.sealed || c.length == 0 || c.ec.is_some() {
+            if !c.sealed || c.length == 0 {
                 continue;
             }
-            let good = self.good_copies(state, c.id, c.length, &c.servers, now);
-            if good.len() >= usize::from(policy.replicas) {
+            // A group member is not a copy of another member: a group short of members is
+            // rebuilt by decoding, one member per task.
+            let (is_short, good_count) = match c.ec {
+                Some(g) => {
+                    let member_length = c.stored_length();
+                    let good = c
+                        .servers
+                        .iter()
+                        .filter(|s| self.holds(state.servers().get(s), c.id, member_length, now))
+                        .count();
+                    let width = usize::from(g.k) + usize::from(g.m);
+                    (good < width, good.saturating_sub(usize::from(g.k) - 1))
+                }
+                None => {
+                    let good = self.good_copies(state, c.id, c.length, &c.servers, now);
+                    (good.len() < usize::from(policy.replicas), good.len())
+                }
+            };
+            if !is_short {
                 continue;
             }
             let since = *self.repairs.short_since.get(&c.id).unwrap_or(&now);
@@ -242,12 +284,21 @@ impl Registry {
             }
             under += 1;
             under_bytes += c.length;
-            if good.is_empty() {
+            // `good_count` is 0 when nothing can be read back: no copy, or fewer than K
+            // members.
+            if good_count == 0 {
                 lost_chunks += 1;
                 continue;
             }
-            if !self.repairs.running.contains_key(&c.id) {
-                wanted.push((c.id, c.version, c.length, c.servers.clone(), good));
+            if self.repairs.running.contains_key(&c.id) {
+                continue;
+            }
+            match c.ec {
+                Some(g) => wanted_groups.push((c.id, c.version, c.length, g, c.servers.clone())),
+                None => {
+                    let good = self.good_copies(state, c.id, c.length, &c.servers, now);
+                    wanted.push((c.id, c.version, c.length, c.servers.clone(), good));
+                }
             }
         }
         self.repairs.stuck.retain(|c| short.contains_key(c));
@@ -273,24 +324,14 @@ impl Registry {
                             .live
                             .get(s)
                             .is_some_and(|l| l.corrupt.contains(&chunk_id))
-                        && state
-                            .servers()
-                            .get(s)
-                            .is_some_and(|r| self.state_of(r, now) == ServerState::Up)
+                        && self.is_up(state, *s, now)
                 })
             };
             let Some(target) = self
                 .place_copy(state.servers(), &servers, &good, now)
                 .or_else(in_place)
             else {
-                if self.repairs.stuck.insert(chunk_id) {
-                    tracing::warn!(
-                        chunk = chunk_id,
-                        ?servers,
-                        ?good,
-                        "chunk short of copies and no server can take one"
-                    );
-                }
+                self.note_stuck(chunk_id, &servers);
                 continue;
             };
             self.repairs.stuck.remove(&chunk_id);
@@ -302,41 +343,141 @@ impl Registry {
             // Up sources first, then the least loaded.
             good.sort_by_key(|s| {
                 let l = self.live.get(s);
-                (
-                    state.servers().get(s).map(|r| self.state_of(r, now))
-                        != Some(crate::registry::ServerState::Up),
-                    l.map_or(u32::MAX, |l| l.load),
-                )
+                (!self.is_up(state, *s, now), l.map_or(u32::MAX, |l| l.load))
             });
-            let sources = good
-                .iter()
-                .filter_map(|s| {
-                    state.servers().get(s).map(|r| pb::ServerAddr {
-                        id: *s,
-                        addr: r.addr.clone(),
-                    })
-                })
-                .collect();
+            let sources = good.iter().filter_map(|s| self.addr(state, *s)).collect();
             tracing::info!(chunk = chunk_id, target, ?good, "repair handed out");
-            self.repairs.running.insert(
+            self.hand_out(
                 chunk_id,
-                Task {
-                    target,
-                    length,
-                    handed_out: now,
-                    committing: false,
-                },
-            );
-            self.repairs
-                .outbox
-                .entry(target)
-                .or_default()
-                .push(pb::RepairTask {
+                target,
+                length,
+                length,
+                None,
+                now,
+                pb::RepairTask {
                     chunk_id,
                     version,
                     length,
                     sources,
-                });
+                    ..Default::default()
+                },
+            );
         }
+        for (chunk_id, version, length, g, servers) in wanted_groups {
+            if self.repairs.running.len() >= TOTAL {
+                break;
+            }
+            let member_length = length / u64::from(g.k);
+            let good: Vec<bool> = servers
+                .iter()
+                .map(|s| self.holds(state.servers().get(s), chunk_id, member_length, now))
+                .collect();
+            let Some(index) = good.iter().position(|g| !g) else {
+                continue;
+            };
+            let from = servers[index];
+            // Another server than every member's; else the member's own server in place
+            // when it is up (its copy is bad, or it lost it).
+            let target = self
+                .place_copy(state.servers(), &servers, &[], now)
+                .or_else(|| self.is_up(state, from, now).then_some(from));
+            let Some(target) = target else {
+                self.note_stuck(chunk_id, &servers);
+                continue;
+            };
+            self.repairs.stuck.remove(&chunk_id);
+            let n = per_target.entry(target).or_default();
+            if *n >= PER_TARGET {
+                continue;
+            }
+            *n += 1;
+            let members = servers
+                .iter()
+                .zip(&good)
+                .map(|(s, ok)| match ok {
+                    true => self.addr(state, *s).unwrap_or_default(),
+                    false => pb::ServerAddr::default(),
+                })
+                .collect();
+            tracing::info!(
+                chunk = chunk_id,
+                target,
+                member = index,
+                from,
+                "member rebuild handed out"
+            );
+            let member = MemberMove {
+                index: index as u8,
+                from,
+            };
+            self.hand_out(
+                chunk_id,
+                target,
+                member_length,
+                length,
+                Some(member),
+                now,
+                pb::RepairTask {
+                    chunk_id,
+                    version,
+                    length: member_length,
+                    sources: Vec::new(),
+                    ec_data: u32::from(g.k),
+                    ec_parity: u32::from(g.m),
+                    ec_cell: g.cell,
+                    member: index as u32,
+                    members,
+                },
+            );
+        }
+    }
+
+    fn is_up(&self, state: &State, server: ServerId, now: Instant) -> bool {
+        state
+            .servers()
+            .get(&server)
+            .is_some_and(|r| self.state_of(r, now) == ServerState::Up)
+    }
+
+    fn addr(&self, state: &State, server: ServerId) -> Option<pb::ServerAddr> {
+        state.servers().get(&server).map(|r| pb::ServerAddr {
+            id: server,
+            addr: r.addr.clone(),
+        })
+    }
+
+    fn note_stuck(&mut self, chunk_id: ChunkId, servers: &[ServerId]) {
+        if self.repairs.stuck.insert(chunk_id) {
+            tracing::warn!(
+                chunk = chunk_id,
+                ?servers,
+                "chunk short of copies and no server can take one"
+            );
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn hand_out(
+        &mut self,
+        chunk_id: ChunkId,
+        target: ServerId,
+        length: u64,
+        chunk_length: u64,
+        member: Option<MemberMove>,
+        now: Instant,
+        task: pb::RepairTask,
+    ) {
+        self.repairs.running.insert(
+            chunk_id,
+            Task {
+                target,
+                length,
+                chunk_length,
+                member,
+                handed_out: now,
+                committing: false,
+            },
+        );
+        self.repairs.outbox.entry(target).or_default().push(task);
     }
 }

@@ -179,6 +179,14 @@ pub struct Group {
     pub cell: u32,
 }
 
+/// A chunk group's member rebuilt by a repair: position `index` of the group's servers,
+/// held by `from` before the repair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberMove {
+    pub index: u8,
+    pub from: ServerId,
+}
+
 /// Cell size of new chunk groups.
 pub const DEFAULT_CELL: u32 = 64 << 10;
 
@@ -323,11 +331,17 @@ pub enum Command {
     /// A repair copied a sealed chunk to `server`: it becomes a location and `remove` (the
     /// copies that were down, draining or stale) stop being locations. Ignored when the chunk
     /// is gone or its length changed meanwhile.
+    ///
+    /// For a chunk group, `member` names the rebuilt member: its position moves from the
+    /// server it names to `server` (the same server when rebuilt in place), `remove` is empty,
+    /// and nothing changes unless that position still holds that server.
     Repaired {
         chunk_id: ChunkId,
         length: u64,
         server: ServerId,
         remove: Vec<ServerId>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        member: Option<MemberMove>,
     },
     SetConfig {
         config: Config,
@@ -1028,6 +1042,7 @@ impl State {
                 length,
                 server,
                 remove,
+                member,
             } => {
                 let Some(owner) = self.chunk_owner.get(chunk_id).copied() else {
                     return Ok(Reply::default());
@@ -1043,10 +1058,24 @@ impl State {
                     && c.sealed
                     && c.length == *length
                 {
-                    if !c.servers.contains(server) {
-                        c.servers.push(*server);
+                    match (member, c.ec) {
+                        (None, None) => {
+                            if !c.servers.contains(server) {
+                                c.servers.push(*server);
+                            }
+                            c.servers.retain(|s| s == server || !remove.contains(s));
+                        }
+                        (Some(mv), Some(_)) => {
+                            let i = usize::from(mv.index);
+                            // Members stay on distinct servers.
+                            let fresh = *server == mv.from || !c.servers.contains(server);
+                            if c.servers.get(i) == Some(&mv.from) && fresh {
+                                c.servers[i] = *server;
+                            }
+                        }
+                        // A replica's repair recorded for a group, or the reverse: stale.
+                        _ => {}
                     }
-                    c.servers.retain(|s| s == server || !remove.contains(s));
                 }
                 Ok(Reply::default())
             }
@@ -1211,6 +1240,37 @@ mod tests {
         // The same commit again (a retry after a lost answer) changes nothing and succeeds.
         let again = s.apply(&commit(vec![tail.id], 1 << 18)).unwrap();
         assert_eq!(again.inode.unwrap().file().unwrap().chunks.len(), 1);
+
+        // A rebuilt member takes its position, only from the server the repair replaced and
+        // never onto another member's server; a replica's repair record changes no group.
+        let mut seal = commit(vec![], 1 << 18);
+        if let Command::Commit { updates, .. } = &mut seal {
+            updates[0].sealed = true;
+        }
+        s.apply(&seal).unwrap();
+        let rebuilt = |server, index, from| Command::Repaired {
+            chunk_id: group.id,
+            length: 1 << 18,
+            server,
+            remove: vec![],
+            member: Some(MemberMove { index, from }),
+        };
+        let servers = |s: &State| s.chunk(group.id).unwrap().1.servers.clone();
+        s.apply(&rebuilt(7, 2, 3)).unwrap();
+        assert_eq!(servers(&s), vec![1, 2, 7, 4, 5, 6]);
+        s.apply(&rebuilt(8, 2, 3)).unwrap(); // stale: position 2 moved already
+        s.apply(&rebuilt(1, 3, 4)).unwrap(); // 1 holds member 0
+        s.apply(&Command::Repaired {
+            chunk_id: group.id,
+            length: 1 << 18,
+            server: 9,
+            remove: vec![1],
+            member: None,
+        })
+        .unwrap();
+        assert_eq!(servers(&s), vec![1, 2, 7, 4, 5, 6]);
+        s.apply(&rebuilt(4, 3, 4)).unwrap(); // in place
+        assert_eq!(servers(&s), vec![1, 2, 7, 4, 5, 6]);
     }
 
     #[test]
