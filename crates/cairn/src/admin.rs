@@ -22,7 +22,10 @@ pub enum AdminCommand {
     Drain { server_id: u64 },
     /// Place new chunks on a drained chunkserver again.
     Undrain { server_id: u64 },
-    /// Change a cluster setting: `repair-bandwidth 100m` (bytes/s all repairs share).
+    /// Change a cluster setting: `repair-bandwidth 100m` (bytes/s all repairs share),
+    /// `background-bandwidth 200m` (bytes/s of repair, conversion and scrub together, per
+    /// chunkserver), `convert-after 3600` (seconds a `then:ec` file stays unchanged before
+    /// its sealed chunks are converted).
     Set { setting: String, value: String },
     /// Make a chunkserver (started with --fault-injection) slow, failing or frozen; `--clear`
     /// (or no fault option) removes every fault.
@@ -143,8 +146,23 @@ pub fn run(a: AdminArgs) -> anyhow::Result<()> {
                     "repair-bandwidth" => pb::ConfigRequest {
                         repair_bytes_per_sec: crate::bench::parse_size(&value)
                             .map_err(|e| anyhow::anyhow!(e))?,
+                        ..Default::default()
                     },
-                    other => anyhow::bail!("unknown setting {other:?} (known: repair-bandwidth)"),
+                    "background-bandwidth" => pb::ConfigRequest {
+                        background_bytes_per_sec: Some(
+                            crate::bench::parse_size(&value).map_err(|e| anyhow::anyhow!(e))?,
+                        ),
+                        ..Default::default()
+                    },
+                    "convert-after" => pb::ConfigRequest {
+                        convert_after_secs: Some(value.trim_end_matches('s').parse().map_err(
+                            |_| anyhow::anyhow!("convert-after: seconds, e.g. 3600, not {value:?}"),
+                        )?),
+                        ..Default::default()
+                    },
+                    other => anyhow::bail!(
+                        "unknown setting {other:?} (known: repair-bandwidth, background-bandwidth, convert-after)"
+                    ),
                 };
                 m.send(req, |mut c, r| async move { c.set_config(r).await })
                     .await?;

@@ -457,6 +457,13 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
                 "rate_bytes_per_sec": s.repair_rate,
                 "bandwidth_cap_bytes_per_sec": s.repair_bytes_per_sec,
             },
+            "conversion": {
+                "waiting_chunks": s.conversions_waiting,
+                "running": s.conversions_running, "done": s.conversions_done,
+                "failed": s.conversions_failed, "converted_bytes": s.converted_bytes,
+                "convert_after_secs": s.convert_after_secs,
+            },
+            "background_bytes_per_sec_per_server": s.background_bytes_per_sec,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -545,6 +552,17 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         human(s.repaired_bytes),
         human(s.repair_rate),
         human(s.repair_bytes_per_sec)
+    );
+    println!(
+        "conversion to EC: {} chunks waiting (sealed, unchanged for {} s), {} running, {} done, \
+         {} failed, {} converted; background bandwidth {}/s per chunkserver",
+        s.conversions_waiting,
+        s.convert_after_secs,
+        s.conversions_running,
+        s.conversions_done,
+        s.conversions_failed,
+        human(s.converted_bytes),
+        human(s.background_bytes_per_sec)
     );
     Ok(())
 }

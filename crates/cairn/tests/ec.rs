@@ -353,3 +353,128 @@ async fn a_lost_group_member_is_rebuilt_from_the_others() {
     let got = c.read("/r", 0, len as usize).await.unwrap();
     same(&got, &common::bytes(4, 0, len as usize), 0);
 }
+
+/// `replicas:3,then:ec:2+1`: once the file has been left alone for the conversion age, its
+/// sealed chunks are encoded into groups by the chunkservers and switched in one step each;
+/// the replicas go. A worker chunkserver and the master killed mid-conversion leave every
+/// byte readable, and the conversion finishes afterwards; the groups survive a lost server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn then_ec_files_are_converted_and_survive_kills_mid_conversion() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cl = Cluster::start(dir.path(), 1, 4).await;
+    let masters = cl.master_addrs().join(",");
+    let opts = cairn_client::ClientOptions {
+        chunk_size: 1 << 20,
+        ..cairn_client::ClientOptions::default()
+    };
+    let c = cl.client_with(opts).await;
+    let mut w = c
+        .create("/t", ec_opts("replicas:3,then:ec:2+1"))
+        .await
+        .unwrap();
+    let len = 24_000_017u64;
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(300_001);
+        w.append(&common::bytes(5, off, n as usize)).await.unwrap();
+        off += n;
+    }
+    assert_eq!(w.close().await.unwrap(), len);
+    let before = common::chunks(&c, "/t").await;
+    assert!(before.len() >= 20, "{} chunks", before.len());
+    let check = |c: cairn_client::Client| async move {
+        let got = c.read("/t", 0, len as usize).await.unwrap();
+        same(&got, &common::bytes(5, 0, len as usize), 0);
+    };
+    // Younger than the conversion age (an hour by default): nothing moves.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let s = cl.status().await.unwrap();
+    assert_eq!((s.conversions_waiting, s.conversions_done), (0, 0), "{s:?}");
+    assert!(
+        common::chunks(&c, "/t")
+            .await
+            .iter()
+            .all(|c| c.ec_data == 0)
+    );
+
+    // Slow background work (1 MiB/s per server), so that the kills land mid-conversion.
+    let admin = |args: &[&str]| {
+        run_ok(cairn().args(["admin", "--cluster", &masters]).args(args));
+    };
+    admin(&["set", "background-bandwidth", "1m"]);
+    admin(&["set", "convert-after", "0"]);
+    let converted =
+        |chunks: &[cairn_rpc::pb::ChunkMeta]| chunks.iter().filter(|c| c.ec_data > 0).count();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while converted(&common::chunks(&c, "/t").await) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no conversion started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let s = cl.status().await.unwrap();
+    eprintln!(
+        "killing a chunkserver with {} conversions running, {} done",
+        s.conversions_running, s.conversions_done
+    );
+    cl.chunkservers[0].kill();
+    check(c.clone()).await;
+    cl.chunkservers[0].start();
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    cl.masters[0].kill();
+    cl.masters[0].start();
+    cl.wait_servers_up(4, std::time::Duration::from_secs(30))
+        .await;
+    check(c.clone()).await;
+    admin(&["set", "background-bandwidth", "200m"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let after = loop {
+        let ch = common::chunks(&c, "/t").await;
+        if converted(&ch) == ch.len() {
+            break ch;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {} chunks converted; {:?}",
+            converted(&ch),
+            ch.len(),
+            cl.status().await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    for (a, b) in after.iter().zip(&before) {
+        assert_eq!(a.length, b.length);
+        assert_ne!(a.id, b.id, "a group has an id of its own");
+        assert!(a.sealed);
+        let mut distinct = a.servers.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 3, "{:?}", a.servers);
+    }
+    check(c.clone()).await;
+    // The replicas (and the members of abandoned tries) are deleted: each server ends up
+    // holding exactly its members, 1.5× the bytes instead of 3×.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let s = cl.status().await.unwrap();
+        let held: u64 = s.servers.iter().map(|x| x.chunk_count).sum();
+        if held == 3 * after.len() as u64 && s.pending_deletes == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "servers hold {held} chunks, want {}; {} pending deletes",
+            3 * after.len(),
+            s.pending_deletes
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let s = cl.status().await.unwrap();
+    eprintln!(
+        "converted {} chunks ({} bytes) since the restart, {} failed",
+        s.conversions_done, s.converted_bytes, s.conversions_failed
+    );
+    cl.chunkservers[2].kill();
+    check(c.clone()).await;
+}

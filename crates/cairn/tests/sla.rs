@@ -363,6 +363,7 @@ async fn a_down_servers_chunks_are_re_replicated_under_the_bandwidth_cap() {
     m.send(
         pb::ConfigRequest {
             repair_bytes_per_sec: cap,
+            ..Default::default()
         },
         |mut c, r| async move { c.set_config(r).await },
     )

@@ -152,6 +152,7 @@ pub async fn run(
                 }
             };
             repairer.set_rate(reply.repair_bytes_per_sec);
+            cs.set_background_rate(reply.background_bytes_per_sec);
             repairer.log_slow();
             for task in reply.repairs {
                 repairer.start(task);

@@ -65,7 +65,12 @@ pub struct Chunkserver {
     recv_pool: BufPool,
     /// Copies the scrubber found bad, until repair replaces them.
     corrupt: scrub::BadSet,
+    /// The background bandwidth (repair, conversion and scrub together), from the masters.
+    background: repair::Bucket,
 }
+
+/// Background bandwidth until the masters set one (theirs is the same by default).
+const DEFAULT_BACKGROUND_BYTES_PER_SEC: u64 = 200 << 20;
 
 /// Bytes of a connection's read buffer.
 const READ_BUFFER: usize = 64 << 10;
@@ -203,7 +208,29 @@ impl Chunkserver {
             faults: tokio::sync::watch::Sender::new(FaultSpec::default()),
             recv_pool: BufPool::new(RECV_BUFFERS),
             corrupt: Default::default(),
+            background: repair::Bucket::new(DEFAULT_BACKGROUND_BYTES_PER_SEC),
         })
+    }
+
+    /// Sets the background bandwidth (bytes/s; 0 leaves it as is).
+    pub fn set_background_rate(&self, bytes_per_sec: u64) {
+        self.background.set_rate(bytes_per_sec);
+    }
+
+    /// The background bandwidth now, bytes/s.
+    pub fn background_rate(&self) -> u64 {
+        self.background.rate()
+    }
+
+    /// Waits until background work may move `n` more bytes: within the background
+    /// bandwidth, and behind foreground requests (for at most `max_yield`, so that repairs
+    /// progress under a constant load).
+    pub(crate) async fn background(&self, n: u64, max_yield: std::time::Duration) {
+        let until = std::time::Instant::now() + max_yield;
+        while self.load() > 0 && std::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        self.background.take(n).await;
     }
 
     /// Copies the scrubber found bad and repair has not replaced yet.

@@ -29,6 +29,13 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// decoder's fixed cost per call is amortised, docs/erasure-coding.md §6).
 const REBUILD_STRIPES: u64 = 4;
 
+/// How long a step of a repair or conversion waits at most while foreground requests are
+/// being served (then it goes on: repairs must progress under a constant load).
+const FOREGROUND_FIRST: Duration = Duration::from_millis(20);
+
+/// Stripes a conversion encodes and writes per step.
+const CONVERT_STRIPES: u64 = 4;
+
 /// A stage of a repair that lasts longer than this is logged (once per stage).
 const SLOW_STAGE: Duration = Duration::from_secs(30);
 
@@ -60,6 +67,8 @@ pub struct Repairer {
     slots: Arc<Semaphore>,
     /// Bytes copied since start (for metrics).
     pub copied: AtomicU64,
+    /// User bytes converted to chunk groups since start (for metrics).
+    pub converted: AtomicU64,
 }
 
 impl Repairer {
@@ -71,6 +80,7 @@ impl Repairer {
             bucket: Bucket::new(64 << 20),
             slots: Arc::new(Semaphore::new(CONCURRENT)),
             copied: AtomicU64::new(0),
+            converted: AtomicU64::new(0),
         })
     }
 
@@ -133,8 +143,25 @@ impl Repairer {
             let _slot = this.slots.clone().acquire_owned().await;
             let t0 = Instant::now();
             let id = task.chunk_id;
-            let r = this.copy(&task).await;
+            let r = match task.convert_from {
+                0 => this.copy(&task).await,
+                _ => this.convert(&task).await,
+            };
             let done = match r {
+                Ok((length, crc32c)) if task.convert_from != 0 => {
+                    tracing::info!(group = id, chunk = task.convert_from, elapsed = ?t0.elapsed(), "chunk converted");
+                    metrics::counter!("cairn_chunkserver_conversions_total", "result" => "ok")
+                        .increment(1);
+                    metrics::counter!("cairn_chunkserver_converted_bytes_total")
+                        .increment(task.length);
+                    pb::RepairDone {
+                        chunk_id: id,
+                        ok: true,
+                        length,
+                        crc32c,
+                        error: String::new(),
+                    }
+                }
                 Ok((length, crc32c)) => {
                     tracing::info!(chunk = id, length, elapsed = ?t0.elapsed(), "chunk repaired");
                     metrics::counter!("cairn_chunkserver_repairs_total", "result" => "ok")
@@ -227,6 +254,7 @@ impl Repairer {
             let n = (length - off).min(piece);
             self.stage(id, "waiting for the bandwidth cap", off);
             self.bucket.take(n).await;
+            self.cs.background(n, FOREGROUND_FIRST).await;
             self.stage(id, "reading from a source", off);
             let mut last = String::from("no source");
             let mut data = None;
@@ -337,6 +365,7 @@ impl Repairer {
             self.stage(id, "waiting for the bandwidth cap", off);
             // The bytes read (K ranges) are what this costs the cluster.
             self.bucket.take(n * k as u64).await;
+            self.cs.background(n * k as u64, FOREGROUND_FIRST).await;
             self.stage(id, "reading members", off);
             let mut cells: Vec<Option<Vec<u8>>> = vec![None; width];
             let mut have = 0;
@@ -425,6 +454,137 @@ impl Repairer {
     }
 }
 
+impl Repairer {
+    /// Converts this server's copy of `task.convert_from` into chunk group `task.chunk_id` on
+    /// `task.members` (crate::conversion in the masters): whole stripes, the last padded with
+    /// zeros, [`CONVERT_STRIPES`] at a time, encoded in one call and appended to every member
+    /// at once; then every member is sealed and its length and CRC32C compared with what was
+    /// encoded. Returns a member's length.
+    async fn convert(&self, task: &pb::RepairTask) -> Result<(u64, u32), String> {
+        let (group, from, length) = (task.chunk_id, task.convert_from, task.length);
+        let (k, m, cell) = (
+            task.ec_data as usize,
+            task.ec_parity as usize,
+            task.ec_cell as usize,
+        );
+        let width = k + m;
+        if task.members.len() != width || cell == 0 || cell % cairn_ec::CELL_ALIGN != 0 {
+            return Err(format!(
+                "bad conversion task: {} members for ec {k}+{m}, cell {cell}",
+                task.members.len()
+            ));
+        }
+        let codec = ReedSolomon::new(k, m).map_err(|e| e.to_string())?;
+        self.stage(group, "opening the copy", 0);
+        let store = self.cs.disks().find(from).map_err(|e| e.to_string())?;
+        let st = store.stat(from).map_err(|e| e.to_string())?;
+        if st.length < length {
+            return Err(format!(
+                "copy of chunk {from} holds {} bytes, the masters know {length}",
+                st.length
+            ));
+        }
+        self.stage(group, "creating the members", 0);
+        let mut conns = Vec::with_capacity(width);
+        for s in &task.members {
+            let addr: std::net::SocketAddr = s
+                .addr
+                .parse()
+                .map_err(|_| format!("bad member address {:?}", s.addr))?;
+            let c = DataConn::connect(addr, TIMEOUT)
+                .await
+                .map_err(|e| format!("member server {}: {e}", s.id))?;
+            c.create(group, task.version, Vec::new())
+                .await
+                .map_err(|e| format!("creating on server {}: {e}", s.id))?;
+            conns.push(c);
+        }
+        let stripe = (k * cell) as u64;
+        let stripes = length.div_ceil(stripe);
+        let mut crcs = vec![0u32; width];
+        let mut s = 0u64;
+        while s < stripes {
+            let ns = (stripes - s).min(CONVERT_STRIPES);
+            let off = s * stripe;
+            let n = (length - off).min(ns * stripe) as usize;
+            self.stage(group, "waiting for the bandwidth", off);
+            self.cs.background(n as u64, FOREGROUND_FIRST).await;
+            self.stage(group, "reading the copy", off);
+            let st = store.clone();
+            let buf = tokio::task::spawn_blocking(move || st.read_buf(from, off, n))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            let mut user = vec![0u8; n];
+            buf.copy_to(&mut user);
+            self.stage(group, "encoding", off);
+            let shard = ns as usize * cell;
+            let shards = tokio::task::spawn_blocking(move || {
+                // Data member i's shard: cell i of every stripe, zeros past the length.
+                let mut shards = vec![vec![0u8; shard]; k];
+                for t in 0..ns as usize {
+                    for (i, sh) in shards.iter_mut().enumerate() {
+                        let a = t * k * cell + i * cell;
+                        if a < user.len() {
+                            let b = (a + cell).min(user.len());
+                            sh[t * cell..t * cell + (b - a)].copy_from_slice(&user[a..b]);
+                        }
+                    }
+                }
+                let refs: Vec<&[u8]> = shards.iter().map(Vec::as_slice).collect();
+                let parity = codec.encode(&refs)?;
+                shards.extend(parity);
+                Ok::<_, cairn_ec::CodecError>(shards)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+            self.stage(group, "writing the members", off);
+            let member_off = s * cell as u64;
+            let writes = conns.iter().zip(shards).enumerate().map(|(i, (c, sh))| {
+                let crc = cairn_proto::frame::crc32c(&sh);
+                let len = sh.len();
+                async move {
+                    let r = tokio::time::timeout(TIMEOUT, c.append(group, member_off, sh)).await;
+                    (i, crc, len, r)
+                }
+            });
+            for (i, crc, len, r) in futures::future::join_all(writes).await {
+                let id = task.members[i].id;
+                match r {
+                    Ok(Ok(_)) => {
+                        crcs[i] = cairn_chunkstore::checksum::crc32c_combine(crcs[i], crc, len);
+                    }
+                    Ok(Err(e)) => return Err(format!("member {i} (server {id}): {e}")),
+                    Err(_) => {
+                        return Err(format!(
+                            "member {i} (server {id}): no answer in {TIMEOUT:?}"
+                        ));
+                    }
+                }
+            }
+            self.converted.fetch_add(n as u64, Ordering::Relaxed);
+            s += ns;
+        }
+        self.stage(group, "sealing the members", length);
+        let member_length = stripes * cell as u64;
+        for (i, c) in conns.iter().enumerate() {
+            let id = task.members[i].id;
+            let info = c
+                .seal(group)
+                .await
+                .map_err(|e| format!("sealing member {i} on server {id}: {e}"))?;
+            if info.length != member_length || info.crc32c != crcs[i] {
+                return Err(format!(
+                    "member {i} on server {id}: sealed at {} bytes with CRC {:#010x}, {member_length} with {:#010x} were written",
+                    info.length, info.crc32c, crcs[i]
+                ));
+            }
+        }
+        Ok((member_length, 0))
+    }
+}
+
 /// A token bucket: `take(n)` waits until `n` bytes fit the rate. Allows a burst of 10 ms (at
 /// least two pieces): pieces are spread over time, not sent back to back.
 /// A token bucket of bytes/s (repairs here; the scrubber too).
@@ -439,6 +599,17 @@ impl Bucket {
             rate: AtomicU64::new(rate),
             state: Mutex::new((0.0, Instant::now())),
         }
+    }
+
+    /// Sets the rate (0 leaves it as is).
+    pub(crate) fn set_rate(&self, rate: u64) {
+        if rate > 0 {
+            self.rate.store(rate, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn rate(&self) -> u64 {
+        self.rate.load(Ordering::Relaxed)
     }
 
     pub(crate) async fn take(&self, n: u64) {

@@ -112,6 +112,7 @@ impl Scrubber {
                 tokio::time::sleep(YIELD).await;
             }
             self.bucket.take(n as u64).await;
+            self.cs.background(n as u64, Duration::ZERO).await;
             let store = store.clone();
             let r = tokio::task::spawn_blocking(move || store.read_buf(id, off, n))
                 .await

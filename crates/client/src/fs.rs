@@ -483,10 +483,11 @@ impl Client {
     /// # Errors
     /// The range is past the readable end, the file is missing, or no replica can serve it.
     pub async fn read(&self, path: &str, offset: u64, len: usize) -> Result<Vec<u8>> {
-        // Sealed chunks never change: a cached list whose chunks are all sealed serves any
-        // range inside them without asking the masters (a file that grew is asked again).
+        // Sealed chunks never change their bytes: a cached list whose chunks are all sealed
+        // serves any range inside them without asking the masters (a file that grew is asked
+        // again).
         let cached = self.inner.cache.lock().get(path).cloned();
-        let mut view = match cached {
+        let view = match cached {
             Some(v)
                 if v.chunks.iter().all(|c| c.sealed) && known_length(&v) >= offset + len as u64 =>
             {
@@ -494,6 +495,28 @@ impl Client {
             }
             _ => self.refresh(path).await?,
         };
+        match self.read_view(path, view.clone(), offset, len).await {
+            // A sealed chunk converted to a chunk group since the list was fetched has a new
+            // id, and its replicas go: the fresh list has the group.
+            Err(e @ Error::NoReplica { .. }) => {
+                let fresh = self.refresh(path).await?;
+                let ids = |v: &View| v.chunks.iter().map(|c| c.id).collect::<Vec<_>>();
+                if ids(&fresh) == ids(&view) {
+                    return Err(e);
+                }
+                self.read_view(path, fresh, offset, len).await
+            }
+            r => r,
+        }
+    }
+
+    async fn read_view(
+        &self,
+        path: &str,
+        mut view: Arc<View>,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
         // An open chunk whose replicas did not all answer has an uncertain length: the ones
         // that hold the acknowledged bytes may be the ones that did not answer. Such a range
         // is asked again (fresh locations, the writer may have sealed and moved on) for up to

@@ -156,6 +156,17 @@ pub fn config(r: &pb::ConfigRequest, current: &Config) -> Result<Config, MetaErr
         }
         c.repair_bytes_per_sec = r.repair_bytes_per_sec;
     }
+    if let Some(secs) = r.convert_after_secs {
+        c.convert_after_secs = secs;
+    }
+    if let Some(b) = r.background_bytes_per_sec {
+        if b < MIN_REPAIR_BYTES_PER_SEC {
+            return Err(MetaError::invalid(format!(
+                "background bandwidth must be at least {MIN_REPAIR_BYTES_PER_SEC} bytes/s"
+            )));
+        }
+        c.background_bytes_per_sec = b;
+    }
     Ok(c)
 }
 

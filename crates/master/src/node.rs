@@ -117,6 +117,7 @@ pub async fn serve(
             loop {
                 tick.tick().await;
                 meta.scan_repairs();
+                meta.scan_conversions().await;
                 meta.export_metrics();
             }
         })

@@ -139,6 +139,7 @@ pub struct HeartbeatAnswer {
     /// Repairs for the server to start.
     pub repairs: Vec<pb::RepairTask>,
     pub repair_bytes_per_sec: u64,
+    pub background_bytes_per_sec: u64,
     /// Finished repairs to record in the replicated state.
     pub finished: Vec<crate::state::Command>,
 }
@@ -232,7 +233,10 @@ impl Registry {
             .repairs
             .results(server, &hb.repaired)
             .into_iter()
-            .map(|(chunk, length, member)| self.repaired(state, chunk, length, server, member, now))
+            .map(|f| match f.convert {
+                true => crate::conversion::end(f.chunk, true),
+                false => self.repaired(state, f.chunk, f.chunk_length, server, f.member, now),
+            })
             .collect();
         self.repairs.adopt(server, &hb.repairing, state, now);
         let live = self.live.get_mut(&server).expect("inserted above");
@@ -250,6 +254,7 @@ impl Registry {
                 delete: Vec::new(),
                 repairs: Vec::new(),
                 repair_bytes_per_sec: 0,
+                background_bytes_per_sec: state.config().background_bytes_per_sec,
                 finished,
             };
         }
@@ -262,7 +267,10 @@ impl Registry {
             let listed = state
                 .chunk(c)
                 .is_some_and(|(_, chunk)| chunk.servers.contains(&server));
-            !listed && !live.repairing.contains(&c) && !repairs.targets(c, server)
+            !listed
+                && !live.repairing.contains(&c)
+                && !repairs.targets(c, server)
+                && !state.converting_on(c, server)
         };
         let reported = live.reported.as_ref().expect("set above");
         live.orphans
@@ -289,6 +297,7 @@ impl Registry {
             delete,
             repairs,
             repair_bytes_per_sec: self.repairs.share(state.config().repair_bytes_per_sec),
+            background_bytes_per_sec: state.config().background_bytes_per_sec,
             finished,
         }
     }

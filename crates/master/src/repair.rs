@@ -35,6 +35,8 @@ struct Task {
     chunk_length: u64,
     /// The group member being rebuilt.
     member: Option<MemberMove>,
+    /// A conversion: the replicated chunk being encoded (the task's id is the group's).
+    convert: Option<ChunkId>,
     handed_out: Instant,
     /// The result came back and its Raft command is being written.
     committing: bool,
@@ -57,6 +59,22 @@ pub struct Repairs {
     pub under_replicated: u64,
     pub under_replicated_bytes: u64,
     pub lost: u64,
+    /// Conversions finished and failed since this master became leader, their user bytes,
+    /// and the chunks waiting for one (from the last conversion scan).
+    pub conversions_done: u64,
+    pub conversions_failed: u64,
+    pub converted_bytes: u64,
+    pub conversions_waiting: u64,
+}
+
+/// A task whose target reported success: its command is written next.
+#[derive(Debug, Clone, Copy)]
+pub struct Finished {
+    pub chunk: ChunkId,
+    /// The chunk's length at the masters.
+    pub chunk_length: u64,
+    pub member: Option<MemberMove>,
+    pub convert: bool,
 }
 
 impl Repairs {
@@ -66,7 +84,58 @@ impl Repairs {
     }
 
     pub fn running(&self) -> usize {
-        self.running.len()
+        self.running
+            .values()
+            .filter(|t| t.convert.is_none())
+            .count()
+    }
+
+    /// Conversions running now.
+    pub fn conversions_running(&self) -> usize {
+        self.running
+            .values()
+            .filter(|t| t.convert.is_some())
+            .count()
+    }
+
+    /// Whether a task (repair or conversion) of `id` runs.
+    pub fn is_running(&self, id: ChunkId) -> bool {
+        self.running.contains_key(&id)
+    }
+
+    /// The worker of every running conversion.
+    pub fn converters(&self) -> impl Iterator<Item = ServerId> + '_ {
+        self.running
+            .values()
+            .filter(|t| t.convert.is_some())
+            .map(|t| t.target)
+    }
+
+    /// Hands conversion `task` (to group `group`) out to `worker`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn hand_out_conversion(
+        &mut self,
+        group: ChunkId,
+        chunk: ChunkId,
+        worker: ServerId,
+        member_length: u64,
+        chunk_length: u64,
+        now: Instant,
+        task: pb::RepairTask,
+    ) {
+        self.running.insert(
+            group,
+            Task {
+                target: worker,
+                length: member_length,
+                chunk_length,
+                member: None,
+                convert: Some(chunk),
+                handed_out: now,
+                committing: false,
+            },
+        );
+        self.outbox.entry(worker).or_default().push(task);
     }
 
     /// Bytes/s repaired over the last window.
@@ -108,6 +177,7 @@ impl Repairs {
                     length: chunk.length,
                     chunk_length: chunk.length,
                     member: None,
+                    convert: None,
                     handed_out: now,
                     committing: false,
                 });
@@ -115,13 +185,9 @@ impl Repairs {
         }
     }
 
-    /// Takes a target's results; returns the (chunk, chunk length, rebuilt member) of the
-    /// successful ones, whose tasks now wait for their `Repaired` command to be written.
-    pub fn results(
-        &mut self,
-        server: ServerId,
-        results: &[RepairResult],
-    ) -> Vec<(ChunkId, u64, Option<MemberMove>)> {
+    /// Takes a target's results; returns the successful ones, whose tasks now wait for their
+    /// command (`Repaired`, `ConvertEnd`) to be written.
+    pub fn results(&mut self, server: ServerId, results: &[RepairResult]) -> Vec<Finished> {
         let mut out = Vec::new();
         for r in results {
             let Some(t) = self.running.get_mut(&r.chunk_id) else {
@@ -132,11 +198,23 @@ impl Repairs {
             }
             if r.ok && r.length == t.length {
                 t.committing = true;
-                out.push((r.chunk_id, t.chunk_length, t.member));
+                out.push(Finished {
+                    chunk: r.chunk_id,
+                    chunk_length: t.chunk_length,
+                    member: t.member,
+                    convert: t.convert.is_some(),
+                });
             } else {
-                tracing::warn!(chunk = r.chunk_id, server, error = %r.error, "repair failed");
-                self.running.remove(&r.chunk_id);
-                self.failed += 1;
+                tracing::warn!(chunk = r.chunk_id, server, error = %r.error, "repair or conversion failed");
+                if self
+                    .running
+                    .remove(&r.chunk_id)
+                    .is_some_and(|t| t.convert.is_some())
+                {
+                    self.conversions_failed += 1;
+                } else {
+                    self.failed += 1;
+                }
             }
         }
         out
@@ -145,6 +223,17 @@ impl Repairs {
     /// The `Repaired` command of `chunk` was written (or failed to be): the task is over.
     pub fn committed(&mut self, chunk: ChunkId, ok: bool, now: Instant) {
         if let Some(t) = self.running.remove(&chunk) {
+            if t.convert.is_some() {
+                tracing::info!(group = chunk, worker = t.target, ok, "conversion recorded");
+                match ok {
+                    true => {
+                        self.conversions_done += 1;
+                        self.converted_bytes += t.chunk_length;
+                    }
+                    false => self.conversions_failed += 1,
+                }
+                return;
+            }
             tracing::info!(chunk, target = t.target, ok, "repair recorded");
             if ok {
                 self.done += 1;
@@ -427,6 +516,7 @@ impl Registry {
                     ec_cell: g.cell,
                     member: index as u32,
                     members,
+                    convert_from: 0,
                 },
             );
         }
@@ -474,6 +564,7 @@ impl Registry {
                 length,
                 chunk_length,
                 member,
+                convert: None,
                 handed_out: now,
                 committing: false,
             },

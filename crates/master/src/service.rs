@@ -57,6 +57,11 @@ impl MetaService {
         self.inner.scan_repairs();
     }
 
+    /// One pass of the leader's conversion scan.
+    pub(crate) async fn scan_conversions(&self) {
+        self.inner.scan_conversions().await;
+    }
+
     /// Sets the process's gauges (docs/operations.md) from the leader's view; a follower only
     /// says it is one.
     pub(crate) fn export_metrics(&self) {
@@ -90,6 +95,13 @@ impl MetaService {
         gauge!("cairn_master_repair_rate_bytes_per_second").set(r.rate(now) as f64);
         gauge!("cairn_master_repair_cap_bytes_per_second")
             .set(a.state.config().repair_bytes_per_sec as f64);
+        gauge!("cairn_master_conversions_running").set(r.conversions_running() as f64);
+        gauge!("cairn_master_conversions_waiting").set(r.conversions_waiting as f64);
+        gauge!("cairn_master_conversions_finished", "result" => "ok")
+            .set(r.conversions_done as f64);
+        gauge!("cairn_master_conversions_finished", "result" => "failed")
+            .set(r.conversions_failed as f64);
+        gauge!("cairn_master_converted_bytes").set(r.converted_bytes as f64);
         gauge!("cairn_master_reporting_clients").set(reg.reports.active(now) as f64);
         let reporters = reg.reports.reporters(now);
         let avoided = reg.reports.avoided(a.state.servers().len(), now);
@@ -228,12 +240,54 @@ impl Inner {
         ))
     }
 
+    /// One leader pass of the conversion scan (crate::conversion): abandons conversions no
+    /// task runs, begins new ones and hands them out.
+    pub(crate) async fn scan_conversions(&self) {
+        if self.leader_check().is_err() {
+            return;
+        }
+        let plan = {
+            let a = self.sm.lock();
+            self.registry
+                .lock()
+                .plan_conversions(&a.state, Instant::now(), now_ms())
+        };
+        for group in plan.abandon {
+            tracing::info!(group, "conversion abandoned (no task runs it)");
+            if let Err(e) = self.write(crate::conversion::end(group, false)).await {
+                tracing::warn!(group, error = %e, "abandoning a conversion failed");
+                return;
+            }
+        }
+        for b in plan.begin {
+            let cmd = Command::ConvertBegin {
+                chunk_id: b.chunk_id,
+                servers: b.servers.clone(),
+                now_ms: now_ms(),
+            };
+            match self.write(cmd).await {
+                Ok(Reply {
+                    chunk: Some(group), ..
+                }) => {
+                    let a = self.sm.lock();
+                    self.registry
+                        .lock()
+                        .conversion_started(group, &b, &a.state, Instant::now());
+                }
+                Ok(_) => tracing::warn!(chunk = b.chunk_id, "conversion begin returned no group"),
+                Err(e) => {
+                    tracing::warn!(chunk = b.chunk_id, error = %e, "conversion not begun");
+                }
+            }
+        }
+    }
+
     /// One leader pass of the repair scan (docs/masters.md, "Repair").
     pub(crate) fn scan_repairs(&self) {
         if self.leader_check().is_err() {
             // A follower keeps no tasks: a new leader starts from the targets' reports.
             let mut reg = self.registry.lock();
-            if reg.repairs.running() > 0 {
+            if reg.repairs.running() + reg.repairs.conversions_running() > 0 {
                 reg.repairs = Default::default();
             }
             return;
@@ -619,12 +673,14 @@ impl pb::meta_server::Meta for MetaService {
                 let inner = self.inner.clone();
                 let record = tokio::spawn(async move {
                     for cmd in answer.finished {
-                        let Command::Repaired { chunk_id, .. } = cmd else {
-                            continue;
+                        let chunk_id = match cmd {
+                            Command::Repaired { chunk_id, .. } => chunk_id,
+                            Command::ConvertEnd { group_id, .. } => group_id,
+                            _ => continue,
                         };
                         let r = inner.write(cmd).await;
                         if let Err(e) = &r {
-                            tracing::warn!(chunk = chunk_id, error = %e, "recording a repair failed");
+                            tracing::warn!(chunk = chunk_id, error = %e, "recording a repair or conversion failed");
                         }
                         inner
                             .registry
@@ -641,6 +697,7 @@ impl pb::meta_server::Meta for MetaService {
                 masters,
                 repairs: answer.repairs,
                 repair_bytes_per_sec: answer.repair_bytes_per_sec,
+                background_bytes_per_sec: answer.background_bytes_per_sec,
             })
         }
         .await)
@@ -716,6 +773,13 @@ impl pb::meta_server::Meta for MetaService {
                 repair_bytes_per_sec: a.state.config().repair_bytes_per_sec,
                 lost_chunks: reg.repairs.lost,
                 reporting_clients: reg.reports.active(now) as u32,
+                conversions_running: reg.repairs.conversions_running() as u64,
+                conversions_done: reg.repairs.conversions_done,
+                conversions_failed: reg.repairs.conversions_failed,
+                converted_bytes: reg.repairs.converted_bytes,
+                conversions_waiting: reg.repairs.conversions_waiting,
+                convert_after_secs: a.state.config().convert_after_secs,
+                background_bytes_per_sec: a.state.config().background_bytes_per_sec,
             })
         }
         .await)

@@ -134,6 +134,27 @@ impl Default for Policy {
 pub struct Config {
     /// Bytes/s all repairs together may copy.
     pub repair_bytes_per_sec: u64,
+    /// A sealed chunk of a `then:ec` file is converted once its file was last changed this
+    /// long ago.
+    #[serde(default = "default_convert_after")]
+    pub convert_after_secs: u64,
+    /// Bytes/s each chunkserver's background work (repair, conversion, scrub) may move
+    /// together.
+    #[serde(default = "default_background")]
+    pub background_bytes_per_sec: u64,
+}
+
+/// Default age before conversion: an hour.
+pub const DEFAULT_CONVERT_AFTER_SECS: u64 = 3600;
+/// Default background bandwidth of a chunkserver: 200 MiB/s.
+pub const DEFAULT_BACKGROUND_BYTES_PER_SEC: u64 = 200 << 20;
+
+fn default_convert_after() -> u64 {
+    DEFAULT_CONVERT_AFTER_SECS
+}
+
+fn default_background() -> u64 {
+    DEFAULT_BACKGROUND_BYTES_PER_SEC
 }
 
 /// Default repair bandwidth cap: 64 MiB/s.
@@ -143,6 +164,8 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             repair_bytes_per_sec: DEFAULT_REPAIR_BYTES_PER_SEC,
+            convert_after_secs: DEFAULT_CONVERT_AFTER_SECS,
+            background_bytes_per_sec: DEFAULT_BACKGROUND_BYTES_PER_SEC,
         }
     }
 }
@@ -187,6 +210,19 @@ pub struct MemberMove {
     pub from: ServerId,
 }
 
+/// A replica→EC conversion under way (docs/erasure-coding.md §5): the group's members are
+/// being written to `servers` under the group's id; until `ConvertEnd` the replicated chunk
+/// is the data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Conversion {
+    /// The replicated chunk being converted.
+    pub chunk: ChunkId,
+    pub length: u64,
+    pub group: Group,
+    pub servers: Vec<ServerId>,
+    pub started_ms: u64,
+}
+
 /// Cell size of new chunk groups.
 pub const DEFAULT_CELL: u32 = 64 << 10;
 
@@ -194,7 +230,11 @@ impl Chunk {
     /// Bytes each holder of the chunk stores: the length, or a group member's length.
     pub fn stored_length(&self) -> u64 {
         match self.ec {
-            Some(g) => self.length / u64::from(g.k),
+            // A converted group's last stripe may be partial (padded with zeros).
+            Some(g) => {
+                let stripe = u64::from(g.k) * u64::from(g.cell);
+                self.length.div_ceil(stripe) * u64::from(g.cell)
+            }
             None => self.length,
         }
     }
@@ -346,6 +386,23 @@ pub enum Command {
     SetConfig {
         config: Config,
     },
+    /// Starts converting sealed replicated chunk `chunk_id` to a group of `servers` (K+M of
+    /// them, the file's policy's geometry): allocates the group's id (in the reply's
+    /// `chunk`) and records the conversion, so that the members being written are not
+    /// orphans.
+    ConvertBegin {
+        chunk_id: ChunkId,
+        servers: Vec<ServerId>,
+        now_ms: u64,
+    },
+    /// Ends the conversion to group `group_id`: with `switch`, the file's chunk becomes the
+    /// group (same length, sealed) in this one step and its replicas are no longer locations;
+    /// without, or when the chunk changed meanwhile, the conversion is dropped and the
+    /// replicas stay the data.
+    ConvertEnd {
+        group_id: ChunkId,
+        switch: bool,
+    },
     /// Independent commands of concurrent callers in one Raft entry, applied in order; each
     /// has its own result in [`Reply::batch`]. A batch inside a batch is refused.
     Batch(Vec<Command>),
@@ -376,6 +433,10 @@ impl fmt::Display for Command {
                 chunk_id, server, ..
             } => write!(f, "repaired {chunk_id} on {server}"),
             Command::SetConfig { config } => write!(f, "set-config {config:?}"),
+            Command::ConvertBegin { chunk_id, .. } => write!(f, "convert-begin {chunk_id}"),
+            Command::ConvertEnd { group_id, switch } => {
+                write!(f, "convert-end {group_id} switch={switch}")
+            }
             Command::Batch(cmds) => write!(f, "batch of {}", cmds.len()),
             // Never the op itself: a user's creation carries its secret.
             Command::Object(op) => write!(f, "object {}", object_op_name(op)),
@@ -393,6 +454,9 @@ pub struct Reply {
     /// For [`Command::Object`]: the object index's answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<cairn_rpc::object::OpResult>,
+    /// For [`Command::ConvertBegin`]: the new group's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk: Option<ChunkId>,
 }
 
 fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {
@@ -431,6 +495,9 @@ pub struct State {
     /// Directories' default policies for new files below them (`cairn fs mkdir --policy`).
     #[serde(default)]
     dir_policies: BTreeMap<InodeId, Policy>,
+    /// Replica→EC conversions under way, by the new group's id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    conversions: BTreeMap<ChunkId, Conversion>,
     /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
     #[serde(skip)]
     dentries: BTreeMap<(InodeId, String), InodeId>,
@@ -461,6 +528,7 @@ impl Default for State {
             config: Config::default(),
             objects: ObjectIndex::default(),
             dir_policies: BTreeMap::new(),
+            conversions: BTreeMap::new(),
             dentries: BTreeMap::new(),
             chunk_owner: HashMap::new(),
         }
@@ -566,6 +634,23 @@ impl State {
 
     pub fn owns_chunk(&self, id: ChunkId) -> bool {
         self.chunk_owner.contains_key(&id)
+    }
+
+    /// Every file's inode.
+    pub fn files(&self) -> impl Iterator<Item = &Inode> {
+        self.inodes.values().filter(|i| i.file().is_some())
+    }
+
+    /// Conversions under way, by group id.
+    pub fn conversions(&self) -> &BTreeMap<ChunkId, Conversion> {
+        &self.conversions
+    }
+
+    /// Whether `server` is being written member `group` of a conversion.
+    pub fn converting_on(&self, group: ChunkId, server: ServerId) -> bool {
+        self.conversions
+            .get(&group)
+            .is_some_and(|c| c.servers.contains(&server))
     }
 
     /// Every chunk (id, expected servers, sealed, length) — for reconciling chunk reports.
@@ -760,6 +845,92 @@ impl State {
     }
 
     /// Applies one command. Errors leave the state unchanged.
+    fn convert_begin(&mut self, chunk_id: ChunkId, servers: &[ServerId], now_ms: u64) -> Response {
+        let (ino, c) = self
+            .chunk(chunk_id)
+            .ok_or_else(|| MetaError::not_found(format!("chunk {chunk_id}")))?;
+        let policy = ino.file().expect("chunks belong to files").policy;
+        let Some(ec) = policy.ec.filter(|e| e.then) else {
+            return Err(MetaError::invalid(format!(
+                "chunk {chunk_id}: its file's policy converts nothing"
+            )));
+        };
+        if !c.sealed || c.ec.is_some() || c.length == 0 {
+            return Err(MetaError::invalid(format!(
+                "chunk {chunk_id} is not a sealed replicated chunk"
+            )));
+        }
+        let mut distinct = servers.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if servers.len() != usize::from(ec.k) + usize::from(ec.m) || distinct.len() != servers.len()
+        {
+            return Err(MetaError::invalid(format!(
+                "a conversion to ec:{}+{} needs {} distinct servers, got {servers:?}",
+                ec.k,
+                ec.m,
+                usize::from(ec.k) + usize::from(ec.m)
+            )));
+        }
+        if self.conversions.values().any(|v| v.chunk == chunk_id) {
+            return Err(MetaError::new(
+                ErrorKind::AlreadyExists,
+                format!("chunk {chunk_id} is being converted"),
+            ));
+        }
+        let length = c.length;
+        let group = self.next_chunk;
+        self.next_chunk += 1;
+        self.conversions.insert(
+            group,
+            Conversion {
+                chunk: chunk_id,
+                length,
+                group: Group {
+                    k: ec.k,
+                    m: ec.m,
+                    cell: DEFAULT_CELL,
+                },
+                servers: servers.to_vec(),
+                started_ms: now_ms,
+            },
+        );
+        Ok(Reply {
+            chunk: Some(group),
+            ..Reply::default()
+        })
+    }
+
+    fn convert_end(&mut self, group_id: ChunkId, switch: bool) {
+        let Some(conv) = self.conversions.remove(&group_id) else {
+            return;
+        };
+        if !switch {
+            return;
+        }
+        let Some(owner) = self.chunk_owner.get(&conv.chunk).copied() else {
+            return; // the file or the chunk went meanwhile
+        };
+        let Some(Inode {
+            kind: Kind::File(f),
+            ..
+        }) = self.inodes.get_mut(&owner)
+        else {
+            return;
+        };
+        let Some(c) = f.chunks.iter_mut().find(|c| c.id == conv.chunk) else {
+            return;
+        };
+        if !c.sealed || c.ec.is_some() || c.length != conv.length {
+            return;
+        }
+        c.id = group_id;
+        c.ec = Some(conv.group);
+        c.servers = conv.servers;
+        self.chunk_owner.remove(&conv.chunk);
+        self.chunk_owner.insert(group_id, owner);
+    }
+
     pub fn apply(&mut self, cmd: &Command) -> Response {
         match cmd {
             Command::Mkdir {
@@ -1083,6 +1254,15 @@ impl State {
                 self.config = config.clone();
                 Ok(Reply::default())
             }
+            Command::ConvertBegin {
+                chunk_id,
+                servers,
+                now_ms,
+            } => self.convert_begin(*chunk_id, servers, *now_ms),
+            Command::ConvertEnd { group_id, switch } => {
+                self.convert_end(*group_id, *switch);
+                Ok(Reply::default())
+            }
             Command::Object(op) => Ok(Reply {
                 object: Some(self.apply_object(op)),
                 ..Reply::default()
@@ -1090,6 +1270,7 @@ impl State {
             Command::Batch(cmds) => Ok(Reply {
                 object: None,
                 inode: None,
+                chunk: None,
                 batch: cmds
                     .iter()
                     .map(|c| match c {

@@ -109,6 +109,7 @@ async fn status(m: &Masters) -> anyhow::Result<pb::StatusReply> {
 async fn set_cap(m: &Masters, cap: u64) -> anyhow::Result<()> {
     let req = pb::ConfigRequest {
         repair_bytes_per_sec: cap,
+        ..Default::default()
     };
     m.send(req, |mut c, r| async move { c.set_config(r).await })
         .await?;
