@@ -478,3 +478,97 @@ async fn then_ec_files_are_converted_and_survive_kills_mid_conversion() {
     cl.chunkservers[2].kill();
     check(c.clone()).await;
 }
+
+/// Log-like text, `n` bytes: compresses well, as logs do.
+fn log_text(seed: u64, n: usize) -> Vec<u8> {
+    use rand::Rng;
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
+    let mut out = Vec::with_capacity(n + 200);
+    let levels = ["INFO", "WARN", "DEBUG"];
+    while out.len() < n {
+        let line = format!(
+            "2026-11-25T16:{:02}:{:02}.{:03}Z {} cairn_chunkserver::repair: chunk={} offset={} len={} elapsed={}us\n",
+            rng.random_range(0..60),
+            rng.random_range(0..60),
+            rng.random_range(0..1000),
+            levels[rng.random_range(0..3)],
+            rng.random_range(1000..1100),
+            rng.random_range(0..64) * 65536,
+            rng.random_range(1..5) * 4096,
+            rng.random_range(10..999),
+        );
+        out.extend_from_slice(line.as_bytes());
+    }
+    out.truncate(n);
+    out
+}
+
+/// `replicas:3,then:ec:2+1,lz4`: the conversion stores LZ4 blocks and their index in the
+/// group; reads of any range decompress them transparently; incompressible bytes stay raw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lz4_files_are_compressed_by_the_conversion() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cl.master_addrs().join(",");
+    let opts = cairn_client::ClientOptions {
+        chunk_size: 2 << 20,
+        ..cairn_client::ClientOptions::default()
+    };
+    let c = cl.client_with(opts).await;
+    let mut w = c
+        .create("/z", ec_opts("replicas:3,then:ec:2+1,lz4"))
+        .await
+        .unwrap();
+    // 6 MiB of text, then 2 MiB of random bytes, then a little text.
+    let mut want = log_text(1, 6 << 20);
+    let mut noise = vec![0u8; 2 << 20];
+    rand::RngCore::fill_bytes(
+        &mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(6),
+        &mut noise,
+    );
+    want.extend(noise);
+    want.extend(log_text(2, 300_007));
+    for piece in want.chunks(500_000) {
+        w.append(piece).await.unwrap();
+    }
+    assert_eq!(w.close().await.unwrap(), want.len() as u64);
+    run_ok(cairn().args(["admin", "--cluster", &masters, "set", "convert-after", "0"]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let chunks = loop {
+        let ch = common::chunks(&c, "/z").await;
+        if ch.iter().all(|c| c.ec_data > 0) {
+            break ch;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not converted: {ch:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let mut at = 0u64;
+    for ch in &chunks {
+        assert!(ch.lz4_stream > 0 && ch.lz4_block == 64 << 10, "{ch:?}");
+        let ratio = ch.length as f64 / ch.lz4_stream as f64;
+        eprintln!(
+            "chunk at {at}: {} bytes in a {}-byte stream, ratio {ratio:.2}",
+            ch.length, ch.lz4_stream
+        );
+        if at + ch.length <= 6 << 20 {
+            assert!(ratio > 2.0, "text compressed {ratio:.2}×");
+        } else if at >= 6 << 20 && at + ch.length <= 8 << 20 {
+            // Noise: stored raw, 16 bytes a block plus the index.
+            assert!(ch.lz4_stream > ch.length && ch.lz4_stream < ch.length + ch.length / 1000);
+        }
+        at += ch.length;
+    }
+    let got = c.read("/z", 0, want.len()).await.unwrap();
+    same(&got, &want, 0);
+    // Ranges inside one block, across blocks, across chunks.
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(9);
+    for _ in 0..40 {
+        let off = rand::Rng::random_range(&mut rng, 0..want.len() as u64 - 1);
+        let n = rand::Rng::random_range(&mut rng, 1..300_000).min(want.len() - off as usize);
+        let got = c.read("/z", off, n).await.unwrap();
+        same(&got, &want[off as usize..off as usize + n], off);
+    }
+}

@@ -144,11 +144,11 @@ impl Repairer {
             let t0 = Instant::now();
             let id = task.chunk_id;
             let r = match task.convert_from {
-                0 => this.copy(&task).await,
-                _ => this.convert(&task).await,
+                0 => this.copy(&task).await.map(|(l, crc)| (l, crc, 0)),
+                _ => this.convert(&task).await.map(|(l, stream)| (l, 0, stream)),
             };
             let done = match r {
-                Ok((length, crc32c)) if task.convert_from != 0 => {
+                Ok((length, crc32c, stream_length)) if task.convert_from != 0 => {
                     tracing::info!(group = id, chunk = task.convert_from, elapsed = ?t0.elapsed(), "chunk converted");
                     metrics::counter!("cairn_chunkserver_conversions_total", "result" => "ok")
                         .increment(1);
@@ -160,9 +160,10 @@ impl Repairer {
                         length,
                         crc32c,
                         error: String::new(),
+                        stream_length,
                     }
                 }
-                Ok((length, crc32c)) => {
+                Ok((length, crc32c, _)) => {
                     tracing::info!(chunk = id, length, elapsed = ?t0.elapsed(), "chunk repaired");
                     metrics::counter!("cairn_chunkserver_repairs_total", "result" => "ok")
                         .increment(1);
@@ -173,6 +174,7 @@ impl Repairer {
                         length,
                         crc32c,
                         error: String::new(),
+                        stream_length: 0,
                     }
                 }
                 Err(error) => {
@@ -190,6 +192,7 @@ impl Repairer {
                         length: 0,
                         crc32c: 0,
                         error,
+                        stream_length: 0,
                     }
                 }
             };
@@ -460,7 +463,7 @@ impl Repairer {
     /// zeros, [`CONVERT_STRIPES`] at a time, encoded in one call and appended to every member
     /// at once; then every member is sealed and its length and CRC32C compared with what was
     /// encoded. Returns a member's length.
-    async fn convert(&self, task: &pb::RepairTask) -> Result<(u64, u32), String> {
+    async fn convert(&self, task: &pb::RepairTask) -> Result<(u64, u64), String> {
         let (group, from, length) = (task.chunk_id, task.convert_from, task.length);
         let (k, m, cell) = (
             task.ec_data as usize,
@@ -500,34 +503,91 @@ impl Repairer {
             conns.push(c);
         }
         let stripe = (k * cell) as u64;
-        let stripes = length.div_ceil(stripe);
+        let step = (CONVERT_STRIPES * stripe) as usize;
+        let block = task.compress_block as usize;
+        if block > cairn_ec::block::MAX_BLOCK {
+            return Err(format!("LZ4 block of {block} bytes"));
+        }
+        // The stream the group holds: the copy's bytes, or (compressing) LZ4 blocks of
+        // `block` user bytes each, then their index. Written whole stripes at a time, the
+        // last padded with zeros.
+        let mut pending: Vec<u8> = Vec::with_capacity(2 * step);
+        let mut offsets: Vec<u64> = Vec::new();
+        let (mut produced, mut written, mut read) = (0u64, 0u64, 0u64);
+        let mut input_done = false;
         let mut crcs = vec![0u32; width];
-        let mut s = 0u64;
-        while s < stripes {
-            let ns = (stripes - s).min(CONVERT_STRIPES);
-            let off = s * stripe;
-            let n = (length - off).min(ns * stripe) as usize;
-            self.stage(group, "waiting for the bandwidth", off);
-            self.cs.background(n as u64, FOREGROUND_FIRST).await;
-            self.stage(group, "reading the copy", off);
-            let st = store.clone();
-            let buf = tokio::task::spawn_blocking(move || st.read_buf(from, off, n))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-            let mut user = vec![0u8; n];
-            buf.copy_to(&mut user);
-            self.stage(group, "encoding", off);
-            let shard = ns as usize * cell;
+        loop {
+            while pending.len() < step && !input_done {
+                if read < length {
+                    // Whole blocks (the last may be short), about a step's worth.
+                    let want = match block {
+                        0 => step as u64,
+                        b => (step as u64).div_ceil(b as u64) * b as u64,
+                    };
+                    let n = (length - read).min(want) as usize;
+                    self.stage(group, "waiting for the bandwidth", read);
+                    self.cs.background(n as u64, FOREGROUND_FIRST).await;
+                    self.stage(group, "reading the copy", read);
+                    let st = store.clone();
+                    let off = read;
+                    let buf = tokio::task::spawn_blocking(move || st.read_buf(from, off, n))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())?;
+                    let mut user = vec![0u8; n];
+                    buf.copy_to(&mut user);
+                    if block == 0 {
+                        pending.extend_from_slice(&user);
+                        produced += n as u64;
+                    } else {
+                        let before = pending.len();
+                        let base = produced;
+                        let (out, offs) = tokio::task::spawn_blocking(move || {
+                            let mut out = Vec::with_capacity(user.len() + 64);
+                            let mut offs = Vec::new();
+                            for b in user.chunks(block) {
+                                offs.push(base + out.len() as u64);
+                                cairn_ec::block::encode(b, &mut out);
+                            }
+                            (out, offs)
+                        })
+                        .await
+                        .map_err(|e| e.to_string())?;
+                        offsets.extend(offs);
+                        pending.extend_from_slice(&out);
+                        produced += (pending.len() - before) as u64;
+                    }
+                    read += n as u64;
+                } else {
+                    if block != 0 {
+                        let before = pending.len();
+                        cairn_ec::block::encode_index(&offsets, block as u32, &mut pending);
+                        produced += (pending.len() - before) as u64;
+                    }
+                    input_done = true;
+                }
+            }
+            if pending.is_empty() {
+                break;
+            }
+            // Whole stripes while more is coming; the rest, padded, at the end.
+            let take = match input_done {
+                true => pending.len().min(step),
+                false => (pending.len().min(step) / stripe as usize) * stripe as usize,
+            };
+            let ns = (take as u64).div_ceil(stripe) as usize;
+            let chunk: Vec<u8> = pending.drain(..take).collect();
+            self.stage(group, "encoding", written);
+            let shard = ns * cell;
             let shards = tokio::task::spawn_blocking(move || {
-                // Data member i's shard: cell i of every stripe, zeros past the length.
+                // Data member i's shard: cell i of every stripe, zeros past the stream.
                 let mut shards = vec![vec![0u8; shard]; k];
-                for t in 0..ns as usize {
+                for t in 0..ns {
                     for (i, sh) in shards.iter_mut().enumerate() {
                         let a = t * k * cell + i * cell;
-                        if a < user.len() {
-                            let b = (a + cell).min(user.len());
-                            sh[t * cell..t * cell + (b - a)].copy_from_slice(&user[a..b]);
+                        if a < chunk.len() {
+                            let b = (a + cell).min(chunk.len());
+                            sh[t * cell..t * cell + (b - a)].copy_from_slice(&chunk[a..b]);
                         }
                     }
                 }
@@ -539,8 +599,8 @@ impl Repairer {
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
-            self.stage(group, "writing the members", off);
-            let member_off = s * cell as u64;
+            self.stage(group, "writing the members", written);
+            let member_off = written / stripe * cell as u64;
             let writes = conns.iter().zip(shards).enumerate().map(|(i, (c, sh))| {
                 let crc = cairn_proto::frame::crc32c(&sh);
                 let len = sh.len();
@@ -563,9 +623,10 @@ impl Repairer {
                     }
                 }
             }
-            self.converted.fetch_add(n as u64, Ordering::Relaxed);
-            s += ns;
+            written += ns as u64 * stripe;
         }
+        self.converted.fetch_add(length, Ordering::Relaxed);
+        let stripes = produced.div_ceil(stripe);
         self.stage(group, "sealing the members", length);
         let member_length = stripes * cell as u64;
         for (i, c) in conns.iter().enumerate() {
@@ -581,7 +642,7 @@ impl Repairer {
                 ));
             }
         }
-        Ok((member_length, 0))
+        Ok((member_length, produced))
     }
 }
 

@@ -218,6 +218,8 @@ pub(crate) struct Inner {
     /// Latency per server, the blacklists and the backup-read budget.
     pub(crate) health: Health,
     pub(crate) cache: Mutex<LruCache<String, Arc<View>>>,
+    /// Block indexes of compressed groups (their blocks' offsets in the stream), by chunk.
+    pub(crate) block_indexes: Mutex<LruCache<u64, Arc<Vec<u64>>>>,
     locate: Locator,
 }
 
@@ -253,6 +255,7 @@ impl Client {
                 conns: Mutex::new(HashMap::new()),
                 health: Health::new(opts.health.clone()),
                 cache: Mutex::new(LruCache::new(cache)),
+                block_indexes: Mutex::new(LruCache::new(cache)),
                 locate: Locator::default(),
                 chasing: std::sync::atomic::AtomicU64::new(0),
                 sent: std::sync::atomic::AtomicU64::new(0),
@@ -766,6 +769,9 @@ impl Client {
     /// over to fresh locations from the masters when all fail.
     async fn read_chunk(&self, c: &pb::ChunkMeta, offset: u64, len: usize) -> Result<Vec<u8>> {
         if let Some(l) = crate::group::layout(c) {
+            if c.lz4_stream > 0 {
+                return self.read_compressed(c, &l, offset, len).await;
+            }
             return self.read_group(c, &l, offset, len).await;
         }
         let mut last = String::from("no replicas");

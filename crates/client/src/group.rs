@@ -61,6 +61,73 @@ impl Client {
         .await
     }
 
+    /// Reads `len` user bytes at `offset` of a compressed group (docs/formats/compressed-block.md):
+    /// the stored range of the blocks holding them, each block decoded and its CRC checked
+    /// against the user's bytes. The block index is read once per chunk and cached.
+    pub(crate) async fn read_compressed(
+        &self,
+        c: &pb::ChunkMeta,
+        l: &StripeLayout,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let block = u64::from(c.lz4_block);
+        let bad = |why: String| Error::NoReplica {
+            chunk: c.id,
+            last: format!("compressed group: {why}"),
+        };
+        if block == 0 || block > cairn_ec::block::MAX_BLOCK as u64 {
+            return Err(bad(format!("block size {block}")));
+        }
+        let blocks = c.length.div_ceil(block);
+        let index_len = cairn_ec::block::index_len(blocks as usize) as u64;
+        let blocks_end = c
+            .lz4_stream
+            .checked_sub(index_len)
+            .ok_or_else(|| bad(format!("stream of {} bytes", c.lz4_stream)))?;
+        let cached = self.inner.block_indexes.lock().get(&c.id).cloned();
+        let index = match cached {
+            Some(i) => i,
+            None => {
+                let raw = self
+                    .read_group(c, l, blocks_end, index_len as usize)
+                    .await?;
+                let i = cairn_ec::block::decode_index(&raw, blocks as u32, c.lz4_block, blocks_end)
+                    .map_err(|e| bad(e.to_string()))?;
+                let i = std::sync::Arc::new(i);
+                self.inner.block_indexes.lock().put(c.id, i.clone());
+                i
+            }
+        };
+        let first = offset / block;
+        let last = (offset + len as u64 - 1) / block;
+        if last >= blocks {
+            return Err(bad(format!("range past the chunk's {} bytes", c.length)));
+        }
+        let (lo, hi) = (index[first as usize], index[last as usize + 1]);
+        let stored = self.read_group(c, l, lo, (hi - lo) as usize).await?;
+        let mut user = Vec::with_capacity(((last - first + 1) * block) as usize);
+        let mut pos = 0usize;
+        for b in first..=last {
+            let want = (c.length - b * block).min(block) as usize;
+            let before = user.len();
+            let n = cairn_ec::block::decode(&stored[pos..], &mut user)
+                .map_err(|e| bad(format!("block {b}: {e}")))?;
+            if user.len() - before != want {
+                return Err(bad(format!(
+                    "block {b} holds {} bytes, not {want}",
+                    user.len() - before
+                )));
+            }
+            pos += n;
+        }
+        let from = (offset - first * block) as usize;
+        Ok(user[from..from + len].to_vec())
+    }
+
     /// Reads `len` user bytes at `offset` of group `c`.
     pub(crate) async fn read_group(
         &self,

@@ -188,6 +188,102 @@ pub fn decode(buf: &[u8], out: &mut Vec<u8>) -> Result<usize, BlockError> {
     Ok(h.block_len())
 }
 
+/// Bytes of a block index's trailer.
+pub const INDEX_TRAILER: usize = 24;
+const INDEX_MAGIC: &[u8; 8] = b"CAIRNBX1";
+
+/// Errors of a block index (docs/formats/compressed-block.md, "Compressed chunk groups").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IndexError {
+    #[error("block index of {have} bytes, {want} expected")]
+    Length { have: usize, want: usize },
+    #[error("bad block index magic")]
+    Magic,
+    #[error("block index for {got} blocks of {got_block} bytes, expected {want} of {want_block}")]
+    Shape {
+        got: u32,
+        got_block: u32,
+        want: u32,
+        want_block: u32,
+    },
+    #[error("block index CRC mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Crc { stored: u32, computed: u32 },
+    #[error("block {0}'s offset is out of order or past the blocks")]
+    Offset(usize),
+}
+
+/// Bytes of the index of `blocks` blocks: an offset each and the trailer.
+pub fn index_len(blocks: usize) -> usize {
+    blocks * 8 + INDEX_TRAILER
+}
+
+/// Appends the index of a stream of blocks to `out`: `offsets[i]` is where block `i` starts
+/// in the stream (the first at 0), each holding `block` user bytes (the last may hold fewer).
+pub fn encode_index(offsets: &[u64], block: u32, out: &mut Vec<u8>) {
+    let start = out.len();
+    for o in offsets {
+        out.extend_from_slice(&o.to_le_bytes());
+    }
+    let crc = crc32c(&out[start..]);
+    out.extend_from_slice(INDEX_MAGIC);
+    out.extend_from_slice(&(offsets.len() as u32).to_le_bytes());
+    out.extend_from_slice(&block.to_le_bytes());
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+}
+
+/// Decodes the index at the end of a stream whose blocks take the first `blocks_end` bytes:
+/// `buf` is the [`index_len`]`(blocks)` bytes after them. Returns every block's start and,
+/// last, `blocks_end`, so block `i` is `[offsets[i], offsets[i + 1])`.
+pub fn decode_index(
+    buf: &[u8],
+    blocks: u32,
+    block: u32,
+    blocks_end: u64,
+) -> Result<Vec<u64>, IndexError> {
+    let want = index_len(blocks as usize);
+    if buf.len() != want {
+        return Err(IndexError::Length {
+            have: buf.len(),
+            want,
+        });
+    }
+    let (entries, t) = buf.split_at(want - INDEX_TRAILER);
+    if &t[..8] != INDEX_MAGIC || t[20..24] != [0; 4] {
+        return Err(IndexError::Magic);
+    }
+    let word = |i: usize| u32::from_le_bytes(t[i..i + 4].try_into().unwrap());
+    if (word(8), word(12)) != (blocks, block) {
+        return Err(IndexError::Shape {
+            got: word(8),
+            got_block: word(12),
+            want: blocks,
+            want_block: block,
+        });
+    }
+    let computed = crc32c(entries);
+    if computed != word(16) {
+        return Err(IndexError::Crc {
+            stored: word(16),
+            computed,
+        });
+    }
+    let mut offsets: Vec<u64> = entries
+        .chunks_exact(8)
+        .map(|e| u64::from_le_bytes(e.try_into().unwrap()))
+        .collect();
+    offsets.push(blocks_end);
+    // A block is at least its header and at most a header and MAX_BLOCK bytes.
+    for i in 0..blocks as usize {
+        let first_ok = i > 0 || offsets[0] == 0;
+        let size = offsets[i + 1].checked_sub(offsets[i]);
+        if !first_ok || size.is_none_or(|n| n < HEADER as u64 || n > (HEADER + MAX_BLOCK) as u64) {
+            return Err(IndexError::Offset(i));
+        }
+    }
+    Ok(offsets)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +350,36 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(decode(&blk, &mut out), Ok(HEADER));
         assert!(out.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::{decode_index, encode, encode_index, index_len};
+
+    #[test]
+    fn an_index_round_trips_and_damage_is_refused() {
+        let mut stream = Vec::new();
+        let mut offsets = Vec::new();
+        for i in 0..5u8 {
+            offsets.push(stream.len() as u64);
+            encode(&vec![i; 1000 + usize::from(i)], &mut stream);
+        }
+        let end = stream.len() as u64;
+        let mut index = Vec::new();
+        encode_index(&offsets, 1 << 16, &mut index);
+        assert_eq!(index.len(), index_len(5));
+        let got = decode_index(&index, 5, 1 << 16, end).unwrap();
+        assert_eq!(&got[..5], &offsets[..]);
+        assert_eq!(got[5], end);
+        for bit in 0..index.len() * 8 {
+            let mut bad = index.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert!(decode_index(&bad, 5, 1 << 16, end).is_err(), "bit {bit}");
+        }
+        assert!(decode_index(&index, 4, 1 << 16, end).is_err());
+        assert!(decode_index(&index, 5, 1 << 15, end).is_err());
+        assert!(decode_index(&index, 5, 1 << 16, end - 20).is_err());
     }
 }
 

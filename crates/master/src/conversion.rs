@@ -35,6 +35,8 @@ pub struct Begin {
     pub servers: Vec<ServerId>,
     pub k: u8,
     pub m: u8,
+    /// The file's policy compresses: the worker writes LZ4 blocks.
+    pub lz4: bool,
 }
 
 /// What one conversion scan wants written.
@@ -113,6 +115,7 @@ impl Registry {
                     servers: placed.remove(0),
                     k: ec.k,
                     m: ec.m,
+                    lz4: f.policy.compression,
                 });
             }
         }
@@ -124,7 +127,11 @@ impl Registry {
     pub fn conversion_started(&mut self, group: ChunkId, b: &Begin, state: &State, now: Instant) {
         let cell = crate::state::DEFAULT_CELL;
         let stripe = u64::from(b.k) * u64::from(cell);
-        let member_length = b.length.div_ceil(stripe) * u64::from(cell);
+        // A compressed group's members are as long as the stream makes them: unknown yet.
+        let member_length = match b.lz4 {
+            true => 0,
+            false => b.length.div_ceil(stripe) * u64::from(cell),
+        };
         let members = b
             .servers
             .iter()
@@ -156,12 +163,17 @@ impl Registry {
                 member: 0,
                 members,
                 convert_from: b.chunk_id,
+                compress_block: if b.lz4 { crate::state::LZ4_BLOCK } else { 0 },
             },
         );
     }
 }
 
-/// The command that ends a conversion.
-pub fn end(group_id: ChunkId, switch: bool) -> Command {
-    Command::ConvertEnd { group_id, switch }
+/// The command that ends a conversion (`stream`: the LZ4 stream's length, 0 if none).
+pub fn end(group_id: ChunkId, switch: bool, stream: u64) -> Command {
+    Command::ConvertEnd {
+        group_id,
+        switch,
+        stream,
+    }
 }

@@ -260,6 +260,7 @@ pub fn heartbeat(r: &pb::HeartbeatRequest) -> Result<Heartbeat, MetaError> {
                 chunk_id: d.chunk_id,
                 ok: d.ok,
                 length: d.length,
+                stream_length: d.stream_length,
                 error: d.error.chars().take(512).collect(),
             })
             .collect(),
@@ -288,6 +289,8 @@ pub fn chunk(c: &Chunk) -> pb::ChunkMeta {
         ec_data: c.ec.map_or(0, |g| u32::from(g.k)),
         ec_parity: c.ec.map_or(0, |g| u32::from(g.m)),
         ec_cell: c.ec.map_or(0, |g| g.cell),
+        lz4_stream: c.ec.and_then(|g| g.lz4).map_or(0, |z| z.stream),
+        lz4_block: c.ec.and_then(|g| g.lz4).map_or(0, |z| z.block),
     }
 }
 

@@ -47,6 +47,8 @@ pub struct RepairResult {
     pub chunk_id: ChunkId,
     pub ok: bool,
     pub length: u64,
+    /// A compressing conversion's LZ4 stream length.
+    pub stream_length: u64,
     pub error: String,
 }
 
@@ -234,7 +236,7 @@ impl Registry {
             .results(server, &hb.repaired)
             .into_iter()
             .map(|f| match f.convert {
-                true => crate::conversion::end(f.chunk, true),
+                true => crate::conversion::end(f.chunk, true, f.stream),
                 false => self.repaired(state, f.chunk, f.chunk_length, server, f.member, now),
             })
             .collect();

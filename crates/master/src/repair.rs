@@ -75,6 +75,8 @@ pub struct Finished {
     pub chunk_length: u64,
     pub member: Option<MemberMove>,
     pub convert: bool,
+    /// A compressing conversion's LZ4 stream length (0 if none).
+    pub stream: u64,
 }
 
 impl Repairs {
@@ -196,13 +198,16 @@ impl Repairs {
             if t.target != server || t.committing {
                 continue;
             }
-            if r.ok && r.length == t.length {
+            // A compressing conversion's members are as long as its stream makes them,
+            // which only the worker knows (0 here).
+            if r.ok && (r.length == t.length || t.convert.is_some() && t.length == 0) {
                 t.committing = true;
                 out.push(Finished {
                     chunk: r.chunk_id,
                     chunk_length: t.chunk_length,
                     member: t.member,
                     convert: t.convert.is_some(),
+                    stream: r.stream_length,
                 });
             } else {
                 tracing::warn!(chunk = r.chunk_id, server, error = %r.error, "repair or conversion failed");
@@ -517,6 +522,7 @@ impl Registry {
                     member: index as u32,
                     members,
                     convert_from: 0,
+                    compress_block: 0,
                 },
             );
         }

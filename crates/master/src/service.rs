@@ -254,7 +254,7 @@ impl Inner {
         };
         for group in plan.abandon {
             tracing::info!(group, "conversion abandoned (no task runs it)");
-            if let Err(e) = self.write(crate::conversion::end(group, false)).await {
+            if let Err(e) = self.write(crate::conversion::end(group, false, 0)).await {
                 tracing::warn!(group, error = %e, "abandoning a conversion failed");
                 return;
             }

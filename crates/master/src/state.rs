@@ -200,7 +200,24 @@ pub struct Group {
     pub m: u8,
     /// Bytes per cell.
     pub cell: u32,
+    /// Set when the group holds LZ4 blocks (a conversion of an `lz4` file): the stripes hold a
+    /// stream of compressed blocks and their index (docs/formats/compressed-block.md), not the
+    /// user's bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lz4: Option<Lz4>,
 }
+
+/// The stream of LZ4 blocks in a compressed group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lz4 {
+    /// Bytes of the stream: blocks, index, trailer (the stripes past it are zeros).
+    pub stream: u64,
+    /// User bytes per block (the last may hold fewer).
+    pub block: u32,
+}
+
+/// User bytes per LZ4 block of converted groups.
+pub const LZ4_BLOCK: u32 = 64 << 10;
 
 /// A chunk group's member rebuilt by a repair: position `index` of the group's servers,
 /// held by `from` before the repair.
@@ -221,6 +238,9 @@ pub struct Conversion {
     pub group: Group,
     pub servers: Vec<ServerId>,
     pub started_ms: u64,
+    /// User bytes per LZ4 block when the file's policy compresses (0: it does not).
+    #[serde(default)]
+    pub lz4_block: u32,
 }
 
 /// Cell size of new chunk groups.
@@ -233,7 +253,8 @@ impl Chunk {
             // A converted group's last stripe may be partial (padded with zeros).
             Some(g) => {
                 let stripe = u64::from(g.k) * u64::from(g.cell);
-                self.length.div_ceil(stripe) * u64::from(g.cell)
+                let bytes = g.lz4.map_or(self.length, |z| z.stream);
+                bytes.div_ceil(stripe) * u64::from(g.cell)
             }
             None => self.length,
         }
@@ -399,9 +420,14 @@ pub enum Command {
     /// group (same length, sealed) in this one step and its replicas are no longer locations;
     /// without, or when the chunk changed meanwhile, the conversion is dropped and the
     /// replicas stay the data.
+    ///
+    /// `stream` is the length of the LZ4 stream the worker wrote when the conversion
+    /// compresses (it must then be non-zero and fit the members).
     ConvertEnd {
         group_id: ChunkId,
         switch: bool,
+        #[serde(default)]
+        stream: u64,
     },
     /// Independent commands of concurrent callers in one Raft entry, applied in order; each
     /// has its own result in [`Reply::batch`]. A batch inside a batch is refused.
@@ -434,7 +460,9 @@ impl fmt::Display for Command {
             } => write!(f, "repaired {chunk_id} on {server}"),
             Command::SetConfig { config } => write!(f, "set-config {config:?}"),
             Command::ConvertBegin { chunk_id, .. } => write!(f, "convert-begin {chunk_id}"),
-            Command::ConvertEnd { group_id, switch } => {
+            Command::ConvertEnd {
+                group_id, switch, ..
+            } => {
                 write!(f, "convert-end {group_id} switch={switch}")
             }
             Command::Batch(cmds) => write!(f, "batch of {}", cmds.len()),
@@ -808,6 +836,7 @@ impl State {
             k: e.k,
             m: e.m,
             cell: DEFAULT_CELL,
+            lz4: None,
         }))
     }
 
@@ -890,7 +919,9 @@ impl State {
                     k: ec.k,
                     m: ec.m,
                     cell: DEFAULT_CELL,
+                    lz4: None,
                 },
+                lz4_block: if policy.compression { LZ4_BLOCK } else { 0 },
                 servers: servers.to_vec(),
                 started_ms: now_ms,
             },
@@ -901,12 +932,25 @@ impl State {
         })
     }
 
-    fn convert_end(&mut self, group_id: ChunkId, switch: bool) {
+    fn convert_end(&mut self, group_id: ChunkId, switch: bool, stream: u64) {
         let Some(conv) = self.conversions.remove(&group_id) else {
             return;
         };
         if !switch {
             return;
+        }
+        let mut group = conv.group;
+        if conv.lz4_block > 0 {
+            // The blocks of the chunk's bytes (each at least its 16-byte header) and their
+            // index (8 bytes a block, a 24-byte trailer).
+            let blocks = conv.length.div_ceil(u64::from(conv.lz4_block));
+            if stream < blocks * 24 + 24 {
+                return;
+            }
+            group.lz4 = Some(Lz4 {
+                stream,
+                block: conv.lz4_block,
+            });
         }
         let Some(owner) = self.chunk_owner.get(&conv.chunk).copied() else {
             return; // the file or the chunk went meanwhile
@@ -925,7 +969,7 @@ impl State {
             return;
         }
         c.id = group_id;
-        c.ec = Some(conv.group);
+        c.ec = Some(group);
         c.servers = conv.servers;
         self.chunk_owner.remove(&conv.chunk);
         self.chunk_owner.insert(group_id, owner);
@@ -1259,8 +1303,12 @@ impl State {
                 servers,
                 now_ms,
             } => self.convert_begin(*chunk_id, servers, *now_ms),
-            Command::ConvertEnd { group_id, switch } => {
-                self.convert_end(*group_id, *switch);
+            Command::ConvertEnd {
+                group_id,
+                switch,
+                stream,
+            } => {
+                self.convert_end(*group_id, *switch, *stream);
                 Ok(Reply::default())
             }
             Command::Object(op) => Ok(Reply {
