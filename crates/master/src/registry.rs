@@ -845,6 +845,7 @@ mod tests {
             chunk_id: chunk,
             ok: true,
             length: 5000,
+            stream_length: 0,
             error: String::new(),
         }];
         let a = reg.heartbeat(done, &st, t2);

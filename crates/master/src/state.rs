@@ -1420,7 +1420,8 @@ mod tests {
             Some(Group {
                 k: 4,
                 m: 2,
-                cell: DEFAULT_CELL
+                cell: DEFAULT_CELL,
+                lz4: None,
             })
         );
         s.apply(&Command::Allocate {
@@ -1500,6 +1501,98 @@ mod tests {
         assert_eq!(servers(&s), vec![1, 2, 7, 4, 5, 6]);
         s.apply(&rebuilt(4, 3, 4)).unwrap(); // in place
         assert_eq!(servers(&s), vec![1, 2, 7, 4, 5, 6]);
+    }
+
+    /// A conversion: begin allocates the group and records it, end switches the chunk in one
+    /// step (once), and a chunk that changed meanwhile keeps its replicas.
+    #[test]
+    fn a_conversion_switches_a_sealed_chunk_to_its_group_in_one_step() {
+        let mut s = State::default();
+        let policy = Policy {
+            replicas: 3,
+            compression: true,
+            min_copy: 2,
+            ec: Some(Ec {
+                k: 2,
+                m: 1,
+                then: true,
+            }),
+        };
+        s.apply(&Command::Create {
+            path: "/t".into(),
+            policy,
+            parents: false,
+            now_ms: 1,
+            lease: Some(Lease {
+                holder: "w".into(),
+                expires_ms: 10_000,
+            }),
+            placements: vec![vec![1, 2, 3]],
+            groups: false,
+        })
+        .unwrap();
+        let chunk = s.lookup("/t").unwrap().file().unwrap().chunks[0].id;
+        let begin = |servers: Vec<ServerId>| Command::ConvertBegin {
+            chunk_id: chunk,
+            servers,
+            now_ms: 5,
+        };
+        // Open chunks are not converted.
+        assert_eq!(kind(s.apply(&begin(vec![4, 5, 6]))), ErrorKind::InvalidArgument);
+        s.apply(&Command::Commit {
+            path: "/t".into(),
+            holder: "w".into(),
+            now_ms: 2,
+            updates: vec![ChunkUpdate {
+                chunk_id: chunk,
+                length: 300_000,
+                sealed: true,
+            }],
+            trim: false,
+            release: false,
+            seal: true,
+            lease_until_ms: 0,
+            drops: vec![],
+            remove: vec![],
+        })
+        .unwrap();
+        assert_eq!(kind(s.apply(&begin(vec![4, 5]))), ErrorKind::InvalidArgument);
+        assert_eq!(kind(s.apply(&begin(vec![4, 4, 5]))), ErrorKind::InvalidArgument);
+        let group = s.apply(&begin(vec![4, 5, 6])).unwrap().chunk.unwrap();
+        assert!(s.converting_on(group, 5) && !s.converting_on(group, 1));
+        assert_eq!(kind(s.apply(&begin(vec![4, 5, 6]))), ErrorKind::AlreadyExists);
+        // A stream too short for the chunk's blocks and index: no switch.
+        s.apply(&Command::ConvertEnd {
+            group_id: group,
+            switch: true,
+            stream: 10,
+        })
+        .unwrap();
+        assert!(s.conversions().is_empty());
+        assert_eq!(s.chunk(chunk).unwrap().1.servers, vec![1, 2, 3]);
+        let group = s.apply(&begin(vec![4, 5, 6])).unwrap().chunk.unwrap();
+        s.apply(&Command::ConvertEnd {
+            group_id: group,
+            switch: true,
+            stream: 100_000,
+        })
+        .unwrap();
+        assert!(!s.owns_chunk(chunk));
+        let (_, g) = s.chunk(group).unwrap();
+        assert_eq!((g.length, g.sealed), (300_000, true));
+        assert_eq!(g.servers, vec![4, 5, 6]);
+        let lz4 = g.ec.unwrap().lz4.unwrap();
+        assert_eq!((lz4.stream, lz4.block), (100_000, LZ4_BLOCK));
+        // Members hold the stream's stripes: 100 000 bytes in stripes of 128 KiB.
+        assert_eq!(g.stored_length(), 64 << 10);
+        // Once only.
+        s.apply(&Command::ConvertEnd {
+            group_id: group,
+            switch: true,
+            stream: 100_000,
+        })
+        .unwrap();
+        assert_eq!(s.lookup("/t").unwrap().file().unwrap().chunks.len(), 1);
     }
 
     #[test]
