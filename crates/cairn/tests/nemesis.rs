@@ -1,7 +1,8 @@
 //! The nemesis: randomized fault scenarios against a real cluster of processes on loopback
-//! (3 masters, 4 chunkservers, an S3 gateway), while writers append verification data (two
-//! files of three replicas, one erasure-coded `ec:2+1`) and a reader reads, and S3 clients PUT,
-//! DELETE and GET objects through the gateway.
+//! (3 masters, 4 chunkservers, an S3 gateway), while writers append verification data (a file
+//! of three replicas, one `replicas:3,then:ec:2+1,lz4` whose sealed chunks the chunkservers
+//! convert to compressed chunk groups at once, one erasure-coded `ec:2+1`) and a reader reads,
+//! and S3 clients PUT, DELETE and GET objects through the gateway.
 //!
 //! Each scenario, chosen by its seed, injects one to three faults at random times — SIGKILL and
 //! restart of a chunkserver, a master or the gateway, a slow server, an erroring server, a
@@ -139,15 +140,17 @@ struct Written {
 }
 
 /// The policy of writer `w`'s file: the last writer's file is erasure-coded (`ec:2+1`, three
-/// of the four chunkservers per group, tails of two copies), the others have three replicas.
+/// of the four chunkservers per group, tails of two copies), the one before it is converted
+/// (`replicas:3,then:ec:2+1,lz4`, the conversion age is 0), the first has three replicas.
 fn policy_of(w: usize) -> CreateOptions {
-    if w + 1 == WRITERS {
-        CreateOptions {
-            policy: Some("ec:2+1".parse().expect("a policy")),
-            ..CreateOptions::default()
-        }
-    } else {
-        CreateOptions::default()
+    let text = match WRITERS - w {
+        1 => "ec:2+1",
+        2 => "replicas:3,then:ec:2+1,lz4",
+        _ => return CreateOptions::default(),
+    };
+    CreateOptions {
+        policy: Some(text.parse().expect("a policy")),
+        ..CreateOptions::default()
     }
 }
 
@@ -501,6 +504,8 @@ struct Totals {
     s3_errors: u64,
     s3_bad_gets: u64,
     s3_losses: u64,
+    /// Chunks of the `then:ec` files found converted at the end of their scenario.
+    converted: u64,
 }
 
 /// The S3 side of the cluster: a gateway process and a client of its bucket.
@@ -677,8 +682,12 @@ async fn scenario(cl: &mut Cluster, gw: &mut Gateway, index: u64, seed: u64, t: 
     let deadline = Instant::now() + Duration::from_secs(90);
     let s = loop {
         let mut short = Vec::new();
+        let mut converted = 0;
         for (path, _) in &files {
             for ch in chunks(&c, path).await.iter().filter(|ch| ch.length > 0) {
+                if ch.lz4_stream > 0 {
+                    converted += 1;
+                }
                 // A group has all its members; an EC file's tail M+1 copies; else 3.
                 let width = match (ch.ec_data, policy_of_path(path)) {
                     (k, _) if k > 0 => (k + ch.ec_parity) as usize,
@@ -693,6 +702,7 @@ async fn scenario(cl: &mut Cluster, gw: &mut Gateway, index: u64, seed: u64, t: 
         let s = cl.status().await.expect("status");
         let clean = s.under_replicated == 0 && s.repairs_running == 0 && s.lost_chunks == 0;
         if short.is_empty() && clean {
+            t.converted += converted;
             break s;
         }
         if Instant::now() > deadline {
@@ -747,6 +757,18 @@ async fn nemesis() {
     let dir = tempfile::tempdir().unwrap();
     let mut cl = Cluster::start(dir.path(), 3, 4).await;
     let masters = cl.master_addrs();
+    // Sealed chunks of `then:ec` files convert as soon as they are sealed.
+    cairn_rpc::Masters::new(&masters)
+        .unwrap()
+        .send(
+            cairn_rpc::pb::ConfigRequest {
+                convert_after_secs: Some(0),
+                ..Default::default()
+            },
+            |mut c, r| async move { c.set_config(r).await },
+        )
+        .await
+        .unwrap();
     // Small packs and frequent compaction passes, so that pack rotation and compaction run
     // under the faults too.
     let proc = common::gateway_with(
@@ -819,11 +841,14 @@ async fn nemesis() {
         t.s3_puts, t.s3_deletes, t.s3_gets, t.s3_errors, t.s3_bad_gets, t.s3_losses
     );
     println!("faults by kind: {:?}", t.faults);
-    // Canary: a run that acknowledged and verified nothing proves nothing.
+    println!("chunks converted to compressed groups: {}", t.converted);
+    // Canary: a run that acknowledged and verified nothing proves nothing; one that converted
+    // nothing did not test conversion.
     assert!(
         t.appends > 0 && t.bytes_verified > 0 && t.reads > 0 && t.s3_puts > 0 && t.s3_gets > 0,
         "{t:?}"
     );
+    assert!(t.converted > 0, "no chunk was converted: {t:?}");
     assert_eq!(t.s3_losses, 0, "S3 keys not as acknowledged: {t:?}");
     assert_eq!(
         t.s3_bad_gets, 0,

@@ -1538,7 +1538,10 @@ mod tests {
             now_ms: 5,
         };
         // Open chunks are not converted.
-        assert_eq!(kind(s.apply(&begin(vec![4, 5, 6]))), ErrorKind::InvalidArgument);
+        assert_eq!(
+            kind(s.apply(&begin(vec![4, 5, 6]))),
+            ErrorKind::InvalidArgument
+        );
         s.apply(&Command::Commit {
             path: "/t".into(),
             holder: "w".into(),
@@ -1556,11 +1559,20 @@ mod tests {
             remove: vec![],
         })
         .unwrap();
-        assert_eq!(kind(s.apply(&begin(vec![4, 5]))), ErrorKind::InvalidArgument);
-        assert_eq!(kind(s.apply(&begin(vec![4, 4, 5]))), ErrorKind::InvalidArgument);
+        assert_eq!(
+            kind(s.apply(&begin(vec![4, 5]))),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            kind(s.apply(&begin(vec![4, 4, 5]))),
+            ErrorKind::InvalidArgument
+        );
         let group = s.apply(&begin(vec![4, 5, 6])).unwrap().chunk.unwrap();
         assert!(s.converting_on(group, 5) && !s.converting_on(group, 1));
-        assert_eq!(kind(s.apply(&begin(vec![4, 5, 6]))), ErrorKind::AlreadyExists);
+        assert_eq!(
+            kind(s.apply(&begin(vec![4, 5, 6]))),
+            ErrorKind::AlreadyExists
+        );
         // A stream too short for the chunk's blocks and index: no switch.
         s.apply(&Command::ConvertEnd {
             group_id: group,
