@@ -429,6 +429,7 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
             })
         })
         .collect();
+    let t = Traffic::of(&s);
     if a.json {
         let v = serde_json::json!({
             "leader": s.leader_id,
@@ -464,6 +465,16 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
                 "convert_after_secs": s.convert_after_secs,
             },
             "background_bytes_per_sec_per_server": s.background_bytes_per_sec,
+            "background_traffic": {
+                "conversion": {
+                    "user_bytes": t.convert_user, "network_bytes": t.convert_network,
+                    "device_bytes": t.convert_device,
+                    "network_per_user_byte": ratio(t.convert_network, t.convert_user),
+                    "device_per_user_byte": ratio(t.convert_device, t.convert_user),
+                },
+                "repair": {"network_bytes": t.repair_network, "device_bytes": t.repair_device},
+                "scrub": {"device_read_bytes": t.scrub_read},
+            },
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -554,6 +565,18 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         human(s.repair_bytes_per_sec)
     );
     println!(
+        "background traffic: conversion {} of user bytes sent {} to other servers ({:.2}×) and \
+         wrote {} ({:.2}×); repair read {} over the network and wrote {}; scrub read {}",
+        human(t.convert_user),
+        human(t.convert_network),
+        ratio(t.convert_network, t.convert_user),
+        human(t.convert_device),
+        ratio(t.convert_device, t.convert_user),
+        human(t.repair_network),
+        human(t.repair_device),
+        human(t.scrub_read),
+    );
+    println!(
         "conversion to EC: {} chunks waiting (sealed, unchanged for {} s), {} running, {} done, \
          {} failed, {} converted; background bandwidth {}/s per chunkserver",
         s.conversions_waiting,
@@ -565,6 +588,35 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         human(s.background_bytes_per_sec)
     );
     Ok(())
+}
+
+/// The chunkservers' background traffic, summed (docs/efficiency.md).
+struct Traffic {
+    convert_user: u64,
+    convert_network: u64,
+    convert_device: u64,
+    repair_network: u64,
+    repair_device: u64,
+    scrub_read: u64,
+}
+
+impl Traffic {
+    fn of(s: &pb::StatusReply) -> Self {
+        let sum = |f: fn(&pb::ServerStatus) -> u64| s.servers.iter().map(f).sum();
+        Self {
+            convert_user: sum(|c| c.convert_user_bytes),
+            convert_network: sum(|c| c.convert_network_bytes),
+            convert_device: sum(|c| c.convert_device_bytes),
+            repair_network: sum(|c| c.repair_network_bytes),
+            repair_device: sum(|c| c.repair_device_bytes),
+            scrub_read: sum(|c| c.scrub_bytes),
+        }
+    }
+}
+
+/// `a / b`, 0 when nothing was counted.
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
 fn human(b: u64) -> String {

@@ -563,6 +563,37 @@ async fn lz4_files_are_compressed_by_the_conversion() {
     }
     let got = c.read("/z", 0, want.len()).await.unwrap();
     same(&got, &want, 0);
+    // The accounting: every user byte converted once; each group's three members written
+    // (stripes of 128 KiB over the stream), two of them sent over the network (the worker
+    // holds a copy and, with three servers, is always a member).
+    let member = |ch: &cairn_rpc::pb::ChunkMeta| ch.lz4_stream.div_ceil(128 << 10) * (64 << 10);
+    let device: u64 = chunks.iter().map(|ch| 3 * member(ch)).sum();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let s = cl.status().await.unwrap();
+        let sum = |f: fn(&cairn_rpc::pb::ServerStatus) -> u64| s.servers.iter().map(f).sum::<u64>();
+        let got = (
+            sum(|x| x.convert_user_bytes),
+            sum(|x| x.convert_device_bytes),
+            sum(|x| x.convert_network_bytes),
+        );
+        if got == (want.len() as u64, device, device / 3 * 2) {
+            eprintln!(
+                "conversion wrote {:.3} bytes per user byte",
+                device as f64 / want.len() as f64
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "accounting {got:?}, want {:?}",
+            (want.len(), device, device / 3 * 2)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let out = run_ok(cairn().args(["status", "--cluster", &masters]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("background traffic: conversion"), "{text}");
     // Ranges inside one block, across blocks, across chunks.
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(9);
     for _ in 0..40 {

@@ -63,6 +63,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let repairer = Repairer::new(cs.clone());
+    repairer.set_server_id(opts.server_id);
     let scrubber = crate::scrub::Scrubber::spawn(cs.clone(), opts.scrub);
     tokio::pin!(shutdown);
     let mut known = opts.masters.clone();
@@ -119,6 +120,7 @@ pub async fn run(
                         .collect(),
                 )
             };
+            let traffic = repairer.traffic();
             let req = pb::HeartbeatRequest {
                 server_id: opts.server_id,
                 capacity_bytes: capacity,
@@ -139,6 +141,11 @@ pub async fn run(
                 scrub_bytes: scrubber.stats.bytes.load(Ordering::Relaxed),
                 scrub_passes: scrubber.stats.passes.load(Ordering::Relaxed),
                 scrub_corrupt: scrubber.stats.corrupt.load(Ordering::Relaxed),
+                convert_user_bytes: traffic[crate::repair::TRAFFIC_CONVERT_USER],
+                convert_network_bytes: traffic[crate::repair::TRAFFIC_CONVERT_NETWORK],
+                convert_device_bytes: traffic[crate::repair::TRAFFIC_CONVERT_DEVICE],
+                repair_network_bytes: traffic[crate::repair::TRAFFIC_REPAIR_NETWORK],
+                repair_device_bytes: traffic[crate::repair::TRAFFIC_REPAIR_DEVICE],
             };
             let repaired = req.repaired.clone();
             let reply = match masters

@@ -69,7 +69,22 @@ pub struct Repairer {
     pub copied: AtomicU64,
     /// User bytes converted to chunk groups since start (for metrics).
     pub converted: AtomicU64,
+    /// Background traffic since start, indexed by the `TRAFFIC_*` constants.
+    pub traffic: [AtomicU64; 5],
+    /// This server's id (0 until known): members on it are written without a network hop.
+    me: AtomicU64,
 }
+
+/// Conversion: user bytes converted.
+pub const TRAFFIC_CONVERT_USER: usize = 0;
+/// Conversion: member bytes sent to other servers.
+pub const TRAFFIC_CONVERT_NETWORK: usize = 1;
+/// Conversion: member bytes written (on every member).
+pub const TRAFFIC_CONVERT_DEVICE: usize = 2;
+/// Repair: bytes read from other servers.
+pub const TRAFFIC_REPAIR_NETWORK: usize = 3;
+/// Repair: bytes written here.
+pub const TRAFFIC_REPAIR_DEVICE: usize = 4;
 
 impl Repairer {
     pub fn new(cs: Arc<Chunkserver>) -> Arc<Self> {
@@ -81,7 +96,31 @@ impl Repairer {
             slots: Arc::new(Semaphore::new(CONCURRENT)),
             copied: AtomicU64::new(0),
             converted: AtomicU64::new(0),
+            traffic: Default::default(),
+            me: AtomicU64::new(0),
         })
+    }
+
+    /// Tells the repairer this server's id.
+    pub fn set_server_id(&self, id: u64) {
+        self.me.store(id, Ordering::Relaxed);
+    }
+
+    /// Background traffic counters, in `TRAFFIC_*` order.
+    pub fn traffic(&self) -> [u64; 5] {
+        std::array::from_fn(|i| self.traffic[i].load(Ordering::Relaxed))
+    }
+
+    fn count(&self, what: usize, n: u64) {
+        self.traffic[what].fetch_add(n, Ordering::Relaxed);
+        let name = [
+            "cairn_chunkserver_convert_user_bytes_total",
+            "cairn_chunkserver_convert_network_bytes_total",
+            "cairn_chunkserver_convert_device_bytes_total",
+            "cairn_chunkserver_repair_network_bytes_total",
+            "cairn_chunkserver_repair_device_bytes_total",
+        ][what];
+        metrics::counter!(name).increment(n);
     }
 
     /// This server's share of the repair bandwidth cap, from the leader.
@@ -310,6 +349,8 @@ impl Repairer {
                 .map_err(|e| e.to_string())?;
             off += n;
             self.copied.fetch_add(n, Ordering::Relaxed);
+            self.count(TRAFFIC_REPAIR_NETWORK, n);
+            self.count(TRAFFIC_REPAIR_DEVICE, n);
         }
         self.stage(id, "sealing", off);
         let st = store.seal_async(id).await.map_err(|e| e.to_string())?;
@@ -450,6 +491,8 @@ impl Repairer {
                 .map_err(|e| e.to_string())?;
             off += n;
             self.copied.fetch_add(n, Ordering::Relaxed);
+            self.count(TRAFFIC_REPAIR_NETWORK, n * k as u64);
+            self.count(TRAFFIC_REPAIR_DEVICE, n);
         }
         self.stage(id, "sealing", off);
         let st = store.seal_async(id).await.map_err(|e| e.to_string())?;
@@ -614,6 +657,10 @@ impl Repairer {
                 match r {
                     Ok(Ok(_)) => {
                         crcs[i] = cairn_chunkstore::checksum::crc32c_combine(crcs[i], crc, len);
+                        if id != self.me.load(Ordering::Relaxed) {
+                            self.count(TRAFFIC_CONVERT_NETWORK, len as u64);
+                        }
+                        self.count(TRAFFIC_CONVERT_DEVICE, len as u64);
                     }
                     Ok(Err(e)) => return Err(format!("member {i} (server {id}): {e}")),
                     Err(_) => {
@@ -626,6 +673,7 @@ impl Repairer {
             written += ns as u64 * stripe;
         }
         self.converted.fetch_add(length, Ordering::Relaxed);
+        self.count(TRAFFIC_CONVERT_USER, length);
         let stripes = produced.div_ceil(stripe);
         self.stage(group, "sealing the members", length);
         let member_length = stripes * cell as u64;

@@ -267,6 +267,13 @@ pub fn heartbeat(r: &pb::HeartbeatRequest) -> Result<Heartbeat, MetaError> {
         repairing: r.repairing.clone(),
         corrupt: r.corrupt.iter().copied().take(MAX_UPDATES).collect(),
         scrub: [r.scrub_bytes, r.scrub_passes, r.scrub_corrupt],
+        traffic: [
+            r.convert_user_bytes,
+            r.convert_network_bytes,
+            r.convert_device_bytes,
+            r.repair_network_bytes,
+            r.repair_device_bytes,
+        ],
     })
 }
 

@@ -104,6 +104,8 @@ pub struct Live {
     pub corrupt: HashSet<ChunkId>,
     /// Its scrubber's bytes, passes and findings since it started.
     pub scrub: [u64; 3],
+    /// Background traffic: conversion user, network, device bytes; repair network, device.
+    pub traffic: [u64; 5],
 }
 
 #[derive(Default)]
@@ -133,6 +135,8 @@ pub struct Heartbeat {
     pub corrupt: Vec<ChunkId>,
     /// Its scrubber's bytes, passes and findings since it started.
     pub scrub: [u64; 3],
+    /// As in [`Heartbeat::traffic`].
+    pub traffic: [u64; 5],
 }
 
 pub struct HeartbeatAnswer {
@@ -219,10 +223,12 @@ impl Registry {
             orphans: HashMap::new(),
             corrupt: HashSet::new(),
             scrub: [0; 3],
+            traffic: [0; 5],
         });
         live.last = now;
         live.corrupt = hb.corrupt.iter().copied().collect();
         live.scrub = hb.scrub;
+        live.traffic = hb.traffic;
         live.capacity = hb.capacity;
         live.used = hb.used;
         live.chunk_count = hb.chunk_count;
@@ -520,6 +526,7 @@ mod tests {
             repaired: vec![],
             corrupt: vec![],
             scrub: [0; 3],
+            traffic: [0; 5],
             repairing: vec![],
         }
     }

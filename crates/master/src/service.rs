@@ -747,6 +747,11 @@ impl pb::meta_server::Meta for MetaService {
                         scrub_passes: live.map_or(0, |l| l.scrub[1]),
                         scrub_corrupt: live.map_or(0, |l| l.scrub[2]),
                         corrupt_now: live.map_or(0, |l| l.corrupt.len() as u64),
+                        convert_user_bytes: live.map_or(0, |l| l.traffic[0]),
+                        convert_network_bytes: live.map_or(0, |l| l.traffic[1]),
+                        convert_device_bytes: live.map_or(0, |l| l.traffic[2]),
+                        repair_network_bytes: live.map_or(0, |l| l.traffic[3]),
+                        repair_device_bytes: live.map_or(0, |l| l.traffic[4]),
                     }
                 })
                 .collect();
