@@ -5,6 +5,7 @@
 mod chunkstore;
 mod cluster;
 mod codec;
+mod convert;
 mod floor;
 mod recovery;
 mod repair;
@@ -33,6 +34,10 @@ pub enum BenchCommand {
     /// The erasure codec (encode, degraded decode) and LZ4 blocks on one core, next to a
     /// memcpy of the same bytes.
     Codec(codec::Args),
+    /// Replica→EC conversion under the background bandwidth threshold, with foreground
+    /// appends measured before and during, and the network bytes per user byte (a local
+    /// cluster of K+M+ chunkservers).
+    Convert(convert::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -45,6 +50,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Repair(a) => repair::run(a),
         BenchCommand::S3(a) => s3::run(a),
         BenchCommand::Codec(a) => codec::run(a),
+        BenchCommand::Convert(a) => convert::run(a),
     }
 }
 

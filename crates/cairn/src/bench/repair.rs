@@ -101,7 +101,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     rt.block_on(bench(a, masters, floor_mib))
 }
 
-async fn status(m: &Masters) -> anyhow::Result<pb::StatusReply> {
+pub(super) async fn status(m: &Masters) -> anyhow::Result<pb::StatusReply> {
     Ok(m.call(|mut c| async move { c.status(pb::Empty {}).await })
         .await?)
 }
@@ -125,7 +125,7 @@ const SETTLING: usize = 3;
 
 /// Appends 4 KiB at depth 1 until `stop`; returns the latencies (every append, and by the
 /// window `phase` named when it started) and the errors.
-async fn foreground(
+pub(super) async fn foreground(
     c: Client,
     path: String,
     stop: Arc<AtomicBool>,
