@@ -316,6 +316,21 @@ async fn a_lost_group_member_is_rebuilt_from_the_others() {
     let i = cl.index_of(dead).await;
     cl.chunkservers[i].kill();
 
+    // Until the masters call the server down its members count as good: wait for the
+    // rebuilds to move every member off it, then for nothing short or running.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while common::chunks(&c, "/r")
+        .await
+        .iter()
+        .any(|g| g.servers.contains(&dead))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "members not rebuilt: {:?}",
+            cl.status().await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
     let s = cl
         .wait_fully_replicated(std::time::Duration::from_secs(60))
         .await;

@@ -40,6 +40,26 @@ pub fn floor_file_named(dir: &Path, name: &str, bytes: u64) -> anyhow::Result<Ar
 
 /// A floor: `depth` threads doing `size`-byte O_DIRECT writes (+ `fdatasync` when `durable`)
 /// or reads, each sequentially through its share of `range` = (start, length) of `disk`.
+/// The disk floor of a cluster benchmark: raw O_DIRECT 1 MiB writes + fdatasync at depth 1
+/// for 5 s in a 256 MiB file in `dir` (on the chunkservers' filesystem), in MiB/s.
+pub fn write_floor_mib(dir: &Path) -> anyhow::Result<f64> {
+    use cairn_chunkstore::Disk;
+    std::fs::create_dir_all(dir)?;
+    let disk = floor_file(dir, 256 << 20)?;
+    let fl = Floor {
+        disk: disk.clone(),
+        range: (0, disk.capacity()),
+        write: true,
+        size: 1 << 20,
+        depth: 1,
+        durable: true,
+    }
+    .run(5.0)?;
+    drop(disk);
+    let _ = std::fs::remove_file(dir.join("floor.dat"));
+    Ok(fl.ops as f64 / fl.seconds)
+}
+
 pub struct Floor {
     pub disk: Arc<FileDisk>,
     pub range: (u64, u64),

@@ -10,7 +10,6 @@
 
 use super::{Latency, floor, histogram, loadavg, parse_size};
 use crate::cluster::ClusterArgs;
-use cairn_chunkstore::Disk;
 use cairn_client::{Client, CreateOptions};
 use cairn_rpc::{Masters, pb};
 use serde::Serialize;
@@ -84,20 +83,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    std::fs::create_dir_all(&a.floor_dir)?;
-    let fdisk = floor::floor_file(&a.floor_dir, 256 << 20)?;
-    let fl = floor::Floor {
-        disk: fdisk.clone(),
-        range: (0, fdisk.capacity()),
-        write: true,
-        size: 1 << 20,
-        depth: 1,
-        durable: true,
-    }
-    .run(5.0)?;
-    let floor_mib = fl.ops as f64 / fl.seconds;
-    drop(fdisk);
-    let _ = std::fs::remove_file(a.floor_dir.join("floor.dat"));
+    let floor_mib = floor::write_floor_mib(&a.floor_dir)?;
     rt.block_on(bench(a, masters, floor_mib))
 }
 
