@@ -137,17 +137,20 @@ impl Payload {
     }
 
     /// Appends it to chunk `id` at `offset`.
+    /// Appends the payload; `durable`: flushed before the answer.
     async fn append(
         &self,
         store: &cairn_chunkstore::ChunkStore,
         id: u64,
         offset: u64,
+        durable: bool,
     ) -> Result<u64, StoreError> {
         match self {
-            Self::Bytes(b) => store.append_async(id, offset, b).await,
+            Self::Bytes(b) if durable => store.append_async(id, offset, b).await,
+            Self::Bytes(b) => store.append_unsynced_async(id, offset, b).await,
             Self::Aligned(b, len) => {
                 store
-                    .append_aligned_async(id, offset, b.clone(), *len, true)
+                    .append_aligned_async(id, offset, b.clone(), *len, durable)
                     .await
             }
         }
@@ -476,7 +479,8 @@ impl Chunkserver {
                 async {
                     let store = self.disks.find(id)?;
                     let mut rep = h.reply(Status::Ok);
-                    rep.offset = payload.append(&store, id, h.offset).await?;
+                    let durable = h.flags & cairn_proto::frame::FLAG_UNSYNCED == 0;
+                    rep.offset = payload.append(&store, id, h.offset, durable).await?;
                     Ok((rep, Vec::new()))
                 }
                 .await

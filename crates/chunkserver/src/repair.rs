@@ -559,6 +559,9 @@ impl Repairer {
         let (mut produced, mut written, mut read) = (0u64, 0u64, 0u64);
         let mut input_done = false;
         let mut crcs = vec![0u32; width];
+        let unit = store.unit_data_bytes() as usize;
+        let mut carry: Vec<Vec<u8>> = vec![Vec::new(); width];
+        let mut member_off = 0u64;
         loop {
             while pending.len() < step && !input_done {
                 if read < length {
@@ -610,7 +613,9 @@ impl Repairer {
                     input_done = true;
                 }
             }
-            if pending.is_empty() {
+            // Done when nothing is pending and no member has bytes carried over (the input
+            // can end right after a step that drained `pending`: then only the carries go).
+            if pending.is_empty() && carry.iter().all(Vec::is_empty) {
                 break;
             }
             // Whole stripes while more is coming; the rest, padded, at the end.
@@ -622,33 +627,63 @@ impl Repairer {
             let chunk: Vec<u8> = pending.drain(..take).collect();
             self.stage(group, "encoding", written);
             let shard = ns * cell;
-            let shards = tokio::task::spawn_blocking(move || {
-                // Data member i's shard: cell i of every stripe, zeros past the stream.
-                let mut shards = vec![vec![0u8; shard]; k];
-                for t in 0..ns {
-                    for (i, sh) in shards.iter_mut().enumerate() {
-                        let a = t * k * cell + i * cell;
-                        if a < chunk.len() {
-                            let b = (a + cell).min(chunk.len());
-                            sh[t * cell..t * cell + (b - a)].copy_from_slice(&chunk[a..b]);
+            let encoded = match take {
+                0 => None,
+                _ => Some(tokio::task::spawn_blocking(move || {
+                    // Data member i's shard: cell i of every stripe, zeros past the stream.
+                    let mut shards = vec![vec![0u8; shard]; k];
+                    for t in 0..ns {
+                        for (i, sh) in shards.iter_mut().enumerate() {
+                            let a = t * k * cell + i * cell;
+                            if a < chunk.len() {
+                                let b = (a + cell).min(chunk.len());
+                                sh[t * cell..t * cell + (b - a)].copy_from_slice(&chunk[a..b]);
+                            }
                         }
                     }
-                }
-                let refs: Vec<&[u8]> = shards.iter().map(Vec::as_slice).collect();
-                let parity = codec.encode(&refs)?;
-                shards.extend(parity);
-                Ok::<_, cairn_ec::CodecError>(shards)
-            })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+                    let refs: Vec<&[u8]> = shards.iter().map(Vec::as_slice).collect();
+                    let parity = codec.encode(&refs)?;
+                    shards.extend(parity);
+                    Ok::<_, cairn_ec::CodecError>(shards)
+                })),
+            };
+            let shards = match encoded {
+                None => vec![Vec::new(); width],
+                Some(t) => t
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?,
+            };
             self.stage(group, "writing the members", written);
-            let member_off = written / stripe * cell as u64;
-            let writes = conns.iter().zip(shards).enumerate().map(|(i, (c, sh))| {
+            // Whole units of the member stores per append while more follows (an unsynced
+            // append that ends inside a unit makes the next one flush first); the rest is
+            // carried to the next step.
+            let last = input_done && pending.is_empty();
+            let mut sends = Vec::with_capacity(width);
+            for (i, sh) in shards.into_iter().enumerate() {
+                let mut buf = std::mem::take(&mut carry[i]);
+                buf.extend_from_slice(&sh);
+                let n = match last {
+                    true => buf.len(),
+                    false => buf.len() / unit * unit,
+                };
+                carry[i] = buf.split_off(n);
+                sends.push(buf);
+            }
+            let sent = sends[0].len();
+            let writes = conns.iter().zip(sends).enumerate().map(|(i, (c, sh))| {
                 let crc = cairn_proto::frame::crc32c(&sh);
                 let len = sh.len();
                 async move {
-                    let r = tokio::time::timeout(TIMEOUT, c.append(group, member_off, sh)).await;
+                    // Unsynced: the members count only once sealed, and the seal flushes them;
+                    // foreground appends on their disks never wait behind these flushes.
+                    let r = match len {
+                        0 => Ok(Ok(member_off)),
+                        _ => {
+                            tokio::time::timeout(TIMEOUT, c.append_unsynced(group, member_off, sh))
+                                .await
+                        }
+                    };
                     (i, crc, len, r)
                 }
             });
@@ -670,6 +705,7 @@ impl Repairer {
                     }
                 }
             }
+            member_off += sent as u64;
             written += ns as u64 * stripe;
         }
         self.converted.fetch_add(length, Ordering::Relaxed);

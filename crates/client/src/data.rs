@@ -305,6 +305,21 @@ impl DataConn {
         self.append_crc(chunk_id, offset, data.into(), None).await
     }
 
+    /// [`DataConn::append`] answered before the bytes are durable (docs/formats/wire.md,
+    /// `UNSYNCED`): for background writers whose chunk counts only once sealed (the seal
+    /// flushes it).
+    pub async fn append_unsynced(
+        &self,
+        chunk_id: u64,
+        offset: u64,
+        data: impl Into<Bytes>,
+    ) -> Result<u64> {
+        let mut h = Header::request(Opcode::Append, 0, chunk_id);
+        h.offset = offset;
+        h.flags |= cairn_proto::frame::FLAG_UNSYNCED;
+        Ok(self.call_crc(h, data.into(), None).await?.0.offset)
+    }
+
     /// [`DataConn::create`] of bytes whose CRC32C ([`cairn_proto::frame::crc32c`]) the caller
     /// computed once for all the replicas it sends them to. A wrong `crc` is a bad frame: the
     /// server closes the connection.

@@ -27,7 +27,10 @@ pub const FLAG_SEALED: u16 = 2;
 /// `flags` bit in seal requests: seal at `offset`, which may be below the chunk's length (the
 /// bytes past it are dropped).
 pub const FLAG_SEAL_AT: u16 = 4;
-const KNOWN_FLAGS: u16 = FLAG_REPLY | FLAG_SEALED | FLAG_SEAL_AT;
+/// `flags` bit in append requests: answer before the bytes are durable (a conversion's group
+/// members and other background writes, whose seal flushes them before they count).
+pub const FLAG_UNSYNCED: u16 = 8;
+const KNOWN_FLAGS: u16 = FLAG_REPLY | FLAG_SEALED | FLAG_SEAL_AT | FLAG_UNSYNCED;
 
 /// The header as laid out on the wire.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy)]
@@ -363,6 +366,7 @@ mod tests {
             prop_oneof![
                 Just(0u16),
                 Just(FLAG_SEAL_AT),
+                Just(FLAG_UNSYNCED),
                 Just(FLAG_REPLY),
                 Just(FLAG_REPLY | FLAG_SEALED)
             ],
