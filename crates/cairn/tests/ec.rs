@@ -395,6 +395,14 @@ async fn then_ec_files_are_converted_and_survive_kills_mid_conversion() {
         off += n;
     }
     assert_eq!(w.close().await.unwrap(), len);
+    // A compressed one beside it, its last group padded too.
+    let zlen = 2_500_003usize;
+    let mut w = c
+        .create("/tz", ec_opts("replicas:3,then:ec:2+1,lz4"))
+        .await
+        .unwrap();
+    w.append(&log_text(3, zlen)).await.unwrap();
+    w.close().await.unwrap();
     let before = common::chunks(&c, "/t").await;
     assert!(before.len() >= 20, "{} chunks", before.len());
     let check = |c: cairn_client::Client| async move {
@@ -471,16 +479,28 @@ async fn then_ec_files_are_converted_and_survive_kills_mid_conversion() {
     // The replicas (and the members of abandoned tries) are deleted: each server ends up
     // holding exactly its members, 1.5× the bytes instead of 3×.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let tz = loop {
+        let ch = common::chunks(&c, "/tz").await;
+        if converted(&ch) == ch.len() {
+            break ch;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/tz not converted: {ch:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(tz.iter().all(|g| g.lz4_stream > 0), "{tz:?}");
+    let want = 3 * (after.len() + tz.len()) as u64;
     loop {
         let s = cl.status().await.unwrap();
         let held: u64 = s.servers.iter().map(|x| x.chunk_count).sum();
-        if held == 3 * after.len() as u64 && s.pending_deletes == 0 {
+        if held == want && s.pending_deletes == 0 {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "servers hold {held} chunks, want {}; {} pending deletes",
-            3 * after.len(),
+            "servers hold {held} chunks, want {want}; {} pending deletes",
             s.pending_deletes
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -490,8 +510,34 @@ async fn then_ec_files_are_converted_and_survive_kills_mid_conversion() {
         "converted {} chunks ({} bytes) since the restart, {} failed",
         s.conversions_done, s.converted_bytes, s.conversions_failed
     );
+    let dead = cl.server_id(2).await;
     cl.chunkservers[2].kill();
     check(c.clone()).await;
+    // The dead server's members (padded last stripes and compressed streams among them) are
+    // rebuilt on the fourth server, and read from there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let mut on_dead = 0;
+        for path in ["/t", "/tz"] {
+            let ch = common::chunks(&c, path).await;
+            assert!(ch.iter().all(|c| c.ec_data > 0), "{path}: {ch:?}");
+            on_dead += ch.iter().filter(|g| g.servers.contains(&dead)).count();
+        }
+        if on_dead == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{on_dead} groups still on {dead}: {:?}",
+            cl.status().await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    cl.wait_fully_replicated(std::time::Duration::from_secs(60))
+        .await;
+    check(c.clone()).await;
+    let got = c.read("/tz", 0, zlen).await.unwrap();
+    same(&got, &log_text(3, zlen), 0);
 }
 
 /// Log-like text, `n` bytes: compresses well, as logs do.

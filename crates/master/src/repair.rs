@@ -388,7 +388,14 @@ impl Registry {
                 continue;
             }
             match c.ec {
-                Some(g) => wanted_groups.push((c.id, c.version, c.length, g, c.servers.clone())),
+                Some(g) => wanted_groups.push((
+                    c.id,
+                    c.version,
+                    c.length,
+                    c.stored_length(),
+                    g,
+                    c.servers.clone(),
+                )),
                 None => {
                     let good = self.good_copies(state, c.id, c.length, &c.servers, now);
                     wanted.push((c.id, c.version, c.length, c.servers.clone(), good));
@@ -457,11 +464,10 @@ impl Registry {
                 },
             );
         }
-        for (chunk_id, version, length, g, servers) in wanted_groups {
+        for (chunk_id, version, length, member_length, g, servers) in wanted_groups {
             if self.repairs.running.len() >= TOTAL {
                 break;
             }
-            let member_length = length / u64::from(g.k);
             let good: Vec<bool> = servers
                 .iter()
                 .map(|s| self.holds(state.servers().get(s), chunk_id, member_length, now))
