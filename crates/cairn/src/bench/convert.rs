@@ -8,9 +8,11 @@
 //! foreground, sets the threshold and the age to 0, and measures the conversion and the
 //! foreground until every chunk is a group. The old settings are restored after. The same run
 //! measures the disk floor: raw O_DIRECT 1 MiB writes + fdatasync on the chunkservers'
-//! filesystem.
+//! filesystem; and the conversion's floor (`floor::run_convert`): the replicated 4 KiB append
+//! floor alone and beside a raw converter paced to the rate the cluster converted at, which
+//! is the least that converting at that rate costs the foreground's tail on this machine.
 
-use super::repair::{foreground, status};
+use super::repair::{foreground, status, write_sealed_files};
 use super::{Latency, floor, loadavg, parse_size};
 use crate::cluster::ClusterArgs;
 use cairn_client::{Client, CreateOptions};
@@ -81,6 +83,14 @@ struct Report {
     fg_errors: u64,
     /// Foreground p99 during the conversion ÷ before (target ≤ 1.2).
     ratio_fg_p99: f64,
+    /// The same with nothing but the hardware: the replicated 4 KiB append floor alone and
+    /// beside a raw converter (read, encode, CRC, unsynced member writes, a flush per 64 MiB)
+    /// paced to `convert_mib_per_s`.
+    floor_fg_alone: Latency,
+    floor_fg_during: Latency,
+    floor_convert_mib_per_s: f64,
+    /// floor_fg_during p99 ÷ floor_fg_alone p99: what no conversion at this rate can beat here.
+    floor_ratio_fg_p99: f64,
     loadavg: f64,
 }
 
@@ -148,40 +158,21 @@ async fn run_bench(
     let prefix = format!("/bench-convert-{}", std::process::id());
     // The data: 64 MiB files written 1 MiB at a time, four at once, sealed. Log-like text
     // (compresses ~4×) with --lz4, else bytes LZ4 cannot shrink.
-    let files = a.data.div_ceil(64 << 20);
-    let per_file = a.data / files;
     let sent0 = c.traffic().sent;
-    let mut tasks = Vec::new();
-    for f in 0..files {
-        let (c, path) = (c.clone(), format!("{prefix}/data{f}"));
-        let lz4 = a.lz4;
-        tasks.push(tokio::spawn(async move {
-            let opts = CreateOptions {
-                policy: Some(policy),
-                parents: true,
-                ..CreateOptions::default()
-            };
-            let mut w = c.create(&path, opts).await?;
-            let buf = payload(1 << 20, lz4, f);
-            let mut left = per_file;
-            while left > 0 {
-                let n = left.min(1 << 20) as usize;
-                w.append(&buf[..n]).await?;
-                left -= n as u64;
-            }
-            w.seal().await?;
-            anyhow::Ok(())
-        }));
-        if tasks.len() == 4 {
-            for t in tasks.drain(..) {
-                t.await??;
-            }
-        }
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let written = per_file * files;
+    let lz4 = a.lz4;
+    let opts = CreateOptions {
+        policy: Some(policy),
+        parents: true,
+        ..CreateOptions::default()
+    };
+    let (files, written) = write_sealed_files(
+        &c,
+        &prefix,
+        a.data,
+        opts,
+        Arc::new(move |f| payload(1 << 20, lz4, f)),
+    )
+    .await?;
     let write_network = c.traffic().sent - sent0;
     eprintln!("bench convert: wrote {written} bytes in {files} files ({text})");
 
@@ -262,6 +253,14 @@ async fn run_bench(
     let threshold = a.threshold as f64 / f64::from(1 << 20);
     let (b, d) = (Latency::of(&before), Latency::of(&during));
     let per_user = |x: u64| x as f64 / written as f64;
+    let (k, m) = match policy.at_rest() {
+        cairn_client::Redundancy::Ec { k, m } => (usize::from(k), usize::from(m)),
+        cairn_client::Redundancy::Replicas(_) => anyhow::bail!("{text} converts to no EC"),
+    };
+    let fl = {
+        let (dir, rate) = (a.floor_dir.clone(), (rate * f64::from(1 << 20)) as u64);
+        tokio::task::spawn_blocking(move || floor::run_convert(&dir, rate, k, m, 10.0)).await??
+    };
     let r = Report {
         op: "convert",
         policy: text.into(),
@@ -284,6 +283,10 @@ async fn run_bench(
         fg_during_ops: during.len(),
         fg_errors,
         ratio_fg_p99: d.p99_us / b.p99_us,
+        floor_ratio_fg_p99: fl.fg_during.p99_us / fl.fg_alone.p99_us,
+        floor_fg_alone: fl.fg_alone,
+        floor_fg_during: fl.fg_during,
+        floor_convert_mib_per_s: fl.convert_mib_per_s,
         loadavg: loadavg(),
     };
     println!("{}", serde_json::to_string(&r)?);
@@ -292,7 +295,8 @@ async fn run_bench(
             "converted {:.0} MiB in {:.1} s: {:.1} MiB/s against a {:.0} MiB/s threshold per server \
              ({:.2}; {} workers); disk floor {:.0} MiB/s, {:.2} device bytes per user byte; network \
              per user byte {:.2} write + {:.2} conversion = {:.2} (Pangu 6.375 → 2.94); foreground \
-             4k p99 {:.0} → {:.0} µs ({:.2}×)",
+             4k p99 {:.0} → {:.0} µs ({:.2}×); floor: replicated 4k p99 {:.0} → {:.0} µs \
+             ({:.2}×) beside a raw converter at {:.1} MiB/s",
             converted as f64 / f64::from(1 << 20),
             seconds,
             rate,
@@ -306,7 +310,11 @@ async fn run_bench(
             per_user(write_network + convert_network),
             b.p99_us,
             d.p99_us,
-            d.p99_us / b.p99_us
+            d.p99_us / b.p99_us,
+            fl.fg_alone.p99_us,
+            fl.fg_during.p99_us,
+            fl.fg_during.p99_us / fl.fg_alone.p99_us,
+            fl.convert_mib_per_s
         );
     }
     Ok(())

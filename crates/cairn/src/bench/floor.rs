@@ -228,3 +228,105 @@ pub fn run_replicated(
         hist: h,
     })
 }
+
+/// What the conversion floor measured: the replicated 4 KiB append floor alone and while a
+/// raw converter runs beside it, and the converter's rate.
+pub struct ConvertFloor {
+    pub fg_alone: Latency,
+    pub fg_during: Latency,
+    /// User bytes the raw converter moved per second while the foreground ran.
+    pub convert_mib_per_s: f64,
+}
+
+/// The least a conversion at `rate` user bytes/s costs the foreground on this machine: the
+/// replicated 4 KiB append floor ([`run_replicated`], 3 files, quorum 2) for `seconds` alone,
+/// then for `seconds` while one thread does the conversion's own work with nothing around it
+/// — O_DIRECT reads of 1 MiB from a source file, an encode into `k + m` cells, a CRC32C of
+/// every cell, O_DIRECT writes of the cells (unsynced, as the conversion's members are) and an
+/// `fdatasync` per 64 MiB of user bytes (a chunk's seal) — paced to `rate`. Its files go in
+/// `dir` and are removed after.
+pub fn run_convert(
+    dir: &Path,
+    rate: u64,
+    k: usize,
+    m: usize,
+    seconds: f64,
+) -> anyhow::Result<ConvertFloor> {
+    use cairn_ec::{Codec, ReedSolomon};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    std::fs::create_dir_all(dir)?;
+    let replicas = (0..3)
+        .map(|i| floor_file_named(dir, &format!("floor-fg{i}.dat"), 64 << 20))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let src = floor_file_named(dir, "floor-src.dat", 256 << 20)?;
+    let dst = floor_file_named(dir, "floor-dst.dat", 512 << 20)?;
+    let alone = run_replicated(&replicas, 4096, 2, seconds)?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let moved = Arc::new(AtomicU64::new(0));
+    let codec = ReedSolomon::new(k, m)?;
+    let bg = {
+        let (stop, moved, src, dst) = (stop.clone(), moved.clone(), src.clone(), dst.clone());
+        std::thread::spawn(move || -> anyhow::Result<f64> {
+            const STEP: usize = 1 << 20;
+            let cell = STEP / k;
+            let mut input = AlignedBuf::zeroed(STEP);
+            let mut cells = AlignedBuf::zeroed(cell * (k + m));
+            let (mut rd, mut wr, mut unsynced) = (0u64, 0u64, 0u64);
+            let t0 = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                // Paced: step n starts no earlier than n steps at `rate`.
+                let due = Duration::from_secs_f64(
+                    moved.load(Ordering::Relaxed) as f64 / rate.max(1) as f64,
+                );
+                if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+                src.read_at(&mut input, rd)?;
+                rd = (rd + STEP as u64) % (src.capacity() / STEP as u64 * STEP as u64);
+                let (data, parity) = cells.split_at_mut(cell * k);
+                data.copy_from_slice(&input[..cell * k]);
+                let data_cells: Vec<&[u8]> = data.chunks(cell).collect();
+                let mut parity_cells: Vec<&mut [u8]> = parity.chunks_mut(cell).collect();
+                codec.encode_into(&data_cells, &mut parity_cells)?;
+                let mut crc = 0u32;
+                for c in cells.chunks(cell) {
+                    crc ^= crc32c::crc32c(c);
+                }
+                std::hint::black_box(crc);
+                let n = cells.len() as u64;
+                if wr + n > dst.capacity() {
+                    wr = 0;
+                }
+                dst.write_at(&cells, wr)?;
+                wr += n;
+                unsynced += STEP as u64;
+                if unsynced >= 64 << 20 {
+                    dst.sync()?;
+                    unsynced = 0;
+                }
+                moved.fetch_add(STEP as u64, Ordering::Relaxed);
+            }
+            Ok(moved.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64())
+        })
+    };
+    let during = run_replicated(&replicas, 4096, 2, seconds);
+    stop.store(true, Ordering::Relaxed);
+    let bg_rate = bg.join().expect("converter thread")?;
+    let during = during?;
+    drop((replicas, src, dst));
+    for name in [
+        "floor-fg0.dat",
+        "floor-fg1.dat",
+        "floor-fg2.dat",
+        "floor-src.dat",
+        "floor-dst.dat",
+    ] {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    Ok(ConvertFloor {
+        fg_alone: alone.latency,
+        fg_during: during.latency,
+        convert_mib_per_s: bg_rate / f64::from(1 << 20),
+    })
+}

@@ -102,6 +102,50 @@ async fn set_cap(m: &Masters, cap: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes `data` bytes in sealed files of at most 64 MiB, `{prefix}/data0`, `data1`, …, 1 MiB
+/// appends, four files at once; `fill(f)` is file f's 1 MiB of bytes. Returns the number of
+/// files and the bytes written.
+pub(super) async fn write_sealed_files(
+    c: &Client,
+    prefix: &str,
+    data: u64,
+    opts: CreateOptions,
+    fill: Arc<dyn Fn(u64) -> Vec<u8> + Send + Sync>,
+) -> anyhow::Result<(u64, u64)> {
+    let files = data.div_ceil(64 << 20);
+    let per_file = data / files;
+    let mut tasks = Vec::new();
+    for f in 0..files {
+        let (c, path, opts, fill) = (
+            c.clone(),
+            format!("{prefix}/data{f}"),
+            opts.clone(),
+            fill.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut w = c.create(&path, opts).await?;
+            let buf = fill(f);
+            let mut left = per_file;
+            while left > 0 {
+                let n = left.min(1 << 20) as usize;
+                w.append(&buf[..n]).await?;
+                left -= n as u64;
+            }
+            w.seal().await?;
+            anyhow::Ok(())
+        }));
+        if tasks.len() == 4 {
+            for t in tasks.drain(..) {
+                t.await??;
+            }
+        }
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok((files, per_file * files))
+}
+
 /// Which histogram of [`foreground`] an append's latency goes to.
 const ALL: usize = 0;
 const AT_CAP: usize = 1;
@@ -169,33 +213,14 @@ async fn bench(a: Args, masters: Vec<String>, floor_mib: f64) -> anyhow::Result<
     let prefix = format!("/bench-repair-{}", std::process::id());
 
     // The data: 64 MiB files written 1 MiB at a time, four at once, sealed.
-    let files = a.data.div_ceil(64 << 20);
-    let per_file = a.data / files;
-    let mut tasks = Vec::new();
-    for f in 0..files {
-        let (c, path) = (c.clone(), format!("{prefix}/data{f}"));
-        tasks.push(tokio::spawn(async move {
-            let mut w = c.create(&path, CreateOptions::default()).await?;
-            let buf = vec![f as u8; 1 << 20];
-            let mut left = per_file;
-            while left > 0 {
-                let n = left.min(1 << 20) as usize;
-                w.append(&buf[..n]).await?;
-                left -= n as u64;
-            }
-            w.seal().await?;
-            anyhow::Ok(())
-        }));
-        if tasks.len() == 4 {
-            for t in tasks.drain(..) {
-                t.await??;
-            }
-        }
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let written = per_file * files;
+    let (files, written) = write_sealed_files(
+        &c,
+        &prefix,
+        a.data,
+        CreateOptions::default(),
+        Arc::new(|f| vec![f as u8; 1 << 20]),
+    )
+    .await?;
     eprintln!("bench repair: wrote {written} bytes in {files} files");
     set_cap(&m, a.cap).await?;
 
