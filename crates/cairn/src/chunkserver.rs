@@ -46,6 +46,10 @@ pub struct ChunkserverArgs {
     /// Never on a server holding data anyone needs.
     #[arg(long)]
     fault_injection: bool,
+    /// Refuse every request on a chunk without a valid capability signed by the masters
+    /// (docs/security.md).
+    #[arg(long)]
+    require_capabilities: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -84,6 +88,7 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
         set,
         ServerOptions {
             fault_injection: a.fault_injection,
+            require_capabilities: a.require_capabilities,
             ..ServerOptions::default()
         },
     );

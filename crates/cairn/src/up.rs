@@ -31,6 +31,9 @@ pub struct UpArgs {
     /// Start the chunkservers with --fault-injection (`cairn admin fault`).
     #[arg(long)]
     fault_injection: bool,
+    /// Start the chunkservers with --require-capabilities (docs/security.md).
+    #[arg(long)]
+    require_capabilities: bool,
     /// Create the chunkservers' store files without writing zeros over them (faster first
     /// start, slower appends until every block has been written once).
     #[arg(long)]
@@ -220,6 +223,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             ]
             .into_iter()
             .chain(a.fault_injection.then(|| "--fault-injection".to_string()))
+            .chain(
+                a.require_capabilities
+                    .then(|| "--require-capabilities".to_string()),
+            )
             .chain(a.no_zero_fill.then(|| "--no-zero-fill".to_string()))
             .collect(),
             child: None,

@@ -160,6 +160,18 @@ pub async fn run(
             };
             repairer.set_rate(reply.repair_bytes_per_sec);
             cs.set_background_rate(reply.background_bytes_per_sec);
+            cs.set_cap_keys(
+                reply
+                    .cap_keys
+                    .iter()
+                    .filter_map(|k| {
+                        Some(cairn_proto::cap::CapKey {
+                            id: k.id,
+                            secret: k.secret.as_slice().try_into().ok()?,
+                        })
+                    })
+                    .collect(),
+            );
             repairer.log_slow();
             for task in reply.repairs {
                 repairer.start(task);

@@ -8,6 +8,7 @@
 //! reads from the device itself. In-flight requests and payload bytes per connection are
 //! bounded; past the bound the reader stops reading the socket (TCP backpressure).
 
+mod caps;
 pub mod control;
 mod disks;
 pub mod repair;
@@ -39,6 +40,8 @@ pub struct ServerOptions {
     pub max_read: u64,
     /// Accept FAULT requests (`--fault-injection`): for tests and drills only.
     pub fault_injection: bool,
+    /// Refuse every request on a chunk that carries no valid capability (docs/security.md).
+    pub require_capabilities: bool,
 }
 
 impl Default for ServerOptions {
@@ -48,6 +51,7 @@ impl Default for ServerOptions {
             max_in_flight_bytes: 256 << 20,
             max_read: 64 << 20,
             fault_injection: false,
+            require_capabilities: false,
         }
     }
 }
@@ -67,6 +71,8 @@ pub struct Chunkserver {
     corrupt: scrub::BadSet,
     /// The background bandwidth (repair, conversion and scrub together), from the masters.
     background: repair::Bucket,
+    /// The keys capabilities are checked with, and the newest writer epoch seen per chunk.
+    caps: caps::Checker,
 }
 
 /// Background bandwidth until the masters set one (theirs is the same by default).
@@ -212,12 +218,19 @@ impl Chunkserver {
             recv_pool: BufPool::new(RECV_BUFFERS),
             corrupt: Default::default(),
             background: repair::Bucket::new(DEFAULT_BACKGROUND_BYTES_PER_SEC),
+            caps: caps::Checker::default(),
         })
     }
 
     /// Sets the background bandwidth (bytes/s; 0 leaves it as is).
     pub fn set_background_rate(&self, bytes_per_sec: u64) {
         self.background.set_rate(bytes_per_sec);
+    }
+
+    /// Replaces the keys capabilities are checked with (from the masters' heartbeat replies;
+    /// an empty list keeps the ones held).
+    pub fn set_cap_keys(&self, keys: Vec<cairn_proto::cap::CapKey>) {
+        self.caps.set_keys(keys);
     }
 
     /// The background bandwidth now, bytes/s.
@@ -339,6 +352,35 @@ impl Chunkserver {
             if h.is_reply() {
                 return Err(ConnError::Protocol("a reply frame sent to the server"));
             }
+            let mut cap = [0u8; cairn_proto::cap::CAP_BYTES];
+            let has_cap = h.cap_len > 0;
+            if has_cap {
+                rd.read_exact(&mut cap).await?;
+            }
+            // The capability is checked before anything is allocated for the payload: a
+            // refused request's payload is read through a small buffer and dropped.
+            let checked = self.caps.check_frame(
+                &h,
+                has_cap.then_some(&cap),
+                self.opts.require_capabilities,
+            );
+            let cap = match checked {
+                Ok(cap) => cap,
+                Err(e) => {
+                    let mut skip = (&mut *rd).take(u64::from(h.length));
+                    tokio::io::copy(&mut skip, &mut tokio::io::sink()).await?;
+                    let one = count.clone().acquire_owned().await.expect("never closed");
+                    let (header, payload) =
+                        error_reply(&h, Status::Unauthorized, e.to_string());
+                    record(&h, &header, std::time::Duration::ZERO, 0, 0);
+                    let _ = tx.send(Reply {
+                        header,
+                        payload: Body::Bytes(payload),
+                        _permits: (one, None),
+                    });
+                    continue;
+                }
+            };
             let one = count.clone().acquire_owned().await.expect("never closed");
             // The bytes this request holds: its payload, or the reply's for a read.
             let want = if h.op() == Some(Opcode::Read) {
@@ -367,7 +409,7 @@ impl Chunkserver {
                 this.load.fetch_add(1, Relaxed);
                 let t = std::time::Instant::now();
                 let bytes_in = payload.len() as u64;
-                let (header, payload) = this.clone().handle(h, payload).await;
+                let (header, payload) = this.clone().handle(h, cap, payload).await;
                 this.load.fetch_sub(1, Relaxed);
                 record(&h, &header, t.elapsed(), bytes_in, payload.len() as u64);
                 let _ = tx.send(Reply {
@@ -380,7 +422,12 @@ impl Chunkserver {
     }
 
     /// Serves one request; returns the reply header and payload.
-    async fn handle(self: Arc<Self>, h: Header, payload: Payload) -> (Header, Body) {
+    async fn handle(
+        self: Arc<Self>,
+        h: Header,
+        cap: Option<cairn_proto::cap::Capability>,
+        payload: Payload,
+    ) -> (Header, Body) {
         let bytes = |(h, b): (Header, Vec<u8>)| (h, Body::Bytes(b));
         let Some(op) = h.op() else {
             return bytes(error_reply(
@@ -401,6 +448,11 @@ impl Chunkserver {
         }
         if let Some(rep) = self.inject(&h, op).await {
             return bytes(rep);
+        }
+        if let Some(cap) = &cap
+            && let Err(e) = self.check_chunk(&h, op, cap)
+        {
+            return bytes(error_reply(&h, Status::Unauthorized, e.to_string()));
         }
         if op == Opcode::Read {
             return self.read(h).await;
@@ -529,6 +581,26 @@ impl Chunkserver {
 }
 
 impl Chunkserver {
+    /// Checks a verified capability against the chunk as stored: its version (a create's
+    /// is the one it asks for) and the newest writer epoch seen for it.
+    fn check_chunk(
+        &self,
+        h: &Header,
+        op: Opcode,
+        cap: &cairn_proto::cap::Capability,
+    ) -> Result<(), cairn_proto::cap::CapError> {
+        let version = if op == Opcode::Create {
+            h.arg
+        } else {
+            match self.disks.find(h.chunk_id).and_then(|s| s.stat(h.chunk_id)) {
+                Ok(st) => st.version,
+                // No such chunk: the request fails as it would have (NOT_FOUND).
+                Err(_) => return Ok(()),
+            }
+        };
+        self.caps.check_chunk(cap, version)
+    }
+
     /// A FAULT request: replaces the injected faults (refused unless enabled).
     fn set_faults(&self, h: &Header, payload: &[u8]) -> (Header, Vec<u8>) {
         if !self.opts.fault_injection {

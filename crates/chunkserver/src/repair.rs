@@ -304,7 +304,7 @@ impl Repairer {
             for &i in &order {
                 let (sid, addr) = sources[i];
                 if conns[i].is_none() {
-                    match DataConn::connect(addr, TIMEOUT).await {
+                    match DataConn::connect_with_caps(addr, TIMEOUT, task_caps(task)).await {
                         Ok(c) => conns[i] = Some(c),
                         Err(e) => {
                             last = format!("source {sid}: {e}");
@@ -423,7 +423,7 @@ impl Repairer {
                 let mut ready = Vec::new();
                 for &i in &batch {
                     if conns[i].is_none() {
-                        match DataConn::connect(addrs[i].expect("kept"), TIMEOUT).await {
+                        match DataConn::connect_with_caps(addrs[i].expect("kept"), TIMEOUT, task_caps(task)).await {
                             Ok(c) => conns[i] = Some(c),
                             Err(e) => {
                                 last = format!("member {i} (server {}): {e}", task.members[i].id);
@@ -537,7 +537,7 @@ impl Repairer {
                 .addr
                 .parse()
                 .map_err(|_| format!("bad member address {:?}", s.addr))?;
-            let c = DataConn::connect(addr, TIMEOUT)
+            let c = DataConn::connect_with_caps(addr, TIMEOUT, task_caps(task))
                 .await
                 .map_err(|e| format!("member server {}: {e}", s.id))?;
             c.create(group, task.version, Vec::new())
@@ -773,4 +773,16 @@ impl Bucket {
         };
         tokio::time::sleep(wait).await;
     }
+}
+
+/// The capabilities the masters signed into a task, for its connections to other servers.
+fn task_caps(task: &pb::RepairTask) -> Option<Arc<cairn_client::caps::Caps>> {
+    if task.caps.is_empty() {
+        return None;
+    }
+    let caps = cairn_client::caps::Caps::default();
+    for c in &task.caps {
+        caps.remember(c);
+    }
+    Some(Arc::new(caps))
 }

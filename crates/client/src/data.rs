@@ -6,6 +6,8 @@ pub use cairn_proto::frame::Status;
 use cairn_proto::frame::{
     FLAG_SEAL_AT, FLAG_SEALED, FrameError, HEADER_BYTES, Header, MAX_PAYLOAD, Opcode,
 };
+use crate::caps::Caps;
+use cairn_proto::cap::CAP_BYTES;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -102,7 +104,9 @@ struct PendingState {
 pub struct DataConn {
     addr: SocketAddr,
     stats: Arc<ConnStats>,
-    tx: mpsc::Sender<(Header, Bytes)>,
+    tx: mpsc::Sender<(Header, Option<[u8; CAP_BYTES]>, Bytes)>,
+    /// Where the capability of each request's chunk comes from (none: requests carry none).
+    caps: Option<Arc<Caps>>,
     pending: Pending,
     next_id: AtomicU64,
     /// A request without a reply after this long fails with [`Error::Timeout`].
@@ -115,6 +119,16 @@ const SEND_QUEUE: usize = 256;
 impl DataConn {
     /// Connects to a chunkserver; requests time out after `timeout` (the connect too).
     pub async fn connect(addr: SocketAddr, timeout: std::time::Duration) -> Result<Self> {
+        Self::connect_with_caps(addr, timeout, None).await
+    }
+
+    /// [`DataConn::connect`] whose requests on a chunk carry its capability from `caps`
+    /// (docs/security.md).
+    pub async fn connect_with_caps(
+        addr: SocketAddr,
+        timeout: std::time::Duration,
+        caps: Option<Arc<Caps>>,
+    ) -> Result<Self> {
         let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| Error::Timeout {
@@ -129,7 +143,7 @@ impl DataConn {
         let (rd, wr) = stream.into_split();
         // Replies are read through a buffer: one read takes every reply that has arrived.
         let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
-        let (tx, mut rx) = mpsc::channel::<(Header, Bytes)>(SEND_QUEUE);
+        let (tx, mut rx) = mpsc::channel::<(Header, Option<[u8; CAP_BYTES]>, Bytes)>(SEND_QUEUE);
         let pending: Pending = Arc::new(Mutex::new(PendingState {
             waiting: HashMap::new(),
             issued: 0,
@@ -141,8 +155,11 @@ impl DataConn {
             let r: std::io::Result<()> = async {
                 while let Some(first) = rx.recv().await {
                     let mut next = Some(first);
-                    while let Some((h, payload)) = next {
+                    while let Some((h, cap, payload)) = next {
                         wr.write_all(&h.encode()).await?;
+                        if let Some(cap) = &cap {
+                            wr.write_all(cap).await?;
+                        }
                         wr.write_all(&payload).await?;
                         next = rx.try_recv().ok();
                     }
@@ -206,6 +223,7 @@ impl DataConn {
             addr,
             stats,
             tx,
+            caps,
             pending,
             next_id: AtomicU64::new(1),
             timeout,
@@ -239,6 +257,15 @@ impl DataConn {
             None => h.with_payload(&payload),
         };
         h.request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let cap = match (&self.caps, h.op()) {
+            (Some(caps), Some(op)) if cairn_proto::cap::needed(op, h.flags).is_some() => {
+                caps.get(h.chunk_id)
+            }
+            _ => None,
+        };
+        if cap.is_some() {
+            h.cap_len = CAP_BYTES as u16;
+        }
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
         {
@@ -262,7 +289,7 @@ impl DataConn {
             pending: &self.pending,
             id: h.request_id,
         };
-        if self.tx.send((h, payload)).await.is_err() {
+        if self.tx.send((h, cap, payload)).await.is_err() {
             return Err(lost("writer gone".into()));
         }
         let (rh, rp) = match tokio::time::timeout(self.timeout, rx).await {

@@ -215,6 +215,8 @@ pub(crate) struct Inner {
     received: std::sync::atomic::AtomicU64,
     addrs: Mutex<HashMap<u64, String>>,
     conns: Mutex<HashMap<u64, Arc<DataConn>>>,
+    /// The capabilities the masters signed into the chunks they described, by chunk.
+    pub(crate) caps: Arc<crate::caps::Caps>,
     /// Latency per server, the blacklists and the backup-read budget.
     pub(crate) health: Health,
     pub(crate) cache: Mutex<LruCache<String, Arc<View>>>,
@@ -253,6 +255,7 @@ impl Client {
                 client_id,
                 addrs: Mutex::new(HashMap::new()),
                 conns: Mutex::new(HashMap::new()),
+                caps: Arc::default(),
                 health: Health::new(opts.health.clone()),
                 cache: Mutex::new(LruCache::new(cache)),
                 block_indexes: Mutex::new(LruCache::new(cache)),
@@ -387,6 +390,9 @@ impl Client {
             .send(req, |mut c, r| async move { c.stat(r).await })
             .await?;
         self.remember_addrs(&r.servers);
+        if let Some(f) = &r.file {
+            self.remember_caps(&f.chunks);
+        }
         Ok(r)
     }
 
@@ -591,8 +597,20 @@ impl Client {
         self.inner.health.set_known(a.len());
     }
 
+    /// Keeps the capabilities signed into `chunks` for the data-plane requests on them.
+    pub(crate) fn remember_caps(&self, chunks: &[pb::ChunkMeta]) {
+        for c in chunks {
+            if !c.cap.is_empty() {
+                self.inner.caps.remember(&c.cap);
+            }
+        }
+    }
+
     pub(crate) fn absorb(&self, r: pb::FileReply) -> Result<pb::FileMeta> {
         self.remember_addrs(&r.servers);
+        if let Some(f) = &r.file {
+            self.remember_caps(&f.chunks);
+        }
         r.file
             .ok_or_else(|| MetaError::internal("reply without a file").into())
     }
@@ -610,8 +628,12 @@ impl Client {
             .ok_or(Error::UnknownServer(server))?;
         let sock = addr.parse().map_err(|_| Error::UnknownServer(server))?;
         let c = Arc::new(
-            DataConn::connect(sock, self.inner.opts.request_timeout)
-                .await
+            DataConn::connect_with_caps(
+                sock,
+                self.inner.opts.request_timeout,
+                Some(self.inner.caps.clone()),
+            )
+            .await
                 .map_err(|e| Error::Data {
                     server,
                     addr: addr.clone(),
@@ -1044,6 +1066,7 @@ impl Locator {
                     match r {
                         Ok(reply) => {
                             client.remember_addrs(&reply.servers);
+                            client.remember_caps(&reply.chunks);
                             for ((_, tx), c) in batch.into_iter().zip(reply.chunks) {
                                 let _ = tx.send(Ok(c));
                             }

@@ -22,6 +22,7 @@
 //! [`blocking::Client`] wraps the same API for scripts and tools without async.
 
 pub mod blocking;
+pub mod caps;
 mod data;
 mod fs;
 mod group;

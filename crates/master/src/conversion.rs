@@ -164,6 +164,7 @@ impl Registry {
                 members,
                 convert_from: b.chunk_id,
                 compress_block: if b.lz4 { crate::state::LZ4_BLOCK } else { 0 },
+                caps: Vec::new(),
             },
         );
     }

@@ -298,6 +298,7 @@ pub fn chunk(c: &Chunk) -> pb::ChunkMeta {
         ec_cell: c.ec.map_or(0, |g| g.cell),
         lz4_stream: c.ec.and_then(|g| g.lz4).map_or(0, |z| z.stream),
         lz4_block: c.ec.and_then(|g| g.lz4).map_or(0, |z| z.block),
+        cap: Vec::new(),
     }
 }
 

@@ -529,6 +529,7 @@ impl Registry {
                     members,
                     convert_from: 0,
                     compress_block: 0,
+                    caps: Vec::new(),
                 },
             );
         }

@@ -1,6 +1,7 @@
 //! The `Meta` gRPC service: every call is answered by the leader; followers redirect.
 
 use crate::convert;
+use cairn_proto::cap;
 use crate::registry::Registry;
 use crate::state::{Command, Inode, Lease, Policy, Reply};
 use crate::store::{Applied, Raft};
@@ -59,6 +60,7 @@ impl MetaService {
 
     /// One pass of the leader's conversion scan.
     pub(crate) async fn scan_conversions(&self) {
+        self.inner.ensure_cap_key().await;
         self.inner.scan_conversions().await;
     }
 
@@ -296,9 +298,35 @@ impl Inner {
         self.registry.lock().scan_repairs(&a.state, Instant::now());
     }
 
+    /// The reply to a writer's call: its chunks signed for writing, with the file's writer
+    /// epoch.
     fn file_reply(&self, ino: Option<Inode>) -> Result<pb::FileReply, MetaError> {
         let ino = ino.ok_or_else(|| MetaError::internal("command returned no inode"))?;
-        Ok(convert::file_reply(&self.sm.lock().state, &ino))
+        let a = self.sm.lock();
+        let mut r = convert::file_reply(&a.state, &ino);
+        if let (Some(s), Some(f), Some(meta)) = (
+            crate::caps::Signer::of(&a.state, now_ms()),
+            r.file.as_mut(),
+            ino.file(),
+        ) {
+            s.sign_file(f, cap::WRITE, meta.writer_epoch);
+        }
+        Ok(r)
+    }
+
+    /// The leader makes the first capability key when the state has none.
+    pub(crate) async fn ensure_cap_key(&self) {
+        if self.leader_check().is_err() || !self.sm.lock().state.cap_keys().is_empty() {
+            return;
+        }
+        let cmd = Command::RotateKey {
+            secret: crate::caps::new_secret(),
+            now_ms: now_ms(),
+        };
+        match self.write(cmd).await {
+            Ok(_) => tracing::info!("made the first capability key"),
+            Err(e) => tracing::warn!(error = %e, "making the first capability key failed"),
+        }
     }
 
     /// A create's command: placement of its first chunks happens here, on the leader.
@@ -504,7 +532,11 @@ impl pb::meta_server::Meta for MetaService {
             self.inner.read_barrier().await?;
             let a = self.inner.sm.lock();
             let ino = a.state.lookup(&path)?;
-            Ok(convert::node_reply(&a.state, &path, ino))
+            let mut r = convert::node_reply(&a.state, &path, ino);
+            if let (Some(s), Some(f)) = (crate::caps::Signer::of(&a.state, now_ms()), r.file.as_mut()) {
+                s.sign_file(f, cap::READ, 0);
+            }
+            Ok(r)
         }
         .await)
     }
@@ -609,13 +641,21 @@ impl pb::meta_server::Meta for MetaService {
             let ids = convert::locate(&r)?;
             self.inner.read_barrier().await?;
             let a = self.inner.sm.lock();
+            let signer = crate::caps::Signer::of(&a.state, now_ms());
             let chunks: Vec<pb::ChunkMeta> = ids
                 .iter()
                 .map(|id| {
-                    a.state
+                    let mut c = a
+                        .state
                         .chunk(*id)
                         .map(|(_, c)| convert::chunk(c))
-                        .unwrap_or_default()
+                        .unwrap_or_default();
+                    if let Some(s) = &signer
+                        && c.id != 0
+                    {
+                        c.cap = s.sign(c.id, c.version, cap::READ, 0);
+                    }
+                    c
                 })
                 .collect();
             let servers = convert::server_addrs(&a.state, &chunks);
@@ -691,11 +731,24 @@ impl pb::meta_server::Meta for MetaService {
                 });
                 let _ = record.await;
             }
+            let (cap_keys, repairs) = {
+                let a = self.inner.sm.lock();
+                let mut repairs = answer.repairs;
+                if let Some(s) = crate::caps::Signer::of(&a.state, now_ms()) {
+                    // A repair reads the source or the group's members; a rebuild or a
+                    // conversion writes the group's members.
+                    for t in &mut repairs {
+                        t.caps = vec![s.sign(t.chunk_id, t.version, cap::WRITE, 0)];
+                    }
+                }
+                (crate::caps::keys_pb(&a.state), repairs)
+            };
             Ok(pb::HeartbeatReply {
                 send_full_report: answer.send_full_report,
                 delete_chunks: answer.delete,
                 masters,
-                repairs: answer.repairs,
+                cap_keys,
+                repairs,
                 repair_bytes_per_sec: answer.repair_bytes_per_sec,
                 background_bytes_per_sec: answer.background_bytes_per_sec,
             })

@@ -267,7 +267,36 @@ pub struct FileMeta {
     pub sealed: bool,
     pub chunks: Vec<Chunk>,
     pub lease: Option<Lease>,
+    /// Bumped each time a writer takes the file (create with a lease, open for write):
+    /// writers' capabilities carry it, so chunkservers refuse a superseded writer
+    /// (docs/security.md).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub writer_epoch: u32,
 }
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// A key that signs capabilities, in the replicated state (docs/security.md).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    pub id: u32,
+    pub secret: [u8; cairn_proto::cap::KEY_BYTES],
+    pub created_ms: u64,
+}
+
+impl fmt::Debug for KeyRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyRecord")
+            .field("id", &self.id)
+            .field("created_ms", &self.created_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Capability keys kept: the newest and the one before it (the overlap of a rotation).
+pub const KEYS_KEPT: usize = 2;
 
 impl FileMeta {
     pub fn committed_length(&self) -> u64 {
@@ -429,6 +458,12 @@ pub enum Command {
         #[serde(default)]
         stream: u64,
     },
+    /// Adds a capability key (the leader drew `secret`); the oldest past [`KEYS_KEPT`] is
+    /// dropped, and with it every capability it signed.
+    RotateKey {
+        secret: [u8; cairn_proto::cap::KEY_BYTES],
+        now_ms: u64,
+    },
     /// Independent commands of concurrent callers in one Raft entry, applied in order; each
     /// has its own result in [`Reply::batch`]. A batch inside a batch is refused.
     Batch(Vec<Command>),
@@ -465,6 +500,8 @@ impl fmt::Display for Command {
             } => {
                 write!(f, "convert-end {group_id} switch={switch}")
             }
+            // Never the secret.
+            Command::RotateKey { .. } => write!(f, "rotate-key"),
             Command::Batch(cmds) => write!(f, "batch of {}", cmds.len()),
             // Never the op itself: a user's creation carries its secret.
             Command::Object(op) => write!(f, "object {}", object_op_name(op)),
@@ -526,6 +563,9 @@ pub struct State {
     /// Replica→EC conversions under way, by the new group's id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     conversions: BTreeMap<ChunkId, Conversion>,
+    /// The keys capabilities are signed with, oldest first (docs/security.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    cap_keys: Vec<KeyRecord>,
     /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
     #[serde(skip)]
     dentries: BTreeMap<(InodeId, String), InodeId>,
@@ -557,6 +597,7 @@ impl Default for State {
             objects: ObjectIndex::default(),
             dir_policies: BTreeMap::new(),
             conversions: BTreeMap::new(),
+            cap_keys: Vec::new(),
             dentries: BTreeMap::new(),
             chunk_owner: HashMap::new(),
         }
@@ -631,6 +672,11 @@ impl State {
 
     pub fn servers(&self) -> &BTreeMap<ServerId, ServerRecord> {
         &self.servers
+    }
+
+    /// The capability keys, oldest first.
+    pub fn cap_keys(&self) -> &[KeyRecord] {
+        &self.cap_keys
     }
 
     pub fn inode(&self, id: InodeId) -> Option<&Inode> {
@@ -1029,6 +1075,7 @@ impl State {
                         sealed: false,
                         chunks,
                         lease: lease.clone(),
+                        writer_epoch: u32::from(lease.is_some()),
                     }),
                 );
                 self.reply(id)
@@ -1050,6 +1097,7 @@ impl State {
                 let group = Self::group_of(&f.policy, placements, *groups)?;
                 let (id, f) = self.file_mut(path)?;
                 f.lease = Some(lease.clone());
+                f.writer_epoch = f.writer_epoch.wrapping_add(1).max(1);
                 self.add_chunks(id, placements, group);
                 self.reply(id)
             }
@@ -1296,6 +1344,17 @@ impl State {
             }
             Command::SetConfig { config } => {
                 self.config = config.clone();
+                Ok(Reply::default())
+            }
+            Command::RotateKey { secret, now_ms } => {
+                let id = self.cap_keys.last().map_or(1, |k| k.id.wrapping_add(1).max(1));
+                self.cap_keys.push(KeyRecord {
+                    id,
+                    secret: *secret,
+                    created_ms: *now_ms,
+                });
+                let extra = self.cap_keys.len().saturating_sub(KEYS_KEPT);
+                self.cap_keys.drain(..extra);
                 Ok(Reply::default())
             }
             Command::ConvertBegin {

@@ -120,6 +120,9 @@ pub enum Status {
     BadRequest = 11,
     Io = 12,
     ShuttingDown = 13,
+    /// The request's capability is missing, forged, expired, for another chunk or version,
+    /// lacks a right, or belongs to a superseded writer (docs/security.md).
+    Unauthorized = 14,
 }
 
 impl Status {
@@ -140,11 +143,12 @@ impl Status {
             Self::BadRequest => "bad_request",
             Self::Io => "io",
             Self::ShuttingDown => "shutting_down",
+            Self::Unauthorized => "unauthorized",
         }
     }
 
     /// Every status, at index `code`.
-    const ALL: [Self; 14] = [
+    const ALL: [Self; 15] = [
         Self::Ok,
         Self::NotFound,
         Self::AlreadyExists,
@@ -159,6 +163,7 @@ impl Status {
         Self::BadRequest,
         Self::Io,
         Self::ShuttingDown,
+        Self::Unauthorized,
     ];
 
     pub fn from_u16(v: u16) -> Option<Self> {
@@ -179,6 +184,9 @@ pub struct Header {
     pub length: u32,
     pub payload_crc: u32,
     pub status: u16,
+    /// Capability bytes between the header and the payload: 0, or
+    /// [`crate::cap::CAP_BYTES`] in a request that carries one.
+    pub cap_len: u16,
 }
 
 /// A frame that cannot be trusted: the connection must be closed.
@@ -194,7 +202,7 @@ pub enum FrameError {
     Flags(u16),
     #[error("non-zero reserved bytes")]
     Reserved,
-    #[error("capability of {0} bytes; version 1 frames carry none")]
+    #[error("capability of {0} bytes; a frame carries none or 64")]
     Capability(u16),
     #[error("payload of {0} bytes is larger than the maximum {MAX_PAYLOAD}")]
     TooLarge(u32),
@@ -215,6 +223,7 @@ impl Header {
             length: 0,
             payload_crc: 0,
             status: 0,
+            cap_len: 0,
         }
     }
 
@@ -230,6 +239,7 @@ impl Header {
             length: 0,
             payload_crc: 0,
             status: status as u16,
+            cap_len: 0,
         }
     }
 
@@ -286,7 +296,7 @@ impl Header {
             length: self.length.into(),
             payload_crc: self.payload_crc.into(),
             status: self.status.into(),
-            cap_len: 0.into(),
+            cap_len: self.cap_len.into(),
             reserved: 0.into(),
             header_crc: 0.into(),
         };
@@ -319,7 +329,8 @@ impl Header {
         if raw.reserved.get() != 0 {
             return Err(FrameError::Reserved);
         }
-        if raw.cap_len.get() != 0 {
+        let cap_len = raw.cap_len.get();
+        if cap_len != 0 && (usize::from(cap_len) != crate::cap::CAP_BYTES || raw.flags.get() & FLAG_REPLY != 0) {
             return Err(FrameError::Capability(raw.cap_len.get()));
         }
         if raw.length.get() > MAX_PAYLOAD {
@@ -335,6 +346,7 @@ impl Header {
             length: raw.length.get(),
             payload_crc: raw.payload_crc.get(),
             status: raw.status.get(),
+            cap_len,
         })
     }
 
@@ -377,6 +389,7 @@ mod tests {
             0..=MAX_PAYLOAD,
             any::<u32>(),
             any::<u16>(),
+            prop_oneof![Just(0u16), Just(crate::cap::CAP_BYTES as u16)],
         )
             .prop_map(
                 |(
@@ -389,6 +402,7 @@ mod tests {
                     length,
                     payload_crc,
                     status,
+                    cap_len,
                 )| {
                     Header {
                         opcode,
@@ -400,6 +414,7 @@ mod tests {
                         length,
                         payload_crc,
                         status,
+                        cap_len: if flags & FLAG_REPLY != 0 { 0 } else { cap_len },
                     }
                 },
             )
@@ -431,7 +446,7 @@ mod tests {
             assert_eq!(*st as usize, i);
             assert_eq!(Status::from_u16(*st as u16), Some(*st));
         }
-        assert_eq!(Status::from_u16(14), None);
+        assert_eq!(Status::from_u16(15), None);
     }
 
     #[test]
@@ -464,3 +479,4 @@ mod tests {
         );
     }
 }
+const _: () = assert!(crate::cap::CAP_BYTES == 64);

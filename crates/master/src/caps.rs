@@ -1,0 +1,96 @@
+//! Signing capabilities (docs/security.md): the leader signs one into every chunk it
+//! describes, for the rights of the call that asked, and hands the keys to chunkservers in
+//! their heartbeat replies.
+//!
+//! Keys live in the replicated state ([`crate::state::KeyRecord`]); the leader creates the
+//! first one when it finds none, and `cairn admin rotate-key` adds another. A new key signs
+//! only once [`KEY_ACTIVATION_MS`] have passed since it was made (every chunkserver has had a
+//! heartbeat reply naming it by then); until then the one before it signs. The key before
+//! the newest stays valid, so capabilities signed with it work until they expire.
+
+use crate::state::{KeyRecord, State};
+use cairn_proto::cap::{CapKey, Capability, Claims};
+use cairn_rpc::pb;
+
+/// How long a capability is valid. Writers get fresh ones with every commit; readers with
+/// every lookup (a refused read looks its chunk up again).
+pub const CAP_LIFETIME_SECS: u64 = 3600;
+
+/// How long a new key waits before it signs: several heartbeats, so every chunkserver up
+/// holds it first.
+pub const KEY_ACTIVATION_MS: u64 = 5_000;
+
+/// The key that signs now, with the expiry it gives.
+pub struct Signer {
+    key: CapKey,
+    expires_secs: u32,
+}
+
+fn cap_key(k: &KeyRecord) -> CapKey {
+    CapKey {
+        id: k.id,
+        secret: k.secret,
+    }
+}
+
+impl Signer {
+    /// The newest key older than [`KEY_ACTIVATION_MS`], else the oldest one (a lone new key
+    /// signs at once: there is no other); `None` while the state has no key.
+    pub fn of(state: &State, now_ms: u64) -> Option<Self> {
+        let keys = state.cap_keys();
+        let k = keys
+            .iter()
+            .rev()
+            .find(|k| k.created_ms + KEY_ACTIVATION_MS <= now_ms)
+            .or(keys.first())?;
+        let expires = now_ms / 1000 + CAP_LIFETIME_SECS;
+        Some(Self {
+            key: cap_key(k),
+            expires_secs: u32::try_from(expires).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// A capability for `chunk_id` at `version` with `rights`; `epoch` is the writer's
+    /// (0 for readers and servers).
+    pub fn sign(&self, chunk_id: u64, version: u64, rights: u8, epoch: u32) -> Vec<u8> {
+        Capability::sign(
+            &self.key,
+            Claims {
+                rights,
+                chunk_id,
+                chunk_version: version,
+                epoch,
+                expires_secs: self.expires_secs,
+            },
+        )
+        .encode()
+        .to_vec()
+    }
+
+    /// Signs every chunk of `f`.
+    pub fn sign_file(&self, f: &mut pb::FileMeta, rights: u8, epoch: u32) {
+        for c in &mut f.chunks {
+            c.cap = self.sign(c.id, c.version, rights, epoch);
+        }
+    }
+}
+
+/// The keys for a heartbeat reply: every key held, the signing one among them.
+pub fn keys_pb(state: &State) -> Vec<pb::CapKey> {
+    state
+        .cap_keys()
+        .iter()
+        .map(|k| pb::CapKey {
+            id: k.id,
+            secret: k.secret.to_vec(),
+        })
+        .collect()
+}
+
+/// A fresh key's 32 random bytes (drawn by the leader; the command carries them so every
+/// master applies the same key).
+pub fn new_secret() -> [u8; cairn_proto::cap::KEY_BYTES] {
+    let mut s = [0u8; cairn_proto::cap::KEY_BYTES];
+    rand::fill(&mut s);
+    s
+}
