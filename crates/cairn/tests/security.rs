@@ -77,7 +77,11 @@ async fn chunkservers_refuse_requests_without_a_valid_capability() {
     // A raw client, with the READ capability `stat` hands out.
     let chunks = common::chunks(&c, "/r").await;
     let (chunk, other) = (&chunks[0], &common::chunks(&c, "/e").await[0]);
-    assert_eq!(chunk.cap.len(), CAP_BYTES, "the masters sign every chunk they describe");
+    assert_eq!(
+        chunk.cap.len(),
+        CAP_BYTES,
+        "the masters sign every chunk they describe"
+    );
     let read_cap = chunk.cap.clone();
     let st = cl.status().await.unwrap();
     let addr = &st
@@ -104,10 +108,19 @@ async fn chunkservers_refuse_requests_without_a_valid_capability() {
     // serving: no capability; a reader's capability for an append; rights widened by hand;
     // any byte changed; another chunk's capability; a chunk id the capability does not name.
     let (st1, _, why) = raw(&mut s, append(len), None, b"evil").await;
-    assert_eq!(st1, Status::Unauthorized, "{}", String::from_utf8_lossy(&why));
+    assert_eq!(
+        st1,
+        Status::Unauthorized,
+        "{}",
+        String::from_utf8_lossy(&why)
+    );
     let (st2, _, why) = raw(&mut s, append(len), Some(&read_cap), b"evil").await;
     assert_eq!(st2, Status::Unauthorized);
-    assert!(String::from_utf8_lossy(&why).contains("rights"), "{}", String::from_utf8_lossy(&why));
+    assert!(
+        String::from_utf8_lossy(&why).contains("rights"),
+        "{}",
+        String::from_utf8_lossy(&why)
+    );
     let mut widened = read_cap.clone();
     widened[1] = cairn_proto::cap::ALL;
     let (st3, _, why) = raw(&mut s, append(len), Some(&widened), b"evil").await;
@@ -131,7 +144,13 @@ async fn chunkservers_refuse_requests_without_a_valid_capability() {
     let (ok, _, bytes) = raw(&mut s, read(chunk.id), Some(&read_cap), b"").await;
     assert_eq!(ok, Status::Ok);
     assert_eq!(bytes, data[..100]);
-    let (ok, length, _) = raw(&mut s, Header::request(Opcode::Stat, 4, chunk.id), Some(&read_cap), b"").await;
+    let (ok, length, _) = raw(
+        &mut s,
+        Header::request(Opcode::Stat, 4, chunk.id),
+        Some(&read_cap),
+        b"",
+    )
+    .await;
     assert_eq!((ok, length), (Status::Ok, len));
     assert_eq!(c.read("/r", 0, data.len()).await.unwrap(), data);
 
@@ -145,7 +164,12 @@ async fn chunkservers_refuse_requests_without_a_valid_capability() {
     let fa = a.file.unwrap();
     let ca = fa.chunks.last().unwrap().clone();
     let cap_a = Capability::decode(&ca.cap).unwrap();
-    let addr_a = &a.servers.iter().find(|s| s.id == ca.servers[0]).unwrap().addr;
+    let addr_a = &a
+        .servers
+        .iter()
+        .find(|s| s.id == ca.servers[0])
+        .unwrap()
+        .addr;
     let mut s = TcpStream::connect(addr_a).await.unwrap();
     let mut create = Header::request(Opcode::Create, 5, ca.id);
     create.arg = ca.version;
@@ -170,7 +194,10 @@ async fn chunkservers_refuse_requests_without_a_valid_capability() {
         .find(|x| x.id == ca.id)
         .expect("A's chunk is still the file's");
     let cap_b = Capability::decode(&cb.cap).unwrap();
-    assert!(cap_b.claims.epoch > cap_a.claims.epoch, "a new writer, a newer epoch");
+    assert!(
+        cap_b.claims.epoch > cap_a.claims.epoch,
+        "a new writer, a newer epoch"
+    );
     let mut ab = Header::request(Opcode::Append, 6, ca.id);
     ab.offset = 2;
     let (okb, _, why) = raw(&mut s, ab, Some(&cb.cap), b"b1").await;
@@ -179,7 +206,17 @@ async fn chunkservers_refuse_requests_without_a_valid_capability() {
     aa.offset = 4;
     let (stale, _, why) = raw(&mut s, aa, Some(&ca.cap), b"a2").await;
     assert_eq!(stale, Status::Unauthorized);
-    assert!(String::from_utf8_lossy(&why).contains("epoch"), "{}", String::from_utf8_lossy(&why));
-    let (_, length, _) = raw(&mut s, Header::request(Opcode::Stat, 8, ca.id), Some(&cb.cap), b"").await;
+    assert!(
+        String::from_utf8_lossy(&why).contains("epoch"),
+        "{}",
+        String::from_utf8_lossy(&why)
+    );
+    let (_, length, _) = raw(
+        &mut s,
+        Header::request(Opcode::Stat, 8, ca.id),
+        Some(&cb.cap),
+        b"",
+    )
+    .await;
     assert_eq!(length, 4, "A's replayed append changed nothing");
 }

@@ -166,8 +166,14 @@ mod tests {
         let c = Checker::default();
         c.set_keys(vec![key()]);
         let h = Header::request(Opcode::Append, 1, 9);
-        let old = c.check_frame(&h, Some(&cap(APPEND, 1)), true).unwrap().unwrap();
-        let new = c.check_frame(&h, Some(&cap(APPEND, 2)), true).unwrap().unwrap();
+        let old = c
+            .check_frame(&h, Some(&cap(APPEND, 1)), true)
+            .unwrap()
+            .unwrap();
+        let new = c
+            .check_frame(&h, Some(&cap(APPEND, 2)), true)
+            .unwrap()
+            .unwrap();
         assert_eq!(c.check_chunk(&old, 1), Ok(()));
         assert_eq!(c.check_chunk(&new, 1), Ok(()));
         assert_eq!(

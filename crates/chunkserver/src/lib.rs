@@ -359,19 +359,16 @@ impl Chunkserver {
             }
             // The capability is checked before anything is allocated for the payload: a
             // refused request's payload is read through a small buffer and dropped.
-            let checked = self.caps.check_frame(
-                &h,
-                has_cap.then_some(&cap),
-                self.opts.require_capabilities,
-            );
+            let checked =
+                self.caps
+                    .check_frame(&h, has_cap.then_some(&cap), self.opts.require_capabilities);
             let cap = match checked {
                 Ok(cap) => cap,
                 Err(e) => {
                     let mut skip = (&mut *rd).take(u64::from(h.length));
                     tokio::io::copy(&mut skip, &mut tokio::io::sink()).await?;
                     let one = count.clone().acquire_owned().await.expect("never closed");
-                    let (header, payload) =
-                        error_reply(&h, Status::Unauthorized, e.to_string());
+                    let (header, payload) = error_reply(&h, Status::Unauthorized, e.to_string());
                     record(&h, &header, std::time::Duration::ZERO, 0, 0);
                     let _ = tx.send(Reply {
                         header,

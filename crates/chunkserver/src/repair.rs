@@ -423,7 +423,13 @@ impl Repairer {
                 let mut ready = Vec::new();
                 for &i in &batch {
                     if conns[i].is_none() {
-                        match DataConn::connect_with_caps(addrs[i].expect("kept"), TIMEOUT, task_caps(task)).await {
+                        match DataConn::connect_with_caps(
+                            addrs[i].expect("kept"),
+                            TIMEOUT,
+                            task_caps(task),
+                        )
+                        .await
+                        {
                             Ok(c) => conns[i] = Some(c),
                             Err(e) => {
                                 last = format!("member {i} (server {}): {e}", task.members[i].id);

@@ -37,8 +37,7 @@ impl Caps {
                     || (n.chunk_version, n.epoch) == (o.chunk_version, o.epoch)
                         && (n.rights & !o.rights != 0
                             || n.rights == o.rights && n.expires_secs > o.expires_secs
-                            || n.rights | o.rights == n.rights
-                                && n.expires_secs >= o.expires_secs)
+                            || n.rights | o.rights == n.rights && n.expires_secs >= o.expires_secs)
             }
             None => true,
         };

@@ -1,13 +1,13 @@
 //! The data-plane connection to one chunkserver (docs/formats/wire.md).
 
+use crate::caps::Caps;
 use bytes::Bytes;
+use cairn_proto::cap::CAP_BYTES;
 pub use cairn_proto::fault::FaultSpec;
 pub use cairn_proto::frame::Status;
 use cairn_proto::frame::{
     FLAG_SEAL_AT, FLAG_SEALED, FrameError, HEADER_BYTES, Header, MAX_PAYLOAD, Opcode,
 };
-use crate::caps::Caps;
-use cairn_proto::cap::CAP_BYTES;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -634,11 +634,11 @@ impl Client {
                 Some(self.inner.caps.clone()),
             )
             .await
-                .map_err(|e| Error::Data {
-                    server,
-                    addr: addr.clone(),
-                    source: e,
-                })?,
+            .map_err(|e| Error::Data {
+                server,
+                addr: addr.clone(),
+                source: e,
+            })?,
         );
         Ok(self.inner.conns.lock().entry(server).or_insert(c).clone())
     }

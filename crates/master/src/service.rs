@@ -1,10 +1,10 @@
 //! The `Meta` gRPC service: every call is answered by the leader; followers redirect.
 
 use crate::convert;
-use cairn_proto::cap;
 use crate::registry::Registry;
 use crate::state::{Command, Inode, Lease, Policy, Reply};
 use crate::store::{Applied, Raft};
+use cairn_proto::cap;
 use cairn_rpc::{ErrorKind, MetaError, pb};
 use openraft::async_runtime::WatchReceiver;
 use openraft::{BasicNode, ReadPolicy};
@@ -533,7 +533,9 @@ impl pb::meta_server::Meta for MetaService {
             let a = self.inner.sm.lock();
             let ino = a.state.lookup(&path)?;
             let mut r = convert::node_reply(&a.state, &path, ino);
-            if let (Some(s), Some(f)) = (crate::caps::Signer::of(&a.state, now_ms()), r.file.as_mut()) {
+            if let (Some(s), Some(f)) =
+                (crate::caps::Signer::of(&a.state, now_ms()), r.file.as_mut())
+            {
                 s.sign_file(f, cap::READ, 0);
             }
             Ok(r)

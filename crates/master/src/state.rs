@@ -1347,7 +1347,10 @@ impl State {
                 Ok(Reply::default())
             }
             Command::RotateKey { secret, now_ms } => {
-                let id = self.cap_keys.last().map_or(1, |k| k.id.wrapping_add(1).max(1));
+                let id = self
+                    .cap_keys
+                    .last()
+                    .map_or(1, |k| k.id.wrapping_add(1).max(1));
                 self.cap_keys.push(KeyRecord {
                     id,
                     secret: *secret,

@@ -266,20 +266,15 @@ mod tests {
     }
 
     fn claims() -> impl Strategy<Value = Claims> {
-        (
-            1u8..=ALL,
-            any::<u64>(),
-            any::<u64>(),
-            any::<u32>(),
-            1u32..,
-        )
-            .prop_map(|(rights, chunk_id, chunk_version, epoch, expires_secs)| Claims {
+        (1u8..=ALL, any::<u64>(), any::<u64>(), any::<u32>(), 1u32..).prop_map(
+            |(rights, chunk_id, chunk_version, epoch, expires_secs)| Claims {
                 rights,
                 chunk_id,
                 chunk_version,
                 epoch,
                 expires_secs,
-            })
+            },
+        )
     }
 
     proptest! {
@@ -350,7 +345,10 @@ mod tests {
         let cap = Capability::sign(&old, c);
         // During the overlap both keys verify; after it the old one is unknown.
         assert_eq!(cap.verify(&[old.clone(), new.clone()], 5, READ, 10), Ok(()));
-        assert_eq!(cap.verify(&[new], 5, READ, 10), Err(CapError::UnknownKey(1)));
+        assert_eq!(
+            cap.verify(&[new], 5, READ, 10),
+            Err(CapError::UnknownKey(1))
+        );
         assert_eq!(format!("{old:?}"), "CapKey { id: 1, .. }");
     }
 

@@ -330,7 +330,9 @@ impl Header {
             return Err(FrameError::Reserved);
         }
         let cap_len = raw.cap_len.get();
-        if cap_len != 0 && (usize::from(cap_len) != crate::cap::CAP_BYTES || raw.flags.get() & FLAG_REPLY != 0) {
+        if cap_len != 0
+            && (usize::from(cap_len) != crate::cap::CAP_BYTES || raw.flags.get() & FLAG_REPLY != 0)
+        {
             return Err(FrameError::Capability(raw.cap_len.get()));
         }
         if raw.length.get() > MAX_PAYLOAD {
