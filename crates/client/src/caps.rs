@@ -32,12 +32,12 @@ impl Caps {
             Some(old) if u64::from(old.claims.expires_secs) <= now_secs() => true,
             Some(old) => {
                 let (o, n) = (&old.claims, &cap.claims);
-                // A newer version, a newer writer epoch, more rights, or later expiry.
+                // A newer version or writer epoch; else a right the old one lacks, or the
+                // same rights for at least as long.
                 (n.chunk_version, n.epoch) > (o.chunk_version, o.epoch)
                     || (n.chunk_version, n.epoch) == (o.chunk_version, o.epoch)
                         && (n.rights & !o.rights != 0
-                            || n.rights == o.rights && n.expires_secs > o.expires_secs
-                            || n.rights | o.rights == n.rights && n.expires_secs >= o.expires_secs)
+                            || n.rights == o.rights && n.expires_secs >= o.expires_secs)
             }
             None => true,
         };

@@ -258,7 +258,7 @@ impl DataConn {
         };
         h.request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let cap = match (&self.caps, h.op()) {
-            (Some(caps), Some(op)) if cairn_proto::cap::needed(op, h.flags).is_some() => {
+            (Some(caps), Some(op)) if cairn_proto::cap::needed(op).is_some() => {
                 caps.get(h.chunk_id)
             }
             _ => None,

@@ -302,13 +302,13 @@ impl Inner {
     /// epoch.
     fn file_reply(&self, ino: Option<Inode>) -> Result<pb::FileReply, MetaError> {
         let ino = ino.ok_or_else(|| MetaError::internal("command returned no inode"))?;
-        let a = self.sm.lock();
-        let mut r = convert::file_reply(&a.state, &ino);
-        if let (Some(s), Some(f), Some(meta)) = (
-            crate::caps::Signer::of(&a.state, now_ms()),
-            r.file.as_mut(),
-            ino.file(),
-        ) {
+        let (mut r, signer) = {
+            let a = self.sm.lock();
+            let signer = crate::caps::Signer::of(&a.state, now_ms());
+            (convert::file_reply(&a.state, &ino), signer)
+        };
+        // Signed outside the state's lock: one HMAC per chunk of the file.
+        if let (Some(s), Some(f), Some(meta)) = (signer, r.file.as_mut(), ino.file()) {
             s.sign_file(f, cap::WRITE, meta.writer_epoch);
         }
         Ok(r)
@@ -530,12 +530,13 @@ impl pb::meta_server::Meta for MetaService {
         ok(async {
             let path = convert::path(&r.path)?;
             self.inner.read_barrier().await?;
-            let a = self.inner.sm.lock();
-            let ino = a.state.lookup(&path)?;
-            let mut r = convert::node_reply(&a.state, &path, ino);
-            if let (Some(s), Some(f)) =
-                (crate::caps::Signer::of(&a.state, now_ms()), r.file.as_mut())
-            {
+            let (mut r, signer) = {
+                let a = self.inner.sm.lock();
+                let ino = a.state.lookup(&path)?;
+                let signer = crate::caps::Signer::of(&a.state, now_ms());
+                (convert::node_reply(&a.state, &path, ino), signer)
+            };
+            if let (Some(s), Some(f)) = (signer, r.file.as_mut()) {
                 s.sign_file(f, cap::READ, 0);
             }
             Ok(r)
@@ -642,25 +643,25 @@ impl pb::meta_server::Meta for MetaService {
         ok(async {
             let ids = convert::locate(&r)?;
             self.inner.read_barrier().await?;
-            let a = self.inner.sm.lock();
-            let signer = crate::caps::Signer::of(&a.state, now_ms());
-            let chunks: Vec<pb::ChunkMeta> = ids
-                .iter()
-                .map(|id| {
-                    let mut c = a
-                        .state
-                        .chunk(*id)
-                        .map(|(_, c)| convert::chunk(c))
-                        .unwrap_or_default();
-                    if let Some(s) = &signer
-                        && c.id != 0
-                    {
-                        c.cap = s.sign(c.id, c.version, cap::READ, 0);
-                    }
-                    c
-                })
-                .collect();
-            let servers = convert::server_addrs(&a.state, &chunks);
+            let (mut chunks, servers, signer) = {
+                let a = self.inner.sm.lock();
+                let chunks: Vec<pb::ChunkMeta> = ids
+                    .iter()
+                    .map(|id| {
+                        a.state
+                            .chunk(*id)
+                            .map(|(_, c)| convert::chunk(c))
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                let servers = convert::server_addrs(&a.state, &chunks);
+                (chunks, servers, crate::caps::Signer::of(&a.state, now_ms()))
+            };
+            if let Some(s) = signer {
+                for c in chunks.iter_mut().filter(|c| c.id != 0) {
+                    c.cap = s.sign(c.id, c.version, cap::READ, 0);
+                }
+            }
             Ok(pb::LocateReply { chunks, servers })
         }
         .await)

@@ -240,9 +240,8 @@ fn signed_bytes(c: &Claims, key_id: u32) -> [u8; SIGNED_BYTES] {
 
 /// The rights a data-plane request needs, by opcode; `None` for requests that touch no chunk
 /// (PING) or are checked otherwise (FAULT: servers run with `--fault-injection` only).
-pub fn needed(op: crate::Opcode, flags: u16) -> Option<u8> {
+pub fn needed(op: crate::Opcode) -> Option<u8> {
     use crate::Opcode::*;
-    let _ = flags;
     Some(match op {
         Create => CREATE | APPEND,
         Append => APPEND,

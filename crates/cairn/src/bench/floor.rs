@@ -253,7 +253,7 @@ pub fn run_convert(
     seconds: f64,
 ) -> anyhow::Result<ConvertFloor> {
     use cairn_ec::{Codec, ReedSolomon};
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, Ordering};
     std::fs::create_dir_all(dir)?;
     let replicas = (0..3)
         .map(|i| floor_file_named(dir, &format!("floor-fg{i}.dat"), 64 << 20))
@@ -263,22 +263,19 @@ pub fn run_convert(
     let alone = run_replicated(&replicas, 4096, 2, seconds)?;
 
     let stop = Arc::new(AtomicBool::new(false));
-    let moved = Arc::new(AtomicU64::new(0));
     let codec = ReedSolomon::new(k, m)?;
     let bg = {
-        let (stop, moved, src, dst) = (stop.clone(), moved.clone(), src.clone(), dst.clone());
+        let (stop, src, dst) = (stop.clone(), src.clone(), dst.clone());
         std::thread::spawn(move || -> anyhow::Result<f64> {
             const STEP: usize = 1 << 20;
             let cell = STEP / k;
             let mut input = AlignedBuf::zeroed(STEP);
             let mut cells = AlignedBuf::zeroed(cell * (k + m));
-            let (mut rd, mut wr, mut unsynced) = (0u64, 0u64, 0u64);
+            let (mut rd, mut wr, mut unsynced, mut moved) = (0u64, 0u64, 0u64, 0u64);
             let t0 = Instant::now();
             while !stop.load(Ordering::Relaxed) {
                 // Paced: step n starts no earlier than n steps at `rate`.
-                let due = Duration::from_secs_f64(
-                    moved.load(Ordering::Relaxed) as f64 / rate.max(1) as f64,
-                );
+                let due = Duration::from_secs_f64(moved as f64 / rate.max(1) as f64);
                 if let Some(wait) = due.checked_sub(t0.elapsed()) {
                     std::thread::sleep(wait);
                 }
@@ -305,9 +302,9 @@ pub fn run_convert(
                     dst.sync()?;
                     unsynced = 0;
                 }
-                moved.fetch_add(STEP as u64, Ordering::Relaxed);
+                moved += STEP as u64;
             }
-            Ok(moved.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64())
+            Ok(moved as f64 / t0.elapsed().as_secs_f64())
         })
     };
     let during = run_replicated(&replicas, 4096, 2, seconds);
