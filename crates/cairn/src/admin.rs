@@ -27,6 +27,13 @@ pub enum AdminCommand {
     /// chunkserver), `convert-after 3600` (seconds a `then:ec` file stays unchanged before
     /// its sealed chunks are converted).
     Set { setting: String, value: String },
+    /// Add a capability key (docs/security.md): it signs once every chunkserver holds it
+    /// (5 s); the key before it stays valid, and capabilities signed with the one before
+    /// that stop working now.
+    RotateKey {
+        #[arg(long)]
+        json: bool,
+    },
     /// Make a chunkserver (started with --fault-injection) slow, failing or frozen; `--clear`
     /// (or no fault option) removes every fault.
     Fault(FaultArgs),
@@ -167,6 +174,28 @@ pub fn run(a: AdminArgs) -> anyhow::Result<()> {
                 m.send(req, |mut c, r| async move { c.set_config(r).await })
                     .await?;
                 println!("{setting} = {value}");
+            }
+            AdminCommand::RotateKey { json } => {
+                let r = m
+                    .send(pb::Empty {}, |mut c, r| async move { c.rotate_key(r).await })
+                    .await?;
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"key_id": r.key_id, "valid": r.valid, "dropped": r.dropped})
+                    );
+                } else {
+                    println!(
+                        "capability key {} made; valid keys {:?}{}",
+                        r.key_id,
+                        r.valid,
+                        if r.dropped == 0 {
+                            String::new()
+                        } else {
+                            format!("; key {} dropped", r.dropped)
+                        }
+                    );
+                }
             }
             AdminCommand::Fault(f) => {
                 let spec = f.spec()?;

@@ -50,6 +50,14 @@ pub struct ChunkserverArgs {
     /// (docs/security.md).
     #[arg(long)]
     require_capabilities: bool,
+    /// Connections served at once, in all and from one peer address.
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
+    #[arg(long, default_value_t = 1024)]
+    max_connections_per_peer: usize,
+    /// Seconds a connection may start no request before it is closed.
+    #[arg(long, default_value_t = 300)]
+    idle_timeout_secs: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -89,6 +97,9 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
         ServerOptions {
             fault_injection: a.fault_injection,
             require_capabilities: a.require_capabilities,
+            max_connections: a.max_connections,
+            max_connections_per_peer: a.max_connections_per_peer,
+            idle_timeout: std::time::Duration::from_secs(a.idle_timeout_secs.max(1)),
             ..ServerOptions::default()
         },
     );

@@ -39,6 +39,13 @@ async fn raw(
     (rh.status().unwrap(), rh.offset, body)
 }
 
+/// STAT of `chunk` with `cap`: the reply's status.
+async fn stat(s: &mut TcpStream, chunk: u64, cap: &[u8]) -> Status {
+    raw(s, Header::request(Opcode::Stat, 1, chunk), Some(cap), b"")
+        .await
+        .0
+}
+
 /// A writer's view of a file from the masters (its chunks signed for writing).
 async fn open_write(c: &cairn_client::Client, path: &str, client_id: &str) -> pb::FileReply {
     let req = pb::OpenWriteRequest {
@@ -219,4 +226,87 @@ async fn chunkservers_refuse_requests_without_a_valid_capability() {
     )
     .await;
     assert_eq!(length, 4, "A's replayed append changed nothing");
+}
+
+/// `cairn admin rotate-key`: the new key signs once the chunkservers hold it, capabilities of
+/// the key before it keep working (the overlap), those of the key it drops stop at once, and a
+/// second rotation before the first has reached the chunkservers is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_rotate_without_downtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start_with(dir.path(), 1, 3, &["--require-capabilities"]).await;
+    let masters = cl.master_addrs().join(",");
+    let c = cl.client().await;
+    // The first key is made within a second of the leader's start; a rotation waits until
+    // it is 5 s old (below).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let data = common::bytes(2, 0, 10_000);
+    let mut w = c.create("/k", CreateOptions::default()).await.unwrap();
+    w.append(&data).await.unwrap();
+    w.close().await.unwrap();
+    let first = common::chunks(&c, "/k").await[0].clone();
+    let key_of = |cap: &[u8]| Capability::decode(cap).unwrap().key_id;
+    let k1 = key_of(&first.cap);
+    let rotate = || {
+        common::cairn()
+            .args(["admin", "--cluster", &masters, "rotate-key", "--json"])
+            .output()
+            .unwrap()
+    };
+    let out = rotate();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let k2 = r["key_id"].as_u64().unwrap() as u32;
+    assert!(k2 > k1);
+    assert_eq!(r["dropped"], 0, "two keys are kept");
+    // Too soon: refused, nothing changes.
+    let out = rotate();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("still reaching"));
+
+    let st = cl.status().await.unwrap();
+    let addr = st
+        .servers
+        .iter()
+        .find(|s| s.id == first.servers[0])
+        .unwrap()
+        .addr
+        .clone();
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    // Until the new key is active the old one signs; afterwards the new one does.
+    assert_eq!(key_of(&common::chunks(&c, "/k").await[0].cap), k1);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let second = common::chunks(&c, "/k").await[0].clone();
+    assert_eq!(key_of(&second.cap), k2);
+    assert_eq!(
+        stat(&mut s, first.id, &second.cap).await,
+        Status::Ok,
+        "the new key verifies"
+    );
+    assert_eq!(
+        stat(&mut s, first.id, &first.cap).await,
+        Status::Ok,
+        "the old key still verifies (overlap)"
+    );
+    // A third key drops the first: its capabilities stop working once the servers hear.
+    let out = rotate();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["dropped"], k1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        stat(&mut s, first.id, &first.cap).await,
+        Status::Unauthorized
+    );
+    assert_eq!(stat(&mut s, first.id, &second.cap).await, Status::Ok);
+    // The SDK goes on reading through all of it.
+    assert_eq!(c.read("/k", 0, data.len()).await.unwrap(), data);
 }

@@ -42,6 +42,20 @@ pub struct ServerOptions {
     pub fault_injection: bool,
     /// Refuse every request on a chunk that carries no valid capability (docs/security.md).
     pub require_capabilities: bool,
+    /// Connections served at once, in all, and from one peer address; past either a new
+    /// connection is closed at once.
+    pub max_connections: usize,
+    pub max_connections_per_peer: usize,
+    /// Payload bytes all connections together may hold (each also within
+    /// `max_in_flight_bytes`): a flood of headers announcing large payloads waits here
+    /// rather than allocating.
+    pub max_server_bytes: usize,
+    /// A connection that starts no frame for this long is closed.
+    pub idle_timeout: std::time::Duration,
+    /// A frame whose header, capability and payload have not all arrived this long after its
+    /// first byte (or after the server could take its payload) closes its connection: a
+    /// slow or stalled sender holds nothing for long.
+    pub frame_timeout: std::time::Duration,
 }
 
 impl Default for ServerOptions {
@@ -52,6 +66,11 @@ impl Default for ServerOptions {
             max_read: 64 << 20,
             fault_injection: false,
             require_capabilities: false,
+            max_connections: 4096,
+            max_connections_per_peer: 1024,
+            max_server_bytes: 2 << 30,
+            idle_timeout: std::time::Duration::from_secs(300),
+            frame_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -73,6 +92,36 @@ pub struct Chunkserver {
     background: repair::Bucket,
     /// The keys capabilities are checked with, and the newest writer epoch seen per chunk.
     caps: caps::Checker,
+    /// Connections open now, in all and by peer address.
+    conns: parking_lot::Mutex<Conns>,
+    /// Payload bytes held by all connections (`max_server_bytes`).
+    server_bytes: Arc<Semaphore>,
+}
+
+#[derive(Default)]
+struct Conns {
+    total: usize,
+    by_peer: std::collections::HashMap<std::net::IpAddr, usize>,
+}
+
+/// A connection's place in [`Conns`], given back when it closes.
+struct ConnSlot {
+    cs: Arc<Chunkserver>,
+    peer: std::net::IpAddr,
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut c = self.cs.conns.lock();
+        c.total -= 1;
+        if let std::collections::hash_map::Entry::Occupied(mut e) = c.by_peer.entry(self.peer) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+        metrics::gauge!("cairn_chunkserver_connections").set(c.total as f64);
+    }
 }
 
 /// Background bandwidth until the masters set one (theirs is the same by default).
@@ -205,20 +254,23 @@ impl Body {
 struct Reply {
     header: Header,
     payload: Body,
-    _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+    /// The request's slot, and its payload bytes on the connection and on the server.
+    _permits: (OwnedSemaphorePermit, Option<[OwnedSemaphorePermit; 2]>),
 }
 
 impl Chunkserver {
     pub fn new(disks: DiskSet, opts: ServerOptions) -> Arc<Self> {
         Arc::new(Self {
             disks,
-            opts,
             load: std::sync::atomic::AtomicU32::new(0),
             faults: tokio::sync::watch::Sender::new(FaultSpec::default()),
             recv_pool: BufPool::new(RECV_BUFFERS),
             corrupt: Default::default(),
             background: repair::Bucket::new(DEFAULT_BACKGROUND_BYTES_PER_SEC),
             caps: caps::Checker::default(),
+            conns: Default::default(),
+            server_bytes: Arc::new(Semaphore::new(opts.max_server_bytes)),
+            opts,
         })
     }
 
@@ -291,8 +343,14 @@ impl Chunkserver {
                 _ = &mut shutdown => return,
                 r = listener.accept() => match r {
                     Ok((stream, peer)) => {
+                        let Some(slot) = self.admit(peer) else {
+                            continue;
+                        };
                         let this = self.clone();
-                        tokio::spawn(async move { this.connection(stream, peer).await });
+                        tokio::spawn(async move {
+                            this.connection(stream, peer).await;
+                            drop(slot);
+                        });
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
@@ -301,6 +359,29 @@ impl Chunkserver {
                 },
             }
         }
+    }
+
+    /// Takes a connection slot for `peer`, or refuses it (the caller drops the stream).
+    fn admit(self: &Arc<Self>, peer: SocketAddr) -> Option<ConnSlot> {
+        let mut c = self.conns.lock();
+        let from_peer = c.by_peer.get(&peer.ip()).copied().unwrap_or(0);
+        let why = if c.total >= self.opts.max_connections {
+            "server"
+        } else if from_peer >= self.opts.max_connections_per_peer {
+            "peer"
+        } else {
+            c.total += 1;
+            *c.by_peer.entry(peer.ip()).or_default() += 1;
+            metrics::gauge!("cairn_chunkserver_connections").set(c.total as f64);
+            return Some(ConnSlot {
+                cs: self.clone(),
+                peer: peer.ip(),
+            });
+        };
+        metrics::counter!("cairn_chunkserver_connections_refused_total", "limit" => why)
+            .increment(1);
+        tracing::warn!(%peer, limit = why, open = c.total, from_peer, "connection refused: too many connections");
+        None
     }
 
     async fn connection(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
@@ -341,13 +422,20 @@ impl Chunkserver {
         count: &Arc<Semaphore>,
         bytes: &Arc<Semaphore>,
     ) -> Result<(), ConnError> {
+        let (idle, frame) = (self.opts.idle_timeout, self.opts.frame_timeout);
+        let timed =
+            |what: &'static str, d: std::time::Duration| move |_| ConnError::Timeout(what, d);
         loop {
             let mut hb = [0u8; HEADER_BYTES];
-            match rd.read_exact(&mut hb).await {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-                Err(e) => return Err(e.into()),
+            match tokio::time::timeout(idle, rd.read_exact(&mut hb[..1])).await {
+                Err(_) => return Err(ConnError::Timeout("no request", idle)),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Ok(Err(e)) => return Err(e.into()),
             }
+            tokio::time::timeout(frame, rd.read_exact(&mut hb[1..]))
+                .await
+                .map_err(timed("a header", frame))??;
             let h = Header::decode(&hb)?;
             if h.is_reply() {
                 return Err(ConnError::Protocol("a reply frame sent to the server"));
@@ -355,7 +443,9 @@ impl Chunkserver {
             let mut cap = [0u8; cairn_proto::cap::CAP_BYTES];
             let has_cap = h.cap_len > 0;
             if has_cap {
-                rd.read_exact(&mut cap).await?;
+                tokio::time::timeout(frame, rd.read_exact(&mut cap))
+                    .await
+                    .map_err(timed("a capability", frame))??;
             }
             // The capability is checked before anything is allocated for the payload: a
             // refused request's payload is read through a small buffer and dropped.
@@ -366,7 +456,9 @@ impl Chunkserver {
                 Ok(cap) => cap,
                 Err(e) => {
                     let mut skip = (&mut *rd).take(u64::from(h.length));
-                    tokio::io::copy(&mut skip, &mut tokio::io::sink()).await?;
+                    tokio::time::timeout(frame, tokio::io::copy(&mut skip, &mut tokio::io::sink()))
+                        .await
+                        .map_err(timed("a refused payload", frame))??;
                     let one = count.clone().acquire_owned().await.expect("never closed");
                     let (header, payload) = error_reply(&h, Status::Unauthorized, e.to_string());
                     record(&h, &header, std::time::Duration::ZERO, 0, 0);
@@ -385,19 +477,23 @@ impl Chunkserver {
             } else {
                 h.length as u64
             };
-            let held = (want as usize).min(self.opts.max_in_flight_bytes);
+            let held = (want as usize)
+                .min(self.opts.max_in_flight_bytes)
+                .min(self.opts.max_server_bytes);
             let big = if held > 0 {
-                Some(
-                    bytes
-                        .clone()
-                        .acquire_many_owned(held as u32)
-                        .await
-                        .expect("never closed"),
-                )
+                let take = |s: &Arc<Semaphore>| s.clone().acquire_many_owned(held as u32);
+                let conn = take(bytes).await.expect("never closed");
+                let server = take(&self.server_bytes).await.expect("never closed");
+                Some([conn, server])
             } else {
                 None
             };
-            let payload = Payload::receive(rd, h.length as usize, &self.recv_pool).await?;
+            let payload = tokio::time::timeout(
+                frame,
+                Payload::receive(rd, h.length as usize, &self.recv_pool),
+            )
+            .await
+            .map_err(timed("a payload", frame))??;
             h.check_payload(&payload)?;
             let this = self.clone();
             let tx = tx.clone();
@@ -733,4 +829,6 @@ enum ConnError {
     Protocol(&'static str),
     #[error("socket: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0} did not arrive within {1:?}")]
+    Timeout(&'static str, std::time::Duration),
 }

@@ -255,3 +255,78 @@ fn a_half_made_store_file_is_made_again() {
     assert_eq!(set.find(7).unwrap().read(7, 0, 4).unwrap(), b"kept");
     set.close().unwrap();
 }
+
+/// Waits for the server to close `raw` (a read returns nothing within 10 s, or fails).
+async fn closed_by_server(raw: &mut tokio::net::TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_secs(10), raw.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// A hostile or broken client cannot take the server down: connections past the limits are
+/// closed at once, an idle one and a slow sender are closed after their timeouts, and a
+/// header announcing a large payload holds no memory past them — while a good client is
+/// served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_limits_and_timeouts() {
+    use std::time::Duration;
+    let s = server(
+        1,
+        ServerOptions {
+            max_connections_per_peer: 3,
+            idle_timeout: Duration::from_secs(2),
+            frame_timeout: Duration::from_millis(500),
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let good = DataConn::connect(s.addr, Duration::from_secs(30))
+        .await
+        .unwrap();
+    good.create(1, 1, &b"kept"[..]).await.unwrap();
+
+    // A payload announced and never sent: closed after the frame timeout.
+    let mut slow = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let h = cairn_proto::Header::request(cairn_proto::Opcode::Append, 1, 1)
+        .with_payload(&vec![0u8; 1 << 20]);
+    slow.write_all(&h.encode()).await.unwrap();
+    slow.write_all(&[0u8; 10]).await.unwrap();
+    // Half a header, then nothing: closed likewise.
+    let mut half = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    half.write_all(&h.encode()[..20]).await.unwrap();
+    // Those two and `good` fill this peer's three slots: a fourth is closed at once.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut fourth = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let t = std::time::Instant::now();
+    assert!(
+        closed_by_server(&mut fourth).await,
+        "a connection past the limit is closed"
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(400),
+        "at once, not by a timeout"
+    );
+    assert!(
+        closed_by_server(&mut slow).await,
+        "a stalled payload is cut"
+    );
+    assert!(closed_by_server(&mut half).await, "a stalled header is cut");
+    good.ping().await.unwrap();
+
+    // Their slots are free again; a connection that sends nothing is closed when idle.
+    let mut idle = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let t = std::time::Instant::now();
+    assert!(closed_by_server(&mut idle).await);
+    assert!(
+        t.elapsed() >= Duration::from_millis(1500),
+        "idle timeout, not at once"
+    );
+    // The good connection was idle as long: it reconnects as any client does, and the store
+    // holds what it held.
+    let again = DataConn::connect(s.addr, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(again.read(1, 0, 4).await.unwrap(), b"kept");
+}

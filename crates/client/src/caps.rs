@@ -60,6 +60,15 @@ impl Caps {
         self.by_chunk.write().remove(&chunk_id);
     }
 
+    /// [`Caps::forget`] if the capability held is still `sent` (not a fresher one that
+    /// arrived meanwhile).
+    pub fn forget_if(&self, chunk_id: u64, sent: &[u8; CAP_BYTES]) {
+        let mut m = self.by_chunk.write();
+        if m.get(&chunk_id).is_some_and(|c| c.encode() == *sent) {
+            m.remove(&chunk_id);
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.by_chunk.read().len()
     }
@@ -129,6 +138,12 @@ mod tests {
         assert_eq!(c.get(7), Some(cap(READ, 1, 0, far)));
         c.remember(b"garbage");
         assert_eq!(c.len(), 1);
+        // Forgetting what was refused leaves a fresher one alone.
+        c.forget_if(7, &cap(READ, 1, 0, far + 1));
+        assert_eq!(c.len(), 1);
+        c.forget_if(7, &cap(READ, 1, 0, far));
+        assert!(c.is_empty());
+        c.remember(&cap(READ, 1, 0, far));
         c.forget(7);
         assert!(c.is_empty());
     }

@@ -301,6 +301,13 @@ impl DataConn {
                 });
             }
         };
+        // A refused capability (expired, its key rotated out, a superseded writer's) is
+        // forgotten, so that the caller's next lookup of the chunk brings a fresh one.
+        if rh.status() == Some(Status::Unauthorized)
+            && let (Some(caps), Some(sent)) = (&self.caps, &cap)
+        {
+            caps.forget_if(h.chunk_id, sent);
+        }
         match rh.status() {
             Some(Status::Ok) => Ok((rh, rp)),
             Some(status) => Err(Error::Status {

@@ -940,6 +940,59 @@ impl pb::meta_server::Meta for MetaService {
         .await)
     }
 
+    async fn rotate_key(&self, _req: Request<pb::Empty>) -> Rpc<pb::RotateKeyReply> {
+        ok(async {
+            self.inner.read_barrier().await?;
+            let before: Vec<u32> = {
+                let a = self.inner.sm.lock();
+                let keys = a.state.cap_keys();
+                let now = now_ms();
+                if let Some(last) = keys.last()
+                    && now < last.created_ms + crate::caps::KEY_ACTIVATION_MS
+                {
+                    // Not retried by clients: a second rotation now would drop the key that
+                    // signs today before its successor has reached every chunkserver.
+                    return Err(MetaError::new(
+                        ErrorKind::InvalidArgument,
+                        format!(
+                            "key {} was made {} ms ago and is still reaching the chunkservers; \
+                             rotate again in {} ms",
+                            last.id,
+                            now - last.created_ms,
+                            last.created_ms + crate::caps::KEY_ACTIVATION_MS - now
+                        ),
+                    ));
+                }
+                keys.iter().map(|k| k.id).collect()
+            };
+            self.inner
+                .write(Command::RotateKey {
+                    secret: crate::caps::new_secret(),
+                    now_ms: now_ms(),
+                })
+                .await?;
+            let valid: Vec<u32> = self
+                .inner
+                .sm
+                .lock()
+                .state
+                .cap_keys()
+                .iter()
+                .map(|k| k.id)
+                .collect();
+            tracing::warn!(?valid, "capability key rotated");
+            Ok(pb::RotateKeyReply {
+                key_id: valid.last().copied().unwrap_or(0),
+                dropped: before
+                    .into_iter()
+                    .find(|id| !valid.contains(id))
+                    .unwrap_or(0),
+                valid,
+            })
+        }
+        .await)
+    }
+
     async fn set_config(&self, req: Request<pb::ConfigRequest>) -> Rpc<pb::Empty> {
         let r = req.into_inner();
         ok(async {
