@@ -50,6 +50,10 @@ pub struct ChunkserverArgs {
     /// (docs/security.md).
     #[arg(long)]
     require_capabilities: bool,
+    /// A file holding the cluster secret (hex; `cairn up` makes DATA_DIR/cluster.secret):
+    /// servers prove they hold it on every call between them (docs/security.md).
+    #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<std::path::PathBuf>,
     /// Connections served at once, in all and from one peer address.
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
@@ -129,6 +133,9 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
                         bytes_per_sec: a.scrub_bytes_per_sec,
                         every: std::time::Duration::from_secs(a.scrub_every_secs),
                     },
+                    cluster_secret: crate::master::cluster_secret(
+                        a.cluster_secret_file.as_deref(),
+                    )?,
                 };
                 let mut rx = stop_rx.clone();
                 Some(tokio::spawn(control::run(cs.clone(), opts, async move {

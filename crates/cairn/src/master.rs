@@ -42,9 +42,20 @@ pub struct MasterArgs {
     /// fsync share the next one (group commit under load; a lone write is not delayed).
     #[arg(long, env = "CAIRN_LOG_FLUSH_GAP_US", default_value_t = cairn_master::wal::DEFAULT_FLUSH_GAP.as_micros() as u64)]
     log_flush_gap_us: u64,
+    /// A file holding the cluster secret (hex; `cairn up` makes DATA_DIR/cluster.secret):
+    /// servers prove they hold it on every call between them (docs/security.md).
+    #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<std::path::PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+}
+
+/// The secret in `path`, if one is given.
+pub fn cluster_secret(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<Option<cairn_rpc::auth::ClusterSecret>> {
+    Ok(path.map(cairn_rpc::auth::ClusterSecret::read).transpose()?)
 }
 
 pub fn parse_peers(s: &str) -> anyhow::Result<BTreeMap<u64, String>> {
@@ -91,6 +102,7 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
             },
             snapshot_every: 10_000,
             log_flush_gap: Duration::from_micros(a.log_flush_gap_us),
+            cluster_secret: cluster_secret(a.cluster_secret_file.as_deref())?,
         };
         if let Some(m) = a.metrics_listen {
             crate::metrics::serve(m, "master").await?;

@@ -67,6 +67,8 @@ enum Kind {
 
 /// Where `cairn up` keeps the S3 credentials it made (an aws CLI credentials file).
 pub const S3_CREDENTIALS: &str = "s3-credentials";
+/// The cluster secret `cairn up` makes on the first start (mode 0600).
+pub const CLUSTER_SECRET: &str = "cluster.secret";
 
 fn free_port() -> anyhow::Result<String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -128,6 +130,12 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     };
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
+    // Every master and chunkserver proves it holds this secret on every call between them.
+    let secret = dir.join(CLUSTER_SECRET);
+    if !secret.exists() {
+        cairn_rpc::auth::ClusterSecret::generate().write_new(&secret)?;
+    }
+    let secret = secret.display().to_string();
     let exe = std::env::current_exe()?;
     // The same directory brings back the same cluster: same ports, same data.
     let old = ClusterFile::load(&dir)?.unwrap_or_default();
@@ -192,6 +200,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 peers.clone(),
                 "--metrics-listen".into(),
                 p.metrics.clone(),
+                "--cluster-secret-file".into(),
+                secret.clone(),
             ],
             child: None,
             started: Instant::now(),
@@ -220,6 +230,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 format!("local-{}", p.id),
                 "--metrics-listen".into(),
                 p.metrics.clone(),
+                "--cluster-secret-file".into(),
+                secret.clone(),
             ]
             .into_iter()
             .chain(a.fault_injection.then(|| "--fault-injection".to_string()))

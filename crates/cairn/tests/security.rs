@@ -310,3 +310,110 @@ async fn keys_rotate_without_downtime() {
     // The SDK goes on reading through all of it.
     assert_eq!(c.read("/k", 0, data.len()).await.unwrap(), data);
 }
+
+/// A chunkserver joins only with the cluster's secret, and only masters holding it can send
+/// Raft messages: a process with a wrong secret or none cannot register or heartbeat, and a
+/// raw Raft call without a valid proof is refused before it is read — while the cluster of
+/// three masters (their Raft traffic signed) and three chunkservers serves files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_join_only_with_the_cluster_secret() {
+    use cairn_rpc::auth::ClusterSecret;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("cluster.secret");
+    ClusterSecret::generate().write_new(&secret).unwrap();
+    let wrong = dir.path().join("wrong.secret");
+    ClusterSecret::generate().write_new(&wrong).unwrap();
+    let arg = secret.display().to_string();
+    let flag = ["--cluster-secret-file", arg.as_str()];
+    let cl = Cluster::start_full(dir.path(), 3, 3, &flag, &flag).await;
+    let c = cl.client().await;
+    let data = common::bytes(3, 0, 100_000);
+    let mut w = c.create("/s", CreateOptions::default()).await.unwrap();
+    w.append(&data).await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(c.read("/s", 0, data.len()).await.unwrap(), data);
+
+    // Chunkservers with a wrong secret and with none: never registered.
+    let masters = cl.master_addrs().join(",");
+    let mut strays: Vec<common::Proc> = [Some(&wrong), None]
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut args: Vec<String> = [
+                "chunkserver",
+                "--data-dir",
+                &dir.path().join(format!("stray-{i}")).display().to_string(),
+                "--listen",
+                "127.0.0.1:0",
+                "--masters",
+                &masters,
+                "--disk-size",
+                "256m",
+                "--no-zero-fill",
+                "--heartbeat-ms",
+                "200",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            if let Some(s) = s {
+                args.extend(["--cluster-secret-file".into(), s.display().to_string()]);
+            }
+            common::Proc {
+                name: format!("stray-{i}"),
+                args,
+                addr: String::new(),
+                child: None,
+            }
+        })
+        .collect();
+    for p in &mut strays {
+        p.start();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let st = cl.status().await.unwrap();
+    assert_eq!(st.servers.len(), 3, "no stray registered: {:?}", st.servers);
+    for p in &strays {
+        assert!(st.servers.iter().all(|s| s.addr != p.addr));
+    }
+
+    // Raw calls: a heartbeat for a real server's id and a Raft vote, without a proof and
+    // with another cluster's.
+    let leader = &cl.master_addrs()[(cl.leader().await - 1) as usize];
+    let other = ClusterSecret::generate();
+    let id = st.servers[0].id;
+    let mut meta = pb::meta_client::MetaClient::connect(format!("http://{leader}"))
+        .await
+        .unwrap();
+    let hb = || pb::HeartbeatRequest {
+        server_id: id,
+        healthy: true,
+        ..Default::default()
+    };
+    for req in [
+        tonic::Request::new(hb()),
+        other.sign(hb(), "heartbeat", &format!("chunkserver-{id}")),
+    ] {
+        let e = meta.heartbeat(req).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+    }
+    for addr in cl.master_addrs() {
+        let mut raft = pb::raft_client::RaftClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let msg = || pb::RaftMessage {
+            kind: 2,
+            body: b"{}".to_vec(),
+        };
+        for req in [
+            tonic::Request::new(msg()),
+            other.sign(msg(), "raft", "master-1"),
+        ] {
+            let e = raft.call(req).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unauthenticated, "{addr}: {e}");
+        }
+    }
+    // The cluster never noticed.
+    assert_eq!(c.read("/s", 0, data.len()).await.unwrap(), data);
+    assert_eq!(cl.status().await.unwrap().servers.len(), 3);
+}

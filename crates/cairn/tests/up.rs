@@ -152,6 +152,12 @@ fn up_put_cat_ctrl_c_and_up_again() {
         .output()
         .unwrap();
     assert!(cat.stdout == bytes);
+    // The servers prove a secret `cairn up` made, kept for its owner only.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(dir.join("cluster.secret")).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    }
     let missing = cairn()
         .args(["fs", "cat", "/d/nope"])
         .env("CAIRN_CLUSTER", &m)

@@ -21,6 +21,8 @@ pub struct ControlOptions {
     pub rack: String,
     pub interval: Duration,
     pub scrub: crate::scrub::ScrubOptions,
+    /// Proved to the masters with every register and heartbeat (cairn_rpc::auth).
+    pub cluster_secret: Option<cairn_rpc::auth::ClusterSecret>,
 }
 
 /// This server's id: read from `DIR/server-id`, or made (random, non-zero) and stored there on
@@ -88,6 +90,12 @@ pub async fn run(
                             host: opts.host.clone(),
                             rack: opts.rack.clone(),
                         };
+                        let r = cairn_rpc::auth::sign_if(
+                            opts.cluster_secret.as_ref(),
+                            r,
+                            "register",
+                            &format!("chunkserver-{}", opts.server_id),
+                        );
                         async move { c.register(r).await }
                     })
                     .await?;
@@ -149,7 +157,15 @@ pub async fn run(
             };
             let repaired = req.repaired.clone();
             let reply = match masters
-                .send(req, |mut c, r| async move { c.heartbeat(r).await })
+                .send(req, |mut c, r| {
+                    let r = cairn_rpc::auth::sign_if(
+                        opts.cluster_secret.as_ref(),
+                        r,
+                        "heartbeat",
+                        &format!("chunkserver-{}", opts.server_id),
+                    );
+                    async move { c.heartbeat(r).await }
+                })
                 .await
             {
                 Ok(r) => r,

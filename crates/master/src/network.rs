@@ -25,9 +25,13 @@ struct SnapshotMessage {
     data: Vec<u8>,
 }
 
-/// Makes one client per peer master.
+/// Makes one client per peer master; its calls prove the cluster secret when there is one.
 #[derive(Clone, Default)]
-pub struct Network;
+pub struct Network {
+    /// This master's id (named in its proofs).
+    pub id: u64,
+    pub secret: Option<cairn_rpc::auth::ClusterSecret>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
@@ -43,6 +47,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         Peer {
             client: channel.map(RaftClient::new),
             addr: node.addr.clone(),
+            who: format!("master-{}", self.id),
+            secret: self.secret.clone(),
         }
     }
 }
@@ -50,6 +56,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct Peer {
     client: Option<RaftClient<Channel>>,
     addr: String,
+    who: String,
+    secret: Option<cairn_rpc::auth::ClusterSecret>,
 }
 
 fn unreachable(e: impl std::fmt::Display) -> Unreachable<TypeConfig> {
@@ -68,7 +76,12 @@ impl Peer {
             .as_mut()
             .ok_or_else(|| unreachable(format!("bad master address {}", self.addr)))?;
         let body = serde_json::to_vec(req).map_err(|e| NetworkError::new(&e))?;
-        let call = client.call(pb::RaftMessage { kind, body });
+        let call = client.call(cairn_rpc::auth::sign_if(
+            self.secret.as_ref(),
+            pb::RaftMessage { kind, body },
+            "raft",
+            &self.who,
+        ));
         let reply = match tokio::time::timeout(ttl, call).await {
             Ok(Ok(r)) => r.into_inner(),
             Ok(Err(status)) => return Err(unreachable(status.message()).into()),
@@ -125,6 +138,8 @@ impl RaftNetworkV2<TypeConfig> for Peer {
 /// The receiving side: hands a peer's message to the local Raft node.
 pub struct RaftService {
     pub raft: Raft,
+    /// Only masters that prove they hold it may append, vote or install a snapshot.
+    pub secret: Option<cairn_rpc::auth::ClusterSecret>,
 }
 
 fn answer<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> Result<Vec<u8>, tonic::Status> {
@@ -142,6 +157,10 @@ impl pb::raft_server::Raft for RaftService {
         &self,
         req: tonic::Request<pb::RaftMessage>,
     ) -> Result<tonic::Response<pb::RaftMessage>, tonic::Status> {
+        if let Err(e) = cairn_rpc::auth::check_if(self.secret.as_ref(), &req, "raft") {
+            tracing::warn!(error = %e, "raft message refused");
+            return Err(tonic::Status::unauthenticated(e.message));
+        }
         let m = req.into_inner();
         let body = match m.kind {
             APPEND => answer(self.raft.append_entries(parse(&m.body)?).await)?,

@@ -32,6 +32,9 @@ pub struct MasterOptions {
     /// The Raft log starts at most one fsync per this gap: writes arriving within it of the
     /// last fsync share the next one (group commit under load; a lone write is not delayed).
     pub log_flush_gap: Duration,
+    /// The cluster secret: chunkservers' and peer masters' calls must prove they hold it
+    /// (cairn_rpc::auth); `None` accepts any (tests, single-user setups).
+    pub cluster_secret: Option<cairn_rpc::auth::ClusterSecret>,
 }
 
 impl MasterOptions {
@@ -45,6 +48,7 @@ impl MasterOptions {
             registry: RegistryOptions::default(),
             snapshot_every: 10_000,
             log_flush_gap: crate::wal::DEFAULT_FLUSH_GAP,
+            cluster_secret: None,
         }
     }
 }
@@ -77,7 +81,11 @@ pub async fn serve(
         ..Default::default()
     }
     .validate()?;
-    let raft: Raft = Raft::new(opts.id, Arc::new(config), Network, log, sm).await?;
+    let network = Network {
+        id: opts.id,
+        secret: opts.cluster_secret.clone(),
+    };
+    let raft: Raft = Raft::new(opts.id, Arc::new(config), network, log, sm).await?;
     if !raft.is_initialized().await? && opts.peers.keys().next() == Some(&opts.id) {
         let members: BTreeMap<u64, BasicNode> = opts
             .peers
@@ -108,6 +116,7 @@ pub async fn serve(
         registry: parking_lot::Mutex::new(Registry::new(opts.registry.clone())),
         lease: opts.lease,
         recovered,
+        secret: opts.cluster_secret.clone(),
     });
     let scanner = {
         let meta = meta.clone();
@@ -125,7 +134,10 @@ pub async fn serve(
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let result = tonic::transport::Server::builder()
         .add_service(MetaServer::new(meta))
-        .add_service(RaftServer::new(RaftService { raft: raft.clone() }))
+        .add_service(RaftServer::new(RaftService {
+            raft: raft.clone(),
+            secret: opts.cluster_secret.clone(),
+        }))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     scanner.abort();

@@ -44,6 +44,8 @@ pub(crate) struct Inner {
     /// Set once the state machine caught up with the cluster's commit after a start (until
     /// then it may be older than what this master served before a restart).
     pub recovered: Arc<std::sync::atomic::AtomicBool>,
+    /// What chunkservers prove they hold (cairn_rpc::auth).
+    pub secret: Option<cairn_rpc::auth::ClusterSecret>,
 }
 
 impl MetaService {
@@ -668,6 +670,10 @@ impl pb::meta_server::Meta for MetaService {
     }
 
     async fn register(&self, req: Request<pb::RegisterRequest>) -> Rpc<pb::RegisterReply> {
+        if let Err(e) = cairn_rpc::auth::check_if(self.inner.secret.as_ref(), &req, "register") {
+            tracing::warn!(error = %e, "registration refused");
+            return ok(Err(e));
+        }
         let r = req.into_inner();
         ok(async {
             let rec = convert::server_record(&r)?;
@@ -684,6 +690,9 @@ impl pb::meta_server::Meta for MetaService {
     }
 
     async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Rpc<pb::HeartbeatReply> {
+        if let Err(e) = cairn_rpc::auth::check_if(self.inner.secret.as_ref(), &req, "heartbeat") {
+            return ok(Err(e));
+        }
         let r = req.into_inner();
         ok(async {
             let hb = convert::heartbeat(&r)?;

@@ -33,13 +33,15 @@ pub enum ErrorKind {
     /// This master is not the leader (the leader's address, if known, is in the metadata).
     NotLeader,
     Unavailable,
+    /// A server's call without a valid proof of the cluster secret (docs/security.md).
+    Unauthenticated,
     /// The master does not know this call (it runs an older version).
     Unsupported,
     Internal,
 }
 
 impl ErrorKind {
-    const ALL: [(ErrorKind, &'static str, Code); 15] = [
+    const ALL: [(ErrorKind, &'static str, Code); 16] = [
         (ErrorKind::NotFound, "not-found", Code::NotFound),
         (
             ErrorKind::AlreadyExists,
@@ -73,6 +75,11 @@ impl ErrorKind {
         (ErrorKind::NoSpace, "no-space", Code::ResourceExhausted),
         (ErrorKind::NotLeader, "not-leader", Code::Unavailable),
         (ErrorKind::Unavailable, "unavailable", Code::Unavailable),
+        (
+            ErrorKind::Unauthenticated,
+            "unauthenticated",
+            Code::Unauthenticated,
+        ),
         (ErrorKind::Unsupported, "unsupported", Code::Unimplemented),
         (ErrorKind::Internal, "internal", Code::Internal),
     ];

@@ -157,6 +157,18 @@ impl Cluster {
 
     /// [`Cluster::start`] with `extra` arguments for every chunkserver.
     pub async fn start_with(dir: &Path, m: usize, c: usize, extra: &[&str]) -> Self {
+        Self::start_full(dir, m, c, &[], extra).await
+    }
+
+    /// [`Cluster::start`] with `master_extra` arguments for every master and `extra` for
+    /// every chunkserver.
+    pub async fn start_full(
+        dir: &Path,
+        m: usize,
+        c: usize,
+        master_extra: &[&str],
+        extra: &[&str],
+    ) -> Self {
         let maddrs: Vec<String> = (0..m).map(|_| free_addr()).collect();
         let peers = maddrs
             .iter()
@@ -187,7 +199,10 @@ impl Cluster {
                     "4000".into(),
                     "--repair-after-ms".into(),
                     "1000".into(),
-                ],
+                ]
+                .into_iter()
+                .chain(master_extra.iter().map(|s| s.to_string()))
+                .collect(),
                 addr: a.clone(),
                 child: None,
             })
