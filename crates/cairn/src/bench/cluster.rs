@@ -244,8 +244,12 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
         // would otherwise tell, with `no-space` errors mid-run).
         if let Some(f) = policy_floor_user {
             let most = (f * a.seconds * f64::from(1 << 20)) as u64;
-            let m = cairn_rpc::Masters::new(&masters)?;
-            if let Err(e) = rt.block_on(crate::fs::check_fits(&m, most, &policy(&a))) {
+            // The masters' client makes its channels on the runtime: inside it.
+            let fits = rt.block_on(async {
+                let m = cairn_rpc::Masters::new(&masters)?;
+                crate::fs::check_fits(&m, most, &policy(&a)).await
+            });
+            if let Err(e) = fits {
                 eprintln!(
                     "warning: this run may not fit ({e}); at most {most} bytes at the disk \
                      floor's rate: shorten --seconds or give the chunkservers more space"
