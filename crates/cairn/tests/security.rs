@@ -417,3 +417,29 @@ async fn servers_join_only_with_the_cluster_secret() {
     assert_eq!(c.read("/s", 0, data.len()).await.unwrap(), data);
     assert_eq!(cl.status().await.unwrap().servers.len(), 3);
 }
+
+/// Chunkservers close connections idle past `--idle-timeout-secs`; the SDK replaces such a
+/// connection before it uses it, so a writer that pauses longer than that goes on in the same
+/// chunk with every replica (nothing dropped, no switch) and readers read on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_closed_by_servers_are_replaced_unnoticed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start_with(dir.path(), 1, 3, &["--idle-timeout-secs", "1"]).await;
+    let c = cl.client().await;
+    let mut w = c.create("/idle", CreateOptions::default()).await.unwrap();
+    let (a, b) = (common::bytes(4, 0, 5_000), common::bytes(4, 5_000, 5_000));
+    w.append(&a).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    w.append(&b).await.unwrap();
+    let st = w.stats().clone();
+    assert_eq!((st.dropped, st.switches), (0, 0), "{st:?}");
+    w.close().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let got = c.read("/idle", 0, 10_000).await.unwrap();
+    assert_eq!(got, [a, b].concat());
+    assert_eq!(common::chunks(&c, "/idle").await.len(), 1);
+    // No server was taken for failed because it had closed an idle connection.
+    let h = c.health_stats();
+    assert_eq!(h.listed_failed, 0, "{h:?}");
+    assert!(c.blacklisted().is_empty(), "{:?}", c.blacklisted());
+}

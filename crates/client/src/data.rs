@@ -238,6 +238,12 @@ impl DataConn {
         &self.stats
     }
 
+    /// The connection is gone (the server closed it — an idle one after its idle timeout — or
+    /// it failed): every call on it would fail at once.
+    pub fn is_closed(&self) -> bool {
+        self.pending.lock().dead.is_some()
+    }
+
     async fn call(&self, h: Header, payload: Bytes) -> Result<(Header, Vec<u8>)> {
         self.call_crc(h, payload, None).await
     }

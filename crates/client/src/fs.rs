@@ -616,7 +616,11 @@ impl Client {
     }
 
     async fn conn(&self, server: u64) -> Result<Arc<DataConn>> {
-        if let Some(c) = self.inner.conns.lock().get(&server) {
+        // A connection the server closed (idle past its timeout) is replaced before it is
+        // used, rather than failing the call that finds it closed.
+        if let Some(c) = self.inner.conns.lock().get(&server)
+            && !c.is_closed()
+        {
             return Ok(c.clone());
         }
         let addr = self
@@ -640,7 +644,15 @@ impl Client {
                 source: e,
             })?,
         );
-        Ok(self.inner.conns.lock().entry(server).or_insert(c).clone())
+        // Another caller may have connected meanwhile: keep its connection if it is open.
+        let mut conns = self.inner.conns.lock();
+        match conns.get(&server) {
+            Some(other) if !other.is_closed() => Ok(other.clone()),
+            _ => {
+                conns.insert(server, c.clone());
+                Ok(c)
+            }
+        }
     }
 
     /// Runs one data-plane call; a dead connection is dropped so the next call reconnects.
