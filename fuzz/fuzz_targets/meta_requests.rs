@@ -4,7 +4,7 @@
 //! Never panics; a state machine stays consistent.
 #![no_main]
 use cairn_master::convert;
-use cairn_master::state::{Command, Lease, State};
+use cairn_master::state::{Actor, Command, Lease, State};
 use cairn_master::store::TypeConfig;
 use cairn_rpc::pb;
 use libfuzzer_sys::fuzz_target;
@@ -32,6 +32,7 @@ fuzz_target!(|data: &[u8]| {
                     lease: convert::client_id(&r.client_id).ok().map(|holder| Lease { holder, expires_ms: 2 }),
                     placements: vec![(1..=width).collect(); n],
                     groups,
+                    mode: convert::mode(r.mode).ok().flatten(),
                 };
                 if let Ok(reply) = st.apply(&cmd) {
                     let ino = reply.inode.expect("create returns the inode");
@@ -58,6 +59,7 @@ fuzz_target!(|data: &[u8]| {
                     lease: Some(Lease { holder: holder.clone(), expires_ms: 10 }),
                     placements: vec![vec![1, 2, 3]; 2],
                     groups: false,
+                    mode: None,
                 });
                 let _ = st.apply(&Command::Commit {
                     path,
@@ -97,6 +99,7 @@ fuzz_target!(|data: &[u8]| {
                     parents: r.parents,
                     now_ms: 1,
                     policy: r.policy.as_ref().and_then(|p| convert::policy(Some(p)).ok()),
+                    mode: convert::mode(r.mode).ok().flatten(),
                 });
                 let _ = st.list(&path);
             }
@@ -105,13 +108,32 @@ fuzz_target!(|data: &[u8]| {
             if let Ok(r) = pb::RenameRequest::decode(body)
                 && let (Ok(from), Ok(to)) = (convert::path(&r.from), convert::path(&r.to))
             {
-                let _ = st.apply(&Command::Mkdir { path: from.clone(), parents: true, now_ms: 1, policy: None });
+                let _ = st.apply(&Command::Mkdir { path: from.clone(), parents: true, now_ms: 1, policy: None, mode: None });
                 let _ = st.apply(&Command::Rename { from, to, now_ms: 2 });
             }
         }
         6 => {
             if let Ok(r) = pb::LocateRequest::decode(body) {
                 let _ = convert::locate(&r);
+            }
+        }
+        8 => {
+            // A user's change of bits or owner, over a tree the cluster made (theirs below /u).
+            if let Ok(r) = pb::SetAttrRequest::decode(body)
+                && let (Ok(path), Ok(mode)) = (convert::path(&r.path), convert::mode(r.mode))
+            {
+                let mk = |path: &str| Command::Mkdir { path: path.into(), parents: true, now_ms: 1, policy: None, mode: None };
+                st.apply(&mk("/u/d")).expect("mkdir");
+                st.apply(&Command::SetAttr { path: "/u".into(), mode: None, owner: Some("u".into()) }).expect("chown");
+                let _ = st.apply(&mk(&path));
+                let user = Actor { user: "u".into(), admin: false };
+                let chown = r.owner.is_some();
+                let r2 = st.apply(&Command::As { actor: user, cmd: Box::new(Command::SetAttr { path: path.clone(), mode, owner: r.owner }) });
+                // Only the owner changes bits (everything but /u is the cluster's), only an
+                // admin the owner.
+                if r2.is_ok() {
+                    assert!(path == "/u" && !chown, "{path}: a user changed what is not theirs");
+                }
             }
         }
         9 => {
@@ -144,6 +166,7 @@ fuzz_target!(|data: &[u8]| {
                             lease: None,
                             placements: vec![vec![1, 2, 3]; convert::chunk_count(c.chunks).ok()?],
                             groups: false,
+                            mode: convert::mode(c.mode).ok().flatten(),
                         }),
                         Op::Commit(c) => Some(Command::Commit {
                             path: convert::path(&c.path).ok()?,
@@ -159,6 +182,15 @@ fuzz_target!(|data: &[u8]| {
                         }),
                         Op::Delete(d) => Some(Command::Delete { path: convert::path(&d.path).ok()? }),
                         Op::Object(b) => Some(Command::Object(cairn_rpc::object::decode(b).ok()?)),
+                    })
+                    // An odd body: every command on behalf of a user who owns nothing (checked
+                    // against the permission bits as it applies).
+                    .map(|c| {
+                        if body.len() % 2 == 1 {
+                            Command::As { actor: Actor { user: "u".into(), admin: false }, cmd: Box::new(c) }
+                        } else {
+                            c
+                        }
                     })
                     .collect();
                 let n = cmds.len();

@@ -11,7 +11,7 @@ fn seeded() -> State {
     let mut st = State::default();
     let ops = [
         ObjectOp::CreateUser {
-            user: User { name: "u".into(), access_key: "AK".into(), secret_key: "s".into(), created_ms: 0 },
+            user: User { name: "u".into(), access_key: "AK".into(), secret_key: "s".into(), created_ms: 0, admin: false },
         },
         ObjectOp::CreateBucket { user: "u".into(), bucket: "bkt".into(), now_ms: 1 },
         ObjectOp::CreateUpload {

@@ -109,7 +109,7 @@ pub fn run(a: AdminArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let m = Masters::new(&masters)?;
+        let m = crate::cluster::masters_client(&masters)?;
         match a.command {
             AdminCommand::Masters { peers } => {
                 let req = pb::MembershipRequest {

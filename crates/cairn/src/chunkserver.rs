@@ -46,14 +46,16 @@ pub struct ChunkserverArgs {
     /// Never on a server holding data anyone needs.
     #[arg(long)]
     fault_injection: bool,
-    /// Refuse every request on a chunk without a valid capability signed by the masters
-    /// (docs/security.md).
-    #[arg(long)]
-    require_capabilities: bool,
     /// A file holding the cluster secret (hex; `cairn up` makes DATA_DIR/cluster.secret):
-    /// servers prove they hold it on every call between them (docs/security.md).
+    /// servers prove they hold it on every call between them (docs/security.md). Required
+    /// unless --insecure.
     #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<std::path::PathBuf>,
+    /// Serve every request without checking its capability, and run without the cluster
+    /// secret: anyone who reaches the port can read, write and delete any chunk. For
+    /// experiments only (docs/security.md).
+    #[arg(long)]
+    insecure: bool,
     /// Connections served at once, in all and from one peer address.
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
@@ -100,7 +102,7 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
         set,
         ServerOptions {
             fault_injection: a.fault_injection,
-            require_capabilities: a.require_capabilities,
+            require_capabilities: !a.insecure,
             max_connections: a.max_connections,
             max_connections_per_peer: a.max_connections_per_peer,
             idle_timeout: std::time::Duration::from_secs(a.idle_timeout_secs.max(1)),
@@ -135,6 +137,7 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
                     },
                     cluster_secret: crate::master::cluster_secret(
                         a.cluster_secret_file.as_deref(),
+                        a.insecure,
                     )?,
                 };
                 let mut rx = stop_rx.clone();
@@ -142,7 +145,11 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
                     let _ = rx.wait_for(|s| *s).await;
                 })))
             }
-            None => None,
+            None if a.insecure => None,
+            None => anyhow::bail!(
+                "a chunkserver without --masters gets no capability keys and would refuse every \
+                 request: pass --masters, or --insecure to serve without checking"
+            ),
         };
         use std::io::Write;
         std::io::stdout().flush()?;

@@ -1,4 +1,7 @@
-//! Where the cluster is: `--cluster`, `CAIRN_CLUSTER`, or `./cairn-data/cluster.toml`.
+//! Where the cluster is: `--cluster`, `CAIRN_CLUSTER`, or `./cairn-data/cluster.toml`; and
+//! who the CLI is to it: `--credentials`, `CAIRN_CREDENTIALS`, `./cairn-data/admin.credentials`
+//! (written by `cairn up`), or the cluster secret in `CAIRN_CLUSTER_SECRET_FILE` (an operator
+//! on a server machine).
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -66,10 +69,74 @@ pub struct ClusterArgs {
     /// ./cairn-data/cluster.toml.
     #[arg(long, global = true)]
     pub cluster: Option<String>,
+    /// A user's credentials file (`access_key = …`, `secret_key = …`, or an aws CLI
+    /// credentials file); default: ./cairn-data/admin.credentials, written by `cairn up`.
+    #[arg(long, global = true, env = "CAIRN_CREDENTIALS")]
+    pub credentials: Option<PathBuf>,
+}
+
+/// Where `cairn up` writes the admin user's credentials (an aws CLI credentials file that
+/// the cairn CLI reads too).
+pub const ADMIN_CREDENTIALS: &str = "admin.credentials";
+
+static CREDENTIALS: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+
+/// The credential this CLI process signs its calls with (see the module's doc).
+///
+/// # Errors
+/// A credentials or secret file named but unreadable.
+pub fn credential() -> anyhow::Result<Option<cairn_rpc::auth::Credential>> {
+    use cairn_rpc::auth::{ClusterSecret, Credential};
+    if let Some(Some(p)) = CREDENTIALS.get() {
+        return Ok(Some(Credential::read(p)?));
+    }
+    if let Some(p) = std::env::var_os("CAIRN_CREDENTIALS") {
+        return Ok(Some(Credential::read(Path::new(&p))?));
+    }
+    let local = Path::new("./cairn-data").join(ADMIN_CREDENTIALS);
+    if local.exists() {
+        return Ok(Some(Credential::read(&local)?));
+    }
+    if let Some(p) = std::env::var_os("CAIRN_CLUSTER_SECRET_FILE") {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        return Ok(Some(Credential::Server {
+            secret: ClusterSecret::read(Path::new(&p))?,
+            who: format!("cli@{}", host.trim()),
+        }));
+    }
+    Ok(None)
+}
+
+/// A client of the masters that signs with [`credential`].
+///
+/// # Errors
+/// As [`credential`]; a bad master address.
+pub fn masters_client(masters: &[String]) -> anyhow::Result<cairn_rpc::Masters> {
+    Ok(cairn_rpc::Masters::new(masters)?.credential(credential()?))
+}
+
+/// The SDK's options with [`credential`].
+///
+/// # Errors
+/// As [`credential`].
+pub fn client_options() -> anyhow::Result<cairn_client::ClientOptions> {
+    Ok(cairn_client::ClientOptions {
+        credential: credential()?,
+        ..cairn_client::ClientOptions::default()
+    })
+}
+
+/// An SDK client that signs with [`credential`].
+///
+/// # Errors
+/// As [`credential`]; a bad master address.
+pub async fn client(masters: &[String]) -> anyhow::Result<cairn_client::Client> {
+    Ok(cairn_client::Client::with_options(masters, client_options()?).await?)
 }
 
 impl ClusterArgs {
     pub fn masters(&self) -> anyhow::Result<Vec<String>> {
+        let _ = CREDENTIALS.set(self.credentials.clone());
         let from_list = |s: &str| -> Vec<String> {
             s.split(',')
                 .map(str::trim)

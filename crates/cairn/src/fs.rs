@@ -140,7 +140,7 @@ pub fn run(a: FsArgs) -> anyhow::Result<()> {
 }
 
 async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<()> {
-    let c = Client::connect(&masters).await?;
+    let c = crate::cluster::client(&masters).await?;
     match cmd {
         FsCommand::Put { local, path, new } => {
             let mut f = std::fs::File::open(&local)?;
@@ -381,7 +381,8 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let (s, objects) = rt.block_on(async {
-        let m = cairn_rpc::Masters::new(&masters)?.retry_for(std::time::Duration::from_secs(5));
+        let m =
+            crate::cluster::masters_client(&masters)?.retry_for(std::time::Duration::from_secs(5));
         let s: pb::StatusReply = m
             .call(|mut c| async move { c.status(pb::Empty {}).await })
             .await?;
@@ -395,7 +396,7 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
             })) => Some((gateways, buckets, objects, uploads)),
             _ => None,
         };
-        Ok::<_, cairn_rpc::MetaError>((s, objects))
+        Ok::<_, anyhow::Error>((s, objects))
     })?;
     // Processes of this machine's `cairn up` show their pids (the masters do not know them).
     let local = crate::cluster::ClusterFile::load(std::path::Path::new("./cairn-data"))

@@ -48,6 +48,9 @@ enum Command {
     Admin(admin::AdminArgs),
     /// The object service: run an S3 gateway, manage its users.
     S3(s3::S3Args),
+    /// Users of the cluster (the S3 gateway's users too): create.
+    #[command(subcommand)]
+    User(s3::UserCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -67,6 +70,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(a) => fs::status(a),
         Command::Admin(a) => admin::run(a),
         Command::S3(a) => s3::run(a),
+        Command::User(c) => s3::user(c),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -43,19 +43,37 @@ pub struct MasterArgs {
     #[arg(long, env = "CAIRN_LOG_FLUSH_GAP_US", default_value_t = cairn_master::wal::DEFAULT_FLUSH_GAP.as_micros() as u64)]
     log_flush_gap_us: u64,
     /// A file holding the cluster secret (hex; `cairn up` makes DATA_DIR/cluster.secret):
-    /// servers prove they hold it on every call between them (docs/security.md).
+    /// servers prove they hold it on every call between them, and every call is refused
+    /// without a proof of a server or a user (docs/security.md). Required unless --insecure.
     #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<std::path::PathBuf>,
+    /// Run without the cluster secret (one given is ignored): every call is served without
+    /// asking who sends it. For experiments only (docs/security.md).
+    #[arg(long)]
+    insecure: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
 }
 
-/// The secret in `path`, if one is given.
+/// The secret in `path`; none only when the server runs `--insecure`.
 pub fn cluster_secret(
     path: Option<&std::path::Path>,
+    insecure: bool,
 ) -> anyhow::Result<Option<cairn_rpc::auth::ClusterSecret>> {
-    Ok(path.map(cairn_rpc::auth::ClusterSecret::read).transpose()?)
+    match (path, insecure) {
+        (Some(p), false) => Ok(Some(cairn_rpc::auth::ClusterSecret::read(p)?)),
+        (_, true) => {
+            tracing::warn!(
+                "running --insecure: anyone who reaches this server's port can do anything"
+            );
+            Ok(None)
+        }
+        (None, false) => anyhow::bail!(
+            "no cluster secret: pass --cluster-secret-file (or CAIRN_CLUSTER_SECRET_FILE; `cairn up` \
+             makes DATA_DIR/cluster.secret), or --insecure for an experiment without security"
+        ),
+    }
 }
 
 pub fn parse_peers(s: &str) -> anyhow::Result<BTreeMap<u64, String>> {
@@ -102,7 +120,7 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
             },
             snapshot_every: 10_000,
             log_flush_gap: Duration::from_micros(a.log_flush_gap_us),
-            cluster_secret: cluster_secret(a.cluster_secret_file.as_deref())?,
+            cluster_secret: cluster_secret(a.cluster_secret_file.as_deref(), a.insecure)?,
         };
         if let Some(m) = a.metrics_listen {
             crate::metrics::serve(m, "master").await?;

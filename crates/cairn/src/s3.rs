@@ -13,7 +13,7 @@ pub struct S3Args {
 enum S3Command {
     /// Serve S3 for the cluster (one gateway process; run as many as you like).
     Serve(ServeArgs),
-    /// Users of the object service.
+    /// Users of the cluster and its object service (as `cairn user`).
     #[command(subcommand)]
     User(UserCommand),
 }
@@ -60,18 +60,80 @@ struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// The cluster secret: the gateway is a server of the cluster (it reads users' keys to
+    /// check S3 signatures). Required unless --insecure.
+    #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<std::path::PathBuf>,
+    /// For masters run --insecure.
+    #[arg(long)]
+    insecure: bool,
 }
 
 #[derive(clap::Subcommand)]
-enum UserCommand {
+pub enum UserCommand {
     /// Create a user; prints its access key and secret (shown once: the masters keep it).
+    /// Only admins (and servers) may.
     Create {
         name: String,
+        /// An admin: runs `cairn admin`, creates users, passes every permission check.
+        #[arg(long)]
+        admin: bool,
         #[arg(long)]
         json: bool,
+        /// Also write the keys to this new file (mode 0600; `--credentials FILE` reads it).
+        #[arg(long)]
+        save: Option<std::path::PathBuf>,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+}
+
+/// `cairn user …` (and its alias `cairn s3 user …`).
+pub fn user(c: UserCommand) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let UserCommand::Create {
+        name,
+        admin,
+        json,
+        save,
+        cluster,
+    } = c;
+    rt.block_on(async {
+        let client = crate::cluster::client(&cluster.masters()?).await?;
+        let user = cairn_s3::create_user(&client, &name, admin)
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?;
+        if let Some(p) = &save {
+            cairn_rpc::auth::Credential::write_new(
+                p,
+                &user.name,
+                &user.access_key,
+                &user.secret_key,
+            )?;
+        }
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "name": user.name,
+                    "admin": user.admin,
+                    "access_key": user.access_key,
+                    "secret_key": user.secret_key,
+                })
+            );
+        } else {
+            println!(
+                "user        {}{}",
+                user.name,
+                if user.admin { " (admin)" } else { "" }
+            );
+            println!("access key  {}", user.access_key);
+            println!("secret key  {}", user.secret_key);
+        }
+        Ok(())
+    })
 }
 
 pub fn run(a: S3Args) -> anyhow::Result<()> {
@@ -81,37 +143,27 @@ pub fn run(a: S3Args) -> anyhow::Result<()> {
         .build()?;
     match a.command {
         S3Command::Serve(s) => rt.block_on(serve(s)),
-        S3Command::User(UserCommand::Create {
-            name,
-            json,
-            cluster,
-        }) => rt.block_on(async {
-            let client = Client::connect(&cluster.masters()?).await?;
-            let user = cairn_s3::create_user(&client, &name)
-                .await
-                .map_err(|e| anyhow::anyhow!(e))?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "name": user.name,
-                        "access_key": user.access_key,
-                        "secret_key": user.secret_key,
-                    })
-                );
-            } else {
-                println!("user        {}", user.name);
-                println!("access key  {}", user.access_key);
-                println!("secret key  {}", user.secret_key);
-            }
-            Ok(())
-        }),
+        S3Command::User(c) => {
+            drop(rt);
+            user(c)
+        }
     }
 }
 
 async fn serve(s: ServeArgs) -> anyhow::Result<()> {
     let masters: Vec<String> = s.masters.split(',').map(|m| m.trim().to_owned()).collect();
-    let client = Client::connect(&masters).await?;
+    let secret = crate::master::cluster_secret(s.cluster_secret_file.as_deref(), s.insecure)?;
+    let client = Client::with_options(
+        &masters,
+        cairn_client::ClientOptions {
+            credential: secret.map(|secret| cairn_rpc::auth::Credential::Server {
+                secret,
+                who: format!("s3-gateway@{}", s.listen),
+            }),
+            ..cairn_client::ClientOptions::default()
+        },
+    )
+    .await?;
     if let Some(m) = s.metrics_listen {
         crate::metrics::serve(m, "s3").await?;
     }

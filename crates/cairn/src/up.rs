@@ -31,9 +31,6 @@ pub struct UpArgs {
     /// Start the chunkservers with --fault-injection (`cairn admin fault`).
     #[arg(long)]
     fault_injection: bool,
-    /// Start the chunkservers with --require-capabilities (docs/security.md).
-    #[arg(long)]
-    require_capabilities: bool,
     /// Create the chunkservers' store files without writing zeros over them (faster first
     /// start, slower appends until every block has been written once).
     #[arg(long)]
@@ -65,8 +62,9 @@ enum Kind {
     S3,
 }
 
-/// Where `cairn up` keeps the S3 credentials it made (an aws CLI credentials file).
-pub const S3_CREDENTIALS: &str = "s3-credentials";
+/// Where `cairn up` keeps the admin user's credentials it made (an aws CLI credentials file,
+/// which the cairn CLI reads too).
+pub const ADMIN_CREDENTIALS: &str = crate::cluster::ADMIN_CREDENTIALS;
 /// The cluster secret `cairn up` makes on the first start (mode 0600).
 pub const CLUSTER_SECRET: &str = "cluster.secret";
 
@@ -235,10 +233,6 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             ]
             .into_iter()
             .chain(a.fault_injection.then(|| "--fault-injection".to_string()))
-            .chain(
-                a.require_capabilities
-                    .then(|| "--require-capabilities".to_string()),
-            )
             .chain(a.no_zero_fill.then(|| "--no-zero-fill".to_string()))
             .collect(),
             child: None,
@@ -261,6 +255,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 masters_list.clone(),
                 "--metrics-listen".into(),
                 p.metrics.clone(),
+                "--cluster-secret-file".into(),
+                secret.clone(),
             ],
             child: None,
             started: Instant::now(),
@@ -308,9 +304,13 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             .map(|p| p.addr.clone())
             .collect();
         let stop = stop.clone();
+        let cred = cairn_rpc::auth::Credential::Server {
+            secret: cairn_rpc::auth::ClusterSecret::read(Path::new(&secret))?,
+            who: "cairn-up".into(),
+        };
         std::thread::Builder::new()
             .name("up-ready".into())
-            .spawn(move || watch_ready(&masters, &servers, &stop, &ready_tx))?;
+            .spawn(move || watch_ready(&masters, &servers, cred, &stop, &ready_tx))?;
     }
     while !stop.load(Ordering::Relaxed) {
         let mut changed = false;
@@ -398,20 +398,26 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         if announced && let Ok(r) = ready_rx.try_recv() {
             match r {
                 Readiness::Ready { up } => {
+                    // The admin credentials first: the first command after "ready" uses them.
+                    let keys = admin_credentials(&dir, &masters_list, Path::new(&secret));
                     println!(
-                        "cairn up: ready: {up} of {} chunkserver(s) up after {:.1} s\n\
+                        "cairn up: ready: {up} of {} chunkserver(s) up after {:.1} s; the CLI signs \
+                         as the admin user ({})\n\
                          try: cairn status; cairn fs put README.md /readme; cairn fs cat /readme",
                         a.chunkservers,
-                        began.elapsed().as_secs_f64()
+                        began.elapsed().as_secs_f64(),
+                        dir.join(ADMIN_CREDENTIALS).display()
                     );
                     for m in procs.iter_mut().filter(|m| m.kind == Kind::S3) {
                         m.restart_at = Some(Instant::now());
                     }
-                    if let Some(p) = file.s3_procs.first() {
-                        match s3_credentials(&exe, &dir, &masters_list) {
-                            Ok(keys) => print_s3(&p.addr, &dir, &keys),
-                            Err(e) => eprintln!("cairn up: no S3 credentials: {e:#}"),
+                    match keys {
+                        Ok(keys) => {
+                            if let Some(p) = file.s3_procs.first() {
+                                print_s3(&p.addr, &dir, &keys);
+                            }
                         }
+                        Err(e) => eprintln!("cairn up: no admin credentials: {e:#}"),
                     }
                 }
                 Readiness::Slow { up, why } => println!(
@@ -484,6 +490,7 @@ enum Readiness {
 fn watch_ready(
     masters: &[String],
     servers: &[String],
+    cred: cairn_rpc::auth::Credential,
     stop: &AtomicBool,
     tx: &std::sync::mpsc::Sender<Readiness>,
 ) {
@@ -494,7 +501,9 @@ fn watch_ready(
     else {
         return;
     };
-    let Ok(m) = rt.block_on(async { cairn_rpc::Masters::new(masters) }) else {
+    let Ok(m) =
+        rt.block_on(async { cairn_rpc::Masters::new(masters).map(|m| m.credential(Some(cred))) })
+    else {
         return;
     };
     let began = Instant::now();
@@ -531,59 +540,60 @@ fn watch_ready(
 }
 
 /// Sets `flag` when signal `sig` arrives.
-/// The S3 user `cairn up` made (`admin`), from DIR/s3-credentials; made on the first start.
-fn s3_credentials(exe: &Path, dir: &Path, masters: &str) -> anyhow::Result<(String, String)> {
-    let path = dir.join(S3_CREDENTIALS);
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        let field = |name: &str| {
-            text.lines()
-                .filter_map(|l| l.split_once('='))
-                .find(|(k, _)| k.trim() == name)
-                .map(|(_, v)| v.trim().to_owned())
-        };
-        if let (Some(k), Some(s)) = (field("aws_access_key_id"), field("aws_secret_access_key")) {
-            return Ok((k, s));
-        }
+/// The admin user `cairn up` made (`admin`: an admin of the cluster and a user of its S3
+/// gateway), from DIR/admin.credentials; made on the first start with the cluster secret.
+fn admin_credentials(dir: &Path, masters: &str, secret: &Path) -> anyhow::Result<(String, String)> {
+    let path = dir.join(ADMIN_CREDENTIALS);
+    if let Ok(cairn_rpc::auth::Credential::User {
+        access_key,
+        secret_key,
+    }) = cairn_rpc::auth::Credential::read(&path)
+    {
+        return Ok((access_key, secret_key));
     }
-    let out = Command::new(exe)
-        .args([
-            "s3",
-            "user",
-            "create",
-            "admin",
-            "--json",
-            "--cluster",
-            masters,
-        ])
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "cairn s3 user create: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    let key = v["access_key"].as_str().unwrap_or_default().to_owned();
-    let secret = v["secret_key"].as_str().unwrap_or_default().to_owned();
+    let masters: Vec<String> = masters.split(',').map(str::to_owned).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let user = rt.block_on(async {
+        let client = cairn_client::Client::with_options(
+            &masters,
+            cairn_client::ClientOptions {
+                credential: Some(cairn_rpc::auth::Credential::Server {
+                    secret: cairn_rpc::auth::ClusterSecret::read(secret)?,
+                    who: "cairn-up".into(),
+                }),
+                ..cairn_client::ClientOptions::default()
+            },
+        )
+        .await?;
+        cairn_s3::create_user(&client, "admin", true)
+            .await
+            .map_err(|e| anyhow::anyhow!(e))
+    })?;
     // Written private, then renamed: a reader never sees half of it.
-    let tmp = dir.join(format!("{S3_CREDENTIALS}.tmp"));
+    let tmp = dir.join(format!("{ADMIN_CREDENTIALS}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
     {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let mut f = std::fs::OpenOptions::new()
-            .create(true)
+            .create_new(true)
             .write(true)
-            .truncate(true)
             .mode(0o600)
             .open(&tmp)?;
         writeln!(
             f,
-            "# Written by `cairn up`: the S3 user admin (aws CLI credentials file format).\n\
-             [default]\naws_access_key_id = {key}\naws_secret_access_key = {secret}"
+            "# Written by `cairn up`: the user admin, an admin of the cluster (the cairn CLI \
+             reads this file from ./cairn-data) and a user of its S3 gateway (aws CLI \
+             credentials file format).\n\
+             [default]\naws_access_key_id = {}\naws_secret_access_key = {}",
+            user.access_key, user.secret_key
         )?;
         f.sync_all()?;
     }
     std::fs::rename(&tmp, &path)?;
-    Ok((key, secret))
+    Ok((user.access_key, user.secret_key))
 }
 
 fn print_s3(addr: &str, dir: &Path, (key, secret): &(String, String)) {
@@ -594,7 +604,7 @@ fn print_s3(addr: &str, dir: &Path, (key, secret): &(String, String)) {
          export AWS_ACCESS_KEY_ID={key}\n  \
          export AWS_SECRET_ACCESS_KEY={secret}\n  \
          export AWS_DEFAULT_REGION=us-east-1",
-        dir.join(S3_CREDENTIALS).display()
+        dir.join(ADMIN_CREDENTIALS).display()
     );
 }
 

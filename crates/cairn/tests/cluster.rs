@@ -633,10 +633,7 @@ async fn the_scrubber_finds_a_flipped_bit_and_repair_replaces_the_copy() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Server 0's copy reads back whole and right; so does the file.
-    let addr = cl.chunkservers[0].addr.parse().unwrap();
-    let conn = cairn_client::DataConn::connect(addr, Duration::from_secs(5))
-        .await
-        .unwrap();
+    let conn = cl.replica_conn(0, &[chunk.id]).await;
     let got = conn.read(chunk.id, 0, pattern.len()).await.unwrap();
     assert!(got == pattern, "the replaced copy differs");
     assert!(c.read("/s", 0, pattern.len()).await.unwrap() == pattern);

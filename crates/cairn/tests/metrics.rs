@@ -72,9 +72,15 @@ async fn master_and_chunkserver_export_metrics() {
         child: None,
     };
     cs.start();
-    let c = cairn_client::Client::connect(std::slice::from_ref(&maddr))
-        .await
-        .unwrap();
+    let c = cairn_client::Client::with_options(
+        std::slice::from_ref(&maddr),
+        cairn_client::ClientOptions {
+            credential: Some(common::credential()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     // Wait for the server to register, then write and read a one-copy file.
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut w = loop {

@@ -758,8 +758,7 @@ async fn nemesis() {
     let mut cl = Cluster::start(dir.path(), 3, 4).await;
     let masters = cl.master_addrs();
     // Sealed chunks of `then:ec` files convert as soon as they are sealed.
-    cairn_rpc::Masters::new(&masters)
-        .unwrap()
+    common::masters(&masters)
         .send(
             cairn_rpc::pb::ConfigRequest {
                 convert_after_secs: Some(0),

@@ -1,5 +1,6 @@
-//! Capabilities end to end (docs/security.md): real master and chunkserver processes started
-//! with `--require-capabilities`; the SDK writes and reads through them, and a raw TCP client
+//! Security end to end (docs/security.md): real master and chunkserver processes, which
+//! check capabilities and credentials by default; the SDK writes and reads through them, a
+//! raw TCP client
 //! sending well-formed frames with missing, forged, narrowed, misdirected or superseded
 //! capabilities is refused and changes nothing on disk.
 
@@ -62,7 +63,7 @@ async fn open_write(c: &cairn_client::Client, path: &str, client_id: &str) -> pb
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunkservers_refuse_requests_without_a_valid_capability() {
     let dir = tempfile::tempdir().unwrap();
-    let cl = Cluster::start_with(dir.path(), 1, 4, &["--require-capabilities"]).await;
+    let cl = Cluster::start(dir.path(), 1, 4).await;
     let c = cl.client().await;
     // The leader makes the first key within a scan (1 s); chunkservers get it with their
     // next heartbeat (200 ms here).
@@ -234,7 +235,7 @@ async fn chunkservers_refuse_requests_without_a_valid_capability() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_rotate_without_downtime() {
     let dir = tempfile::tempdir().unwrap();
-    let cl = Cluster::start_with(dir.path(), 1, 3, &["--require-capabilities"]).await;
+    let cl = Cluster::start(dir.path(), 1, 3).await;
     let masters = cl.master_addrs().join(",");
     let c = cl.client().await;
     // The first key is made within a second of the leader's start; a rotation waits until
@@ -317,15 +318,11 @@ async fn keys_rotate_without_downtime() {
 /// three masters (their Raft traffic signed) and three chunkservers serves files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_join_only_with_the_cluster_secret() {
-    use cairn_rpc::auth::ClusterSecret;
+    use cairn_rpc::auth::{ClusterSecret, Credential};
     let dir = tempfile::tempdir().unwrap();
-    let secret = dir.path().join("cluster.secret");
-    ClusterSecret::generate().write_new(&secret).unwrap();
     let wrong = dir.path().join("wrong.secret");
     ClusterSecret::generate().write_new(&wrong).unwrap();
-    let arg = secret.display().to_string();
-    let flag = ["--cluster-secret-file", arg.as_str()];
-    let cl = Cluster::start_full(dir.path(), 3, 3, &flag, &flag).await;
+    let cl = Cluster::start(dir.path(), 3, 3).await;
     let c = cl.client().await;
     let data = common::bytes(3, 0, 100_000);
     let mut w = c.create("/s", CreateOptions::default()).await.unwrap();
@@ -333,7 +330,7 @@ async fn servers_join_only_with_the_cluster_secret() {
     w.close().await.unwrap();
     assert_eq!(c.read("/s", 0, data.len()).await.unwrap(), data);
 
-    // Chunkservers with a wrong secret and with none: never registered.
+    // Chunkservers with a wrong secret and with none (`--insecure`): never registered.
     let masters = cl.master_addrs().join(",");
     let mut strays: Vec<common::Proc> = [Some(&wrong), None]
         .into_iter()
@@ -356,8 +353,9 @@ async fn servers_join_only_with_the_cluster_secret() {
             .iter()
             .map(|s| s.to_string())
             .collect();
-            if let Some(s) = s {
-                args.extend(["--cluster-secret-file".into(), s.display().to_string()]);
+            match s {
+                Some(s) => args.extend(["--cluster-secret-file".into(), s.display().to_string()]),
+                None => args.push("--insecure".into()),
             }
             common::Proc {
                 name: format!("stray-{i}"),
@@ -380,7 +378,10 @@ async fn servers_join_only_with_the_cluster_secret() {
     // Raw calls: a heartbeat for a real server's id and a Raft vote, without a proof and
     // with another cluster's.
     let leader = &cl.master_addrs()[(cl.leader().await - 1) as usize];
-    let other = ClusterSecret::generate();
+    let other = |who: &str| Credential::Server {
+        secret: ClusterSecret::generate(),
+        who: who.into(),
+    };
     let id = st.servers[0].id;
     let mut meta = pb::meta_client::MetaClient::connect(format!("http://{leader}"))
         .await
@@ -392,7 +393,7 @@ async fn servers_join_only_with_the_cluster_secret() {
     };
     for req in [
         tonic::Request::new(hb()),
-        other.sign(hb(), "heartbeat", &format!("chunkserver-{id}")),
+        other(&format!("chunkserver-{id}")).sign(hb(), "Heartbeat"),
     ] {
         let e = meta.heartbeat(req).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
@@ -407,7 +408,7 @@ async fn servers_join_only_with_the_cluster_secret() {
         };
         for req in [
             tonic::Request::new(msg()),
-            other.sign(msg(), "raft", "master-1"),
+            other("master-1").sign(msg(), "raft"),
         ] {
             let e = raft.call(req).await.unwrap_err();
             assert_eq!(e.code(), tonic::Code::Unauthenticated, "{addr}: {e}");
@@ -442,4 +443,303 @@ async fn idle_connections_closed_by_servers_are_replaced_unnoticed() {
     let h = c.health_stats();
     assert_eq!(h.listed_failed, 0, "{h:?}");
     assert!(c.blacklisted().is_empty(), "{:?}", c.blacklisted());
+}
+
+/// The kind of a control-plane refusal the SDK passed on.
+fn meta_kind<T>(r: Result<T, cairn_client::Error>) -> cairn_rpc::ErrorKind {
+    match r {
+        Err(cairn_client::Error::Meta(e)) => e.kind,
+        Err(e) => panic!("expected a masters' refusal, got {e}"),
+        Ok(_) => panic!("expected a masters' refusal, got success"),
+    }
+}
+
+/// Users prove their keys on every call to the masters; files and directories have owners
+/// and permission bits the masters check (also for a chunk looked up by id); operators' calls
+/// need an admin; a call without credentials, with a wrong key, or replayed is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_are_authenticated_and_permission_bits_hold() {
+    use cairn_rpc::ErrorKind as K;
+    use cairn_rpc::auth::Credential;
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let root = cl.client().await;
+    let masters = cl.master_addrs();
+    let as_user = |k: &common::Keys| Credential::User {
+        access_key: k.access.clone(),
+        secret_key: k.secret.clone(),
+    };
+    let client = |cred: Option<Credential>| {
+        let masters = masters.clone();
+        async move {
+            cairn_client::Client::with_options(
+                &masters,
+                cairn_client::ClientOptions {
+                    credential: cred,
+                    retry_for: Duration::from_secs(3),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+
+    // No credentials, a wrong secret key, an unknown access key: Unauthenticated.
+    let alice_keys = common::create_user(&masters, "alice");
+    let bob_keys = common::create_user(&masters, "bob");
+    let nobody = client(None).await;
+    assert_eq!(meta_kind(nobody.stat("/").await), K::Unauthenticated);
+    let forged = client(Some(Credential::User {
+        access_key: alice_keys.access.clone(),
+        secret_key: "not-her-secret".into(),
+    }))
+    .await;
+    assert_eq!(meta_kind(forged.list("/").await), K::Unauthenticated);
+    let stranger = client(Some(Credential::User {
+        access_key: "CKNOSUCHKEY".into(),
+        secret_key: alice_keys.secret.clone(),
+    }))
+    .await;
+    assert_eq!(
+        meta_kind(stranger.create("/x", CreateOptions::default()).await),
+        K::Unauthenticated
+    );
+
+    let alice = client(Some(as_user(&alice_keys))).await;
+    let bob = client(Some(as_user(&bob_keys))).await;
+    // The root is the cluster's (0755): users read it, cannot write it.
+    alice.list("/").await.unwrap();
+    assert_eq!(
+        meta_kind(alice.create("/mine", CreateOptions::default()).await),
+        K::PermissionDenied
+    );
+    assert_eq!(
+        meta_kind(alice.mkdir("/home", false).await),
+        K::PermissionDenied
+    );
+    // An admin (the cluster secret here) makes her a home and gives it to her.
+    root.mkdir("/home/alice", true).await.unwrap();
+    root.set_attr("/home/alice", None, Some("alice"))
+        .await
+        .unwrap();
+    let data = common::bytes(9, 0, 50_000);
+    let mut w = alice
+        .create("/home/alice/notes", CreateOptions::default())
+        .await
+        .unwrap();
+    w.append(&data).await.unwrap();
+    w.close().await.unwrap();
+    let st = alice.stat("/home/alice/notes").await.unwrap();
+    assert_eq!((st.owner.as_str(), st.mode), ("alice", 0o644));
+
+    // Bob reads a 0644 file; cannot append to it, delete it, change its mode or owner.
+    assert_eq!(
+        bob.read("/home/alice/notes", 0, data.len()).await.unwrap(),
+        data
+    );
+    assert_eq!(
+        meta_kind(bob.open_append("/home/alice/notes").await),
+        K::PermissionDenied
+    );
+    assert_eq!(
+        meta_kind(bob.delete("/home/alice/notes").await),
+        K::PermissionDenied
+    );
+    assert_eq!(
+        meta_kind(bob.set_attr("/home/alice/notes", Some(0o666), None).await),
+        K::PermissionDenied
+    );
+    assert_eq!(
+        meta_kind(
+            alice
+                .set_attr("/home/alice/notes", None, Some("alice"))
+                .await
+        ),
+        K::PermissionDenied,
+        "only admins change owners"
+    );
+    assert_eq!(
+        meta_kind(
+            bob.create("/home/alice/bobs", CreateOptions::default())
+                .await
+        ),
+        K::PermissionDenied
+    );
+    // 0600: bob can neither stat it for reading nor locate its chunks by id.
+    alice
+        .set_attr("/home/alice/notes", Some(0o600), None)
+        .await
+        .unwrap();
+    let fresh_bob = client(Some(as_user(&bob_keys))).await;
+    assert_eq!(
+        meta_kind(fresh_bob.read("/home/alice/notes", 0, 10).await),
+        K::PermissionDenied
+    );
+    let ids: Vec<u64> = common::chunks(&root, "/home/alice/notes")
+        .await
+        .iter()
+        .map(|c| c.id)
+        .collect();
+    let locate = async |c: &cairn_client::Client| {
+        c.masters()
+            .send(
+                pb::LocateRequest {
+                    chunk_ids: ids.clone(),
+                },
+                |mut m, r| async move { m.locate(r).await },
+            )
+            .await
+    };
+    assert_eq!(locate(&bob).await.unwrap_err().kind, K::PermissionDenied);
+    assert!(
+        locate(&alice)
+            .await
+            .unwrap()
+            .chunks
+            .iter()
+            .all(|c| !c.cap.is_empty())
+    );
+    // A private directory (0700) hides even the way through it.
+    alice
+        .mkdir_with("/home/alice/private", false, None, Some(0o700))
+        .await
+        .unwrap();
+    let mut w = alice
+        .create(
+            "/home/alice/private/diary",
+            CreateOptions {
+                mode: Some(0o644),
+                ..CreateOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    w.append(b"dear diary").await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(
+        meta_kind(bob.list("/home/alice/private").await),
+        K::PermissionDenied
+    );
+    assert_eq!(
+        meta_kind(bob.read("/home/alice/private/diary", 0, 4).await),
+        K::PermissionDenied
+    );
+    // Alice renames within her home; bob cannot move her files out.
+    alice
+        .rename("/home/alice/private/diary", "/home/alice/diary")
+        .await
+        .unwrap();
+    assert_eq!(
+        meta_kind(bob.rename("/home/alice/diary", "/tmp-diary").await),
+        K::PermissionDenied
+    );
+
+    // Operators' calls and the object index need an admin.
+    let e = alice
+        .masters()
+        .call(|mut c| async move { c.rotate_key(pb::Empty {}).await })
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, K::PermissionDenied);
+    let q = cairn_rpc::object::ObjectQuery::User {
+        access_key: bob_keys.access.clone(),
+    };
+    assert_eq!(
+        alice.masters().object_query(&q).await.unwrap_err().kind,
+        K::PermissionDenied,
+        "users never read others' keys"
+    );
+    // ... and an admin user passes: `cairn user create --admin --save`, then the CLI with it.
+    let carol_file = dir.path().join("carol.credentials");
+    common::run_ok(common::cairn().args([
+        "user",
+        "create",
+        "carol",
+        "--admin",
+        "--save",
+        &carol_file.display().to_string(),
+        "--cluster",
+        &masters.join(","),
+    ]));
+    let alice_file = dir.path().join("alice.credentials");
+    Credential::write_new(&alice_file, "alice", &alice_keys.access, &alice_keys.secret).unwrap();
+    let admin_cli = |file: &std::path::Path, args: &[&str]| {
+        common::cairn()
+            .env_remove("CAIRN_CLUSTER_SECRET_FILE")
+            .args(args)
+            .args(["--cluster", &masters.join(","), "--credentials"])
+            .arg(file)
+            .output()
+            .unwrap()
+    };
+    let out = admin_cli(&alice_file, &["user", "create", "mallory"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("admin"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = admin_cli(&carol_file, &["admin", "set", "repair-bandwidth", "50m"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = admin_cli(&alice_file, &["admin", "set", "repair-bandwidth", "60m"]);
+    assert!(!out.status.success());
+    // Without any credential the CLI is refused and says what to do.
+    let out = common::cairn()
+        .env_remove("CAIRN_CLUSTER_SECRET_FILE")
+        .current_dir(dir.path())
+        .args(["status", "--cluster", &masters.join(",")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("credentials"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A proof is good once: the same call replayed is refused.
+    let leader = &masters[(cl.leader().await - 1) as usize];
+    let mut raw = pb::meta_client::MetaClient::connect(format!("http://{leader}"))
+        .await
+        .unwrap();
+    let signed = as_user(&alice_keys).sign(
+        pb::PathRequest {
+            path: "/home/alice".into(),
+        },
+        "Stat",
+    );
+    let header = signed
+        .metadata()
+        .get(cairn_rpc::auth::USER_AUTH_METADATA)
+        .unwrap()
+        .clone();
+    raw.stat(signed).await.unwrap();
+    let mut again = tonic::Request::new(pb::PathRequest {
+        path: "/home/alice".into(),
+    });
+    again
+        .metadata_mut()
+        .insert(cairn_rpc::auth::USER_AUTH_METADATA, header.clone());
+    let e = raw.stat(again).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+    assert!(e.message().contains("replayed"), "{e}");
+    // A proof for one call does not open another.
+    let mut other = tonic::Request::new(pb::PathRequest {
+        path: "/home/alice/notes".into(),
+    });
+    other
+        .metadata_mut()
+        .insert(cairn_rpc::auth::USER_AUTH_METADATA, header);
+    let e = raw.delete(other).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+    // Everything alice wrote is there.
+    assert_eq!(
+        root.read("/home/alice/notes", 0, data.len()).await.unwrap(),
+        data
+    );
 }

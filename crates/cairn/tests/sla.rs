@@ -3,7 +3,7 @@
 
 mod common;
 
-use cairn_client::{ClientOptions, CreateOptions, DataConn, FaultSpec};
+use cairn_client::{ClientOptions, CreateOptions, FaultSpec};
 use cairn_rpc::pb;
 use common::{Cluster, bytes, chunks};
 use std::time::{Duration, Instant};
@@ -15,12 +15,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// Reads a whole chunk from one replica directly.
 async fn replica_bytes(cl: &Cluster, server: u64, chunk: u64, len: u64) -> Vec<u8> {
     let i = cl.index_of(server).await;
-    let d = DataConn::connect(
-        cl.chunkservers[i].addr.parse().unwrap(),
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
+    let d = cl.replica_conn(i, &[chunk]).await;
     d.read(chunk, 0, len as usize).await.unwrap()
 }
 
@@ -358,7 +353,7 @@ async fn a_down_servers_chunks_are_re_replicated_under_the_bandwidth_cap() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let mut cl = Cluster::start(dir.path(), 1, 4).await;
-    let m = cairn_rpc::Masters::new(&cl.master_addrs()).unwrap();
+    let m = cl.masters();
     let cap = 2u64 << 20;
     m.send(
         pb::ConfigRequest {
@@ -458,7 +453,7 @@ async fn a_drained_server_is_emptied() {
         w.close().await.unwrap();
     }
     let target = chunks(&c, "/d/f0").await[0].servers[0];
-    let m = cairn_rpc::Masters::new(&cl.master_addrs()).unwrap();
+    let m = cl.masters();
     m.send(
         pb::ServerStateRequest {
             server_id: target,

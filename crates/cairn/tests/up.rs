@@ -3,14 +3,23 @@
 
 mod common;
 
-use common::{cairn, run_ok};
+use common::run_ok;
+
+/// The CLI as a user of `cairn up` runs it: with the admin credentials `cairn up` wrote (and
+/// not the tests' cluster secret).
+fn cairn(dir: &std::path::Path) -> std::process::Command {
+    let mut c = common::cairn();
+    c.env_remove("CAIRN_CLUSTER_SECRET_FILE")
+        .env("CAIRN_CREDENTIALS", dir.join("admin.credentials"));
+    c
+}
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 #[allow(clippy::zombie_processes)] // on a failed start the test panics; the process is orphaned
 fn up(dir: &std::path::Path) -> std::process::Child {
     use std::io::BufRead;
-    let mut child = cairn()
+    let mut child = cairn(dir)
         .args(["up", "--disk-size", "128m", "--data-dir"])
         .arg(dir)
         .env("CAIRN_LOG", "error")
@@ -33,7 +42,7 @@ fn up(dir: &std::path::Path) -> std::process::Child {
     assert!(line.contains("3 of 3"), "{line}");
     // What it called ready is: the first command finds every chunkserver up.
     let out = run_ok(
-        cairn()
+        cairn(dir)
             .args(["status", "--json"])
             .env("CAIRN_CLUSTER", masters(dir)),
     );
@@ -65,7 +74,7 @@ fn s3_endpoint(dir: &std::path::Path) -> String {
             s3["pid"].as_integer().unwrap(),
         );
         let out = run_ok(
-            cairn()
+            cairn(dir)
                 .args(["status", "--json"])
                 .env("CAIRN_CLUSTER", masters(dir)),
         );
@@ -87,7 +96,7 @@ fn s3_endpoint(dir: &std::path::Path) -> String {
 /// Runs a boto3 snippet with the credentials `cairn up` wrote (see tests/s3.rs for python()).
 fn boto3(dir: &std::path::Path, endpoint: &str, code: &str) -> String {
     let py = std::env::var("CAIRN_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
-    let creds = std::fs::read_to_string(dir.join("s3-credentials")).unwrap();
+    let creds = std::fs::read_to_string(dir.join("admin.credentials")).unwrap();
     let field = |k: &str| {
         creds
             .lines()
@@ -140,13 +149,13 @@ fn up_put_cat_ctrl_c_and_up_again() {
     let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&data, &bytes).unwrap();
     run_ok(
-        cairn()
+        cairn(&dir)
             .args(["fs", "put"])
             .arg(&data)
             .arg("/d/in.bin")
             .env("CAIRN_CLUSTER", &m),
     );
-    let cat = cairn()
+    let cat = cairn(&dir)
         .args(["fs", "cat", "/d/in.bin"])
         .env("CAIRN_CLUSTER", &m)
         .output()
@@ -158,7 +167,7 @@ fn up_put_cat_ctrl_c_and_up_again() {
         let meta = std::fs::metadata(dir.join("cluster.secret")).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     }
-    let missing = cairn()
+    let missing = cairn(&dir)
         .args(["fs", "cat", "/d/nope"])
         .env("CAIRN_CLUSTER", &m)
         .output()
@@ -175,7 +184,7 @@ fn up_put_cat_ctrl_c_and_up_again() {
     // Same directory: same cluster (same addresses), same data.
     let child = up(&dir);
     assert_eq!(masters(&dir), m);
-    let cat = cairn()
+    let cat = cairn(&dir)
         .args(["fs", "cat", "/d/in.bin"])
         .env("CAIRN_CLUSTER", &m)
         .output()

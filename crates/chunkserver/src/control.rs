@@ -69,8 +69,15 @@ pub async fn run(
     let scrubber = crate::scrub::Scrubber::spawn(cs.clone(), opts.scrub);
     tokio::pin!(shutdown);
     let mut known = opts.masters.clone();
+    let cred = opts
+        .cluster_secret
+        .as_ref()
+        .map(|s| cairn_rpc::auth::Credential::Server {
+            secret: s.clone(),
+            who: format!("chunkserver-{}", opts.server_id),
+        });
     let mut masters = match Masters::new(&opts.masters) {
-        Ok(m) => m.retry_for(Duration::from_secs(2)),
+        Ok(m) => m.retry_for(Duration::from_secs(2)).credential(cred.clone()),
         Err(e) => {
             tracing::error!(error = %e, "no usable master address; not reporting");
             return;
@@ -90,12 +97,6 @@ pub async fn run(
                             host: opts.host.clone(),
                             rack: opts.rack.clone(),
                         };
-                        let r = cairn_rpc::auth::sign_if(
-                            opts.cluster_secret.as_ref(),
-                            r,
-                            "register",
-                            &format!("chunkserver-{}", opts.server_id),
-                        );
                         async move { c.register(r).await }
                     })
                     .await?;
@@ -157,15 +158,7 @@ pub async fn run(
             };
             let repaired = req.repaired.clone();
             let reply = match masters
-                .send(req, |mut c, r| {
-                    let r = cairn_rpc::auth::sign_if(
-                        opts.cluster_secret.as_ref(),
-                        r,
-                        "heartbeat",
-                        &format!("chunkserver-{}", opts.server_id),
-                    );
-                    async move { c.heartbeat(r).await }
-                })
+                .send(req, |mut c, r| async move { c.heartbeat(r).await })
                 .await
             {
                 Ok(r) => r,
@@ -199,7 +192,7 @@ pub async fn run(
                 match Masters::new(&reply.masters) {
                     Ok(m) => {
                         tracing::info!(masters = ?reply.masters, "master group changed");
-                        masters = m.retry_for(Duration::from_secs(2));
+                        masters = m.retry_for(Duration::from_secs(2)).credential(cred.clone());
                         known = reply.masters.clone();
                     }
                     Err(e) => tracing::warn!(error = %e, "bad master list from the leader"),

@@ -84,6 +84,9 @@ pub struct ClientOptions {
     /// concurrent callers that arrive while they all are share the next call and one Raft
     /// entry on the leader; a lone caller's call goes out at once. 0 = one call each.
     pub meta_batch_in_flight: usize,
+    /// What every call to the masters proves (docs/security.md): a user's keys, or the
+    /// cluster secret for servers. `None` works only with masters run `--insecure`.
+    pub credential: Option<cairn_rpc::auth::Credential>,
 }
 
 impl Default for ClientOptions {
@@ -101,6 +104,7 @@ impl Default for ClientOptions {
             chase_memory: 64 << 20,
             health: HealthOptions::default(),
             meta_batch_in_flight: 1,
+            credential: None,
         }
     }
 }
@@ -116,6 +120,8 @@ pub struct CreateOptions {
     pub min_copy: Option<u32>,
     /// Create missing parent directories.
     pub parents: bool,
+    /// Permission bits (`None`: 0o644); the file belongs to the user the client signs as.
+    pub mode: Option<u32>,
 }
 
 impl Default for CreateOptions {
@@ -124,6 +130,7 @@ impl Default for CreateOptions {
             policy: None,
             min_copy: None,
             parents: true,
+            mode: None,
         }
     }
 }
@@ -160,6 +167,9 @@ pub struct FileStat {
     pub mtime_ms: u64,
     /// Who holds the write lease, if anyone.
     pub writer: Option<String>,
+    /// The owning user (empty: the cluster itself) and the permission bits.
+    pub owner: String,
+    pub mode: u32,
 }
 
 /// What [`Client::traffic`] counts.
@@ -179,6 +189,8 @@ pub struct DirEntry {
     pub chunks: u32,
     pub sealed: bool,
     pub mtime_ms: u64,
+    pub owner: String,
+    pub mode: u32,
 }
 
 /// A file's chunk list as the client caches it.
@@ -240,7 +252,8 @@ impl Client {
     pub async fn with_options(masters: &[String], opts: ClientOptions) -> Result<Self> {
         let m = Masters::new(masters)?
             .retry_for(opts.retry_for)
-            .batch_in_flight(opts.meta_batch_in_flight);
+            .batch_in_flight(opts.meta_batch_in_flight)
+            .credential(opts.credential.clone());
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         let client_id = format!(
             "{}-{}-{:08x}",
@@ -326,10 +339,26 @@ impl Client {
         parents: bool,
         policy: Option<&cairn_ec::Policy>,
     ) -> Result<()> {
+        self.mkdir_with(path, parents, policy, None).await
+    }
+
+    /// [`Client::mkdir_with_policy`] with the new directory's permission bits (`None`:
+    /// 0o755; directories `parents` makes on the way get 0o755).
+    ///
+    /// # Errors
+    /// As [`Client::mkdir_with_policy`].
+    pub async fn mkdir_with(
+        &self,
+        path: &str,
+        parents: bool,
+        policy: Option<&cairn_ec::Policy>,
+        mode: Option<u32>,
+    ) -> Result<()> {
         let req = pb::MkdirRequest {
             path: path.into(),
             parents,
             policy: policy.map(|p| policy::to_pb(p, 0)),
+            mode,
         };
         self.inner
             .masters
@@ -353,6 +382,7 @@ impl Client {
             client_id: self.inner.client_id.clone(),
             chunks: 1 + self.inner.opts.prefetch,
             parents: opts.parents,
+            mode: opts.mode,
         };
         let reply = self.inner.masters.create(req).await?;
         let file = self.absorb(reply)?;
@@ -416,6 +446,8 @@ impl Client {
                 ctime_ms: r.ctime_ms,
                 mtime_ms: r.mtime_ms,
                 writer: None,
+                owner: r.owner,
+                mode: r.mode,
             });
         };
         let view = View::of(&f);
@@ -433,6 +465,8 @@ impl Client {
             ctime_ms: f.ctime_ms,
             mtime_ms: f.mtime_ms,
             writer: f.lease.map(|l| l.holder),
+            owner: r.owner,
+            mode: r.mode,
         })
     }
 
@@ -454,8 +488,28 @@ impl Client {
                 chunks: e.chunks,
                 sealed: e.sealed,
                 mtime_ms: e.mtime_ms,
+                owner: e.owner,
+                mode: e.mode,
             })
             .collect())
+    }
+
+    /// Changes the permission bits (the owner or an admin may) and/or the owner (an admin
+    /// may) of a file or directory.
+    ///
+    /// # Errors
+    /// The path does not exist, `PermissionDenied`, or bits past 0o7777.
+    pub async fn set_attr(&self, path: &str, mode: Option<u32>, owner: Option<&str>) -> Result<()> {
+        let req = pb::SetAttrRequest {
+            path: path.into(),
+            mode,
+            owner: owner.map(str::to_owned),
+        };
+        self.inner
+            .masters
+            .send(req, |mut c, r| async move { c.set_attr(r).await })
+            .await?;
+        Ok(())
     }
 
     /// Moves a file or directory; the destination must not exist.

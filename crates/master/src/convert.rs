@@ -363,6 +363,8 @@ pub fn node_reply(st: &State, path: &str, ino: &Inode) -> pb::NodeReply {
             Kind::Dir => st.inherited_policy(path).as_ref().map(policy_pb),
             Kind::File(_) => None,
         },
+        owner: ino.owner.clone(),
+        mode: u32::from(ino.mode),
     }
 }
 
@@ -376,5 +378,25 @@ pub fn dir_entry(ino: &Inode) -> pb::DirEntry {
         chunks: f.map_or(0, |f| f.chunks.len() as u32),
         sealed: f.is_some_and(|f| f.sealed),
         mtime_ms: ino.mtime_ms,
+        owner: ino.owner.clone(),
+        mode: u32::from(ino.mode),
     }
+}
+
+/// Permission bits from a request (unset: the default).
+///
+/// # Errors
+/// Bits past 0o7777.
+pub fn mode(m: Option<u32>) -> Result<Option<u16>, MetaError> {
+    m.map(|m| {
+        u16::try_from(m)
+            .ok()
+            .filter(|m| *m <= crate::state::perm::MAX_MODE)
+            .ok_or_else(|| {
+                MetaError::invalid(format!(
+                    "mode {m:o}: permission bits are at most 7777 (octal)"
+                ))
+            })
+    })
+    .transpose()
 }

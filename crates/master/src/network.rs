@@ -12,6 +12,7 @@ use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf, VoteOf};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
 use tonic::transport::Channel;
 
 pub const APPEND: u32 = 1;
@@ -76,12 +77,15 @@ impl Peer {
             .as_mut()
             .ok_or_else(|| unreachable(format!("bad master address {}", self.addr)))?;
         let body = serde_json::to_vec(req).map_err(|e| NetworkError::new(&e))?;
-        let call = client.call(cairn_rpc::auth::sign_if(
-            self.secret.as_ref(),
-            pb::RaftMessage { kind, body },
-            "raft",
-            &self.who,
-        ));
+        let msg = pb::RaftMessage { kind, body };
+        let call = client.call(match &self.secret {
+            Some(secret) => cairn_rpc::auth::Credential::Server {
+                secret: secret.clone(),
+                who: self.who.clone(),
+            }
+            .sign(msg, "raft"),
+            None => tonic::Request::new(msg),
+        });
         let reply = match tokio::time::timeout(ttl, call).await {
             Ok(Ok(r)) => r.into_inner(),
             Ok(Err(status)) => return Err(unreachable(status.message()).into()),
@@ -138,8 +142,9 @@ impl RaftNetworkV2<TypeConfig> for Peer {
 /// The receiving side: hands a peer's message to the local Raft node.
 pub struct RaftService {
     pub raft: Raft,
-    /// Only masters that prove they hold it may append, vote or install a snapshot.
-    pub secret: Option<cairn_rpc::auth::ClusterSecret>,
+    /// Only masters that prove they hold the cluster secret may append, vote or install a
+    /// snapshot.
+    pub auth: Arc<cairn_rpc::auth::Verifier>,
 }
 
 fn answer<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> Result<Vec<u8>, tonic::Status> {
@@ -157,7 +162,7 @@ impl pb::raft_server::Raft for RaftService {
         &self,
         req: tonic::Request<pb::RaftMessage>,
     ) -> Result<tonic::Response<pb::RaftMessage>, tonic::Status> {
-        if let Err(e) = cairn_rpc::auth::check_if(self.secret.as_ref(), &req, "raft") {
+        if let Err(e) = self.auth.check_server(&req, "raft") {
             tracing::warn!(error = %e, "raft message refused");
             return Err(tonic::Status::unauthenticated(e.message));
         }

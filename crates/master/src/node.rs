@@ -109,6 +109,7 @@ pub async fn serve(
             }
         });
     }
+    let auth = Arc::new(cairn_rpc::auth::Verifier::new(opts.cluster_secret.clone()));
     let meta = MetaService::new(Inner {
         id: opts.id,
         raft: raft.clone(),
@@ -116,7 +117,7 @@ pub async fn serve(
         registry: parking_lot::Mutex::new(Registry::new(opts.registry.clone())),
         lease: opts.lease,
         recovered,
-        secret: opts.cluster_secret.clone(),
+        auth: auth.clone(),
     });
     let scanner = {
         let meta = meta.clone();
@@ -136,7 +137,7 @@ pub async fn serve(
         .add_service(MetaServer::new(meta))
         .add_service(RaftServer::new(RaftService {
             raft: raft.clone(),
-            secret: opts.cluster_secret.clone(),
+            auth,
         }))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;

@@ -96,6 +96,10 @@ pub struct Live {
     pub pid: u32,
     /// The chunks the server holds, once it sent a full report.
     pub reported: Option<HashMap<ChunkId, Reported>>,
+    /// The answer to one of its heartbeats carried the capability keys: it can check the
+    /// capabilities of requests, so new chunks may be placed on it (a server without keys
+    /// would refuse every write to them).
+    pub has_keys: bool,
     /// Repairs it said it is running, at its last heartbeat.
     pub repairing: HashSet<ChunkId>,
     /// Chunks it holds that no file owns, and since when.
@@ -219,6 +223,7 @@ impl Registry {
             healthy: true,
             pid: 0,
             reported: None,
+            has_keys: false,
             repairing: HashSet::new(),
             orphans: HashMap::new(),
             corrupt: HashSet::new(),
@@ -226,6 +231,8 @@ impl Registry {
             traffic: [0; 5],
         });
         live.last = now;
+        // The reply to this heartbeat carries every key the state has.
+        live.has_keys = !state.cap_keys().is_empty();
         live.corrupt = hb.corrupt.iter().copied().collect();
         live.scrub = hb.scrub;
         live.traffic = hb.traffic;
@@ -357,6 +364,7 @@ impl Registry {
                 self.state_of(r, now) == ServerState::Up
                     && !exclude.contains(&r.id)
                     && !self.live[&r.id].full()
+                    && self.live[&r.id].has_keys
             })
             .map(|r| {
                 let l = &self.live[&r.id];
@@ -531,14 +539,46 @@ mod tests {
         }
     }
 
+    /// A state with a capability key (servers without keys take no new chunks).
+    fn keyed() -> State {
+        let mut st = State::default();
+        st.apply(&crate::state::Command::RotateKey {
+            secret: [1; cairn_proto::cap::KEY_BYTES],
+            now_ms: 0,
+        })
+        .unwrap();
+        st
+    }
+
     fn beat(r: &mut Registry, id: u64, used: u64, now: Instant) {
         r.heartbeat(
             Heartbeat {
                 used,
                 ..hb(id, true, vec![], vec![])
             },
-            &State::default(),
+            &keyed(),
             now,
+        );
+    }
+
+    #[test]
+    fn servers_without_keys_take_no_new_chunks() {
+        let now = Instant::now();
+        let mut reg = Registry::new(RegistryOptions::default());
+        let servers: BTreeMap<_, _> = (1..=3).map(|id| (id, rec(id, "", ""))).collect();
+        for id in 1..=3 {
+            reg.heartbeat(hb(id, true, vec![], vec![]), &State::default(), now);
+        }
+        let e = reg
+            .place(&servers, 3, 2, 1, &BTreeSet::new(), now)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NoServers);
+        for id in 1..=3 {
+            beat(&mut reg, id, 0, now);
+        }
+        assert_eq!(
+            reg.place(&servers, 3, 2, 1, &BTreeSet::new(), now).unwrap()[0].len(),
+            3
         );
     }
 
@@ -660,10 +700,11 @@ mod tests {
     fn chunks_of_deleted_files_go_at_once() {
         let now = Instant::now();
         let mut reg = Registry::new(RegistryOptions::default());
-        let mut st = State::default();
+        let mut st = keyed();
         let f = st
             .apply(&crate::state::Command::Create {
                 path: "/f".into(),
+                mode: None,
                 policy: crate::state::Policy {
                     replicas: 1,
                     compression: false,
@@ -736,6 +777,7 @@ mod tests {
         use crate::state::{Command, Lease, Policy};
         st.apply(&Command::Create {
             path: "/f".into(),
+            mode: None,
             policy: Policy {
                 replicas: 3,
                 compression: false,
@@ -765,7 +807,7 @@ mod tests {
             repair_after: Duration::from_secs(3),
             ..Default::default()
         });
-        let mut st = State::default();
+        let mut st = keyed();
         for id in 1..=4 {
             st.apply(&Command::Register {
                 server: rec(id, &format!("h{id}"), ""),
@@ -883,7 +925,7 @@ mod tests {
         use crate::state::Command;
         let now = Instant::now();
         let mut reg = Registry::new(RegistryOptions::default());
-        let mut st = State::default();
+        let mut st = keyed();
         let chunk = open_file_on_1_2_3(&mut st);
         assert!(
             reg.heartbeat(hb(3, true, vec![chunk], vec![]), &st, now)

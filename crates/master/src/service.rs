@@ -2,9 +2,10 @@
 
 use crate::convert;
 use crate::registry::Registry;
-use crate::state::{Command, Inode, Lease, Policy, Reply};
+use crate::state::{Actor, Command, Inode, Lease, Policy, Reply, perm};
 use crate::store::{Applied, Raft};
 use cairn_proto::cap;
+use cairn_rpc::auth::{Principal, UserKey};
 use cairn_rpc::{ErrorKind, MetaError, pb};
 use openraft::async_runtime::WatchReceiver;
 use openraft::{BasicNode, ReadPolicy};
@@ -44,8 +45,8 @@ pub(crate) struct Inner {
     /// Set once the state machine caught up with the cluster's commit after a start (until
     /// then it may be older than what this master served before a restart).
     pub recovered: Arc<std::sync::atomic::AtomicBool>,
-    /// What chunkservers prove they hold (cairn_rpc::auth).
-    pub secret: Option<cairn_rpc::auth::ClusterSecret>,
+    /// Checks who sends each call (cairn_rpc::auth).
+    pub auth: Arc<cairn_rpc::auth::Verifier>,
 }
 
 impl MetaService {
@@ -300,6 +301,29 @@ impl Inner {
         self.registry.lock().scan_repairs(&a.state, Instant::now());
     }
 
+    /// Who sent a call of `method` (cairn_rpc::auth), as a gRPC status when no one valid.
+    fn who<T>(&self, req: &Request<T>, method: &str) -> Result<Principal, Status> {
+        let r = self.auth.check(req.metadata(), method, now_ms(), |key| {
+            let a = self.sm.lock();
+            a.state.objects().user(key).map(|u| UserKey {
+                name: u.name.clone(),
+                secret_key: u.secret_key.clone(),
+                admin: u.admin,
+            })
+        });
+        r.map_err(|e| {
+            // A follower may not know a user created a moment ago: send the caller to the
+            // leader rather than refuse it.
+            if let Err(redirect) = self.leader_check() {
+                return Status::from(redirect);
+            }
+            metrics::counter!("cairn_master_calls_refused_total", "method" => method.to_owned())
+                .increment(1);
+            tracing::warn!(error = %e, "call refused");
+            Status::from(e)
+        })
+    }
+
     /// The reply to a writer's call: its chunks signed for writing, with the file's writer
     /// epoch.
     fn file_reply(&self, ino: Option<Inode>) -> Result<pb::FileReply, MetaError> {
@@ -364,6 +388,7 @@ impl Inner {
             lease,
             placements,
             groups,
+            mode: convert::mode(r.mode)?,
         })
     }
 
@@ -385,7 +410,11 @@ impl Inner {
 
     /// Independent operations of concurrent callers: each is checked and becomes a command
     /// on its own (a bad one fails alone), and all that pass go into one Raft entry.
-    async fn batch(&self, ops: Vec<pb::BatchOp>) -> Result<pb::BatchReply, MetaError> {
+    async fn batch(
+        &self,
+        ops: Vec<pb::BatchOp>,
+        who: &Principal,
+    ) -> Result<pb::BatchReply, MetaError> {
         use pb::batch_op::Op;
         use pb::batch_result::Result as Outcome;
         convert::batch_len(ops.len())?;
@@ -397,12 +426,17 @@ impl Inner {
         let mut at = Vec::with_capacity(ops.len());
         for (i, op) in ops.into_iter().enumerate() {
             let prepared = match op.op {
-                Some(Op::Create(r)) => self.create_command(r).map(|c| (c, Answer::File)),
-                Some(Op::Commit(r)) => self.commit_command(&r).map(|c| (c, Answer::File)),
-                Some(Op::Delete(r)) => delete_command(&r).map(|c| (c, Answer::Done)),
-                Some(Op::Object(b)) => {
-                    cairn_rpc::object::decode(&b).map(|op| (Command::Object(op), Answer::Object))
-                }
+                Some(Op::Create(r)) => self
+                    .create_command(r)
+                    .map(|c| (as_user(who, c), Answer::File)),
+                Some(Op::Commit(r)) => self
+                    .commit_command(&r)
+                    .map(|c| (as_user(who, c), Answer::File)),
+                Some(Op::Delete(r)) => delete_command(&r).map(|c| (as_user(who, c), Answer::Done)),
+                Some(Op::Object(b)) => who
+                    .require_admin("the object index (the S3 gateway's)")
+                    .and_then(|()| cairn_rpc::object::decode(&b))
+                    .map(|op| (Command::Object(op), Answer::Object)),
                 None => Err(MetaError::invalid("a batch operation without an operation")),
             };
             match prepared {
@@ -451,6 +485,34 @@ impl Inner {
     }
 }
 
+/// `cmd` on behalf of `who` when a user sent it (checked against permission bits as it
+/// applies); servers' commands as they are.
+fn as_user(who: &Principal, cmd: Command) -> Command {
+    match who {
+        Principal::User { name, admin } => Command::As {
+            actor: Actor {
+                user: name.clone(),
+                admin: *admin,
+            },
+            cmd: Box::new(cmd),
+        },
+        Principal::Server(_) | Principal::Open => cmd,
+    }
+}
+
+/// Checks a read of `ino` by `who`: `want` on it and search on the way.
+fn check_read(
+    st: &crate::state::State,
+    who: &Principal,
+    ino: &Inode,
+    want: u16,
+) -> Result<(), MetaError> {
+    match who.user() {
+        Some(user) if !who.is_superuser() => st.check_inode(ino.id, user, want),
+        _ => Ok(()),
+    }
+}
+
 fn delete_command(r: &pb::PathRequest) -> Result<Command, MetaError> {
     Ok(Command::Delete {
         path: convert::path(&r.path)?,
@@ -461,314 +523,9 @@ fn ok<T>(r: Result<T, MetaError>) -> Rpc<T> {
     r.map(Response::new).map_err(Status::from)
 }
 
-#[tonic::async_trait]
-impl pb::meta_server::Meta for MetaService {
-    async fn mkdir(&self, req: Request<pb::MkdirRequest>) -> Rpc<pb::NodeReply> {
-        let r = req.into_inner();
-        ok(async {
-            let path = convert::path(&r.path)?;
-            let reply = self
-                .inner
-                .write(Command::Mkdir {
-                    path: path.clone(),
-                    parents: r.parents,
-                    now_ms: now_ms(),
-                    policy: r
-                        .policy
-                        .as_ref()
-                        .map(|p| convert::policy(Some(p)))
-                        .transpose()?,
-                })
-                .await?;
-            let ino = reply.inode.ok_or_else(|| MetaError::internal("no inode"))?;
-            Ok(convert::node_reply(
-                &self.inner.sm.lock().state,
-                &path,
-                &ino,
-            ))
-        }
-        .await)
-    }
-
-    async fn create(&self, req: Request<pb::CreateRequest>) -> Rpc<pb::FileReply> {
-        ok(async {
-            let cmd = self.inner.create_command(req.into_inner())?;
-            let reply = self.inner.write(cmd).await?;
-            self.inner.file_reply(reply.inode)
-        }
-        .await)
-    }
-
-    async fn open_write(&self, req: Request<pb::OpenWriteRequest>) -> Rpc<pb::FileReply> {
-        let r = req.into_inner();
-        ok(async {
-            let path = convert::path(&r.path)?;
-            let holder = convert::client_id(&r.client_id)?;
-            let count = convert::chunk_count(r.chunks)?;
-            self.inner.read_barrier().await?;
-            let policy = self.inner.policy_of(&path)?;
-            let (placements, groups) = self.inner.place(&policy, false, count, &BTreeSet::new())?;
-            let now = now_ms();
-            let reply = self
-                .inner
-                .write(Command::OpenWrite {
-                    path,
-                    now_ms: now,
-                    lease: Lease {
-                        holder,
-                        expires_ms: self.inner.lease_until(now),
-                    },
-                    placements,
-                    groups,
-                })
-                .await?;
-            self.inner.file_reply(reply.inode)
-        }
-        .await)
-    }
-
-    async fn stat(&self, req: Request<pb::PathRequest>) -> Rpc<pb::NodeReply> {
-        let r = req.into_inner();
-        ok(async {
-            let path = convert::path(&r.path)?;
-            self.inner.read_barrier().await?;
-            let (mut r, signer) = {
-                let a = self.inner.sm.lock();
-                let ino = a.state.lookup(&path)?;
-                let signer = crate::caps::Signer::of(&a.state, now_ms());
-                (convert::node_reply(&a.state, &path, ino), signer)
-            };
-            if let (Some(s), Some(f)) = (signer, r.file.as_mut()) {
-                s.sign_file(f, cap::READ, 0);
-            }
-            Ok(r)
-        }
-        .await)
-    }
-
-    async fn object_read(&self, req: Request<pb::ObjectBytes>) -> Rpc<pb::ObjectBytes> {
-        let r = req.into_inner();
-        ok(async {
-            let q: cairn_rpc::object::ObjectQuery = cairn_rpc::object::decode(&r.body)?;
-            self.inner.read_barrier().await?;
-            let result = self.inner.sm.lock().state.query_objects(&q);
-            Ok(pb::ObjectBytes {
-                body: cairn_rpc::object::encode(&result),
-            })
-        }
-        .await)
-    }
-
-    async fn list(&self, req: Request<pb::PathRequest>) -> Rpc<pb::ListReply> {
-        let r = req.into_inner();
-        ok(async {
-            let path = convert::path(&r.path)?;
-            self.inner.read_barrier().await?;
-            let a = self.inner.sm.lock();
-            let entries = a
-                .state
-                .list(&path)?
-                .into_iter()
-                .map(convert::dir_entry)
-                .collect();
-            Ok(pb::ListReply { entries })
-        }
-        .await)
-    }
-
-    async fn rename(&self, req: Request<pb::RenameRequest>) -> Rpc<pb::Empty> {
-        let r = req.into_inner();
-        ok(async {
-            let from = convert::path(&r.from)?;
-            let to = convert::path(&r.to)?;
-            self.inner
-                .write(Command::Rename {
-                    from,
-                    to,
-                    now_ms: now_ms(),
-                })
-                .await?;
-            Ok(pb::Empty {})
-        }
-        .await)
-    }
-
-    async fn delete(&self, req: Request<pb::PathRequest>) -> Rpc<pb::Empty> {
-        ok(async {
-            self.inner.write(delete_command(&req.into_inner())?).await?;
-            Ok(pb::Empty {})
-        }
-        .await)
-    }
-
-    async fn allocate_chunks(&self, req: Request<pb::AllocateRequest>) -> Rpc<pb::FileReply> {
-        let r = req.into_inner();
-        ok(async {
-            let path = convert::path(&r.path)?;
-            let holder = convert::client_id(&r.client_id)?;
-            let count = convert::chunk_count(r.chunks)?;
-            let exclude = convert::exclude(&r.exclude)?;
-            self.inner.read_barrier().await?;
-            let policy = self.inner.policy_of(&path)?;
-            let (placements, groups) = self.inner.place(&policy, r.tail, count, &exclude)?;
-            let reply = self
-                .inner
-                .write(Command::Allocate {
-                    path,
-                    holder,
-                    now_ms: now_ms(),
-                    placements,
-                    groups,
-                })
-                .await?;
-            self.inner.file_reply(reply.inode)
-        }
-        .await)
-    }
-
-    async fn commit(&self, req: Request<pb::CommitRequest>) -> Rpc<pb::FileReply> {
-        ok(async {
-            let cmd = self.inner.commit_command(&req.into_inner())?;
-            let reply = self.inner.write(cmd).await?;
-            self.inner.file_reply(reply.inode)
-        }
-        .await)
-    }
-
-    async fn batch(&self, req: Request<pb::BatchRequest>) -> Rpc<pb::BatchReply> {
-        let r = req.into_inner();
-        ok(self.inner.batch(r.ops).await)
-    }
-
-    async fn locate(&self, req: Request<pb::LocateRequest>) -> Rpc<pb::LocateReply> {
-        let r = req.into_inner();
-        ok(async {
-            let ids = convert::locate(&r)?;
-            self.inner.read_barrier().await?;
-            let (mut chunks, servers, signer) = {
-                let a = self.inner.sm.lock();
-                let chunks: Vec<pb::ChunkMeta> = ids
-                    .iter()
-                    .map(|id| {
-                        a.state
-                            .chunk(*id)
-                            .map(|(_, c)| convert::chunk(c))
-                            .unwrap_or_default()
-                    })
-                    .collect();
-                let servers = convert::server_addrs(&a.state, &chunks);
-                (chunks, servers, crate::caps::Signer::of(&a.state, now_ms()))
-            };
-            if let Some(s) = signer {
-                for c in chunks.iter_mut().filter(|c| c.id != 0) {
-                    c.cap = s.sign(c.id, c.version, cap::READ, 0);
-                }
-            }
-            Ok(pb::LocateReply { chunks, servers })
-        }
-        .await)
-    }
-
-    async fn register(&self, req: Request<pb::RegisterRequest>) -> Rpc<pb::RegisterReply> {
-        if let Err(e) = cairn_rpc::auth::check_if(self.inner.secret.as_ref(), &req, "register") {
-            tracing::warn!(error = %e, "registration refused");
-            return ok(Err(e));
-        }
-        let r = req.into_inner();
-        ok(async {
-            let rec = convert::server_record(&r)?;
-            self.inner.read_barrier().await?;
-            let known = self.inner.sm.lock().state.servers().get(&rec.id).cloned();
-            let same = known
-                .is_some_and(|k| k.addr == rec.addr && k.host == rec.host && k.rack == rec.rack);
-            if !same {
-                self.inner.write(Command::Register { server: rec }).await?;
-            }
-            Ok(pb::RegisterReply {})
-        }
-        .await)
-    }
-
-    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Rpc<pb::HeartbeatReply> {
-        if let Err(e) = cairn_rpc::auth::check_if(self.inner.secret.as_ref(), &req, "heartbeat") {
-            return ok(Err(e));
-        }
-        let r = req.into_inner();
-        ok(async {
-            let hb = convert::heartbeat(&r)?;
-            self.inner.leader_check()?;
-            let (answer, masters) = {
-                let a = self.inner.sm.lock();
-                if !a.state.servers().contains_key(&hb.server_id) {
-                    return Err(MetaError::not_found(format!(
-                        "chunkserver {} (register first)",
-                        hb.server_id
-                    )));
-                }
-                let answer = self
-                    .inner
-                    .registry
-                    .lock()
-                    .heartbeat(hb, &a.state, Instant::now());
-                let masters: Vec<String> = a
-                    .membership
-                    .membership()
-                    .nodes()
-                    .map(|(_, n)| n.addr.clone())
-                    .collect();
-                (answer, masters)
-            };
-            // Finished repairs become locations (through Raft) before the task is forgotten,
-            // so the new copy is never taken for an orphan. In a task of its own: a heartbeat
-            // call dropped half way must not leave a repair waiting for its record forever.
-            if !answer.finished.is_empty() {
-                let inner = self.inner.clone();
-                let record = tokio::spawn(async move {
-                    for cmd in answer.finished {
-                        let chunk_id = match cmd {
-                            Command::Repaired { chunk_id, .. } => chunk_id,
-                            Command::ConvertEnd { group_id, .. } => group_id,
-                            _ => continue,
-                        };
-                        let r = inner.write(cmd).await;
-                        if let Err(e) = &r {
-                            tracing::warn!(chunk = chunk_id, error = %e, "recording a repair or conversion failed");
-                        }
-                        inner
-                            .registry
-                            .lock()
-                            .repairs
-                            .committed(chunk_id, r.is_ok(), Instant::now());
-                    }
-                });
-                let _ = record.await;
-            }
-            let (cap_keys, repairs) = {
-                let a = self.inner.sm.lock();
-                let mut repairs = answer.repairs;
-                if let Some(s) = crate::caps::Signer::of(&a.state, now_ms()) {
-                    // A repair reads the source or the group's members; a rebuild or a
-                    // conversion writes the group's members.
-                    for t in &mut repairs {
-                        t.caps = vec![s.sign(t.chunk_id, t.version, cap::WRITE, 0)];
-                    }
-                }
-                (crate::caps::keys_pb(&a.state), repairs)
-            };
-            Ok(pb::HeartbeatReply {
-                send_full_report: answer.send_full_report,
-                delete_chunks: answer.delete,
-                masters,
-                cap_keys,
-                repairs,
-                repair_bytes_per_sec: answer.repair_bytes_per_sec,
-                background_bytes_per_sec: answer.background_bytes_per_sec,
-            })
-        }
-        .await)
-    }
-
-    async fn status(&self, _req: Request<pb::Empty>) -> Rpc<pb::StatusReply> {
+impl MetaService {
+    /// The `Status` answer (also what a membership change answers with).
+    async fn status_reply(&self) -> Rpc<pb::StatusReply> {
         ok(async {
             self.inner.leader_check()?;
             let m = self.inner.raft.metrics().borrow_watched().clone();
@@ -854,8 +611,360 @@ impl pb::meta_server::Meta for MetaService {
         }
         .await)
     }
+}
+
+#[tonic::async_trait]
+impl pb::meta_server::Meta for MetaService {
+    async fn mkdir(&self, req: Request<pb::MkdirRequest>) -> Rpc<pb::NodeReply> {
+        let who = self.inner.who(&req, "Mkdir")?;
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            let cmd = Command::Mkdir {
+                path: path.clone(),
+                parents: r.parents,
+                now_ms: now_ms(),
+                policy: r
+                    .policy
+                    .as_ref()
+                    .map(|p| convert::policy(Some(p)))
+                    .transpose()?,
+                mode: convert::mode(r.mode)?,
+            };
+            let reply = self.inner.write(as_user(&who, cmd)).await?;
+            let ino = reply.inode.ok_or_else(|| MetaError::internal("no inode"))?;
+            Ok(convert::node_reply(
+                &self.inner.sm.lock().state,
+                &path,
+                &ino,
+            ))
+        }
+        .await)
+    }
+
+    async fn create(&self, req: Request<pb::CreateRequest>) -> Rpc<pb::FileReply> {
+        let who = self.inner.who(&req, "Create")?;
+        ok(async {
+            let cmd = self.inner.create_command(req.into_inner())?;
+            let reply = self.inner.write(as_user(&who, cmd)).await?;
+            self.inner.file_reply(reply.inode)
+        }
+        .await)
+    }
+
+    async fn open_write(&self, req: Request<pb::OpenWriteRequest>) -> Rpc<pb::FileReply> {
+        let who = self.inner.who(&req, "OpenWrite")?;
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            let holder = convert::client_id(&r.client_id)?;
+            let count = convert::chunk_count(r.chunks)?;
+            self.inner.read_barrier().await?;
+            let policy = self.inner.policy_of(&path)?;
+            let (placements, groups) = self.inner.place(&policy, false, count, &BTreeSet::new())?;
+            let now = now_ms();
+            let cmd = Command::OpenWrite {
+                path,
+                now_ms: now,
+                lease: Lease {
+                    holder,
+                    expires_ms: self.inner.lease_until(now),
+                },
+                placements,
+                groups,
+            };
+            let reply = self.inner.write(as_user(&who, cmd)).await?;
+            self.inner.file_reply(reply.inode)
+        }
+        .await)
+    }
+
+    async fn stat(&self, req: Request<pb::PathRequest>) -> Rpc<pb::NodeReply> {
+        let who = self.inner.who(&req, "Stat")?;
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            self.inner.read_barrier().await?;
+            let (mut r, signer) = {
+                let a = self.inner.sm.lock();
+                let ino = a.state.lookup(&path)?;
+                // A file's stat hands out capabilities to read it: read permission; a
+                // directory's needs only the way to it.
+                let want = if ino.file().is_some() { perm::READ } else { 0 };
+                check_read(&a.state, &who, ino, want)?;
+                let signer = crate::caps::Signer::of(&a.state, now_ms());
+                (convert::node_reply(&a.state, &path, ino), signer)
+            };
+            if let (Some(s), Some(f)) = (signer, r.file.as_mut()) {
+                s.sign_file(f, cap::READ, 0);
+            }
+            Ok(r)
+        }
+        .await)
+    }
+
+    async fn object_read(&self, req: Request<pb::ObjectBytes>) -> Rpc<pb::ObjectBytes> {
+        let who = self.inner.who(&req, "ObjectRead")?;
+        let r = req.into_inner();
+        ok(async {
+            // The index holds users' secret keys: gateways (servers) and admins only.
+            who.require_admin("the object index (the S3 gateway's)")?;
+            let q: cairn_rpc::object::ObjectQuery = cairn_rpc::object::decode(&r.body)?;
+            self.inner.read_barrier().await?;
+            let result = self.inner.sm.lock().state.query_objects(&q);
+            Ok(pb::ObjectBytes {
+                body: cairn_rpc::object::encode(&result),
+            })
+        }
+        .await)
+    }
+
+    async fn list(&self, req: Request<pb::PathRequest>) -> Rpc<pb::ListReply> {
+        let who = self.inner.who(&req, "List")?;
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            self.inner.read_barrier().await?;
+            let a = self.inner.sm.lock();
+            let dir = a.state.lookup(&path)?;
+            let want = if dir.file().is_some() { 0 } else { perm::READ };
+            check_read(&a.state, &who, dir, want)?;
+            let entries = a
+                .state
+                .list(&path)?
+                .into_iter()
+                .map(convert::dir_entry)
+                .collect();
+            Ok(pb::ListReply { entries })
+        }
+        .await)
+    }
+
+    async fn rename(&self, req: Request<pb::RenameRequest>) -> Rpc<pb::Empty> {
+        let who = self.inner.who(&req, "Rename")?;
+        let r = req.into_inner();
+        ok(async {
+            let from = convert::path(&r.from)?;
+            let to = convert::path(&r.to)?;
+            let cmd = Command::Rename {
+                from,
+                to,
+                now_ms: now_ms(),
+            };
+            self.inner.write(as_user(&who, cmd)).await?;
+            Ok(pb::Empty {})
+        }
+        .await)
+    }
+
+    async fn delete(&self, req: Request<pb::PathRequest>) -> Rpc<pb::Empty> {
+        let who = self.inner.who(&req, "Delete")?;
+        ok(async {
+            let cmd = delete_command(&req.into_inner())?;
+            self.inner.write(as_user(&who, cmd)).await?;
+            Ok(pb::Empty {})
+        }
+        .await)
+    }
+
+    async fn set_attr(&self, req: Request<pb::SetAttrRequest>) -> Rpc<pb::NodeReply> {
+        let who = self.inner.who(&req, "SetAttr")?;
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            let cmd = Command::SetAttr {
+                path: path.clone(),
+                mode: convert::mode(r.mode)?,
+                owner: r.owner,
+            };
+            let reply = self.inner.write(as_user(&who, cmd)).await?;
+            let ino = reply.inode.ok_or_else(|| MetaError::internal("no inode"))?;
+            Ok(convert::node_reply(
+                &self.inner.sm.lock().state,
+                &path,
+                &ino,
+            ))
+        }
+        .await)
+    }
+
+    async fn allocate_chunks(&self, req: Request<pb::AllocateRequest>) -> Rpc<pb::FileReply> {
+        let who = self.inner.who(&req, "AllocateChunks")?;
+        let r = req.into_inner();
+        ok(async {
+            let path = convert::path(&r.path)?;
+            let holder = convert::client_id(&r.client_id)?;
+            let count = convert::chunk_count(r.chunks)?;
+            let exclude = convert::exclude(&r.exclude)?;
+            self.inner.read_barrier().await?;
+            let policy = self.inner.policy_of(&path)?;
+            let (placements, groups) = self.inner.place(&policy, r.tail, count, &exclude)?;
+            let cmd = Command::Allocate {
+                path,
+                holder,
+                now_ms: now_ms(),
+                placements,
+                groups,
+            };
+            let reply = self.inner.write(as_user(&who, cmd)).await?;
+            self.inner.file_reply(reply.inode)
+        }
+        .await)
+    }
+
+    async fn commit(&self, req: Request<pb::CommitRequest>) -> Rpc<pb::FileReply> {
+        let who = self.inner.who(&req, "Commit")?;
+        ok(async {
+            let cmd = self.inner.commit_command(&req.into_inner())?;
+            let reply = self.inner.write(as_user(&who, cmd)).await?;
+            self.inner.file_reply(reply.inode)
+        }
+        .await)
+    }
+
+    async fn batch(&self, req: Request<pb::BatchRequest>) -> Rpc<pb::BatchReply> {
+        let who = self.inner.who(&req, "Batch")?;
+        let r = req.into_inner();
+        ok(self.inner.batch(r.ops, &who).await)
+    }
+
+    async fn locate(&self, req: Request<pb::LocateRequest>) -> Rpc<pb::LocateReply> {
+        let who = self.inner.who(&req, "Locate")?;
+        let r = req.into_inner();
+        ok(async {
+            let ids = convert::locate(&r)?;
+            self.inner.read_barrier().await?;
+            let (mut chunks, servers, signer) = {
+                let a = self.inner.sm.lock();
+                let chunks: Vec<pb::ChunkMeta> =
+                    ids.iter()
+                        .map(|id| match a.state.chunk(*id) {
+                            // Read permission on the chunk's file, as for a stat of it.
+                            Some((ino, c)) => check_read(&a.state, &who, ino, perm::READ)
+                                .map(|()| convert::chunk(c)),
+                            None => Ok(pb::ChunkMeta::default()),
+                        })
+                        .collect::<Result<_, MetaError>>()?;
+                let servers = convert::server_addrs(&a.state, &chunks);
+                (chunks, servers, crate::caps::Signer::of(&a.state, now_ms()))
+            };
+            if let Some(s) = signer {
+                for c in chunks.iter_mut().filter(|c| c.id != 0) {
+                    c.cap = s.sign(c.id, c.version, cap::READ, 0);
+                }
+            }
+            Ok(pb::LocateReply { chunks, servers })
+        }
+        .await)
+    }
+
+    async fn register(&self, req: Request<pb::RegisterRequest>) -> Rpc<pb::RegisterReply> {
+        self.inner
+            .who(&req, "Register")?
+            .require_server("Register")?;
+        let r = req.into_inner();
+        ok(async {
+            let rec = convert::server_record(&r)?;
+            self.inner.read_barrier().await?;
+            let known = self.inner.sm.lock().state.servers().get(&rec.id).cloned();
+            let same = known
+                .is_some_and(|k| k.addr == rec.addr && k.host == rec.host && k.rack == rec.rack);
+            if !same {
+                self.inner.write(Command::Register { server: rec }).await?;
+            }
+            Ok(pb::RegisterReply {})
+        }
+        .await)
+    }
+
+    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Rpc<pb::HeartbeatReply> {
+        self.inner
+            .who(&req, "Heartbeat")?
+            .require_server("Heartbeat")?;
+        let r = req.into_inner();
+        ok(async {
+            let hb = convert::heartbeat(&r)?;
+            self.inner.leader_check()?;
+            let (answer, masters) = {
+                let a = self.inner.sm.lock();
+                if !a.state.servers().contains_key(&hb.server_id) {
+                    return Err(MetaError::not_found(format!(
+                        "chunkserver {} (register first)",
+                        hb.server_id
+                    )));
+                }
+                let answer = self
+                    .inner
+                    .registry
+                    .lock()
+                    .heartbeat(hb, &a.state, Instant::now());
+                let masters: Vec<String> = a
+                    .membership
+                    .membership()
+                    .nodes()
+                    .map(|(_, n)| n.addr.clone())
+                    .collect();
+                (answer, masters)
+            };
+            // Finished repairs become locations (through Raft) before the task is forgotten,
+            // so the new copy is never taken for an orphan. In a task of its own: a heartbeat
+            // call dropped half way must not leave a repair waiting for its record forever.
+            if !answer.finished.is_empty() {
+                let inner = self.inner.clone();
+                let record = tokio::spawn(async move {
+                    for cmd in answer.finished {
+                        let chunk_id = match cmd {
+                            Command::Repaired { chunk_id, .. } => chunk_id,
+                            Command::ConvertEnd { group_id, .. } => group_id,
+                            _ => continue,
+                        };
+                        let r = inner.write(cmd).await;
+                        if let Err(e) = &r {
+                            tracing::warn!(chunk = chunk_id, error = %e, "recording a repair or conversion failed");
+                        }
+                        inner
+                            .registry
+                            .lock()
+                            .repairs
+                            .committed(chunk_id, r.is_ok(), Instant::now());
+                    }
+                });
+                let _ = record.await;
+            }
+            let (cap_keys, repairs) = {
+                let a = self.inner.sm.lock();
+                let mut repairs = answer.repairs;
+                if let Some(s) = crate::caps::Signer::of(&a.state, now_ms()) {
+                    // A repair reads the source or the group's members; a rebuild or a
+                    // conversion writes the group's members.
+                    for t in &mut repairs {
+                        t.caps = vec![s.sign(t.chunk_id, t.version, cap::WRITE, 0)];
+                    }
+                }
+                (crate::caps::keys_pb(&a.state), repairs)
+            };
+            Ok(pb::HeartbeatReply {
+                send_full_report: answer.send_full_report,
+                delete_chunks: answer.delete,
+                masters,
+                cap_keys,
+                repairs,
+                repair_bytes_per_sec: answer.repair_bytes_per_sec,
+                background_bytes_per_sec: answer.background_bytes_per_sec,
+            })
+        }
+        .await)
+    }
+
+    async fn status(&self, req: Request<pb::Empty>) -> Rpc<pb::StatusReply> {
+        self.inner.who(&req, "Status")?;
+        self.status_reply().await
+    }
 
     async fn change_membership(&self, req: Request<pb::MembershipRequest>) -> Rpc<pb::StatusReply> {
+        self.inner
+            .who(&req, "ChangeMembership")?
+            .require_admin("changing the masters")?;
         let r = req.into_inner();
         let res: Result<(), MetaError> = async {
             if r.masters.is_empty() {
@@ -900,10 +1009,13 @@ impl pb::meta_server::Meta for MetaService {
         if let Err(e) = res {
             return Err(e.into());
         }
-        self.status(Request::new(pb::Empty {})).await
+        self.status_reply().await
     }
 
     async fn set_server_state(&self, req: Request<pb::ServerStateRequest>) -> Rpc<pb::Empty> {
+        self.inner
+            .who(&req, "SetServerState")?
+            .require_admin("draining a chunkserver")?;
         let r = req.into_inner();
         ok(async {
             let draining = match r.state.as_str() {
@@ -927,6 +1039,7 @@ impl pb::meta_server::Meta for MetaService {
     }
 
     async fn report(&self, req: Request<pb::ClientReport>) -> Rpc<pb::Empty> {
+        self.inner.who(&req, "Report")?;
         let r = req.into_inner();
         ok(async {
             self.inner.leader_check()?;
@@ -949,7 +1062,10 @@ impl pb::meta_server::Meta for MetaService {
         .await)
     }
 
-    async fn rotate_key(&self, _req: Request<pb::Empty>) -> Rpc<pb::RotateKeyReply> {
+    async fn rotate_key(&self, req: Request<pb::Empty>) -> Rpc<pb::RotateKeyReply> {
+        self.inner
+            .who(&req, "RotateKey")?
+            .require_admin("rotating the capability key")?;
         ok(async {
             self.inner.read_barrier().await?;
             let before: Vec<u32> = {
@@ -1003,6 +1119,9 @@ impl pb::meta_server::Meta for MetaService {
     }
 
     async fn set_config(&self, req: Request<pb::ConfigRequest>) -> Rpc<pb::Empty> {
+        self.inner
+            .who(&req, "SetConfig")?
+            .require_admin("changing cluster settings")?;
         let r = req.into_inner();
         ok(async {
             self.inner.read_barrier().await?;

@@ -14,7 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 mod objects;
+pub mod perm;
 pub use objects::{ObjectIndex, PackUse};
+pub use perm::Actor;
 
 pub type ServerId = u64;
 pub type ChunkId = u64;
@@ -318,6 +320,12 @@ pub struct Inode {
     pub ctime_ms: u64,
     pub mtime_ms: u64,
     pub kind: Kind,
+    /// The owning user; empty: the cluster itself (perm.rs).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
+    /// Permission bits (perm.rs); inodes from before owners existed get 0o755.
+    #[serde(default = "perm::default_mode")]
+    pub mode: u16,
 }
 
 impl Inode {
@@ -355,6 +363,9 @@ pub enum Command {
         /// The default policy of files created below the new directory.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         policy: Option<Policy>,
+        /// Permission bits of the new directory (default 0o755).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u16>,
     },
     Create {
         path: String,
@@ -367,6 +378,9 @@ pub enum Command {
         /// The placements are chunk groups of the file's EC policy.
         #[serde(default)]
         groups: bool,
+        /// Permission bits of the new file (default 0o644).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u16>,
     },
     OpenWrite {
         path: String,
@@ -410,6 +424,18 @@ pub enum Command {
     },
     Delete {
         path: String,
+    },
+    /// Changes the permission bits and/or the owner of a file or directory.
+    SetAttr {
+        path: String,
+        mode: Option<u16>,
+        owner: Option<String>,
+    },
+    /// `cmd` on behalf of a user: checked against owners and permission bits (perm.rs), and
+    /// what it creates is theirs.
+    As {
+        actor: Actor,
+        cmd: Box<Command>,
     },
     Register {
         server: ServerRecord,
@@ -485,6 +511,10 @@ impl fmt::Display for Command {
             Command::Commit { path, .. } => write!(f, "commit {path}"),
             Command::Rename { from, to, .. } => write!(f, "rename {from} {to}"),
             Command::Delete { path } => write!(f, "delete {path}"),
+            Command::SetAttr { path, mode, owner } => {
+                write!(f, "set-attr {path} mode={mode:?} owner={owner:?}")
+            }
+            Command::As { actor, cmd } => write!(f, "{cmd} as {}", actor.user),
             Command::Register { server } => write!(f, "register {} {}", server.id, server.addr),
             Command::SetDraining {
                 server_id,
@@ -572,6 +602,9 @@ pub struct State {
     /// chunk → owning file; rebuilt likewise.
     #[serde(skip)]
     chunk_owner: HashMap<ChunkId, InodeId>,
+    /// While a [`Command::As`] applies: the user who owns what it creates.
+    #[serde(skip)]
+    acting: Option<String>,
 }
 
 impl Default for State {
@@ -586,6 +619,8 @@ impl Default for State {
                 ctime_ms: 0,
                 mtime_ms: 0,
                 kind: Kind::Dir,
+                owner: String::new(),
+                mode: perm::DEFAULT_DIR_MODE,
             },
         );
         Self {
@@ -600,6 +635,7 @@ impl Default for State {
             cap_keys: Vec::new(),
             dentries: BTreeMap::new(),
             chunk_owner: HashMap::new(),
+            acting: None,
         }
     }
 }
@@ -794,7 +830,7 @@ impl State {
             }
             cur = match self.dentries.get(&(cur, (*name).to_owned())) {
                 Some(&id) => id,
-                None if parents => self.insert(cur, name, now_ms, Kind::Dir),
+                None if parents => self.insert(cur, name, now_ms, Kind::Dir, None),
                 None => return Err(MetaError::not_found(format!("{path}: parent"))),
             };
         }
@@ -813,7 +849,18 @@ impl State {
         Ok((cur, (*last).to_owned()))
     }
 
-    fn insert(&mut self, parent: InodeId, name: &str, now_ms: u64, kind: Kind) -> InodeId {
+    fn insert(
+        &mut self,
+        parent: InodeId,
+        name: &str,
+        now_ms: u64,
+        kind: Kind,
+        mode: Option<u16>,
+    ) -> InodeId {
+        let mode = mode.unwrap_or(match kind {
+            Kind::Dir => perm::DEFAULT_DIR_MODE,
+            Kind::File(_) => perm::DEFAULT_FILE_MODE,
+        });
         let id = self.next_inode;
         self.next_inode += 1;
         if let Kind::File(f) = &kind {
@@ -830,6 +877,8 @@ impl State {
                 ctime_ms: now_ms,
                 mtime_ms: now_ms,
                 kind,
+                owner: self.acting.clone().unwrap_or_default(),
+                mode,
             },
         );
         self.dentries.insert((parent, name.to_owned()), id);
@@ -1028,7 +1077,9 @@ impl State {
                 parents,
                 now_ms,
                 policy,
+                mode,
             } => {
+                perm::check_mode(*mode)?;
                 if let Some(p) = policy {
                     p.check()?;
                 }
@@ -1047,7 +1098,7 @@ impl State {
                     }
                     r => r?,
                 };
-                let id = self.insert(parent, &name, *now_ms, Kind::Dir);
+                let id = self.insert(parent, &name, *now_ms, Kind::Dir, *mode);
                 if let Some(p) = policy {
                     self.dir_policies.insert(id, *p);
                 }
@@ -1061,8 +1112,10 @@ impl State {
                 lease,
                 placements,
                 groups,
+                mode,
             } => {
                 policy.check()?;
+                perm::check_mode(*mode)?;
                 let group = Self::group_of(policy, placements, *groups)?;
                 let (parent, name) = self.parent_for_new(path, *parents, *now_ms)?;
                 let chunks = self.new_chunks(placements, group);
@@ -1077,6 +1130,7 @@ impl State {
                         lease: lease.clone(),
                         writer_epoch: u32::from(lease.is_some()),
                     }),
+                    *mode,
                 );
                 self.reply(id)
             }
@@ -1282,6 +1336,32 @@ impl State {
                     ..Reply::default()
                 })
             }
+            Command::SetAttr { path, mode, owner } => {
+                perm::check_mode(*mode)?;
+                let id = self.lookup(path)?.id;
+                let ino = self.inodes.get_mut(&id).expect("looked up");
+                if let Some(m) = mode {
+                    ino.mode = *m;
+                }
+                if let Some(o) = owner {
+                    ino.owner.clone_from(o);
+                }
+                self.reply(id)
+            }
+            Command::As { actor, cmd } => {
+                if matches!(**cmd, Command::As { .. }) {
+                    return Err(MetaError::invalid(
+                        "a command on behalf of a user inside another",
+                    ));
+                }
+                if !actor.admin {
+                    self.authorize(actor, cmd)?;
+                }
+                self.acting = Some(actor.user.clone());
+                let r = self.apply(cmd);
+                self.acting = None;
+                r
+            }
             Command::Register { server } => {
                 let draining = self.servers.get(&server.id).is_some_and(|s| s.draining);
                 let mut s = server.clone();
@@ -1421,6 +1501,7 @@ mod tests {
     fn create_cmd(path: &str, holder: Option<&str>, chunks: usize) -> Command {
         Command::Create {
             path: path.into(),
+            mode: None,
             policy: Policy {
                 replicas: 3,
                 compression: false,
@@ -1461,6 +1542,7 @@ mod tests {
         };
         let create = |placements: Vec<Vec<ServerId>>, groups| Command::Create {
             path: "/e".into(),
+            mode: None,
             policy: ec,
             parents: false,
             now_ms: 1000,
@@ -1582,6 +1664,7 @@ mod tests {
         };
         s.apply(&Command::Create {
             path: "/t".into(),
+            mode: None,
             policy,
             parents: false,
             now_ms: 1,
@@ -1679,6 +1762,7 @@ mod tests {
         );
         s.apply(&Command::Mkdir {
             path: "/a/b".into(),
+            mode: None,
             parents: true,
             now_ms: 1,
             policy: None,

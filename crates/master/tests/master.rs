@@ -54,6 +54,7 @@ async fn namespace_over_grpc_survives_restart() {
             path: "/logs/app".into(),
             parents: true,
             policy: None,
+            mode: None,
         })
         .await
     })
@@ -68,6 +69,7 @@ async fn namespace_over_grpc_survives_restart() {
                 client_id: String::new(),
                 chunks: 0,
                 parents: false,
+                mode: None,
             })
             .await
         })
@@ -96,6 +98,7 @@ async fn namespace_over_grpc_survives_restart() {
                 client_id: "w".into(),
                 chunks: 1,
                 parents: false,
+                mode: None,
             })
             .await
         })
@@ -115,20 +118,28 @@ async fn namespace_over_grpc_survives_restart() {
         })
         .await
         .unwrap();
-        let r = c
-            .call(|mut c| async move {
-                c.heartbeat(pb::HeartbeatRequest {
-                    server_id: id,
-                    capacity_bytes: 1 << 30,
-                    healthy: true,
-                    full_report: true,
-                    ..Default::default()
+        // Until the answer carries the capability keys (the leader makes the first within a
+        // second): a server without them takes no new chunks.
+        loop {
+            let r = c
+                .call(|mut c| async move {
+                    c.heartbeat(pb::HeartbeatRequest {
+                        server_id: id,
+                        capacity_bytes: 1 << 30,
+                        healthy: true,
+                        full_report: true,
+                        ..Default::default()
+                    })
+                    .await
                 })
                 .await
-            })
-            .await
-            .unwrap();
-        assert!(!r.send_full_report);
+                .unwrap();
+            assert!(!r.send_full_report);
+            if !r.cap_keys.is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
     }
     let f = c
         .call(|mut c| async move {
@@ -138,6 +149,7 @@ async fn namespace_over_grpc_survives_restart() {
                 client_id: "w".into(),
                 chunks: 2,
                 parents: false,
+                mode: None,
             })
             .await
         })
@@ -195,6 +207,7 @@ async fn concurrent_callers_share_batches() {
                     path: top,
                     parents: false,
                     policy: None,
+                    mode: None,
                 })
                 .await
             }
@@ -207,6 +220,7 @@ async fn concurrent_callers_share_batches() {
             client_id: String::new(),
             chunks: 0,
             parents: false,
+            mode: None,
         };
         // 64 distinct files, 8 creates of one path, 4 under a missing directory.
         let mut tasks = Vec::new();

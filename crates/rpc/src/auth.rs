@@ -1,15 +1,17 @@
-//! Servers prove they hold the cluster secret (docs/security.md).
+//! Every control-plane call proves who sends it (docs/security.md).
 //!
-//! Masters and chunkservers share a 32-byte secret (`cairn up` makes one, kept in
-//! `cluster.secret`, mode 0600). A server's call to a master — a chunkserver's register and
-//! heartbeats, a master's Raft messages — carries gRPC metadata [`AUTH_METADATA`] =
-//! `WHO.TIME_MS.MAC`: who it is, when it sent the call, and HMAC-SHA256 under the secret of
-//! the call's name, who and when. A master that has a secret refuses such a call without a
-//! valid proof, or one sent more than [`MAX_SKEW_MS`] from its own clock, with
-//! `Unauthenticated`. The secret itself never crosses the network.
+//! Servers — chunkservers, gateways, masters to each other — hold the cluster's 32-byte
+//! secret (`cairn up` makes one, kept in `cluster.secret`, mode 0600); users hold an access key
+//! and a secret key (the same keys the S3 gateway checks), kept by the masters. Each call
+//! carries gRPC metadata — [`AUTH_METADATA`] for servers, [`USER_AUTH_METADATA`] for users —
+//! `WHO.TIME_MS.NONCE.MAC`: who it is, when it sent the call, a random nonce, and
+//! HMAC-SHA256 under the secret of the call's name, who, when and the nonce. A master with a
+//! secret refuses a call without a valid proof, one sent more than [`MAX_SKEW_MS`] from its own
+//! clock, or one it accepted before (a replay), with `Unauthenticated`. Secrets never cross the
+//! network.
 //!
-//! What it does not do (yet): hide the traffic (TLS), or stop a replay of a captured call
-//! within the skew window — a replayed heartbeat or Raft message repeats what the server said.
+//! What it does not do: hide the traffic or bind the call's body to the proof — an attacker
+//! who can change packets in flight can change a call; TLS is the answer to that.
 
 use crate::{ErrorKind, MetaError};
 use hmac::{Hmac, KeyInit, Mac};
@@ -18,8 +20,10 @@ use std::path::Path;
 
 /// The metadata key of a server's proof.
 pub const AUTH_METADATA: &str = "cairn-server-auth";
+/// The metadata key of a user's proof.
+pub const USER_AUTH_METADATA: &str = "cairn-user-auth";
 /// How far a proof's time may be from the checking master's clock.
-pub const MAX_SKEW_MS: u64 = 300_000;
+pub const MAX_SKEW_MS: u64 = 120_000;
 /// Bytes of a cluster secret.
 pub const SECRET_BYTES: usize = 32;
 
@@ -44,6 +48,8 @@ pub enum SecretError {
     },
     #[error("{path}: a cluster secret is {} hex digits on one line", SECRET_BYTES * 2)]
     Format { path: String },
+    #[error("{path}: a credentials file has the lines access_key = \"…\" and secret_key = \"…\"")]
+    Credentials { path: String },
 }
 
 fn hex(b: &[u8]) -> String {
@@ -101,112 +107,411 @@ impl ClusterSecret {
     /// # Errors
     /// The file exists or cannot be written.
     pub fn write_new(&self, path: &Path) -> Result<(), SecretError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let io = |source| SecretError::Io {
-            path: path.display().to_string(),
-            source,
-        };
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(io)?;
-        f.write_all(format!("{}\n", hex(&self.0)).as_bytes())
-            .map_err(io)?;
-        f.sync_all().map_err(io)
+        write_private(path, format!("{}\n", hex(&self.0)).as_bytes())
     }
 
-    fn mac(&self, method: &str, who: &str, at_ms: u64) -> Hmac<Sha256> {
-        let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0)
-            .expect("HMAC takes keys of any length");
-        m.update(format!("cairn-server-auth v1\n{method}\n{who}\n{at_ms}").as_bytes());
-        m
+    fn key(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// The MAC of a call's proof: HMAC-SHA256 under `key` of the proof's kind, the call's name,
+/// who sends it, when and its nonce.
+fn mac(key: &[u8], kind: &str, method: &str, who: &str, at_ms: u64, nonce: u64) -> Hmac<Sha256> {
+    let mut m =
+        <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes keys of any length");
+    m.update(format!("cairn-auth v2\n{kind}\n{method}\n{who}\n{at_ms}\n{nonce:016x}").as_bytes());
+    m
+}
+
+/// A proof: `WHO.TIME_MS.NONCE.MAC`, NONCE 16 and MAC 64 hex digits.
+fn proof(key: &[u8], kind: &str, method: &str, who: &str, at_ms: u64, nonce: u64) -> String {
+    let tag = mac(key, kind, method, who, at_ms, nonce)
+        .finalize()
+        .into_bytes();
+    format!("{who}.{at_ms}.{nonce:016x}.{}", hex(&tag))
+}
+
+/// A proof taken apart (not yet checked).
+struct Proof<'a> {
+    who: &'a str,
+    at_ms: u64,
+    nonce: u64,
+    tag: Vec<u8>,
+}
+
+impl<'a> Proof<'a> {
+    fn parse(v: &'a str) -> Option<Self> {
+        let mut parts = v.rsplitn(4, '.');
+        let tag = unhex(parts.next()?)?;
+        let nonce = parts.next()?;
+        let at_ms = parts.next()?.parse().ok()?;
+        let who = parts.next()?;
+        if nonce.len() != 16 || tag.len() != 32 || who.is_empty() {
+            return None;
+        }
+        Some(Self {
+            who,
+            at_ms,
+            nonce: u64::from_str_radix(nonce, 16).ok()?,
+            tag,
+        })
     }
 
-    /// The proof for a call of `method` by `who` at `at_ms`.
-    pub fn proof(&self, method: &str, who: &str, at_ms: u64) -> String {
-        let tag = self.mac(method, who, at_ms).finalize().into_bytes();
-        format!("{who}.{at_ms}.{}", hex(&tag))
+    fn verify(&self, key: &[u8], kind: &str, method: &str) -> bool {
+        mac(key, kind, method, self.who, self.at_ms, self.nonce)
+            .verify_slice(&self.tag)
+            .is_ok()
+    }
+}
+
+/// What a client proves itself with on every control-plane call.
+#[derive(Clone)]
+pub enum Credential {
+    /// A server (chunkserver, gateway, master, an operator on a server machine): the cluster
+    /// secret. Masters let servers do anything.
+    Server { secret: ClusterSecret, who: String },
+    /// A user's access key and secret key (the same keys the S3 gateway checks).
+    User {
+        access_key: String,
+        secret_key: String,
+    },
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Server { who, .. } => write!(f, "Credential::Server({who})"),
+            Self::User { access_key, .. } => write!(f, "Credential::User({access_key})"),
+        }
+    }
+}
+
+impl Credential {
+    /// The metadata entry proving this credential for a call of `method` now.
+    pub fn header(&self, method: &str) -> (&'static str, String) {
+        let nonce = rand::random::<u64>();
+        match self {
+            Self::Server { secret, who } => (
+                AUTH_METADATA,
+                proof(secret.key(), "server", method, who, now_ms(), nonce),
+            ),
+            Self::User {
+                access_key,
+                secret_key,
+            } => (
+                USER_AUTH_METADATA,
+                proof(
+                    secret_key.as_bytes(),
+                    "user",
+                    method,
+                    access_key,
+                    now_ms(),
+                    nonce,
+                ),
+            ),
+        }
     }
 
-    /// `req` with the proof for a call of `method` by `who`, now.
-    pub fn sign<T>(&self, req: T, method: &str, who: &str) -> tonic::Request<T> {
+    /// `req` with this credential's proof for `method`.
+    pub fn sign<T>(&self, req: T, method: &str) -> tonic::Request<T> {
         let mut r = tonic::Request::new(req);
-        let proof = self.proof(method, who, now_ms());
-        r.metadata_mut().insert(
-            AUTH_METADATA,
-            proof.parse().expect("a proof is ASCII without spaces"),
-        );
+        let (k, v) = self.header(method);
+        r.metadata_mut()
+            .insert(k, v.parse().expect("a proof is ASCII without spaces"));
         r
     }
 
-    /// Checks the proof of a call of `method` in `meta`: returns who sent it.
+    /// Reads a credentials file: lines `access_key = "…"` and `secret_key = "…"`, or an aws
+    /// CLI credentials file's `aws_access_key_id = …` and `aws_secret_access_key = …` (its
+    /// first profile).
     ///
     /// # Errors
-    /// `Unauthenticated`: no proof, a malformed one, a wrong MAC (constant-time compare), or a
-    /// time more than [`MAX_SKEW_MS`] from `now_ms`.
+    /// The file cannot be read or lacks either key.
+    pub fn read(path: &Path) -> Result<Self, SecretError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SecretError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let field = |names: [&str; 2]| {
+            text.lines().find_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                names
+                    .contains(&k.trim())
+                    .then(|| v.trim().trim_matches('"').to_owned())
+            })
+        };
+        match (
+            field(["access_key", "aws_access_key_id"]),
+            field(["secret_key", "aws_secret_access_key"]),
+        ) {
+            (Some(access_key), Some(secret_key))
+                if !access_key.is_empty() && !secret_key.is_empty() =>
+            {
+                Ok(Self::User {
+                    access_key,
+                    secret_key,
+                })
+            }
+            _ => Err(SecretError::Credentials {
+                path: path.display().to_string(),
+            }),
+        }
+    }
+
+    /// Writes a user's credentials file, readable by its owner only; never overwrites.
+    ///
+    /// # Errors
+    /// The file exists or cannot be written.
+    pub fn write_new(
+        path: &Path,
+        user: &str,
+        access_key: &str,
+        secret_key: &str,
+    ) -> Result<(), SecretError> {
+        let body = format!(
+            "# Cairn credentials of user {user:?}: keep this file private.\n\
+             user = \"{user}\"\naccess_key = \"{access_key}\"\nsecret_key = \"{secret_key}\"\n"
+        );
+        write_private(path, body.as_bytes())
+    }
+}
+
+fn write_private(path: &Path, body: &[u8]) -> Result<(), SecretError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |source| SecretError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io)?;
+    f.write_all(body).map_err(io)?;
+    f.sync_all().map_err(io)
+}
+
+/// A channel that signs every call with a credential (the call's name is the last part of
+/// its gRPC path, e.g. `Stat`).
+#[derive(Clone)]
+pub struct Signed {
+    inner: tonic::transport::Channel,
+    cred: Option<std::sync::Arc<Credential>>,
+}
+
+impl Signed {
+    pub fn new(inner: tonic::transport::Channel, cred: Option<std::sync::Arc<Credential>>) -> Self {
+        Self { inner, cred }
+    }
+}
+
+type HttpRequest = http::Request<tonic::body::Body>;
+
+impl tower_service::Service<HttpRequest> for Signed {
+    type Response = <tonic::transport::Channel as tower_service::Service<HttpRequest>>::Response;
+    type Error = <tonic::transport::Channel as tower_service::Service<HttpRequest>>::Error;
+    type Future = <tonic::transport::Channel as tower_service::Service<HttpRequest>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: HttpRequest) -> Self::Future {
+        if let Some(c) = &self.cred {
+            let method = req.uri().path().rsplit('/').next().unwrap_or_default();
+            let (k, v) = c.header(method);
+            if let Ok(v) = http::HeaderValue::from_str(&v) {
+                req.headers_mut().insert(k, v);
+            }
+        }
+        self.inner.call(req)
+    }
+}
+
+/// Who a checked call came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// A holder of the cluster secret, by the name it gave.
+    Server(String),
+    /// A user of the cluster.
+    User { name: String, admin: bool },
+    /// Anyone: the master runs without a cluster secret (`--insecure`).
+    Open,
+}
+
+impl Principal {
+    /// Servers, admins and everyone on an open cluster pass every permission check.
+    pub fn is_superuser(&self) -> bool {
+        match self {
+            Self::Server(_) | Self::Open => true,
+            Self::User { admin, .. } => *admin,
+        }
+    }
+
+    /// The user's name; `None` for servers and open clusters.
+    pub fn user(&self) -> Option<&str> {
+        match self {
+            Self::User { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+
+    /// Refuses anyone but servers and admins.
+    ///
+    /// # Errors
+    /// `PermissionDenied` for other users.
+    pub fn require_admin(&self, what: &str) -> Result<(), MetaError> {
+        if self.is_superuser() {
+            return Ok(());
+        }
+        Err(MetaError::new(
+            ErrorKind::PermissionDenied,
+            format!("{what} needs an admin user"),
+        ))
+    }
+
+    /// Refuses anyone but servers.
+    ///
+    /// # Errors
+    /// `PermissionDenied` for users (an open cluster lets anyone through).
+    pub fn require_server(&self, what: &str) -> Result<(), MetaError> {
+        match self {
+            Self::Server(_) | Self::Open => Ok(()),
+            Self::User { .. } => Err(MetaError::new(
+                ErrorKind::PermissionDenied,
+                format!("{what} is for servers (holders of the cluster secret)"),
+            )),
+        }
+    }
+}
+
+/// A user as the masters know it, for checking a user's proof.
+pub struct UserKey {
+    pub name: String,
+    pub secret_key: String,
+    pub admin: bool,
+}
+
+/// Checks proofs: the cluster secret for servers, users' keys for users, and that no proof
+/// is accepted twice by this master (a replay of a captured call within the skew window).
+pub struct Verifier {
+    secret: Option<ClusterSecret>,
+    seen: parking_lot::Mutex<Replay>,
+}
+
+/// MAC prefixes of proofs accepted in the last two windows of [`MAX_SKEW_MS`] (any proof older
+/// than that is refused by its time, so forgetting older ones is safe).
+#[derive(Default)]
+struct Replay {
+    current: std::collections::HashSet<[u8; 16]>,
+    previous: std::collections::HashSet<[u8; 16]>,
+    since_ms: u64,
+}
+
+impl Replay {
+    /// Whether `tag` is new (and remembers it).
+    fn first_use(&mut self, tag: &[u8], now_ms: u64) -> bool {
+        if now_ms.saturating_sub(self.since_ms) > 2 * MAX_SKEW_MS {
+            self.previous = std::mem::take(&mut self.current);
+            self.since_ms = now_ms;
+        }
+        let mut k = [0u8; 16];
+        k.copy_from_slice(&tag[..16]);
+        !self.previous.contains(&k) && self.current.insert(k)
+    }
+}
+
+impl Verifier {
+    /// Without a secret every call is let through as [`Principal::Open`].
+    pub fn new(secret: Option<ClusterSecret>) -> Self {
+        Self {
+            secret,
+            seen: parking_lot::Mutex::new(Replay::default()),
+        }
+    }
+
+    pub fn secret(&self) -> Option<&ClusterSecret> {
+        self.secret.as_ref()
+    }
+
+    /// Who sent a call of `method` with `meta`; `user` finds a user by access key.
+    ///
+    /// # Errors
+    /// `Unauthenticated`: no proof, a malformed or wrong one, an unknown access key, a time
+    /// more than [`MAX_SKEW_MS`] from `now_ms`, or a proof seen before.
     pub fn check(
         &self,
         meta: &tonic::metadata::MetadataMap,
         method: &str,
         now_ms: u64,
-    ) -> Result<String, MetaError> {
-        let refuse = |why: &str| {
-            MetaError::new(
-                ErrorKind::Unauthenticated,
-                format!("{method}: {why} (a server needs the cluster secret)"),
+        user: impl FnOnce(&str) -> Option<UserKey>,
+    ) -> Result<Principal, MetaError> {
+        let Some(secret) = &self.secret else {
+            return Ok(Principal::Open);
+        };
+        let refuse =
+            |why: &str| MetaError::new(ErrorKind::Unauthenticated, format!("{method}: {why}"));
+        let get = |k: &str| -> Result<Option<&str>, MetaError> {
+            meta.get(k)
+                .map(|v| v.to_str().map_err(|_| refuse("a malformed proof")))
+                .transpose()
+        };
+        let (principal, p) = if let Some(v) = get(AUTH_METADATA)? {
+            let p = Proof::parse(v).ok_or_else(|| refuse("a malformed proof"))?;
+            if !p.verify(secret.key(), "server", method) {
+                return Err(refuse(
+                    "a wrong proof of the cluster secret: another cluster's secret, or none",
+                ));
+            }
+            (Principal::Server(p.who.to_owned()), p)
+        } else if let Some(v) = get(USER_AUTH_METADATA)? {
+            let p = Proof::parse(v).ok_or_else(|| refuse("a malformed proof"))?;
+            let u = user(p.who).ok_or_else(|| refuse("an unknown access key"))?;
+            if !p.verify(u.secret_key.as_bytes(), "user", method) {
+                return Err(refuse("a wrong signature: check the secret key"));
+            }
+            (
+                Principal::User {
+                    name: u.name,
+                    admin: u.admin,
+                },
+                p,
             )
+        } else {
+            return Err(refuse(
+                "no credentials: pass --credentials FILE (or CAIRN_CREDENTIALS), as `cairn up` and `cairn user create` write them",
+            ));
         };
-        let v = meta
-            .get(AUTH_METADATA)
-            .ok_or_else(|| refuse("no proof of the cluster secret"))?
-            .to_str()
-            .map_err(|_| refuse("a malformed proof"))?;
-        let mut parts = v.rsplitn(3, '.');
-        let (Some(tag), Some(at), Some(who)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(refuse("a malformed proof"));
-        };
-        let at: u64 = at.parse().map_err(|_| refuse("a malformed proof"))?;
-        let tag = unhex(tag).ok_or_else(|| refuse("a malformed proof"))?;
-        self.mac(method, who, at)
-            .verify_slice(&tag)
-            .map_err(|_| refuse("a wrong proof: another cluster's secret, or none"))?;
-        if at.abs_diff(now_ms) > MAX_SKEW_MS {
+        if p.at_ms.abs_diff(now_ms) > MAX_SKEW_MS {
             return Err(refuse(&format!(
                 "a proof {} s away from this master's clock",
-                at.abs_diff(now_ms) / 1000
+                p.at_ms.abs_diff(now_ms) / 1000
             )));
         }
-        Ok(who.to_owned())
+        if !self.seen.lock().first_use(&p.tag, now_ms) {
+            return Err(refuse("a replayed call (this proof was used before)"));
+        }
+        Ok(principal)
     }
-}
 
-/// [`ClusterSecret::check`] when the master has a secret; anything goes without one.
-///
-/// # Errors
-/// As [`ClusterSecret::check`].
-pub fn check_if<T>(
-    secret: Option<&ClusterSecret>,
-    req: &tonic::Request<T>,
-    method: &str,
-) -> Result<Option<String>, MetaError> {
-    secret
-        .map(|s| s.check(req.metadata(), method, now_ms()))
-        .transpose()
-}
-
-/// `req` signed when there is a secret, else plain.
-pub fn sign_if<T>(
-    secret: Option<&ClusterSecret>,
-    req: T,
-    method: &str,
-    who: &str,
-) -> tonic::Request<T> {
-    match secret {
-        Some(s) => s.sign(req, method, who),
-        None => tonic::Request::new(req),
+    /// [`Verifier::check`] for calls only servers make (no users).
+    ///
+    /// # Errors
+    /// As [`Verifier::check`]; a user's proof is `PermissionDenied`.
+    pub fn check_server<T>(
+        &self,
+        req: &tonic::Request<T>,
+        method: &str,
+    ) -> Result<Principal, MetaError> {
+        let p = self.check(req.metadata(), method, now_ms(), |_| None)?;
+        p.require_server(method)?;
+        Ok(p)
     }
 }
 
@@ -214,52 +519,208 @@ pub fn sign_if<T>(
 mod tests {
     use super::*;
 
+    fn server(s: &ClusterSecret) -> Credential {
+        Credential::Server {
+            secret: s.clone(),
+            who: "chunkserver-7".into(),
+        }
+    }
+
+    fn alice() -> Credential {
+        Credential::User {
+            access_key: "CKALICE".into(),
+            secret_key: "alice-secret".into(),
+        }
+    }
+
+    fn users(k: &str) -> Option<UserKey> {
+        (k == "CKALICE").then(|| UserKey {
+            name: "alice".into(),
+            secret_key: "alice-secret".into(),
+            admin: false,
+        })
+    }
+
     #[test]
     fn proofs_check_only_under_the_same_secret_call_and_time() {
         let s = ClusterSecret::generate();
-        let r = s.sign((), "heartbeat", "chunkserver-7");
+        let v = Verifier::new(Some(s.clone()));
+        let check = |v: &Verifier, r: &tonic::Request<()>, m: &str, at: u64| {
+            v.check(r.metadata(), m, at, users)
+        };
+        let kind = |r: Result<Principal, MetaError>| r.unwrap_err().kind;
+        let r = server(&s).sign((), "Heartbeat");
         assert_eq!(
-            s.check(r.metadata(), "heartbeat", now_ms()).unwrap(),
-            "chunkserver-7"
+            check(&v, &r, "Heartbeat", now_ms()).unwrap(),
+            Principal::Server("chunkserver-7".into())
         );
-        let kind = |r: Result<String, MetaError>| r.unwrap_err().kind;
+        // Once only: the same proof again is a replay.
+        let e = check(&v, &r, "Heartbeat", now_ms()).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unauthenticated);
+        assert!(e.message.contains("replayed"), "{e}");
         // Another secret, another call, too far in time, none, garbage.
-        let other = ClusterSecret::generate();
+        let other = Verifier::new(Some(ClusterSecret::generate()));
+        let r = server(&s).sign((), "Heartbeat");
         assert_eq!(
-            kind(other.check(r.metadata(), "heartbeat", now_ms())),
+            kind(check(&other, &r, "Heartbeat", now_ms())),
             ErrorKind::Unauthenticated
         );
         assert_eq!(
-            kind(s.check(r.metadata(), "register", now_ms())),
+            kind(check(&v, &r, "Register", now_ms())),
             ErrorKind::Unauthenticated
         );
         assert_eq!(
-            kind(s.check(r.metadata(), "heartbeat", now_ms() + MAX_SKEW_MS + 1000)),
+            kind(check(&v, &r, "Heartbeat", now_ms() + MAX_SKEW_MS + 1000)),
             ErrorKind::Unauthenticated
         );
-        let empty = tonic::metadata::MetadataMap::new();
+        let empty = tonic::Request::new(());
         assert_eq!(
-            kind(s.check(&empty, "heartbeat", now_ms())),
+            kind(check(&v, &empty, "Heartbeat", now_ms())),
             ErrorKind::Unauthenticated
         );
-        let mut bad = tonic::metadata::MetadataMap::new();
-        for v in ["x", "a.b", "a.1.zz", "a.1.00", "...."] {
-            bad.insert(AUTH_METADATA, v.parse().unwrap());
-            assert_eq!(
-                kind(s.check(&bad, "heartbeat", now_ms())),
-                ErrorKind::Unauthenticated,
-                "{v}"
-            );
+        for key in [AUTH_METADATA, USER_AUTH_METADATA] {
+            for bad in [
+                "x",
+                "a.b",
+                "a.1.zz",
+                "a.1.00.00",
+                "....",
+                ".1.0000000000000000.00",
+            ] {
+                let mut r = tonic::Request::new(());
+                r.metadata_mut().insert(key, bad.parse().unwrap());
+                assert_eq!(
+                    kind(check(&v, &r, "Heartbeat", now_ms())),
+                    ErrorKind::Unauthenticated,
+                    "{bad}"
+                );
+            }
         }
         // Who is covered by the MAC: renaming the sender breaks it.
+        let r = server(&s).sign((), "Heartbeat");
         let proof = r.metadata().get(AUTH_METADATA).unwrap().to_str().unwrap();
-        let renamed = proof.replacen("chunkserver-7", "chunkserver-8", 1);
-        bad.insert(AUTH_METADATA, renamed.parse().unwrap());
+        let mut renamed = tonic::Request::new(());
+        renamed.metadata_mut().insert(
+            AUTH_METADATA,
+            proof
+                .replacen("chunkserver-7", "chunkserver-8", 1)
+                .parse()
+                .unwrap(),
+        );
         assert_eq!(
-            kind(s.check(&bad, "heartbeat", now_ms())),
+            kind(check(&v, &renamed, "Heartbeat", now_ms())),
             ErrorKind::Unauthenticated
         );
         assert_eq!(format!("{s:?}"), "ClusterSecret(..)");
+        // Without a secret the master is open.
+        assert_eq!(
+            check(&Verifier::new(None), &empty, "Stat", now_ms()).unwrap(),
+            Principal::Open
+        );
+    }
+
+    #[test]
+    fn users_prove_their_secret_key() {
+        let v = Verifier::new(Some(ClusterSecret::generate()));
+        let r = alice().sign((), "Stat");
+        let p = v.check(r.metadata(), "Stat", now_ms(), users).unwrap();
+        assert_eq!(
+            p,
+            Principal::User {
+                name: "alice".into(),
+                admin: false
+            }
+        );
+        assert!(!p.is_superuser());
+        assert_eq!(
+            p.require_admin("rotate-key").unwrap_err().kind,
+            ErrorKind::PermissionDenied
+        );
+        assert_eq!(
+            p.require_server("Heartbeat").unwrap_err().kind,
+            ErrorKind::PermissionDenied
+        );
+        // A wrong secret key, an unknown access key.
+        for c in [
+            Credential::User {
+                access_key: "CKALICE".into(),
+                secret_key: "guess".into(),
+            },
+            Credential::User {
+                access_key: "CKMALLORY".into(),
+                secret_key: "alice-secret".into(),
+            },
+        ] {
+            let r = c.sign((), "Stat");
+            assert_eq!(
+                v.check(r.metadata(), "Stat", now_ms(), users)
+                    .unwrap_err()
+                    .kind,
+                ErrorKind::Unauthenticated
+            );
+        }
+        // A user's proof is not a server's.
+        let r = alice().sign((), "Heartbeat");
+        let proof = r.metadata().get(USER_AUTH_METADATA).unwrap().clone();
+        let mut as_server = tonic::Request::new(());
+        as_server.metadata_mut().insert(AUTH_METADATA, proof);
+        assert_eq!(
+            v.check(as_server.metadata(), "Heartbeat", now_ms(), users)
+                .unwrap_err()
+                .kind,
+            ErrorKind::Unauthenticated
+        );
+    }
+
+    #[test]
+    fn replays_are_remembered_for_the_whole_window() {
+        let mut r = Replay::default();
+        let tag = [7u8; 32];
+        assert!(r.first_use(&tag, 1_000));
+        assert!(!r.first_use(&tag, 1_000 + MAX_SKEW_MS));
+        // One rotation keeps it (in `previous`); a proof two windows old is refused by time.
+        assert!(!r.first_use(&tag, 1_000 + 2 * MAX_SKEW_MS + 1));
+        assert!(r.first_use(&[8u8; 32], 1_000 + 2 * MAX_SKEW_MS + 1));
+    }
+
+    #[test]
+    fn credentials_files_round_trip_and_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("admin.credentials");
+        Credential::write_new(&p, "admin", "CKA", "sekrit").unwrap();
+        match Credential::read(&p).unwrap() {
+            Credential::User {
+                access_key,
+                secret_key,
+            } => assert_eq!(
+                (access_key.as_str(), secret_key.as_str()),
+                ("CKA", "sekrit")
+            ),
+            c => panic!("{c:?}"),
+        }
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(
+            Credential::write_new(&p, "admin", "CKA", "x").is_err(),
+            "never overwritten"
+        );
+        std::fs::write(
+            &p,
+            "[default]\naws_access_key_id = AK\naws_secret_access_key = S\n",
+        )
+        .unwrap();
+        assert!(
+            matches!(Credential::read(&p).unwrap(), Credential::User { access_key, .. } if access_key == "AK")
+        );
+        std::fs::write(&p, "user = \"x\"\n").unwrap();
+        assert!(matches!(
+            Credential::read(&p),
+            Err(SecretError::Credentials { .. })
+        ));
+        assert!(!format!("{:?}", alice()).contains("alice-secret"));
     }
 
     #[test]

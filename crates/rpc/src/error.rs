@@ -35,13 +35,16 @@ pub enum ErrorKind {
     Unavailable,
     /// A server's call without a valid proof of the cluster secret (docs/security.md).
     Unauthenticated,
+    /// An authenticated caller without the right: the permission bits of a file or
+    /// directory, or an operators' call by a user who is not an admin.
+    PermissionDenied,
     /// The master does not know this call (it runs an older version).
     Unsupported,
     Internal,
 }
 
 impl ErrorKind {
-    const ALL: [(ErrorKind, &'static str, Code); 16] = [
+    const ALL: [(ErrorKind, &'static str, Code); 17] = [
         (ErrorKind::NotFound, "not-found", Code::NotFound),
         (
             ErrorKind::AlreadyExists,
@@ -79,6 +82,11 @@ impl ErrorKind {
             ErrorKind::Unauthenticated,
             "unauthenticated",
             Code::Unauthenticated,
+        ),
+        (
+            ErrorKind::PermissionDenied,
+            "permission-denied",
+            Code::PermissionDenied,
         ),
         (ErrorKind::Unsupported, "unsupported", Code::Unimplemented),
         (ErrorKind::Internal, "internal", Code::Internal),

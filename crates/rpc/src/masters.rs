@@ -1,5 +1,6 @@
 //! A client of the master group that finds the leader and follows redirects.
 
+use crate::auth::{Credential, Signed};
 use crate::batch::Batcher;
 use crate::pb::meta_client::MetaClient;
 use crate::{ErrorKind, MetaError, pb};
@@ -25,8 +26,10 @@ pub(crate) struct Shared {
     addrs: Vec<String>,
     /// The last master that answered (possibly one not in `addrs`, learned from a redirect).
     leader: Mutex<Option<String>>,
-    clients: Mutex<HashMap<String, MetaClient<Channel>>>,
+    clients: Mutex<HashMap<String, MetaClient<Signed>>>,
     retry_for: Mutex<Duration>,
+    /// What every call is signed with (none: the masters must run `--insecure`).
+    cred: Mutex<Option<Arc<Credential>>>,
 }
 
 impl Masters {
@@ -41,6 +44,7 @@ impl Masters {
             leader: Mutex::new(None),
             clients: Mutex::new(HashMap::new()),
             retry_for: Mutex::new(Duration::from_secs(15)),
+            cred: Mutex::new(None),
         };
         for a in addrs {
             s.client(a)?;
@@ -55,6 +59,14 @@ impl Masters {
     #[must_use]
     pub fn retry_for(self, d: Duration) -> Self {
         *self.shared.retry_for.lock() = d;
+        self
+    }
+
+    /// Signs every call with `cred` (docs/security.md).
+    #[must_use]
+    pub fn credential(self, cred: Option<Credential>) -> Self {
+        *self.shared.cred.lock() = cred.map(Arc::new);
+        self.shared.clients.lock().clear();
         self
     }
 
@@ -83,7 +95,7 @@ impl Masters {
     pub async fn send<Req, T, F, Fut>(&self, req: Req, f: F) -> Result<T, MetaError>
     where
         Req: Clone,
-        F: Fn(MetaClient<Channel>, Req) -> Fut,
+        F: Fn(MetaClient<Signed>, Req) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         self.shared.send(req, f).await
@@ -95,7 +107,7 @@ impl Masters {
     /// The typed error the leader answered, or `Unavailable` when no leader answered in time.
     pub async fn call<T, F, Fut>(&self, f: F) -> Result<T, MetaError>
     where
-        F: Fn(MetaClient<Channel>) -> Fut,
+        F: Fn(MetaClient<Signed>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         self.shared.call(f).await
@@ -213,7 +225,7 @@ impl Shared {
         }
     }
 
-    fn client(&self, addr: &str) -> Result<MetaClient<Channel>, MetaError> {
+    fn client(&self, addr: &str) -> Result<MetaClient<Signed>, MetaError> {
         if let Some(c) = self.clients.lock().get(addr) {
             return Ok(c.clone());
         }
@@ -222,7 +234,8 @@ impl Shared {
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true)
             .connect_lazy();
-        let c = MetaClient::new(ch).max_decoding_message_size(256 << 20);
+        let c = MetaClient::new(Signed::new(ch, self.cred.lock().clone()))
+            .max_decoding_message_size(256 << 20);
         self.clients.lock().insert(addr.to_owned(), c.clone());
         Ok(c)
     }
@@ -230,7 +243,7 @@ impl Shared {
     pub(crate) async fn send<Req, T, F, Fut>(&self, req: Req, f: F) -> Result<T, MetaError>
     where
         Req: Clone,
-        F: Fn(MetaClient<Channel>, Req) -> Fut,
+        F: Fn(MetaClient<Signed>, Req) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         self.call(|c| f(c, req.clone())).await
@@ -238,7 +251,7 @@ impl Shared {
 
     pub(crate) async fn call<T, F, Fut>(&self, f: F) -> Result<T, MetaError>
     where
-        F: Fn(MetaClient<Channel>) -> Fut,
+        F: Fn(MetaClient<Signed>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut backoff = self.backoff();

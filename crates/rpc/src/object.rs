@@ -98,6 +98,9 @@ pub struct User {
     pub access_key: String,
     pub secret_key: String,
     pub created_ms: u64,
+    /// May run `cairn admin`, manage users, and passes every permission check.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin: bool,
 }
 
 impl std::fmt::Debug for User {
@@ -457,6 +460,7 @@ mod tests {
             access_key: "AK".into(),
             secret_key: "very-secret".into(),
             created_ms: 0,
+            admin: false,
         };
         assert!(!format!("{u:?}").contains("very-secret"));
     }

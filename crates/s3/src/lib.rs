@@ -76,7 +76,7 @@ const HEX: &[u8] = b"0123456789abcdef";
 
 /// A new user's credentials: a 20-character access key and a 40-character secret, the shape
 /// of AWS's.
-pub fn new_user(name: &str) -> User {
+pub fn new_user(name: &str, admin: bool) -> User {
     const UPPER: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     const SECRET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     User {
@@ -84,6 +84,7 @@ pub fn new_user(name: &str) -> User {
         access_key: format!("CK{}", random_id(18, UPPER)),
         secret_key: random_id(40, SECRET),
         created_ms: now_ms(),
+        admin,
     }
 }
 
@@ -162,12 +163,13 @@ fn meta_err(e: cairn_rpc::MetaError) -> S3Error {
     S3Error::with_message(code, e.to_string())
 }
 
-/// Creates a user through the masters (`cairn s3 user create`).
+/// Creates a user of the cluster and its object service through the masters (`cairn user
+/// create`); only servers and admins may.
 ///
 /// # Errors
-/// The masters are unreachable, or the name is taken.
-pub async fn create_user(client: &Client, name: &str) -> Result<User, String> {
-    let user = new_user(name);
+/// The masters are unreachable or refuse the caller, or the name is taken.
+pub async fn create_user(client: &Client, name: &str, admin: bool) -> Result<User, String> {
+    let user = new_user(name, admin);
     match client
         .masters()
         .object_op(&ObjectOp::CreateUser { user: user.clone() })

@@ -152,7 +152,7 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
         &masters,
         ClientOptions {
             meta_batch_in_flight: a.meta_batch_in_flight,
-            ..ClientOptions::default()
+            ..crate::cluster::client_options()?
         },
     ))?;
     std::fs::create_dir_all(&a.floor_dir)?;
@@ -246,7 +246,7 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             let most = (f * a.seconds * f64::from(1 << 20)) as u64;
             // The masters' client makes its channels on the runtime: inside it.
             let fits = rt.block_on(async {
-                let m = cairn_rpc::Masters::new(&masters)?;
+                let m = crate::cluster::masters_client(&masters)?;
                 crate::fs::check_fits(&m, most, &policy(&a)).await
             });
             if let Err(e) = fits {
@@ -352,7 +352,7 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             let slow = rt.block_on(measure(op, &client, &prefix, run + 1000, &a));
             let (h1, b1) = (client.health_stats(), client.meta_batch_stats());
             rt.block_on(async {
-                let m = cairn_rpc::Masters::new(&masters)?;
+                let m = crate::cluster::masters_client(&masters)?;
                 crate::admin::inject(&m, server, &cairn_client::FaultSpec::default()).await
             })?;
             let (ops, errors, secs, sl) = slow?;
@@ -391,7 +391,7 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             let failed = rt.block_on(measure(op, &client, &prefix, run + 2000, &a));
             let (h1, t1) = (client.health_stats(), client.traffic());
             rt.block_on(async {
-                let m = cairn_rpc::Masters::new(&masters)?;
+                let m = crate::cluster::masters_client(&masters)?;
                 for s in servers {
                     crate::admin::inject(&m, s, &cairn_client::FaultSpec::default()).await?;
                 }
@@ -432,7 +432,7 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
 
 /// Slows the first chunkserver by `delay_ms` per request; returns its id and a description.
 async fn slow_one(masters: &[String], delay_ms: u32) -> anyhow::Result<(u64, String)> {
-    let m = cairn_rpc::Masters::new(masters)?;
+    let m = crate::cluster::masters_client(masters)?;
     let s = m
         .call(|mut c| async move { c.status(cairn_rpc::pb::Empty {}).await })
         .await?;
@@ -455,7 +455,7 @@ async fn slow_one(masters: &[String], delay_ms: u32) -> anyhow::Result<(u64, Str
 /// SIGKILLs the first local chunkserver after `after` seconds.
 async fn kill_one(masters: Vec<String>, after: f64) -> anyhow::Result<String> {
     tokio::time::sleep(Duration::from_secs_f64(after)).await;
-    let m = cairn_rpc::Masters::new(&masters)?;
+    let m = crate::cluster::masters_client(&masters)?;
     let s = m
         .call(|mut c| async move { c.status(cairn_rpc::pb::Empty {}).await })
         .await?;
@@ -496,7 +496,7 @@ fn create_opts(a: &Args) -> CreateOptions {
 /// Makes the first `n` chunkservers fail every disk request; returns their ids and a
 /// description.
 async fn fail_some(masters: &[String], n: usize) -> anyhow::Result<(Vec<u64>, String)> {
-    let m = cairn_rpc::Masters::new(masters)?;
+    let m = crate::cluster::masters_client(masters)?;
     let s = m
         .call(|mut c| async move { c.status(cairn_rpc::pb::Empty {}).await })
         .await?;

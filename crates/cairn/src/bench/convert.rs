@@ -15,7 +15,7 @@
 use super::repair::{foreground, status, write_sealed_files};
 use super::{Latency, floor, loadavg, parse_size};
 use crate::cluster::ClusterArgs;
-use cairn_client::{Client, CreateOptions};
+use cairn_client::CreateOptions;
 use cairn_rpc::{Masters, pb};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -114,7 +114,7 @@ fn sum(s: &pb::StatusReply, f: fn(&pb::ServerStatus) -> u64) -> u64 {
 }
 
 async fn bench(a: Args, masters: Vec<String>, floor_mib: f64) -> anyhow::Result<()> {
-    let m = Masters::new(&masters)?.retry_for(Duration::from_secs(30));
+    let m = crate::cluster::masters_client(&masters)?.retry_for(Duration::from_secs(30));
     let text = format!(
         "replicas:3,then:{}{}",
         a.ec,
@@ -154,7 +154,7 @@ async fn run_bench(
     text: &str,
     floor_mib: f64,
 ) -> anyhow::Result<()> {
-    let c = Client::connect(masters).await?;
+    let c = crate::cluster::client(masters).await?;
     let prefix = format!("/bench-convert-{}", std::process::id());
     // The data: 64 MiB files written 1 MiB at a time, four at once, sealed. Log-like text
     // (compresses ~4×) with --lz4, else bytes LZ4 cannot shrink.

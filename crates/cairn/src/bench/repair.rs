@@ -195,7 +195,7 @@ pub(super) async fn foreground(
 }
 
 async fn bench(a: Args, masters: Vec<String>, floor_mib: f64) -> anyhow::Result<()> {
-    let m = Masters::new(&masters)?.retry_for(Duration::from_secs(30));
+    let m = crate::cluster::masters_client(&masters)?.retry_for(Duration::from_secs(30));
     let s = status(&m).await?;
     let up: Vec<&pb::ServerStatus> = s.servers.iter().filter(|x| x.state == "up").collect();
     anyhow::ensure!(
@@ -209,7 +209,7 @@ async fn bench(a: Args, masters: Vec<String>, floor_mib: f64) -> anyhow::Result<
         .ok_or_else(|| anyhow::anyhow!("no local chunkserver (pid) to stop; use cairn up"))?;
     let (victim_id, victim_pid) = (victim.id, victim.pid);
     let old_cap = s.repair_bytes_per_sec;
-    let c = Client::connect(&masters).await?;
+    let c = crate::cluster::client(&masters).await?;
     let prefix = format!("/bench-repair-{}", std::process::id());
 
     // The data: 64 MiB files written 1 MiB at a time, four at once, sealed.

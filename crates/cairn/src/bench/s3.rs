@@ -9,7 +9,7 @@ use super::{Latency, histogram, loadavg, parse_size};
 use crate::cluster::{ClusterArgs, ClusterFile};
 use crate::s3client::S3Bucket;
 use bytes::Bytes;
-use cairn_client::{Client, CreateOptions};
+use cairn_client::CreateOptions;
 use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ pub struct Args {
     /// The gateway (default: the one in ./cairn-data/cluster.toml).
     #[arg(long)]
     endpoint: Option<String>,
-    /// Credentials (default: ./cairn-data/s3-credentials, written by `cairn up`).
+    /// Credentials (default: ./cairn-data/admin.credentials, written by `cairn up`).
     #[arg(long, env = "AWS_ACCESS_KEY_ID")]
     access_key: Option<String>,
     #[arg(long, env = "AWS_SECRET_ACCESS_KEY")]
@@ -82,7 +82,7 @@ fn defaults(a: &Args) -> anyhow::Result<(String, String, String)> {
             .and_then(|f| f.s3_procs.first().map(|p| format!("http://{}", p.addr)))
             .ok_or_else(|| anyhow::anyhow!("no gateway: pass --endpoint or run `cairn up` here"))?,
     };
-    let creds = std::fs::read_to_string(dir.join(crate::up::S3_CREDENTIALS)).unwrap_or_default();
+    let creds = std::fs::read_to_string(dir.join(crate::up::ADMIN_CREDENTIALS)).unwrap_or_default();
     let field = |k: &str| {
         creds
             .lines()
@@ -306,7 +306,7 @@ async fn sdk_floor(
     depth: usize,
     seconds: f64,
 ) -> anyhow::Result<(u64, f64, Latency)> {
-    let client = Client::connect(masters).await?;
+    let client = crate::cluster::client(masters).await?;
     let dir = format!("/bench-s3-floor-{}", std::process::id());
     let buf = cairn_client::Bytes::from(vec![0x5Au8; size]);
     let t0 = Instant::now();

@@ -9,9 +9,41 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The `cairn` binary under test.
+/// The cluster secret every cluster of this test process shares (a file made once), given
+/// to every process and CLI run through `CAIRN_CLUSTER_SECRET_FILE`.
+pub fn secret_file() -> &'static Path {
+    static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let p = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("cluster-{}.secret", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        cairn_rpc::auth::ClusterSecret::generate()
+            .write_new(&p)
+            .unwrap();
+        p
+    })
+}
+
+/// What the tests' clients sign with: the cluster secret, as a server (every right).
+pub fn credential() -> cairn_rpc::auth::Credential {
+    cairn_rpc::auth::Credential::Server {
+        secret: cairn_rpc::auth::ClusterSecret::read(secret_file()).unwrap(),
+        who: "test".into(),
+    }
+}
+
+/// A client of the masters `addrs` signing with [`credential`].
+pub fn masters(addrs: &[String]) -> cairn_rpc::Masters {
+    cairn_rpc::Masters::new(addrs)
+        .unwrap()
+        .credential(Some(credential()))
+}
+
+/// The `cairn` binary under test, with the tests' cluster secret.
 pub fn cairn() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cairn"));
+    c.env("CAIRN_CLUSTER_SECRET_FILE", secret_file());
+    c
 }
 
 /// Runs `cmd` to its end and returns its output, failing the test (with its stderr) unless it
@@ -36,7 +68,7 @@ pub struct Proc {
 impl Proc {
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "{} already running", self.name);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        let mut child = cairn()
             .args(&self.args)
             .env("CAIRN_LOG", "error")
             .stdout(Stdio::piped())
@@ -253,20 +285,28 @@ impl Cluster {
         self.masters.iter().map(|p| p.addr.clone()).collect()
     }
 
+    /// A client with every right (it signs with the cluster secret).
     pub async fn client(&self) -> Client {
-        Client::connect(&self.master_addrs()).await.unwrap()
+        self.client_with(ClientOptions::default()).await
     }
 
-    pub async fn client_with(&self, opts: ClientOptions) -> Client {
+    /// A client with `opts`; without a credential in them, it signs with the cluster secret.
+    pub async fn client_with(&self, mut opts: ClientOptions) -> Client {
+        if opts.credential.is_none() {
+            opts.credential = Some(credential());
+        }
         Client::with_options(&self.master_addrs(), opts)
             .await
             .unwrap()
     }
 
+    /// A client of the masters with every right.
+    pub fn masters(&self) -> cairn_rpc::Masters {
+        masters(&self.master_addrs())
+    }
+
     pub async fn status(&self) -> Result<cairn_rpc::pb::StatusReply, cairn_rpc::MetaError> {
-        let m = cairn_rpc::Masters::new(&self.master_addrs())
-            .unwrap()
-            .retry_for(Duration::from_secs(10));
+        let m = self.masters().retry_for(Duration::from_secs(10));
         m.call(|mut c| async move { c.status(cairn_rpc::pb::Empty {}).await })
             .await
     }
@@ -286,6 +326,32 @@ impl Cluster {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// A data-plane connection to chunkserver `i` (0-based) holding read capabilities for
+    /// `chunks` (the masters sign them for the tests' server credential).
+    pub async fn replica_conn(&self, i: usize, chunks: &[u64]) -> cairn_client::DataConn {
+        let located = self
+            .masters()
+            .send(
+                cairn_rpc::pb::LocateRequest {
+                    chunk_ids: chunks.to_vec(),
+                },
+                |mut m, r| async move { m.locate(r).await },
+            )
+            .await
+            .unwrap();
+        let caps = std::sync::Arc::new(cairn_client::caps::Caps::default());
+        for c in &located.chunks {
+            caps.remember(&c.cap);
+        }
+        cairn_client::DataConn::connect_with_caps(
+            self.chunkservers[i].addr.parse().unwrap(),
+            Duration::from_secs(10),
+            Some(caps),
+        )
+        .await
+        .unwrap()
     }
 
     /// Injects faults into chunkserver `i` (0-based).

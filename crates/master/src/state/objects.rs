@@ -77,6 +77,11 @@ impl ObjectIndex {
         Ok(u)
     }
 
+    /// A user by access key (for checking the proofs of calls).
+    pub fn user(&self, access_key: &str) -> Option<&User> {
+        self.users.get(access_key)
+    }
+
     /// Answers a read.
     pub fn query(&self, q: &ObjectQuery) -> QueryResult {
         match q {
@@ -791,6 +796,7 @@ mod tests {
         };
         st.apply(&Command::Create {
             path: path.into(),
+            mode: None,
             policy,
             parents: true,
             now_ms: 1,
