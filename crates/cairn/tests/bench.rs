@@ -66,3 +66,41 @@ fn chunkstore_bench_reports_floor_and_store_in_slices() {
     let r = bench(dir.path(), "append", "1");
     assert_eq!(r["slice_ratios_ops"].as_array().unwrap().len(), 1, "{r}");
 }
+
+/// `cairn bench caps` runs its A/B in one process: both modes measured, no errors, and the
+/// canary (an append without a capability while the checks are on) refused.
+#[test]
+fn caps_bench_measures_both_modes_and_its_canary_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["bench", "caps", "--dir"])
+        .arg(dir.path())
+        .args([
+            "--depth",
+            "4",
+            "--seconds",
+            "0.3",
+            "--slices",
+            "2",
+            "--disk-size",
+            "256m",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+    assert_eq!(r["errors"], 0, "{r}");
+    assert_eq!(r["canary_refused"], true, "{r}");
+    for mode in ["on", "off"] {
+        assert!(
+            r[mode]["deep_appends_per_sec"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+        assert!(r[mode]["depth1_p50_us"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}

@@ -96,6 +96,9 @@ pub struct Chunkserver {
     conns: parking_lot::Mutex<Conns>,
     /// Payload bytes held by all connections (`max_server_bytes`).
     server_bytes: Arc<Semaphore>,
+    /// Whether capabilities are checked: `opts.require_capabilities`, switchable in process
+    /// (`cairn bench caps` measures the checks A/B in one run; nothing on the network can).
+    require_caps: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -270,6 +273,7 @@ impl Chunkserver {
             caps: caps::Checker::default(),
             conns: Default::default(),
             server_bytes: Arc::new(Semaphore::new(opts.max_server_bytes)),
+            require_caps: std::sync::atomic::AtomicBool::new(opts.require_capabilities),
             opts,
         })
     }
@@ -281,6 +285,13 @@ impl Chunkserver {
 
     /// Replaces the keys capabilities are checked with (from the masters' heartbeat replies;
     /// an empty list keeps the ones held).
+    /// Turns the capability checks on or off in process (for the A/B benchmark; a server's
+    /// setting is `ServerOptions::require_capabilities`).
+    pub fn set_require_capabilities(&self, on: bool) {
+        self.require_caps
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub fn set_cap_keys(&self, keys: Vec<cairn_proto::cap::CapKey>) {
         self.caps.set_keys(keys);
     }
@@ -449,9 +460,11 @@ impl Chunkserver {
             }
             // The capability is checked before anything is allocated for the payload: a
             // refused request's payload is read through a small buffer and dropped.
-            let checked =
-                self.caps
-                    .check_frame(&h, has_cap.then_some(&cap), self.opts.require_capabilities);
+            let checked = self.caps.check_frame(
+                &h,
+                has_cap.then_some(&cap),
+                self.require_caps.load(std::sync::atomic::Ordering::Relaxed),
+            );
             let cap = match checked {
                 Ok(cap) => cap,
                 Err(e) => {

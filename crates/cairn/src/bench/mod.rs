@@ -2,6 +2,7 @@
 //! run (the machine is shared and noisy, so only same-run ratios mean much) and prints one
 //! JSON object per run.
 
+mod caps;
 mod chunkstore;
 mod cluster;
 mod codec;
@@ -15,6 +16,9 @@ use clap::Subcommand;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// What checking capabilities costs a chunkserver's appends: A/B in one process, the
+    /// checks switched on and off between short slices.
+    Caps(caps::Args),
     /// The chunk store against a raw O_DIRECT loop on the same filesystem.
     Chunkstore(chunkstore::Args),
     /// Recovery time of a store with data written after its last checkpoint.
@@ -42,6 +46,7 @@ pub enum BenchCommand {
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Caps(a) => caps::run(a),
         BenchCommand::Chunkstore(a) => chunkstore::run(a),
         BenchCommand::Recovery(a) => recovery::run(a),
         BenchCommand::Append(a) => cluster::run(cluster::Op::Append, a),
