@@ -132,7 +132,10 @@ async fn measure(a: &Args, path: &std::path::Path) -> anyhow::Result<Report> {
         + 3600) as u32;
     let caps = Arc::new(Caps::default());
     let n = a.depth + 1;
-    for id in 1..=(2 * n as u64) {
+    // Deep slots: chunks 1..=depth (on) and n+1..=n+depth (off); depth 1: a fresh chunk each
+    // slice from DEPTH1 on (a chunk holds 64 MiB, less than a few seconds of appends).
+    let ids = (1..=2 * n as u64).chain(DEPTH1..DEPTH1 + 2 * a.slices as u64);
+    for id in ids {
         let c = Capability::sign(
             &key,
             Claims {
@@ -161,12 +164,23 @@ async fn measure(a: &Args, path: &std::path::Path) -> anyhow::Result<Report> {
         } else {
             (&without, n as u64)
         };
-        for id in base + 1..=base + n as u64 {
+        for id in base + 1..=base + a.depth as u64 {
             if lengths[id as usize] == 0 {
                 lengths[id as usize] = conn.create(id, 1, data.clone()).await?;
             }
         }
-        let slice = run_slice(a, conn, base, &mut lengths, data.clone(), &mut errors).await;
+        let single = DEPTH1 + round as u64;
+        conn.create(single, 1, data.clone()).await?;
+        let slice = run_slice(
+            a,
+            conn,
+            base,
+            single,
+            &mut lengths,
+            data.clone(),
+            &mut errors,
+        )
+        .await;
         if checks {
             on.push(slice)
         } else {
@@ -206,12 +220,16 @@ async fn measure(a: &Args, path: &std::path::Path) -> anyhow::Result<Report> {
     })
 }
 
+/// The first chunk id of the depth-1 writers.
+const DEPTH1: u64 = 1 << 20;
+
 /// One slice: `depth` slots appending to chunks base+1..=base+depth for `seconds`, then one
-/// writer appending to chunk base+depth+1 for `seconds`.
+/// writer appending to chunk `single` (just created) for `seconds`.
 async fn run_slice(
     a: &Args,
     conn: &Arc<DataConn>,
     base: u64,
+    single: u64,
     lengths: &mut [u64],
     data: bytes::Bytes,
     errors: &mut u64,
@@ -253,22 +271,23 @@ async fn run_slice(
         }
     }
     let deep_secs = began.elapsed().as_secs_f64();
-    let id = base + a.depth as u64 + 1;
+    let id = single;
+    let mut len = data.len() as u64;
     let mut hist = super::histogram();
     let began = Instant::now();
     let mut done = 0u64;
     while began.elapsed() < dur {
         let t = Instant::now();
-        match conn.append(id, lengths[id as usize], data.clone()).await {
+        match conn.append(id, len, data.clone()).await {
             Ok(l) => {
-                lengths[id as usize] = l;
+                len = l;
                 let _ = hist.record(t.elapsed().as_nanos() as u64);
                 done += 1;
             }
             Err(_) => {
                 *errors += 1;
                 if let Ok(i) = conn.stat(id).await {
-                    lengths[id as usize] = i.length;
+                    len = i.length;
                 }
             }
         }
