@@ -51,6 +51,10 @@ pub struct ChunkserverArgs {
     /// unless --insecure.
     #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<std::path::PathBuf>,
+    /// A TLS directory (`cairn tls init`): talk TLS to the masters, checking them with its
+    /// `ca.pem`.
+    #[arg(long, env = "CAIRN_TLS_DIR")]
+    tls_dir: Option<std::path::PathBuf>,
     /// Serve every request without checking its capability, and run without the cluster
     /// secret: anyone who reaches the port can read, write and delete any chunk. For
     /// experiments only (docs/security.md).
@@ -139,6 +143,11 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
                         a.cluster_secret_file.as_deref(),
                         a.insecure,
                     )?,
+                    tls: a
+                        .tls_dir
+                        .as_deref()
+                        .map(cairn_rpc::tls::client_config)
+                        .transpose()?,
                 };
                 let mut rx = stop_rx.clone();
                 Some(tokio::spawn(control::run(cs.clone(), opts, async move {

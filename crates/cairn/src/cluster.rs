@@ -18,6 +18,9 @@ pub struct ClusterFile {
     /// S3 gateways (`addr` is the HTTP endpoint's HOST:PORT).
     #[serde(default, rename = "s3")]
     pub s3_procs: Vec<Proc>,
+    /// The cluster talks TLS (`cairn up --tls`); the certificates are in DIR/tls.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
 }
 
 /// One process `cairn up` runs.
@@ -107,12 +110,38 @@ pub fn credential() -> anyhow::Result<Option<cairn_rpc::auth::Credential>> {
     Ok(None)
 }
 
+/// The TLS directory the CLI checks masters with: `CAIRN_TLS_DIR`, else `./cairn-data/tls`
+/// when `./cairn-data/cluster.toml` says the cluster talks TLS; `None`: plain TCP.
+pub fn tls_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("CAIRN_TLS_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    let local = Path::new("./cairn-data");
+    match ClusterFile::load(local) {
+        Ok(Some(f)) if f.tls => Some(local.join("tls")),
+        _ => None,
+    }
+}
+
+/// [`tls_dir`]'s client configuration.
+///
+/// # Errors
+/// Its `ca.pem` is missing or unreadable.
+pub fn tls() -> anyhow::Result<Option<cairn_rpc::tls::ClientTlsConfig>> {
+    Ok(tls_dir()
+        .as_deref()
+        .map(cairn_rpc::tls::client_config)
+        .transpose()?)
+}
+
 /// A client of the masters that signs with [`credential`].
 ///
 /// # Errors
 /// As [`credential`]; a bad master address.
 pub fn masters_client(masters: &[String]) -> anyhow::Result<cairn_rpc::Masters> {
-    Ok(cairn_rpc::Masters::new(masters)?.credential(credential()?))
+    Ok(cairn_rpc::Masters::new(masters)?
+        .credential(credential()?)
+        .tls(tls()?))
 }
 
 /// The SDK's options with [`credential`].
@@ -122,6 +151,7 @@ pub fn masters_client(masters: &[String]) -> anyhow::Result<cairn_rpc::Masters> 
 pub fn client_options() -> anyhow::Result<cairn_client::ClientOptions> {
     Ok(cairn_client::ClientOptions {
         credential: credential()?,
+        tls: tls()?,
         ..cairn_client::ClientOptions::default()
     })
 }

@@ -14,6 +14,7 @@ mod s3;
 // get_opt and delete serve the nemesis test, which includes the file.
 #[allow(dead_code)]
 mod s3client;
+mod tls;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -51,6 +52,9 @@ enum Command {
     /// Users of the cluster (the S3 gateway's users too): create.
     #[command(subcommand)]
     User(s3::UserCommand),
+    /// TLS certificates for the control plane: make a cluster CA and a server certificate.
+    #[command(subcommand)]
+    Tls(tls::TlsCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -71,6 +75,7 @@ fn main() -> std::process::ExitCode {
         Command::Admin(a) => admin::run(a),
         Command::S3(a) => s3::run(a),
         Command::User(c) => s3::user(c),
+        Command::Tls(c) => tls::run(c),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -47,6 +47,10 @@ pub struct MasterArgs {
     /// without a proof of a server or a user (docs/security.md). Required unless --insecure.
     #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<std::path::PathBuf>,
+    /// A TLS directory (`cairn tls init`): serve TLS with its node.pem and node.key, and talk
+    /// TLS to the other masters, checking them with its ca.pem.
+    #[arg(long, env = "CAIRN_TLS_DIR")]
+    tls_dir: Option<std::path::PathBuf>,
     /// Run without the cluster secret (one given is ignored): every call is served without
     /// asking who sends it. For experiments only (docs/security.md).
     #[arg(long)]
@@ -121,6 +125,7 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
             snapshot_every: 10_000,
             log_flush_gap: Duration::from_micros(a.log_flush_gap_us),
             cluster_secret: cluster_secret(a.cluster_secret_file.as_deref(), a.insecure)?,
+            tls_dir: a.tls_dir.clone(),
         };
         if let Some(m) = a.metrics_listen {
             crate::metrics::serve(m, "master").await?;

@@ -67,6 +67,10 @@ struct ServeArgs {
     /// For masters run --insecure.
     #[arg(long)]
     insecure: bool,
+    /// A TLS directory (`cairn tls init`): talk TLS to the masters, checking them with its
+    /// ca.pem.
+    #[arg(long, env = "CAIRN_TLS_DIR")]
+    tls_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Subcommand)]
@@ -160,6 +164,11 @@ async fn serve(s: ServeArgs) -> anyhow::Result<()> {
                 secret,
                 who: format!("s3-gateway@{}", s.listen),
             }),
+            tls: s
+                .tls_dir
+                .as_deref()
+                .map(cairn_rpc::tls::client_config)
+                .transpose()?,
             ..cairn_client::ClientOptions::default()
         },
     )

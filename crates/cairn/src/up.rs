@@ -38,6 +38,10 @@ pub struct UpArgs {
     /// Do not run an S3 gateway.
     #[arg(long)]
     no_s3: bool,
+    /// The control plane over TLS: makes DATA_DIR/tls (a cluster CA and a certificate for
+    /// 127.0.0.1) on the first start, and every process and the CLI use it.
+    #[arg(long)]
+    tls: bool,
     /// Port of the S3 gateway on 127.0.0.1 (default: 9000 if free, else any free port; kept
     /// in cluster.toml across restarts).
     #[arg(long)]
@@ -134,6 +138,21 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         cairn_rpc::auth::ClusterSecret::generate().write_new(&secret)?;
     }
     let secret = secret.display().to_string();
+    let tls_dir = dir.join("tls");
+    if a.tls && !tls_dir.join(cairn_rpc::tls::CA).exists() {
+        crate::tls::init(&tls_dir, &["127.0.0.1".into(), "localhost".into()])?;
+    }
+    // Every process is given the directory: its flag, and for the supervisor's own clients.
+    let tls_args: Vec<String> = if a.tls {
+        vec!["--tls-dir".into(), tls_dir.display().to_string()]
+    } else {
+        Vec::new()
+    };
+    let client_tls = if a.tls {
+        Some(cairn_rpc::tls::client_config(&tls_dir)?)
+    } else {
+        None
+    };
     let exe = std::env::current_exe()?;
     // The same directory brings back the same cluster: same ports, same data.
     let old = ClusterFile::load(&dir)?.unwrap_or_default();
@@ -159,6 +178,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let mut file = ClusterFile {
         master_procs: procs_of(a.masters, &old.master_procs, "master")?,
         chunkserver_procs: procs_of(a.chunkservers, &old.chunkserver_procs, "chunkserver")?,
+        tls: a.tls,
         ..ClusterFile::default()
     };
     if !a.no_s3 {
@@ -200,7 +220,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 p.metrics.clone(),
                 "--cluster-secret-file".into(),
                 secret.clone(),
-            ],
+            ]
+            .into_iter()
+            .chain(tls_args.iter().cloned())
+            .collect(),
             child: None,
             started: Instant::now(),
             restart_at: Some(Instant::now()),
@@ -232,6 +255,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 secret.clone(),
             ]
             .into_iter()
+            .chain(tls_args.iter().cloned())
             .chain(a.fault_injection.then(|| "--fault-injection".to_string()))
             .chain(a.no_zero_fill.then(|| "--no-zero-fill".to_string()))
             .collect(),
@@ -257,7 +281,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 p.metrics.clone(),
                 "--cluster-secret-file".into(),
                 secret.clone(),
-            ],
+            ]
+            .into_iter()
+            .chain(tls_args.iter().cloned())
+            .collect(),
             child: None,
             started: Instant::now(),
             // Started once the cluster is ready: its connections then take their ephemeral
@@ -308,9 +335,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             secret: cairn_rpc::auth::ClusterSecret::read(Path::new(&secret))?,
             who: "cairn-up".into(),
         };
-        std::thread::Builder::new()
-            .name("up-ready".into())
-            .spawn(move || watch_ready(&masters, &servers, cred, &stop, &ready_tx))?;
+        std::thread::Builder::new().name("up-ready".into()).spawn({
+            let tls = client_tls.clone();
+            move || watch_ready(&masters, &servers, cred, tls, &stop, &ready_tx)
+        })?;
     }
     while !stop.load(Ordering::Relaxed) {
         let mut changed = false;
@@ -399,7 +427,12 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             match r {
                 Readiness::Ready { up } => {
                     // The admin credentials first: the first command after "ready" uses them.
-                    let keys = admin_credentials(&dir, &masters_list, Path::new(&secret));
+                    let keys = admin_credentials(
+                        &dir,
+                        &masters_list,
+                        Path::new(&secret),
+                        client_tls.clone(),
+                    );
                     println!(
                         "cairn up: ready: {up} of {} chunkserver(s) up after {:.1} s; the CLI signs \
                          as the admin user ({})\n\
@@ -491,6 +524,7 @@ fn watch_ready(
     masters: &[String],
     servers: &[String],
     cred: cairn_rpc::auth::Credential,
+    tls: Option<cairn_rpc::tls::ClientTlsConfig>,
     stop: &AtomicBool,
     tx: &std::sync::mpsc::Sender<Readiness>,
 ) {
@@ -501,9 +535,9 @@ fn watch_ready(
     else {
         return;
     };
-    let Ok(m) =
-        rt.block_on(async { cairn_rpc::Masters::new(masters).map(|m| m.credential(Some(cred))) })
-    else {
+    let Ok(m) = rt.block_on(async {
+        cairn_rpc::Masters::new(masters).map(|m| m.credential(Some(cred)).tls(tls))
+    }) else {
         return;
     };
     let began = Instant::now();
@@ -542,7 +576,12 @@ fn watch_ready(
 /// Sets `flag` when signal `sig` arrives.
 /// The admin user `cairn up` made (`admin`: an admin of the cluster and a user of its S3
 /// gateway), from DIR/admin.credentials; made on the first start with the cluster secret.
-fn admin_credentials(dir: &Path, masters: &str, secret: &Path) -> anyhow::Result<(String, String)> {
+fn admin_credentials(
+    dir: &Path,
+    masters: &str,
+    secret: &Path,
+    tls: Option<cairn_rpc::tls::ClientTlsConfig>,
+) -> anyhow::Result<(String, String)> {
     let path = dir.join(ADMIN_CREDENTIALS);
     if let Ok(cairn_rpc::auth::Credential::User {
         access_key,
@@ -563,6 +602,7 @@ fn admin_credentials(dir: &Path, masters: &str, secret: &Path) -> anyhow::Result
                     secret: cairn_rpc::auth::ClusterSecret::read(secret)?,
                     who: "cairn-up".into(),
                 }),
+                tls,
                 ..cairn_client::ClientOptions::default()
             },
         )

@@ -743,3 +743,76 @@ async fn users_are_authenticated_and_permission_bits_hold() {
         data
     );
 }
+
+/// The control plane over TLS (`cairn tls init`, `--tls-dir`): three masters (their Raft
+/// traffic TLS too) and three chunkservers (heartbeats, which carry the capability keys, over
+/// TLS) serve files; a client or CLI that talks plain TCP, or checks with another CA, gets
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    common::run_ok(common::cairn().args(["tls", "init"]).arg(&tls));
+    for (f, mode) in [
+        ("ca.pem", 0o644),
+        ("node.pem", 0o644),
+        ("node.key", 0o600),
+        ("ca.key", 0o600),
+    ] {
+        use std::os::unix::fs::PermissionsExt;
+        let m = std::fs::metadata(tls.join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(m, mode, "{f}");
+    }
+    let t = tls.display().to_string();
+    let flag = ["--tls-dir", t.as_str()];
+    let cl = Cluster::start_full(dir.path(), 3, 3, &flag, &flag).await;
+    let c = cl.client().await;
+    let data = common::bytes(5, 0, 200_000);
+    let mut w = c.create("/tls", CreateOptions::default()).await.unwrap();
+    w.append(&data).await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(c.read("/tls", 0, data.len()).await.unwrap(), data);
+
+    // Plain TCP, and TLS checked with another cluster's CA: refused.
+    let other = dir.path().join("other");
+    common::run_ok(common::cairn().args(["tls", "init"]).arg(&other));
+    for tls in [None, Some(cairn_rpc::tls::client_config(&other).unwrap())] {
+        let plain = cairn_client::Client::with_options(
+            &cl.master_addrs(),
+            cairn_client::ClientOptions {
+                credential: Some(common::credential()),
+                tls,
+                retry_for: Duration::from_secs(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert!(plain.stat("/tls").await.is_err());
+    }
+    // The CLI with CAIRN_TLS_DIR, and without.
+    let masters = cl.master_addrs().join(",");
+    let out = common::cairn()
+        .env("CAIRN_TLS_DIR", &tls)
+        .args(["fs", "stat", "/tls", "--cluster", &masters])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = common::cairn()
+        .args(["status", "--cluster", &masters])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    // A leader change goes over TLS Raft: kill the leader, the others elect and serve.
+    let mut cl = cl;
+    let leader = cl.leader().await as usize;
+    cl.masters[leader - 1].kill();
+    assert_eq!(c.read("/tls", 0, data.len()).await.unwrap(), data);
+    let mut w = c.create("/tls2", CreateOptions::default()).await.unwrap();
+    w.append(b"after the election").await.unwrap();
+    w.close().await.unwrap();
+}

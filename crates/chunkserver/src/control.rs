@@ -23,6 +23,8 @@ pub struct ControlOptions {
     pub scrub: crate::scrub::ScrubOptions,
     /// Proved to the masters with every register and heartbeat (cairn_rpc::auth).
     pub cluster_secret: Option<cairn_rpc::auth::ClusterSecret>,
+    /// TLS to the masters (cairn_rpc::tls); `None`: plain TCP.
+    pub tls: Option<cairn_rpc::tls::ClientTlsConfig>,
 }
 
 /// This server's id: read from `DIR/server-id`, or made (random, non-zero) and stored there on
@@ -77,7 +79,10 @@ pub async fn run(
             who: format!("chunkserver-{}", opts.server_id),
         });
     let mut masters = match Masters::new(&opts.masters) {
-        Ok(m) => m.retry_for(Duration::from_secs(2)).credential(cred.clone()),
+        Ok(m) => m
+            .retry_for(Duration::from_secs(2))
+            .credential(cred.clone())
+            .tls(opts.tls.clone()),
         Err(e) => {
             tracing::error!(error = %e, "no usable master address; not reporting");
             return;
@@ -192,7 +197,10 @@ pub async fn run(
                 match Masters::new(&reply.masters) {
                     Ok(m) => {
                         tracing::info!(masters = ?reply.masters, "master group changed");
-                        masters = m.retry_for(Duration::from_secs(2)).credential(cred.clone());
+                        masters = m
+                            .retry_for(Duration::from_secs(2))
+                            .credential(cred.clone())
+                            .tls(opts.tls.clone());
                         known = reply.masters.clone();
                     }
                     Err(e) => tracing::warn!(error = %e, "bad master list from the leader"),

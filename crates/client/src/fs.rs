@@ -87,6 +87,8 @@ pub struct ClientOptions {
     /// What every call to the masters proves (docs/security.md): a user's keys, or the
     /// cluster secret for servers. `None` works only with masters run `--insecure`.
     pub credential: Option<cairn_rpc::auth::Credential>,
+    /// TLS to the masters, checking them with the cluster's CA (`cairn_rpc::tls`).
+    pub tls: Option<cairn_rpc::tls::ClientTlsConfig>,
 }
 
 impl Default for ClientOptions {
@@ -105,6 +107,7 @@ impl Default for ClientOptions {
             health: HealthOptions::default(),
             meta_batch_in_flight: 1,
             credential: None,
+            tls: None,
         }
     }
 }
@@ -253,7 +256,8 @@ impl Client {
         let m = Masters::new(masters)?
             .retry_for(opts.retry_for)
             .batch_in_flight(opts.meta_batch_in_flight)
-            .credential(opts.credential.clone());
+            .credential(opts.credential.clone())
+            .tls(opts.tls.clone());
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         let client_id = format!(
             "{}-{}-{:08x}",

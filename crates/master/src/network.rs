@@ -32,19 +32,26 @@ pub struct Network {
     /// This master's id (named in its proofs).
     pub id: u64,
     pub secret: Option<cairn_rpc::auth::ClusterSecret>,
+    /// TLS to the peers, checked with the cluster's CA (cairn_rpc::tls).
+    pub tls: Option<cairn_rpc::tls::ClientTlsConfig>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, _target: u64, node: &BasicNode) -> Peer {
-        let channel = Channel::from_shared(format!("http://{}", node.addr))
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let channel = Channel::from_shared(format!("{scheme}://{}", node.addr))
+            .ok()
+            .and_then(|e| match &self.tls {
+                Some(t) => e.tls_config(t.clone()).ok(),
+                None => Some(e),
+            })
             .map(|e| {
                 e.connect_timeout(std::time::Duration::from_secs(1))
                     .tcp_nodelay(true)
                     .connect_lazy()
-            })
-            .ok();
+            });
         Peer {
             client: channel.map(RaftClient::new),
             addr: node.addr.clone(),

@@ -35,6 +35,9 @@ pub struct MasterOptions {
     /// The cluster secret: chunkservers' and peer masters' calls must prove they hold it
     /// (cairn_rpc::auth); `None` accepts any (tests, single-user setups).
     pub cluster_secret: Option<cairn_rpc::auth::ClusterSecret>,
+    /// A TLS directory (cairn_rpc::tls): serve TLS with its certificate, and talk TLS to the
+    /// other masters checking them with its CA. `None`: plain TCP.
+    pub tls_dir: Option<PathBuf>,
 }
 
 impl MasterOptions {
@@ -49,6 +52,7 @@ impl MasterOptions {
             snapshot_every: 10_000,
             log_flush_gap: crate::wal::DEFAULT_FLUSH_GAP,
             cluster_secret: None,
+            tls_dir: None,
         }
     }
 }
@@ -81,9 +85,17 @@ pub async fn serve(
         ..Default::default()
     }
     .validate()?;
+    let tls = match &opts.tls_dir {
+        Some(d) => Some((
+            cairn_rpc::tls::server_config(d)?,
+            cairn_rpc::tls::client_config(d)?,
+        )),
+        None => None,
+    };
     let network = Network {
         id: opts.id,
         secret: opts.cluster_secret.clone(),
+        tls: tls.as_ref().map(|t| t.1.clone()),
     };
     let raft: Raft = Raft::new(opts.id, Arc::new(config), network, log, sm).await?;
     if !raft.is_initialized().await? && opts.peers.keys().next() == Some(&opts.id) {
@@ -133,7 +145,11 @@ pub async fn serve(
         })
     };
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let result = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some((server_tls, _)) = tls {
+        builder = builder.tls_config(server_tls)?;
+    }
+    let result = builder
         .add_service(MetaServer::new(meta))
         .add_service(RaftServer::new(RaftService {
             raft: raft.clone(),

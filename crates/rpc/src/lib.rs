@@ -10,6 +10,7 @@ pub mod auth;
 mod error;
 pub mod object;
 mod path;
+pub mod tls;
 
 pub use error::{ErrorKind, LEADER_METADATA, MetaError};
 pub use path::{PathError, components, normalize};

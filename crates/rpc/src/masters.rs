@@ -30,6 +30,8 @@ pub(crate) struct Shared {
     retry_for: Mutex<Duration>,
     /// What every call is signed with (none: the masters must run `--insecure`).
     cred: Mutex<Option<Arc<Credential>>>,
+    /// TLS to the masters (none: plain TCP).
+    tls: Mutex<Option<crate::tls::ClientTlsConfig>>,
 }
 
 impl Masters {
@@ -45,6 +47,7 @@ impl Masters {
             clients: Mutex::new(HashMap::new()),
             retry_for: Mutex::new(Duration::from_secs(15)),
             cred: Mutex::new(None),
+            tls: Mutex::new(None),
         };
         for a in addrs {
             s.client(a)?;
@@ -66,6 +69,14 @@ impl Masters {
     #[must_use]
     pub fn credential(self, cred: Option<Credential>) -> Self {
         *self.shared.cred.lock() = cred.map(Arc::new);
+        self.shared.clients.lock().clear();
+        self
+    }
+
+    /// Talks TLS to the masters, checking them with `tls` (crate::tls).
+    #[must_use]
+    pub fn tls(self, tls: Option<crate::tls::ClientTlsConfig>) -> Self {
+        *self.shared.tls.lock() = tls;
         self.shared.clients.lock().clear();
         self
     }
@@ -229,8 +240,16 @@ impl Shared {
         if let Some(c) = self.clients.lock().get(addr) {
             return Ok(c.clone());
         }
-        let ch = Channel::from_shared(format!("http://{addr}"))
-            .map_err(|e| MetaError::invalid(format!("master address {addr:?}: {e}")))?
+        let tls = self.tls.lock().clone();
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut ep = Channel::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| MetaError::invalid(format!("master address {addr:?}: {e}")))?;
+        if let Some(t) = tls {
+            ep = ep
+                .tls_config(t)
+                .map_err(|e| MetaError::invalid(format!("TLS to {addr}: {e}")))?;
+        }
+        let ch = ep
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true)
             .connect_lazy();

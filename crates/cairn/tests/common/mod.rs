@@ -178,6 +178,8 @@ pub struct Cluster {
     pub dir: PathBuf,
     pub masters: Vec<Proc>,
     pub chunkservers: Vec<Proc>,
+    /// The TLS directory the masters serve with (`--tls-dir` among the masters' arguments).
+    pub tls: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -269,10 +271,15 @@ impl Cluster {
                 }
             })
             .collect();
+        let tls = master_extra
+            .iter()
+            .position(|a| *a == "--tls-dir")
+            .map(|i| PathBuf::from(master_extra[i + 1]));
         let mut cl = Self {
             dir: dir.to_path_buf(),
             masters,
             chunkservers,
+            tls,
         };
         for p in cl.masters.iter_mut().chain(cl.chunkservers.iter_mut()) {
             p.start();
@@ -295,6 +302,9 @@ impl Cluster {
         if opts.credential.is_none() {
             opts.credential = Some(credential());
         }
+        if opts.tls.is_none() {
+            opts.tls = self.tls_config();
+        }
         Client::with_options(&self.master_addrs(), opts)
             .await
             .unwrap()
@@ -302,7 +312,14 @@ impl Cluster {
 
     /// A client of the masters with every right.
     pub fn masters(&self) -> cairn_rpc::Masters {
-        masters(&self.master_addrs())
+        masters(&self.master_addrs()).tls(self.tls_config())
+    }
+
+    /// What clients check the masters with, when they talk TLS.
+    pub fn tls_config(&self) -> Option<cairn_rpc::tls::ClientTlsConfig> {
+        self.tls
+            .as_deref()
+            .map(|d| cairn_rpc::tls::client_config(d).unwrap())
     }
 
     pub async fn status(&self) -> Result<cairn_rpc::pb::StatusReply, cairn_rpc::MetaError> {
