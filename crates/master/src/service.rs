@@ -324,6 +324,18 @@ impl Inner {
         })
     }
 
+    /// Applies `cmd` for `who` and answers with the node at `path` it touched.
+    async fn node_write(
+        &self,
+        who: &Principal,
+        cmd: Command,
+        path: &str,
+    ) -> Result<pb::NodeReply, MetaError> {
+        let reply = self.write(as_user(who, cmd)).await?;
+        let ino = reply.inode.ok_or_else(|| MetaError::internal("no inode"))?;
+        Ok(convert::node_reply(&self.sm.lock().state, path, &ino))
+    }
+
     /// The reply to a writer's call: its chunks signed for writing, with the file's writer
     /// epoch.
     fn file_reply(&self, ino: Option<Inode>) -> Result<pb::FileReply, MetaError> {
@@ -631,13 +643,7 @@ impl pb::meta_server::Meta for MetaService {
                     .transpose()?,
                 mode: convert::mode(r.mode)?,
             };
-            let reply = self.inner.write(as_user(&who, cmd)).await?;
-            let ino = reply.inode.ok_or_else(|| MetaError::internal("no inode"))?;
-            Ok(convert::node_reply(
-                &self.inner.sm.lock().state,
-                &path,
-                &ino,
-            ))
+            self.inner.node_write(&who, cmd, &path).await
         }
         .await)
     }
@@ -777,13 +783,7 @@ impl pb::meta_server::Meta for MetaService {
                 mode: convert::mode(r.mode)?,
                 owner: r.owner,
             };
-            let reply = self.inner.write(as_user(&who, cmd)).await?;
-            let ino = reply.inode.ok_or_else(|| MetaError::internal("no inode"))?;
-            Ok(convert::node_reply(
-                &self.inner.sm.lock().state,
-                &path,
-                &ino,
-            ))
+            self.inner.node_write(&who, cmd, &path).await
         }
         .await)
     }
