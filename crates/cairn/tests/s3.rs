@@ -57,6 +57,27 @@ async fn s3_flows_with_real_clients() {
     let gw = gateway(&masters, "127.0.0.1:0");
     let alice = create_user(&masters, "alice");
     let bob = create_user(&masters, "bob");
+    // The gateway's files are closed to users of the file API: S3 is the only way in.
+    let as_bob = cluster
+        .client_with(cairn_client::ClientOptions {
+            credential: Some(cairn_rpc::auth::Credential::User {
+                access_key: bob.access.clone(),
+                secret_key: bob.secret.clone(),
+            }),
+            ..Default::default()
+        })
+        .await;
+    let st = cluster.client().await.stat("/.s3").await.unwrap();
+    assert_eq!((st.owner.as_str(), st.mode), ("", 0o700));
+    match as_bob.list("/.s3/packs").await {
+        Err(cairn_client::Error::Meta(e)) => {
+            assert_eq!(e.kind, cairn_rpc::ErrorKind::PermissionDenied)
+        }
+        other => panic!(
+            "bob listed the gateway's packs: {:?}",
+            other.map(|v| v.len())
+        ),
+    }
     // A name is taken once.
     let again = cairn()
         .args([

@@ -218,6 +218,10 @@ impl Gateway {
     /// # Errors
     /// The address cannot be bound, or the gateway's directories cannot be made.
     pub async fn start(client: Client, listen: &str, opts: Options) -> anyhow::Result<Self> {
+        // Objects are readable through S3 only, by their bucket's owner: the gateway's files
+        // are the cluster's and their root is closed to users (docs/security.md).
+        client.mkdir_with(ROOT_DIR, true, None, Some(0o700)).await?;
+        client.set_attr(ROOT_DIR, Some(0o700), None).await?;
         for dir in ["packs", "blobs", "parts"] {
             client.mkdir(&format!("{ROOT_DIR}/{dir}"), true).await?;
         }
