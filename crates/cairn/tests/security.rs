@@ -15,6 +15,11 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// The idle-connection test times a pause against the servers' idle timeout: it runs alone
+/// (the others share), so that the load of five clusters starting beside it does not move
+/// the moment a server closes a connection onto the moment the writer uses it.
+static QUIET: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// One request on a raw connection: the header, the capability if any, the payload; returns
 /// the reply's status, its `offset` field and its payload.
 async fn raw(
@@ -62,6 +67,7 @@ async fn open_write(c: &cairn_client::Client, path: &str, client_id: &str) -> pb
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunkservers_refuse_requests_without_a_valid_capability() {
+    let _shared = QUIET.read().await;
     let dir = tempfile::tempdir().unwrap();
     let cl = Cluster::start(dir.path(), 1, 4).await;
     let c = cl.client().await;
@@ -234,6 +240,7 @@ async fn chunkservers_refuse_requests_without_a_valid_capability() {
 /// second rotation before the first has reached the chunkservers is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_rotate_without_downtime() {
+    let _shared = QUIET.read().await;
     let dir = tempfile::tempdir().unwrap();
     let cl = Cluster::start(dir.path(), 1, 3).await;
     let masters = cl.master_addrs().join(",");
@@ -318,6 +325,7 @@ async fn keys_rotate_without_downtime() {
 /// three masters (their Raft traffic signed) and three chunkservers serves files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_join_only_with_the_cluster_secret() {
+    let _shared = QUIET.read().await;
     use cairn_rpc::auth::{ClusterSecret, Credential};
     let dir = tempfile::tempdir().unwrap();
     let wrong = dir.path().join("wrong.secret");
@@ -424,6 +432,7 @@ async fn servers_join_only_with_the_cluster_secret() {
 /// chunk with every replica (nothing dropped, no switch) and readers read on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_closed_by_servers_are_replaced_unnoticed() {
+    let _alone = QUIET.write().await;
     let dir = tempfile::tempdir().unwrap();
     let cl = Cluster::start_with(dir.path(), 1, 3, &["--idle-timeout-secs", "1"]).await;
     let c = cl.client().await;
@@ -459,6 +468,7 @@ fn meta_kind<T>(r: Result<T, cairn_client::Error>) -> cairn_rpc::ErrorKind {
 /// need an admin; a call without credentials, with a wrong key, or replayed is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_are_authenticated_and_permission_bits_hold() {
+    let _shared = QUIET.read().await;
     use cairn_rpc::ErrorKind as K;
     use cairn_rpc::auth::Credential;
     let dir = tempfile::tempdir().unwrap();
@@ -750,6 +760,7 @@ async fn users_are_authenticated_and_permission_bits_hold() {
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_plane_over_tls() {
+    let _shared = QUIET.read().await;
     let dir = tempfile::tempdir().unwrap();
     let tls = dir.path().join("tls");
     common::run_ok(common::cairn().args(["tls", "init"]).arg(&tls));
