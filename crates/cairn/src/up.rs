@@ -614,24 +614,14 @@ fn admin_credentials(
     // Written private, then renamed: a reader never sees half of it.
     let tmp = dir.join(format!("{ADMIN_CREDENTIALS}.tmp"));
     let _ = std::fs::remove_file(&tmp);
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        writeln!(
-            f,
-            "# Written by `cairn up`: the user admin, an admin of the cluster (the cairn CLI \
-             reads this file from ./cairn-data) and a user of its S3 gateway (aws CLI \
-             credentials file format).\n\
-             [default]\naws_access_key_id = {}\naws_secret_access_key = {}",
-            user.access_key, user.secret_key
-        )?;
-        f.sync_all()?;
-    }
+    let body = format!(
+        "# Written by `cairn up`: the user admin, an admin of the cluster (the cairn CLI \
+         reads this file from ./cairn-data) and a user of its S3 gateway (aws CLI \
+         credentials file format).\n\
+         [default]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
+        user.access_key, user.secret_key
+    );
+    cairn_rpc::auth::write_private(&tmp, body.as_bytes())?;
     std::fs::rename(&tmp, &path)?;
     Ok((user.access_key, user.secret_key))
 }

@@ -277,7 +277,12 @@ impl Credential {
     }
 }
 
-fn write_private(path: &Path, body: &[u8]) -> Result<(), SecretError> {
+/// Writes a new file readable by its owner only (mode 0600), synced; a file already there is
+/// an error (secrets and credentials are never overwritten).
+///
+/// # Errors
+/// The file exists or cannot be written.
+pub fn write_private(path: &Path, body: &[u8]) -> Result<(), SecretError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let io = |source| SecretError::Io {

@@ -158,26 +158,22 @@ impl State {
     pub(super) fn authorize(&self, actor: &Actor, cmd: &Command) -> Result<(), MetaError> {
         let user = actor.user.as_str();
         match cmd {
-            Command::Mkdir { path, .. } | Command::Create { path, .. }
-                if self.lookup(path).is_ok() =>
-            {
+            Command::Mkdir { path, .. } | Command::Create { path, .. } => match self.lookup(path) {
                 // Exists: the command answers (`mkdir -p` of a directory that is there) or
                 // fails with AlreadyExists; it needs search on the way, and write on a
                 // directory whose default policy it sets.
-                let ino = self.lookup(path)?;
-                let sets_policy = matches!(
-                    cmd,
-                    Command::Mkdir {
-                        policy: Some(_),
-                        ..
-                    }
-                );
-                let want = if sets_policy { WRITE } else { 0 };
-                self.check_inode(ino.id, user, want)
-            }
-            Command::Mkdir { path, .. } | Command::Create { path, .. } => {
-                self.check_new(path, user)
-            }
+                Ok(ino) => {
+                    let sets_policy = matches!(
+                        cmd,
+                        Command::Mkdir {
+                            policy: Some(_),
+                            ..
+                        }
+                    );
+                    self.check_inode(ino.id, user, if sets_policy { WRITE } else { 0 })
+                }
+                Err(_) => self.check_new(path, user),
+            },
             Command::OpenWrite { path, .. }
             | Command::Allocate { path, .. }
             | Command::Commit { path, .. } => self.check_path(path, user, WRITE).map(|_| ()),
