@@ -55,6 +55,11 @@ pub struct ChunkserverArgs {
     /// `ca.pem`.
     #[arg(long, env = "CAIRN_TLS_DIR")]
     tls_dir: Option<std::path::PathBuf>,
+    /// Serve the data plane over TLS only (with --tls-dir's `node.pem`, whose SANs must
+    /// hold the address clients dial), and dial peers for repair over TLS. Clients need
+    /// their own --data-tls.
+    #[arg(long, env = "CAIRN_DATA_TLS", requires = "tls_dir")]
+    data_tls: bool,
     /// Serve every request without checking its capability, and run without the cluster
     /// secret: anyone who reaches the port can read, write and delete any chunk. For
     /// experiments only (docs/security.md).
@@ -110,6 +115,10 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
             max_connections: a.max_connections,
             max_connections_per_peer: a.max_connections_per_peer,
             idle_timeout: std::time::Duration::from_secs(a.idle_timeout_secs.max(1)),
+            data_tls: match (&a.tls_dir, a.data_tls) {
+                (Some(d), true) => Some(cairn_rpc::tls::data::server_tls(d)?),
+                _ => None,
+            },
             ..ServerOptions::default()
         },
     );

@@ -21,6 +21,9 @@ pub struct ClusterFile {
     /// The cluster talks TLS (`cairn up --tls`); the certificates are in DIR/tls.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tls: bool,
+    /// The data plane too (`cairn up --data-tls`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub data_tls: bool,
 }
 
 /// One process `cairn up` runs.
@@ -134,6 +137,26 @@ pub fn tls() -> anyhow::Result<Option<cairn_rpc::tls::ClientTlsConfig>> {
         .transpose()?)
 }
 
+/// The TLS the CLI dials chunkservers with: when `CAIRN_DATA_TLS` is set (not `0`/`false`),
+/// or `./cairn-data/cluster.toml` says the data plane talks TLS, a connector with
+/// [`tls_dir`]'s CA; `None`: plain TCP.
+///
+/// # Errors
+/// Data TLS asked for without a TLS directory, or its `ca.pem` unusable.
+pub fn data_tls() -> anyhow::Result<Option<cairn_rpc::tls::data::TlsConnector>> {
+    let wanted = match std::env::var("CAIRN_DATA_TLS") {
+        Ok(v) => !matches!(v.trim(), "" | "0" | "false" | "no" | "off"),
+        Err(_) => matches!(ClusterFile::load(Path::new("./cairn-data")), Ok(Some(f)) if f.data_tls),
+    };
+    if !wanted {
+        return Ok(None);
+    }
+    let dir = tls_dir().ok_or_else(|| {
+        anyhow::anyhow!("data-plane TLS needs a TLS directory: set CAIRN_TLS_DIR")
+    })?;
+    Ok(Some(cairn_rpc::tls::data::connector(&dir)?))
+}
+
 /// A client of the masters that signs with [`credential`].
 ///
 /// # Errors
@@ -152,6 +175,7 @@ pub fn client_options() -> anyhow::Result<cairn_client::ClientOptions> {
     Ok(cairn_client::ClientOptions {
         credential: credential()?,
         tls: tls()?,
+        data_tls: data_tls()?,
         ..cairn_client::ClientOptions::default()
     })
 }

@@ -71,6 +71,10 @@ struct ServeArgs {
     /// ca.pem.
     #[arg(long, env = "CAIRN_TLS_DIR")]
     tls_dir: Option<std::path::PathBuf>,
+    /// Dial chunkservers over TLS (they run --data-tls), checking them with --tls-dir's
+    /// ca.pem.
+    #[arg(long, env = "CAIRN_DATA_TLS", requires = "tls_dir")]
+    data_tls: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -169,6 +173,10 @@ async fn serve(s: ServeArgs) -> anyhow::Result<()> {
                 .as_deref()
                 .map(cairn_rpc::tls::client_config)
                 .transpose()?,
+            data_tls: match (&s.tls_dir, s.data_tls) {
+                (Some(d), true) => Some(cairn_rpc::tls::data::connector(d)?),
+                _ => None,
+            },
             ..cairn_client::ClientOptions::default()
         },
     )

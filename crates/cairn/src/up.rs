@@ -42,6 +42,9 @@ pub struct UpArgs {
     /// 127.0.0.1) on the first start, and every process and the CLI use it.
     #[arg(long)]
     tls: bool,
+    /// The data plane (chunkserver frames) over TLS too; implies --tls.
+    #[arg(long)]
+    data_tls: bool,
     /// Port of the S3 gateway on 127.0.0.1 (default: 9000 if free, else any free port; kept
     /// in cluster.toml across restarts).
     #[arg(long)]
@@ -139,16 +142,17 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     }
     let secret = secret.display().to_string();
     let tls_dir = dir.join("tls");
-    if a.tls && !tls_dir.join(cairn_rpc::tls::CA).exists() {
+    let tls = a.tls || a.data_tls;
+    if tls && !tls_dir.join(cairn_rpc::tls::CA).exists() {
         crate::tls::init(&tls_dir, &["127.0.0.1".into(), "localhost".into()])?;
     }
     // Every process is given the directory: its flag, and for the supervisor's own clients.
-    let tls_args: Vec<String> = if a.tls {
+    let tls_args: Vec<String> = if tls {
         vec!["--tls-dir".into(), tls_dir.display().to_string()]
     } else {
         Vec::new()
     };
-    let client_tls = if a.tls {
+    let client_tls = if tls {
         Some(cairn_rpc::tls::client_config(&tls_dir)?)
     } else {
         None
@@ -178,7 +182,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let mut file = ClusterFile {
         master_procs: procs_of(a.masters, &old.master_procs, "master")?,
         chunkserver_procs: procs_of(a.chunkservers, &old.chunkserver_procs, "chunkserver")?,
-        tls: a.tls,
+        tls,
+        data_tls: a.data_tls,
         ..ClusterFile::default()
     };
     if !a.no_s3 {
@@ -256,6 +261,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             ]
             .into_iter()
             .chain(tls_args.iter().cloned())
+            .chain(a.data_tls.then(|| "--data-tls".to_string()))
             .chain(a.fault_injection.then(|| "--fault-injection".to_string()))
             .chain(a.no_zero_fill.then(|| "--no-zero-fill".to_string()))
             .collect(),
@@ -284,6 +290,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             ]
             .into_iter()
             .chain(tls_args.iter().cloned())
+            .chain(a.data_tls.then(|| "--data-tls".to_string()))
             .collect(),
             child: None,
             started: Instant::now(),
@@ -432,6 +439,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                         &masters_list,
                         Path::new(&secret),
                         client_tls.clone(),
+                        a.data_tls.then_some(&tls_dir),
                     );
                     println!(
                         "cairn up: ready: {up} of {} chunkserver(s) up after {:.1} s; the CLI signs \
@@ -581,6 +589,7 @@ fn admin_credentials(
     masters: &str,
     secret: &Path,
     tls: Option<cairn_rpc::tls::ClientTlsConfig>,
+    data_tls: Option<&Path>,
 ) -> anyhow::Result<(String, String)> {
     let path = dir.join(ADMIN_CREDENTIALS);
     if let Ok(cairn_rpc::auth::Credential::User {
@@ -603,6 +612,7 @@ fn admin_credentials(
                     who: "cairn-up".into(),
                 }),
                 tls,
+                data_tls: data_tls.map(cairn_rpc::tls::data::connector).transpose()?,
                 ..cairn_client::ClientOptions::default()
             },
         )

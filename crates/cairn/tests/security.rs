@@ -759,7 +759,7 @@ async fn users_are_authenticated_and_permission_bits_hold() {
 /// TLS) serve files; a client or CLI that talks plain TCP, or checks with another CA, gets
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn control_plane_over_tls() {
+async fn tls_on_the_control_and_data_planes() {
     let _shared = QUIET.read().await;
     let dir = tempfile::tempdir().unwrap();
     let tls = dir.path().join("tls");
@@ -776,13 +776,43 @@ async fn control_plane_over_tls() {
     }
     let t = tls.display().to_string();
     let flag = ["--tls-dir", t.as_str()];
-    let cl = Cluster::start_full(dir.path(), 3, 3, &flag, &flag).await;
+    let cs_flags = ["--tls-dir", t.as_str(), "--data-tls"];
+    let cl = Cluster::start_full(dir.path(), 3, 4, &flag, &cs_flags).await;
     let c = cl.client().await;
     let data = common::bytes(5, 0, 200_000);
     let mut w = c.create("/tls", CreateOptions::default()).await.unwrap();
     w.append(&data).await.unwrap();
     w.close().await.unwrap();
     assert_eq!(c.read("/tls", 0, data.len()).await.unwrap(), data);
+
+    // The data plane: a client that dials chunkservers in plain TCP reads nothing; a raw
+    // frame in plain TCP is answered by a closed connection; TLS checked with another
+    // cluster's CA fails its handshake.
+    let plain_data = cairn_client::Client::with_options(
+        &cl.master_addrs(),
+        cairn_client::ClientOptions {
+            credential: Some(common::credential()),
+            tls: cl.tls_config(),
+            retry_for: Duration::from_secs(2),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        plain_data.stat("/tls").await.is_ok(),
+        "the control plane answers"
+    );
+    assert!(plain_data.read("/tls", 0, 10).await.is_err());
+    let cs_addr: std::net::SocketAddr = cl.chunkservers[0].addr.parse().unwrap();
+    let mut s = TcpStream::connect(cs_addr).await.unwrap();
+    let h = Header::request(Opcode::Read, 1, 1);
+    s.write_all(&h.encode()).await.unwrap();
+    let mut buf = [0u8; 1];
+    assert!(
+        matches!(s.read(&mut buf).await, Ok(0) | Err(_)),
+        "a plain frame got a reply from a TLS port"
+    );
 
     // Plain TCP, and TLS checked with another cluster's CA: refused.
     let other = dir.path().join("other");
@@ -800,6 +830,21 @@ async fn control_plane_over_tls() {
         .await
         .unwrap();
         assert!(plain.stat("/tls").await.is_err());
+    }
+    let other_ca = cairn_rpc::tls::data::connector(&other).unwrap();
+    match cairn_client::DataConn::connect_with(
+        cs_addr,
+        Duration::from_secs(5),
+        None,
+        Some(&other_ca),
+    )
+    .await
+    {
+        Err(cairn_client::DataError::Connect { message, .. }) => {
+            assert!(message.contains("TLS"), "{message}")
+        }
+        Err(e) => panic!("another CA's client: {e}"),
+        Ok(_) => panic!("another CA's client connected"),
     }
     // The CLI with CAIRN_TLS_DIR, and without.
     let masters = cl.master_addrs().join(",");
@@ -826,4 +871,25 @@ async fn control_plane_over_tls() {
     let mut w = c.create("/tls2", CreateOptions::default()).await.unwrap();
     w.append(b"after the election").await.unwrap();
     w.close().await.unwrap();
+    // Repair between chunkservers goes over TLS: a killed server's copies are made again.
+    let victim_id = common::chunks(&c, "/tls").await[0].servers[0];
+    let victim = cl.index_of(victim_id).await;
+    cl.chunkservers[victim].kill();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let list = common::chunks(&c, "/tls").await;
+        if list
+            .iter()
+            .all(|ch| ch.servers.len() == 3 && !ch.servers.contains(&victim_id))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not re-replicated over TLS: {list:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cl.wait_fully_replicated(Duration::from_secs(60)).await;
+    assert_eq!(c.read("/tls", 0, data.len()).await.unwrap(), data);
 }

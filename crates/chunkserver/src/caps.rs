@@ -73,7 +73,7 @@ impl Checker {
         if !require {
             return Ok(None);
         }
-        let Some(rights) = h.op().and_then(|op| needed(op)) else {
+        let Some(rights) = h.op().and_then(needed) else {
             return Ok(None);
         };
         let r = (|| {

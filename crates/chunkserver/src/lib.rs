@@ -25,7 +25,7 @@ use cairn_proto::frame::{
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
@@ -56,6 +56,9 @@ pub struct ServerOptions {
     /// first byte (or after the server could take its payload) closes its connection: a
     /// slow or stalled sender holds nothing for long.
     pub frame_timeout: std::time::Duration,
+    /// Serve frames over TLS only, and dial peers (repair, conversion) over TLS
+    /// (`--data-tls`; docs/security.md).
+    pub data_tls: Option<cairn_rpc::tls::data::ServerTls>,
 }
 
 impl Default for ServerOptions {
@@ -71,6 +74,7 @@ impl Default for ServerOptions {
             max_server_bytes: 2 << 30,
             idle_timeout: std::time::Duration::from_secs(300),
             frame_timeout: std::time::Duration::from_secs(30),
+            data_tls: None,
         }
     }
 }
@@ -132,6 +136,8 @@ const DEFAULT_BACKGROUND_BYTES_PER_SEC: u64 = 200 << 20;
 
 /// Bytes of a connection's read buffer.
 const READ_BUFFER: usize = 64 << 10;
+/// The buffer between a TLS session and its socket (rustls reads it 4 KiB at a time).
+const TLS_READ_BUFFER: usize = 128 << 10;
 
 /// Receive buffers kept for reuse (at most 16 × 4 MiB with `cairn fs put`'s appends).
 const RECV_BUFFERS: usize = 16;
@@ -342,10 +348,22 @@ impl Chunkserver {
         self.disks
     }
 
-    /// Accepts connections until `shutdown` resolves.
+    /// Accepts connections until `shutdown` resolves (over TLS with `data_tls`).
     pub async fn serve(
         self: Arc<Self>,
         listener: TcpListener,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let tls = self.opts.data_tls.as_ref().map(|t| t.acceptor.clone());
+        self.serve_with(listener, tls, shutdown).await
+    }
+
+    /// [`Chunkserver::serve`] with `tls` instead of the options' (a benchmark serves one
+    /// server on a plain and a TLS listener at once).
+    pub async fn serve_with(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Option<cairn_rpc::tls::data::TlsAcceptor>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         tokio::pin!(shutdown);
@@ -357,9 +375,9 @@ impl Chunkserver {
                         let Some(slot) = self.admit(peer) else {
                             continue;
                         };
-                        let this = self.clone();
+                        let (this, tls) = (self.clone(), tls.clone());
                         tokio::spawn(async move {
-                            this.connection(stream, peer).await;
+                            this.accepted(stream, peer, tls.as_ref()).await;
                             drop(slot);
                         });
                     }
@@ -395,9 +413,59 @@ impl Chunkserver {
         None
     }
 
-    async fn connection(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+    /// Serves an accepted connection: over TLS once its handshake completes when `tls` is
+    /// given, else as it is.
+    async fn accepted(
+        self: Arc<Self>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        tls: Option<&cairn_rpc::tls::data::TlsAcceptor>,
+    ) {
         let _ = stream.set_nodelay(true);
-        let (rd, wr) = stream.into_split();
+        let Some(tls) = tls else {
+            let (rd, wr) = stream.into_split();
+            return self.connection(rd, wr, peer).await;
+        };
+        // A TLS connection opens with a handshake record (content type 22); anything else is
+        // a client that was not told this server speaks TLS.
+        let mut first = [0u8; 1];
+        let t = self.opts.frame_timeout;
+        match tokio::time::timeout(t, stream.peek(&mut first)).await {
+            Ok(Ok(1)) if first[0] == 22 => {}
+            Ok(Ok(1)) => {
+                metrics::counter!("cairn_chunkserver_tls_refused_total", "why" => "plain")
+                    .increment(1);
+                tracing::warn!(%peer, "plain-text connection refused: this chunkserver serves its data plane over TLS (clients need --data-tls)");
+                return;
+            }
+            _ => return,
+        }
+        // rustls reads the socket 4 KiB at a time: a buffer under it turns the five reads of
+        // each 16 KiB record into a fraction of one system call.
+        let stream = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, stream);
+        let stream = match tokio::time::timeout(t, tls.accept(stream)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                metrics::counter!("cairn_chunkserver_tls_refused_total", "why" => "handshake")
+                    .increment(1);
+                tracing::warn!(%peer, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(%peer, "TLS handshake timed out");
+                return;
+            }
+        };
+        let (rd, wr) = tokio::io::split(stream);
+        self.connection(rd, wr, peer).await
+    }
+
+    async fn connection(
+        self: Arc<Self>,
+        rd: impl AsyncRead + Unpin + Send,
+        wr: impl AsyncWrite + Unpin + Send + 'static,
+        peer: SocketAddr,
+    ) {
         // Frames are read through a buffer: one read takes a small request's header and
         // payload (and whatever follows them) in one system call. Payloads longer than the
         // buffer are read straight into theirs.

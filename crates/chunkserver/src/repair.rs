@@ -87,6 +87,11 @@ pub const TRAFFIC_REPAIR_NETWORK: usize = 3;
 pub const TRAFFIC_REPAIR_DEVICE: usize = 4;
 
 impl Repairer {
+    /// How this server dials its peers: over TLS when it serves over TLS.
+    fn tls(&self) -> Option<&cairn_rpc::tls::data::TlsConnector> {
+        self.cs.opts.data_tls.as_ref().map(|t| &t.connector)
+    }
+
     pub fn new(cs: Arc<Chunkserver>) -> Arc<Self> {
         Arc::new(Self {
             cs,
@@ -304,7 +309,7 @@ impl Repairer {
             for &i in &order {
                 let (sid, addr) = sources[i];
                 if conns[i].is_none() {
-                    match DataConn::connect_with_caps(addr, TIMEOUT, task_caps(task)).await {
+                    match DataConn::connect_with(addr, TIMEOUT, task_caps(task), self.tls()).await {
                         Ok(c) => conns[i] = Some(c),
                         Err(e) => {
                             last = format!("source {sid}: {e}");
@@ -423,10 +428,11 @@ impl Repairer {
                 let mut ready = Vec::new();
                 for &i in &batch {
                     if conns[i].is_none() {
-                        match DataConn::connect_with_caps(
+                        match DataConn::connect_with(
                             addrs[i].expect("kept"),
                             TIMEOUT,
                             task_caps(task),
+                            self.tls(),
                         )
                         .await
                         {
@@ -543,7 +549,7 @@ impl Repairer {
                 .addr
                 .parse()
                 .map_err(|_| format!("bad member address {:?}", s.addr))?;
-            let c = DataConn::connect_with_caps(addr, TIMEOUT, task_caps(task))
+            let c = DataConn::connect_with(addr, TIMEOUT, task_caps(task), self.tls())
                 .await
                 .map_err(|e| format!("member server {}: {e}", s.id))?;
             c.create(group, task.version, Vec::new())

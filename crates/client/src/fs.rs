@@ -89,6 +89,10 @@ pub struct ClientOptions {
     pub credential: Option<cairn_rpc::auth::Credential>,
     /// TLS to the masters, checking them with the cluster's CA (`cairn_rpc::tls`).
     pub tls: Option<cairn_rpc::tls::ClientTlsConfig>,
+    /// TLS to the chunkservers (run `--data-tls`), checking them with the cluster's CA
+    /// (`cairn_rpc::tls::data::connector`). `None`: frames go in plain TCP (capabilities
+    /// still hold).
+    pub data_tls: Option<cairn_rpc::tls::data::TlsConnector>,
 }
 
 impl Default for ClientOptions {
@@ -108,6 +112,7 @@ impl Default for ClientOptions {
             meta_batch_in_flight: 1,
             credential: None,
             tls: None,
+            data_tls: None,
         }
     }
 }
@@ -690,10 +695,11 @@ impl Client {
             .ok_or(Error::UnknownServer(server))?;
         let sock = addr.parse().map_err(|_| Error::UnknownServer(server))?;
         let c = Arc::new(
-            DataConn::connect_with_caps(
+            DataConn::connect_with(
                 sock,
                 self.inner.opts.request_timeout,
                 Some(self.inner.caps.clone()),
+                self.inner.opts.data_tls.as_ref(),
             )
             .await
             .map_err(|e| Error::Data {

@@ -369,6 +369,9 @@ impl Header {
     }
 }
 
+/// The capability's size is fixed by the header's `cap_len` (docs/formats/wire.md).
+const _: () = assert!(crate::cap::CAP_BYTES == 64);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,4 +484,3 @@ mod tests {
         );
     }
 }
-const _: () = assert!(crate::cap::CAP_BYTES == 64);

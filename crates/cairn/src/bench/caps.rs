@@ -149,7 +149,7 @@ async fn measure(a: &Args, path: &std::path::Path) -> anyhow::Result<Report> {
         caps.remember(&c.encode());
     }
     let timeout = Duration::from_secs(30);
-    let with = Arc::new(DataConn::connect_with_caps(addr, timeout, Some(caps)).await?);
+    let with = Arc::new(DataConn::connect_with(addr, timeout, Some(caps), None).await?);
     let without = Arc::new(DataConn::connect(addr, timeout).await?);
     let data = bytes::Bytes::from(vec![0x5a; a.size as usize]);
     // Per chunk: its length so far (each mode appends to its own chunks).

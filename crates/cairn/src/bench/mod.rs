@@ -11,6 +11,7 @@ mod floor;
 mod recovery;
 mod repair;
 mod s3;
+mod tls;
 
 use clap::Subcommand;
 
@@ -42,6 +43,9 @@ pub enum BenchCommand {
     /// appends measured before and during, and the network bytes per user byte (a local
     /// cluster of K+M+ chunkservers).
     Convert(convert::Args),
+    /// What TLS costs the data plane: one chunkserver served on a TLS and a plain listener,
+    /// 1 MiB appends and reads alternating between them.
+    Tls(tls::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -56,6 +60,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::S3(a) => s3::run(a),
         BenchCommand::Codec(a) => codec::run(a),
         BenchCommand::Convert(a) => convert::run(a),
+        BenchCommand::Tls(a) => tls::run(a),
     }
 }
 

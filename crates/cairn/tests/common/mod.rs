@@ -180,6 +180,8 @@ pub struct Cluster {
     pub chunkservers: Vec<Proc>,
     /// The TLS directory the masters serve with (`--tls-dir` among the masters' arguments).
     pub tls: Option<PathBuf>,
+    /// The chunkservers serve frames over TLS (`--data-tls` among their arguments).
+    pub data_tls: bool,
 }
 
 impl Cluster {
@@ -280,6 +282,7 @@ impl Cluster {
             masters,
             chunkservers,
             tls,
+            data_tls: extra.contains(&"--data-tls"),
         };
         for p in cl.masters.iter_mut().chain(cl.chunkservers.iter_mut()) {
             p.start();
@@ -305,6 +308,9 @@ impl Cluster {
         if opts.tls.is_none() {
             opts.tls = self.tls_config();
         }
+        if opts.data_tls.is_none() {
+            opts.data_tls = self.data_tls();
+        }
         Client::with_options(&self.master_addrs(), opts)
             .await
             .unwrap()
@@ -320,6 +326,12 @@ impl Cluster {
         self.tls
             .as_deref()
             .map(|d| cairn_rpc::tls::client_config(d).unwrap())
+    }
+
+    /// What clients dial the chunkservers with, when they serve TLS.
+    pub fn data_tls(&self) -> Option<cairn_rpc::tls::data::TlsConnector> {
+        let d = self.tls.as_deref().filter(|_| self.data_tls)?;
+        Some(cairn_rpc::tls::data::connector(d).unwrap())
     }
 
     pub async fn status(&self) -> Result<cairn_rpc::pb::StatusReply, cairn_rpc::MetaError> {
@@ -362,10 +374,11 @@ impl Cluster {
         for c in &located.chunks {
             caps.remember(&c.cap);
         }
-        cairn_client::DataConn::connect_with_caps(
+        cairn_client::DataConn::connect_with(
             self.chunkservers[i].addr.parse().unwrap(),
             Duration::from_secs(10),
             Some(caps),
+            self.data_tls().as_ref(),
         )
         .await
         .unwrap()
