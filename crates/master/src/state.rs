@@ -570,6 +570,9 @@ fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {
         O::MoveExtent { .. } => "move-extent",
         O::DropPack { .. } => "drop-pack",
         O::EmptyTrash { .. } => "empty-trash",
+        O::CreateVolume { .. } => "create-volume",
+        O::ResizeVolume { .. } => "resize-volume",
+        O::DeleteVolume { .. } => "delete-volume",
     }
 }
 

@@ -198,6 +198,48 @@ pub enum ObjectOp {
     EmptyTrash {
         paths: Vec<String>,
     },
+    /// The block service (docs/block.md): a new volume; refused if the name is taken.
+    CreateVolume {
+        volume: Volume,
+    },
+    /// Grows a volume to `size` bytes (a shrink is refused: blocks past it may hold data).
+    ResizeVolume {
+        name: String,
+        size: u64,
+    },
+    /// Forgets a volume (its files are deleted by the caller, after this).
+    DeleteVolume {
+        name: String,
+    },
+}
+
+/// A block volume (docs/block.md): its data and index live in FlatLogFiles under
+/// `/.block/ID/`; this record is what the masters keep.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Volume {
+    pub name: String,
+    /// 16 hex digits, fresh for every volume: names its directory, so a volume deleted and
+    /// created again under the same name never sees the old one's files.
+    pub id: String,
+    /// Bytes; a multiple of `block_size`.
+    pub size: u64,
+    /// The unit of the index and of NBD requests (a power of two, 512..=64 KiB).
+    pub block_size: u32,
+    /// The redundancy of its files (`cairn_client::Policy` syntax, e.g. `r3`, `ec:4+2`);
+    /// empty: the cluster's default.
+    #[serde(default)]
+    pub policy: String,
+    pub created_ms: u64,
+}
+
+/// Volume names: 1–63 of `[a-z0-9._-]`, starting with a letter or digit.
+pub fn valid_volume_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(&c))
 }
 
 /// How often a gateway tells the masters it is there.
@@ -225,6 +267,8 @@ pub enum OpReply {
     Done,
     /// The object a PUT or a completed upload made.
     Object(ObjectMeta),
+    /// A volume as a change left it.
+    Volume(Volume),
 }
 
 pub type OpResult = Result<OpReply, ObjectError>;
@@ -288,6 +332,12 @@ pub enum ObjectQuery {
         live_pct: u8,
         max: u32,
     },
+    /// A volume by name.
+    Volume {
+        name: String,
+    },
+    /// Every volume, by name.
+    Volumes,
 }
 
 /// A pack worth compacting.
@@ -349,6 +399,8 @@ pub enum QueryReply {
     Uploads(Vec<Upload>),
     Packs(Vec<PackCandidate>),
     Trash(Vec<String>),
+    Volume(Volume),
+    Volumes(Vec<Volume>),
     Gateways {
         gateways: Vec<Gateway>,
         buckets: u64,
@@ -386,6 +438,10 @@ pub enum ObjectError {
     UserExists,
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    #[error("no such volume")]
+    NoSuchVolume,
+    #[error("a volume by that name exists")]
+    VolumeExists,
 }
 
 /// Encodes for a `bytes` field.

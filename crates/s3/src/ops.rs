@@ -43,6 +43,8 @@ pub fn s3_err(e: ObjectError) -> S3Error {
         ObjectError::AccessDenied => C::AccessDenied,
         ObjectError::UserExists => C::InvalidArgument,
         ObjectError::InvalidArgument(_) => C::InvalidArgument,
+        // Volumes are not S3's; a gateway never asks about them.
+        ObjectError::NoSuchVolume | ObjectError::VolumeExists => C::InternalError,
     };
     S3Error::with_message(code, e.to_string())
 }
@@ -410,7 +412,9 @@ impl Cairn {
         };
         match change(&self.data.client, &op).await {
             Ok(OpReply::Object(o)) => Ok(o),
-            Ok(OpReply::Done) => Err(internal("a PUT answered without its object")),
+            Ok(OpReply::Done | OpReply::Volume(_)) => {
+                Err(internal("a PUT answered without its object"))
+            }
             Err(e) => {
                 if e.code() != &S3ErrorCode::ServiceUnavailable {
                     self.discard(&extents).await;
@@ -1342,7 +1346,7 @@ impl S3 for Cairn {
         };
         let o = match change(&self.data.client, &op).await? {
             OpReply::Object(o) => o,
-            OpReply::Done => meta,
+            OpReply::Done | OpReply::Volume(_) => meta,
         };
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(input.bucket.clone()),

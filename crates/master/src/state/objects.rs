@@ -9,7 +9,7 @@ use super::{Command, State};
 use cairn_rpc::object::{
     BucketInfo, Extent, GATEWAY_FORGET_MS, Gateway, ListEntry, ListPage, ListRequest,
     MAX_LIST_KEYS, MIN_PART_BYTES, ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply,
-    OpResult, PackCandidate, Part, QueryReply, QueryResult, Upload, User,
+    OpResult, PackCandidate, Part, QueryReply, QueryResult, Upload, User, Volume,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -32,6 +32,9 @@ pub struct ObjectIndex {
     /// period, so that GETs reading them finish).
     #[serde(default)]
     trash: std::collections::BTreeSet<String>,
+    /// The block service's volumes, by name (docs/block.md).
+    #[serde(default)]
+    volumes: BTreeMap<String, Volume>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +171,15 @@ impl ObjectIndex {
             }
             ObjectQuery::CompactionCandidates { .. } => Err(ObjectError::InvalidArgument(
                 "compaction candidates are answered with the namespace".into(),
+            )),
+            ObjectQuery::Volume { name } => self
+                .volumes
+                .get(name)
+                .cloned()
+                .map(QueryReply::Volume)
+                .ok_or(ObjectError::NoSuchVolume),
+            ObjectQuery::Volumes => Ok(QueryReply::Volumes(
+                self.volumes.values().cloned().collect(),
             )),
             ObjectQuery::Trash { max } => Ok(QueryReply::Trash(
                 self.trash.iter().take(*max as usize).cloned().collect(),
@@ -520,6 +532,57 @@ impl State {
                 }
                 Ok(OpReply::Done)
             }
+            ObjectOp::CreateVolume { volume } => {
+                let v = volume;
+                if !cairn_rpc::object::valid_volume_name(&v.name) {
+                    return Err(ObjectError::InvalidArgument(format!(
+                        "invalid volume name {:?} (1-63 of a-z 0-9 . _ -)",
+                        v.name
+                    )));
+                }
+                let bs = u64::from(v.block_size);
+                if !v.block_size.is_power_of_two() || !(512..=65536).contains(&v.block_size) {
+                    return Err(ObjectError::InvalidArgument(
+                        "block size must be a power of two in 512..=64k".into(),
+                    ));
+                }
+                if v.size == 0 || v.size % bs != 0 {
+                    return Err(ObjectError::InvalidArgument(format!(
+                        "size must be a positive multiple of the block size ({bs})"
+                    )));
+                }
+                if v.id.len() != 16 || !v.id.bytes().all(|c| c.is_ascii_hexdigit()) {
+                    return Err(ObjectError::InvalidArgument(
+                        "volume id: 16 hex digits".into(),
+                    ));
+                }
+                if idx.volumes.contains_key(&v.name) {
+                    return Err(ObjectError::VolumeExists);
+                }
+                idx.volumes.insert(v.name.clone(), v.clone());
+                Ok(OpReply::Volume(v.clone()))
+            }
+            ObjectOp::ResizeVolume { name, size } => {
+                let v = idx.volumes.get_mut(name).ok_or(ObjectError::NoSuchVolume)?;
+                if *size < v.size {
+                    return Err(ObjectError::InvalidArgument(
+                        "a volume only grows (shrinking would drop its last blocks)".into(),
+                    ));
+                }
+                if *size % u64::from(v.block_size) != 0 {
+                    return Err(ObjectError::InvalidArgument(format!(
+                        "size must be a multiple of the block size ({})",
+                        v.block_size
+                    )));
+                }
+                v.size = *size;
+                Ok(OpReply::Volume(v.clone()))
+            }
+            ObjectOp::DeleteVolume { name } => idx
+                .volumes
+                .remove(name)
+                .map(OpReply::Volume)
+                .ok_or(ObjectError::NoSuchVolume),
             ObjectOp::AbortUpload { user, upload_id } => {
                 idx.upload(user, upload_id)?;
                 let upload = self.objects.uploads.remove(upload_id).expect("checked");
