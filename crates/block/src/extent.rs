@@ -189,7 +189,7 @@ mod tests {
     use proptest::prelude::*;
 
     /// The naive model: one entry per block.
-    fn model_apply(m: &mut Vec<Option<(u64, u64)>>, op: &(bool, u64, u64, u64), bs: u64) {
+    fn model_apply(m: &mut [Option<(u64, u64)>], op: &(bool, u64, u64, u64), bs: u64) {
         let (write, lba, n, seg) = *op;
         for i in 0..n {
             let b = (lba + i) as usize;

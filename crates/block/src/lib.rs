@@ -4,3 +4,5 @@
 
 pub mod extent;
 pub mod journal;
+pub mod nbd;
+pub mod volume;

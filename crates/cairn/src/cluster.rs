@@ -18,6 +18,9 @@ pub struct ClusterFile {
     /// S3 gateways (`addr` is the HTTP endpoint's HOST:PORT).
     #[serde(default, rename = "s3")]
     pub s3_procs: Vec<Proc>,
+    /// NBD servers (`addr` is what `nbd://ADDR/VOLUME` names).
+    #[serde(default, rename = "nbd")]
+    pub nbd_procs: Vec<Proc>,
     /// The cluster talks TLS (`cairn up --tls`); the certificates are in DIR/tls.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tls: bool,

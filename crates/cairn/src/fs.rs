@@ -414,11 +414,30 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
     let now = cairn_s3::now_ms();
-    let gateways: Vec<serde_json::Value> = objects
+    // S3 gateways and NBD servers share the masters' table; the endpoint's scheme tells them
+    // apart.
+    let all: &[cairn_rpc::object::Gateway] = objects
         .as_ref()
         .map(|(g, ..)| g.as_slice())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let now_ms = cairn_s3::now_ms();
+    let nbd: Vec<serde_json::Value> = all
         .iter()
+        .filter(|g| g.endpoint.starts_with("nbd://"))
+        .map(|g| {
+            let up = now_ms.saturating_sub(g.seen_ms) < cairn_rpc::object::GATEWAY_DOWN_MS;
+            serde_json::json!({
+                "uri": g.endpoint,
+                "host": g.host,
+                "pid": (g.host == this_host).then_some(g.pid),
+                "state": if up { "up" } else { "down" },
+                "last_seen_ms_ago": now_ms.saturating_sub(g.seen_ms),
+            })
+        })
+        .collect();
+    let gateways: Vec<serde_json::Value> = all
+        .iter()
+        .filter(|g| !g.endpoint.starts_with("nbd://"))
         .map(|g| {
             let up = now.saturating_sub(g.seen_ms) < cairn_rpc::object::GATEWAY_DOWN_MS;
             serde_json::json!({
@@ -438,6 +457,7 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
             "last_applied": s.last_applied,
             "masters": s.masters.iter().map(|m| serde_json::json!({"id": m.id, "addr": m.addr, "voter": m.voter, "leader": m.id == s.leader_id, "pid": master_pid(&m.addr)})).collect::<Vec<_>>(),
             "s3": gateways,
+            "nbd": nbd,
             "objects": objects.as_ref().map(|(_, b, o, u)| serde_json::json!({"buckets": b, "objects": o, "uploads": u})),
             "chunkservers": s.servers.iter().map(|c| serde_json::json!({
                 "id": c.id, "addr": c.addr, "host": c.host, "rack": c.rack, "state": c.state,
@@ -505,6 +525,21 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
             println!(
                 "  {:<28} {:<5} {}{}",
                 g["endpoint"].as_str().unwrap_or_default(),
+                g["state"].as_str().unwrap_or_default(),
+                g["host"].as_str().unwrap_or_default(),
+                g["pid"]
+                    .as_u64()
+                    .map(|p| format!("  pid {p}"))
+                    .unwrap_or_default(),
+            );
+        }
+    }
+    if !nbd.is_empty() {
+        println!("nbd servers:");
+        for g in &nbd {
+            println!(
+                "  {:<28} {:<5} {}{}",
+                g["uri"].as_str().unwrap_or_default(),
                 g["state"].as_str().unwrap_or_default(),
                 g["host"].as_str().unwrap_or_default(),
                 g["pid"]

@@ -16,6 +16,7 @@ mod s3;
 mod s3client;
 mod tls;
 mod up;
+mod volume;
 
 use clap::{Parser, Subcommand};
 
@@ -55,6 +56,11 @@ enum Command {
     /// TLS certificates for the control plane: make a cluster CA and a server certificate.
     #[command(subcommand)]
     Tls(tls::TlsCommand),
+    /// Block volumes: create, list, info, resize, delete.
+    #[command(subcommand)]
+    Volume(volume::VolumeCommand),
+    /// Serve volumes over NBD (qemu, nbdcopy, fio's nbd engine).
+    Nbd(volume::NbdArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -76,6 +82,8 @@ fn main() -> std::process::ExitCode {
         Command::S3(a) => s3::run(a),
         Command::User(c) => s3::user(c),
         Command::Tls(c) => tls::run(c),
+        Command::Volume(c) => volume::run(c),
+        Command::Nbd(a) => volume::nbd(a),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -38,6 +38,13 @@ pub struct UpArgs {
     /// Do not run an S3 gateway.
     #[arg(long)]
     no_s3: bool,
+    /// Do not run an NBD server (block volumes).
+    #[arg(long)]
+    no_nbd: bool,
+    /// Port of the NBD server on 127.0.0.1 (default: 10809 if free, else any free port; kept
+    /// in cluster.toml across restarts).
+    #[arg(long)]
+    nbd_port: Option<u16>,
     /// The control plane over TLS: makes DATA_DIR/tls (a cluster CA and a certificate for
     /// 127.0.0.1) on the first start, and every process and the CLI use it.
     #[arg(long)]
@@ -67,6 +74,7 @@ enum Kind {
     Master,
     Chunkserver,
     S3,
+    Nbd,
 }
 
 /// Where `cairn up` keeps the admin user's credentials it made (an aws CLI credentials file,
@@ -197,6 +205,17 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         };
         file.s3_procs.push(p);
     }
+    if !a.no_nbd {
+        let mut p = procs_of(1, &old.nbd_procs, "nbd")?.remove(0);
+        p.addr = match (a.nbd_port, old.nbd_procs.first()) {
+            (Some(port), _) => format!("127.0.0.1:{port}"),
+            (None, Some(o)) => o.addr.clone(),
+            (None, None) => std::net::TcpListener::bind("127.0.0.1:10809")
+                .map(|_| "127.0.0.1:10809".to_string())
+                .or_else(|_| free_port())?,
+        };
+        file.nbd_procs.push(p);
+    }
     file.masters = file.master_procs.iter().map(|p| p.addr.clone()).collect();
     let peers = file
         .master_procs
@@ -302,6 +321,34 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         });
     }
 
+    for (i, p) in file.nbd_procs.iter().enumerate() {
+        procs.push(Managed {
+            name: format!("nbd-{}", p.id),
+            kind: Kind::Nbd,
+            index: i,
+            args: vec![
+                "nbd".into(),
+                "--listen".into(),
+                p.addr.clone(),
+                "--masters".into(),
+                masters_list.clone(),
+                "--metrics-listen".into(),
+                p.metrics.clone(),
+                "--cluster-secret-file".into(),
+                secret.clone(),
+            ]
+            .into_iter()
+            .chain(tls_args.iter().cloned())
+            .chain(a.data_tls.then(|| "--data-tls".to_string()))
+            .collect(),
+            child: None,
+            started: Instant::now(),
+            // Started once the cluster is ready, like the gateway.
+            restart_at: None,
+            backoff: Duration::from_millis(500),
+        });
+    }
+
     let fresh = file
         .chunkserver_procs
         .iter()
@@ -392,6 +439,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                     Kind::Master => file.master_procs[m.index].pid = pid,
                     Kind::Chunkserver => file.chunkserver_procs[m.index].pid = pid,
                     Kind::S3 => file.s3_procs[m.index].pid = pid,
+                    Kind::Nbd => file.nbd_procs[m.index].pid = pid,
                 }
             }
             file.store(&dir)?;
@@ -422,6 +470,12 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                     p.addr, p.metrics
                 );
             }
+            for p in &file.nbd_procs {
+                println!(
+                    "  nbd server     nbd://{}/VOLUME  (starts once the chunkservers are up)  metrics http://{}/metrics",
+                    p.addr, p.metrics
+                );
+            }
             println!("  cluster file   {}", ClusterFile::path(&dir).display());
             println!("  logs           {}", logs.display());
             println!(
@@ -449,7 +503,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                         began.elapsed().as_secs_f64(),
                         dir.join(ADMIN_CREDENTIALS).display()
                     );
-                    for m in procs.iter_mut().filter(|m| m.kind == Kind::S3) {
+                    for m in procs
+                        .iter_mut()
+                        .filter(|m| matches!(m.kind, Kind::S3 | Kind::Nbd))
+                    {
                         m.restart_at = Some(Instant::now());
                     }
                     match keys {
@@ -459,6 +516,15 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                             }
                         }
                         Err(e) => eprintln!("cairn up: no admin credentials: {e:#}"),
+                    }
+                    if let Some(p) = file.nbd_procs.first() {
+                        println!(
+                            "cairn up: block volumes over NBD at nbd://{}/VOLUME\n\
+                             try: cairn volume create vol1 --size 1g; \
+                             qemu-img convert -n -O raw disk.img nbd://{}/vol1; \
+                             nbdinfo nbd://{}/vol1",
+                            p.addr, p.addr, p.addr
+                        );
                     }
                 }
                 Readiness::Slow { up, why } => println!(
@@ -478,7 +544,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
 
     eprintln!("cairn up: stopping");
     // Gateways and chunkservers first (chunkservers checkpoint their stores), then the masters.
-    for kind in [Kind::S3, Kind::Chunkserver, Kind::Master] {
+    for kind in [Kind::Nbd, Kind::S3, Kind::Chunkserver, Kind::Master] {
         for m in procs.iter().filter(|m| m.kind == kind) {
             if let Some(c) = &m.child {
                 // SAFETY: kill(2) on our own child's pid.
@@ -509,6 +575,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         .iter_mut()
         .chain(file.chunkserver_procs.iter_mut())
         .chain(file.s3_procs.iter_mut())
+        .chain(file.nbd_procs.iter_mut())
     {
         p.pid = 0;
     }
