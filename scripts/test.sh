@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 # and the aws CLI, pinned, in a virtualenv of the project's own (nothing installed by hand).
 ./scripts/python-env.sh
 export CAIRN_TEST_PYTHON="$PWD/target/py-venv/bin/python"
+# Real NBD clients for the block service's end-to-end tests (crates/cairn/tests/block.rs):
+# qemu-img, qemu-io, nbdinfo, nbdcopy, fio, from the distribution's packages.
+./scripts/block-tools.sh
 cargo test --workspace --locked
 # The fuzz targets are their own workspace (cargo-fuzz runs them on nightly): keep them
 # compiling against today's APIs.

@@ -671,13 +671,16 @@ impl Volume {
 }
 
 fn fenced_or_io(name: &str, e: cairn_client::Error) -> Error {
-    match &e {
-        cairn_client::Error::Meta(m)
-            if matches!(m.kind, ErrorKind::LeaseLost | ErrorKind::Sealed) =>
-        {
-            Error::Fenced(name.into(), e.to_string())
-        }
-        _ => Error::Io(name.into(), e.to_string()),
+    let lost = match &e {
+        cairn_client::Error::Meta(m) => matches!(m.kind, ErrorKind::LeaseLost | ErrorKind::Sealed),
+        // The writer reports a lease its renewal lost as text (FlatLogFile::check).
+        cairn_client::Error::Writer(m) => m.ends_with("write lease lost"),
+        _ => false,
+    };
+    if lost {
+        Error::Fenced(name.into(), e.to_string())
+    } else {
+        Error::Io(name.into(), e.to_string())
     }
 }
 

@@ -249,6 +249,10 @@ pub struct NbdArgs {
     /// bound address).
     #[arg(long)]
     advertise: Option<String>,
+    /// Milliseconds between renewals of the volumes' writer leases (well under the masters'
+    /// --lease-secs).
+    #[arg(long, default_value_t = 5000)]
+    renew_ms: u64,
     /// Segment files each volume writes at once.
     #[arg(long, default_value_t = 4)]
     lanes: usize,
@@ -278,6 +282,7 @@ pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
                     (Some(d), true) => Some(cairn_rpc::tls::data::connector(d)?),
                     _ => None,
                 },
+                renew_every: std::time::Duration::from_millis(a.renew_ms.max(100)),
                 ..cairn_client::ClientOptions::default()
             },
         )
@@ -287,7 +292,7 @@ pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
         }
         let listener = tokio::net::TcpListener::bind(a.listen).await?;
         let addr = listener.local_addr()?;
-        println!("nbd://{addr}");
+        println!("listening on {addr}");
         use std::io::Write;
         std::io::stdout().flush()?;
         let server = cairn_block::nbd::NbdServer::new(

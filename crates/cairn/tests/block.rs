@@ -1,0 +1,531 @@
+//! The block service end to end (docs/block.md): real master, chunkserver and `cairn nbd`
+//! processes, driven by real NBD clients — qemu-img, qemu-io, nbdinfo, nbdcopy and fio's nbd
+//! engine (scripts/block-tools.sh installs them; a missing one fails the test, it never
+//! passes by skipping) — and by a raw TCP client for bad input and fencing.
+
+// NBD is big-endian on the wire.
+#![allow(clippy::big_endian_bytes)]
+
+mod common;
+
+use common::{Cluster, Proc};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// One test at a time: each runs a cluster and several client processes.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn tool(name: &str) -> Command {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "{name} is not installed: run the tests through ./scripts/test.sh, which installs it"
+    );
+    Command::new(name)
+}
+
+fn ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn nbd_server(masters: &[String], extra: &[&str]) -> Proc {
+    let mut p = Proc {
+        name: "nbd".into(),
+        args: [
+            "nbd",
+            "--listen",
+            "127.0.0.1:0",
+            "--masters",
+            &masters.join(","),
+        ]
+        .iter()
+        .chain(["--renew-ms", "1000"].iter())
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect(),
+        addr: String::new(),
+        child: None,
+    };
+    p.start();
+    p
+}
+
+fn create_volume(masters: &[String], name: &str, size: &str) -> serde_json::Value {
+    let out = common::run_ok(common::cairn().args([
+        "volume",
+        "create",
+        name,
+        "--size",
+        size,
+        "--json",
+        "--cluster",
+        &masters.join(","),
+    ]));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Deterministic bytes.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| ((i.wrapping_mul(0x9e37_79b9) ^ seed.wrapping_mul(0x85eb_ca6b)) >> 7) as u8)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_nbdcopy_and_fio_read_back_what_they_wrote() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cl.master_addrs();
+    let nbd = nbd_server(&masters, &[]);
+    let v = create_volume(&masters, "disk1", "64m");
+    assert_eq!(v["size"], 64 << 20);
+    assert_eq!(v["block_size"], 4096);
+    let uri = format!("nbd://{}/disk1", nbd.addr);
+
+    // nbdinfo: the export as the handshake describes it.
+    let info: serde_json::Value =
+        serde_json::from_str(&ok(tool("nbdinfo").args(["--json", &uri]))).unwrap();
+    let e = &info["exports"][0];
+    assert_eq!(e["export-size"], 64 << 20, "{info}");
+    assert_eq!(e["block_size_minimum"], 4096, "{info}");
+    assert_eq!(e["can_multi_conn"], true, "{info}");
+    assert_eq!(e["can_flush"], true);
+    assert_eq!(e["can_fua"], true);
+    assert_eq!(e["can_trim"], true);
+    assert_eq!(e["can_zero"], true);
+    assert_eq!(info["protocol"], "newstyle-fixed", "{info}");
+    let list = ok(tool("nbdinfo").args(["--list", &format!("nbd://{}", nbd.addr)]));
+    assert!(list.contains("disk1"), "{list}");
+
+    // qemu-img: a raw image with data and holes onto the volume, compared, and back.
+    let img = dir.path().join("disk.img");
+    let mut body = pattern(1, 20 << 20);
+    body.resize(40 << 20, 0);
+    body.extend(pattern(2, 8 << 20));
+    body.resize(64 << 20, 0);
+    std::fs::write(&img, &body).unwrap();
+    ok(tool("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&img)
+        .arg(&uri));
+    ok(tool("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&img)
+        .arg(&uri));
+    // Canary: compare does see a difference.
+    let other = dir.path().join("other.img");
+    let mut changed = body.clone();
+    changed[12345] ^= 1;
+    std::fs::write(&other, &changed).unwrap();
+    let diff = tool("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&other)
+        .arg(&uri)
+        .output()
+        .unwrap();
+    assert_eq!(
+        diff.status.code(),
+        Some(1),
+        "qemu-img compare missed a flipped bit"
+    );
+    let back = dir.path().join("back.img");
+    ok(tool("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw"])
+        .arg(&uri)
+        .arg(&back));
+    assert!(
+        std::fs::read(&back).unwrap() == body,
+        "qemu-img read back other bytes"
+    );
+
+    // nbdcopy: random data in, out, compared.
+    let rnd = dir.path().join("rnd.img");
+    let mut r = pattern(3, 64 << 20);
+    for (i, b) in r.iter_mut().enumerate() {
+        *b ^= (i as u64 % 251) as u8;
+    }
+    std::fs::write(&rnd, &r).unwrap();
+    ok(tool("nbdcopy").arg(&rnd).arg(&uri));
+    let out = dir.path().join("out.img");
+    ok(tool("nbdcopy").arg(&uri).arg(&out));
+    assert!(
+        std::fs::read(&out).unwrap() == r,
+        "nbdcopy read back other bytes"
+    );
+
+    // qemu-io: patterns, zeroes, discards.
+    let io = ok(tool("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x5a 1M 64k",
+        "-c",
+        "read -P 0x5a 1M 64k",
+        "-c",
+        "write -z 2M 128k",
+        "-c",
+        "read -P 0 2M 128k",
+        "-c",
+        "discard 8M 64k",
+        "-c",
+        "read -P 0 8M 64k",
+        "-c",
+        "write -P 0x11 60M 4k",
+        "-c",
+        "aio_write -P 0x22 61M 4k",
+        "-c",
+        "aio_write -P 0x33 62M 4k",
+        "-c",
+        "aio_flush",
+        "-c",
+        "read -P 0x22 61M 4k",
+        "-c",
+        "read -P 0x33 62M 4k",
+        &uri,
+    ]));
+    assert!(!io.contains("Pattern verification failed"), "{io}");
+    assert!(!io.to_lowercase().contains("error"), "{io}");
+    // And again in a new process (a new connection reads what the last one wrote).
+    let io = ok(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x11 60M 4k", &uri]));
+    assert!(!io.contains("Pattern verification failed"), "{io}");
+    // Canary: a wrong pattern is reported.
+    let bad = tool("qemu-io")
+        .args(["-f", "raw", "-c", "read -P 0x12 60M 4k", &uri])
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&bad.stdout).into_owned() + &String::from_utf8_lossy(&bad.stderr);
+    assert!(said.contains("Pattern verification failed"), "{said}");
+
+    // fio's nbd engine: random writes at depth 16 with a flush every 16, then verified.
+    let fio = ok(tool("fio").args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--iodepth=16",
+        "--offset=16m",
+        "--size=8m",
+        "--fsync=16",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--output-format=json",
+    ]));
+    let j: serde_json::Value = serde_json::from_str(&fio[fio.find('{').unwrap()..]).unwrap();
+    let job = &j["jobs"][0];
+    assert_eq!(job["error"], 0, "{fio}");
+    assert!(
+        job["write"]["io_bytes"].as_u64().unwrap() >= 8 << 20,
+        "{fio}"
+    );
+    assert!(
+        job["read"]["io_bytes"].as_u64().unwrap() >= 8 << 20,
+        "fio verified nothing"
+    );
+
+    // The CLI: list, info, status.
+    let m = masters.join(",");
+    let list: serde_json::Value = serde_json::from_slice(
+        &common::run_ok(common::cairn().args(["volume", "list", "--json", "--cluster", &m])).stdout,
+    )
+    .unwrap();
+    assert_eq!(list[0]["name"], "disk1");
+    let status: serde_json::Value = serde_json::from_slice(
+        &common::run_ok(common::cairn().args(["status", "--json", "--cluster", &m])).stdout,
+    )
+    .unwrap();
+    let listed = status["nbd"].as_array().unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|s| s["uri"] == format!("nbd://{}", nbd.addr) && s["pid"] == nbd.pid()),
+        "{status}"
+    );
+}
+
+/// A raw NBD client: the handshake and simple replies.
+struct Raw {
+    s: TcpStream,
+}
+
+const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+
+impl Raw {
+    fn connect(addr: &str) -> Self {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut hello = [0u8; 18];
+        s.read_exact(&mut hello).unwrap();
+        assert_eq!(&hello[..8], b"NBDMAGIC");
+        assert_eq!(
+            u64::from_be_bytes(hello[8..16].try_into().unwrap()),
+            IHAVEOPT
+        );
+        Self { s }
+    }
+
+    fn flags(&mut self, f: u32) {
+        self.s.write_all(&f.to_be_bytes()).unwrap();
+    }
+
+    fn option(&mut self, opt: u32, data: &[u8]) {
+        let mut b = IHAVEOPT.to_be_bytes().to_vec();
+        b.extend_from_slice(&opt.to_be_bytes());
+        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        b.extend_from_slice(data);
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// (option, reply type, payload).
+    fn option_reply(&mut self) -> (u32, u32, Vec<u8>) {
+        let mut h = [0u8; 20];
+        self.s.read_exact(&mut h).unwrap();
+        assert_eq!(
+            u64::from_be_bytes(h[..8].try_into().unwrap()),
+            0x0003_e889_0455_65a9
+        );
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
+        let mut p = vec![0u8; len];
+        self.s.read_exact(&mut p).unwrap();
+        (
+            u32::from_be_bytes(h[8..12].try_into().unwrap()),
+            u32::from_be_bytes(h[12..16].try_into().unwrap()),
+            p,
+        )
+    }
+
+    /// NBD_OPT_GO for `name`; the final reply type.
+    fn go(&mut self, name: &str) -> u32 {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&0u16.to_be_bytes());
+        self.option(7, &d);
+        loop {
+            let (_, kind, _) = self.option_reply();
+            if kind != 3 {
+                return kind;
+            }
+        }
+    }
+
+    fn request(&mut self, kind: u16, flags: u16, cookie: u64, offset: u64, len: u32, data: &[u8]) {
+        let mut b = 0x2560_9513u32.to_be_bytes().to_vec();
+        b.extend_from_slice(&flags.to_be_bytes());
+        b.extend_from_slice(&kind.to_be_bytes());
+        b.extend_from_slice(&cookie.to_be_bytes());
+        b.extend_from_slice(&offset.to_be_bytes());
+        b.extend_from_slice(&len.to_be_bytes());
+        b.extend_from_slice(data);
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// A simple reply: (error, cookie); `read` bytes of data follow a successful read.
+    fn reply(&mut self, read: usize) -> (u32, u64, Vec<u8>) {
+        let mut h = [0u8; 16];
+        self.s.read_exact(&mut h).unwrap();
+        assert_eq!(u32::from_be_bytes(h[..4].try_into().unwrap()), 0x6744_6698);
+        let err = u32::from_be_bytes(h[4..8].try_into().unwrap());
+        let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+        let mut d = vec![0u8; if err == 0 { read } else { 0 }];
+        self.s.read_exact(&mut d).unwrap();
+        (err, cookie, d)
+    }
+
+    /// The server closed the connection (EOF or reset) within the read timeout.
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 64];
+        loop {
+            match self.s.read(&mut b) {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+const READ: u16 = 0;
+const WRITE: u16 = 1;
+const FLUSH: u16 = 3;
+const FUA: u16 = 1;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_the_protocols_errors_and_the_server_goes_on() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cl.master_addrs();
+    let nbd = nbd_server(&masters, &[]);
+    create_volume(&masters, "v", "16m");
+
+    // Garbage instead of a handshake: closed.
+    let mut c = Raw::connect(&nbd.addr);
+    c.s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    assert!(c.closed());
+    // Unknown client flags: closed.
+    let mut c = Raw::connect(&nbd.addr);
+    c.flags(0x80);
+    assert!(c.closed());
+    // Unknown option: NBD_REP_ERR_UNSUP; an unknown export: NBD_REP_ERR_UNKNOWN; an
+    // option longer than allowed: NBD_REP_ERR_TOO_BIG; the handshake goes on after each.
+    let mut c = Raw::connect(&nbd.addr);
+    c.flags(3);
+    c.option(99, b"");
+    assert_eq!(c.option_reply().1, (1 << 31) + 1);
+    assert_eq!(c.go("nope"), (1 << 31) + 6);
+    c.option(7, &vec![0u8; 8000]);
+    assert_eq!(c.option_reply().1, (1 << 31) + 9);
+    assert_eq!(c.go("v"), 1, "GO v");
+
+    // Transmission: misaligned, past the end, too long, unknown: the errno the protocol
+    // names, and the connection serves on.
+    c.request(READ, 0, 1, 1, 4096, &[]);
+    assert_eq!(c.reply(0).0, 22, "misaligned read: EINVAL");
+    c.request(READ, 0, 2, 16 << 20, 4096, &[]);
+    assert_eq!(c.reply(0).0, 22, "read past the end: EINVAL");
+    c.request(WRITE, 0, 3, 16 << 20, 4096, &[7u8; 4096]);
+    assert_eq!(c.reply(0).0, 28, "write past the end: ENOSPC");
+    c.request(READ, 0, 4, 0, 64 << 20, &[]);
+    assert_eq!(c.reply(0).0, 22, "read above the maximum: EINVAL");
+    c.request(99, 0, 5, 0, 0, &[]);
+    assert_eq!(c.reply(0).0, 22, "unknown command: EINVAL");
+    c.request(WRITE, 0, 6, 4096, 100, &[1u8; 100]);
+    assert_eq!(c.reply(0).0, 22, "misaligned write: EINVAL");
+    // Many requests in flight; replies matched by cookie, in whatever order.
+    let blocks = 32u64;
+    for i in 0..blocks {
+        let data = pattern(i, 4096);
+        c.request(WRITE, 0, 100 + i, i * 4096, 4096, &data);
+    }
+    let mut seen: Vec<u64> = (0..blocks)
+        .map(|_| c.reply(0))
+        .map(|(e, k, _)| {
+            assert_eq!(e, 0);
+            k
+        })
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (100..100 + blocks).collect::<Vec<_>>());
+    c.request(FLUSH, 0, 7, 0, 0, &[]);
+    assert_eq!(c.reply(0).0, 0);
+    c.request(READ, 0, 8, 0, (blocks * 4096) as u32, &[]);
+    let (e, k, d) = c.reply((blocks * 4096) as usize);
+    assert_eq!((e, k), (0, 8));
+    let want: Vec<u8> = (0..blocks).flat_map(|i| pattern(i, 4096)).collect();
+    assert!(d == want, "reads do not return what was written");
+    // Never written: zeros.
+    c.request(READ, 0, 9, 8 << 20, 8192, &[]);
+    assert_eq!(c.reply(8192).2, vec![0u8; 8192]);
+
+    // A client gone mid-request (half a write's payload): the server goes on serving.
+    let mut gone = Raw::connect(&nbd.addr);
+    gone.flags(3);
+    assert_eq!(gone.go("v"), 1);
+    gone.request(WRITE, 0, 1, 0, 4096, &[9u8; 100]);
+    drop(gone);
+    c.request(READ, 0, 10, 0, 4096, &[]);
+    let (e, _, d) = c.reply(4096);
+    assert_eq!(e, 0);
+    assert_eq!(d, pattern(0, 4096), "a half-sent write changed the volume");
+    let info = ok(tool("nbdinfo").arg(format!("nbd://{}/v", nbd.addr)));
+    assert!(info.contains("export-size: 16777216"), "{info}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_writes_a_volume_and_a_stale_one_is_fenced() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cl.master_addrs();
+    let mut a = nbd_server(&masters, &[]);
+    let b = nbd_server(&masters, &[]);
+    create_volume(&masters, "f", "16m");
+
+    // A serves the volume; B is refused while A holds it.
+    let mut ca = Raw::connect(&a.addr);
+    ca.flags(3);
+    assert_eq!(ca.go("f"), 1);
+    ca.request(WRITE, FUA, 1, 0, 4096, &pattern(1, 4096));
+    assert_eq!(ca.reply(0).0, 0);
+    let mut cb = Raw::connect(&b.addr);
+    cb.flags(3);
+    assert_eq!(
+        cb.go("f"),
+        (1 << 31) + 2,
+        "a second server opened a served volume"
+    );
+
+    // A stops (SIGSTOP) past its lease: B takes the volume over and sees A's flushed write.
+    let pid = a.pid() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut cb = loop {
+        let mut cb = Raw::connect(&b.addr);
+        cb.flags(3);
+        if cb.go("f") == 1 {
+            break cb;
+        }
+        assert!(Instant::now() < deadline, "B never took the volume over");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    cb.request(READ, 0, 2, 0, 4096, &[]);
+    assert_eq!(cb.reply(4096).2, pattern(1, 4096), "B lost A's FUA write");
+    cb.request(WRITE, FUA, 3, 4096, 4096, &pattern(3, 4096));
+    assert_eq!(cb.reply(0).0, 0);
+
+    // A wakes up: its writes and flushes fail; nothing it sends reaches the volume.
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    ca.request(WRITE, 0, 4, 8192, 4096, &pattern(4, 4096));
+    let w = ca.reply(0).0;
+    ca.request(FLUSH, 0, 5, 0, 0, &[]);
+    let f = ca.reply(0).0;
+    assert!(
+        w != 0 || f != 0,
+        "the fenced server acknowledged a write and its flush"
+    );
+    cb.request(READ, 0, 6, 8192, 4096, &[]);
+    assert_eq!(
+        cb.reply(4096).2,
+        vec![0u8; 4096],
+        "a fenced write reached the volume"
+    );
+    drop(cb);
+
+    // SIGKILL of the serving server: a restarted one reads every flushed write.
+    a.kill();
+    drop(b);
+    let a2 = loop {
+        let p = nbd_server(&masters, &[]);
+        let mut c = Raw::connect(&p.addr);
+        c.flags(3);
+        if c.go("f") == 1 {
+            c.request(READ, 0, 1, 0, 8192, &[]);
+            let (_, _, d) = c.reply(8192);
+            assert_eq!(&d[..4096], &pattern(1, 4096)[..]);
+            assert_eq!(&d[4096..], &pattern(3, 4096)[..]);
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(30),
+            "never reopened"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    drop(a2);
+}
