@@ -3,7 +3,8 @@
 //! Runs of blocks map to a byte offset in a segment file; a block in no run was never written
 //! (or was trimmed) and reads as zeros. A write replaces whatever runs it overlaps, cutting
 //! them at its edges; a run that continues the one before it in the same segment joins it,
-//! so sequential writes stay one run.
+//! so sequential writes stay one run. Offsets are computed wrapping: a run read from a
+//! damaged journal may name any offset, and a read there fails rather than the server.
 
 use std::collections::BTreeMap;
 
@@ -53,7 +54,9 @@ impl ExtentMap {
 
     /// Blocks that map somewhere.
     pub fn mapped_blocks(&self) -> u64 {
-        self.runs.values().map(|r| r.blocks).sum()
+        self.runs
+            .values()
+            .fold(0u64, |a, r| a.saturating_add(r.blocks))
     }
 
     /// Every run in block order: (first block, run).
@@ -73,7 +76,7 @@ impl ExtentMap {
         if let Some((&pl, &p)) = self.runs.range(..lba).next_back()
             && pl + p.blocks == lba
             && p.seg == seg
-            && p.off + p.blocks * self.block_size == off
+            && p.off.wrapping_add(p.blocks.wrapping_mul(self.block_size)) == off
         {
             start = pl;
             run = Run {
@@ -86,7 +89,7 @@ impl ExtentMap {
         let end = lba + blocks;
         if let Some(&n) = self.runs.get(&end)
             && n.seg == seg
-            && off + blocks * self.block_size == n.off
+            && off.wrapping_add(blocks.wrapping_mul(self.block_size)) == n.off
         {
             self.runs.remove(&end);
             run.blocks += n.blocks;
@@ -125,7 +128,7 @@ impl ExtentMap {
                     Run {
                         blocks: r_end - end,
                         seg: r.seg,
-                        off: r.off + (end - l) * self.block_size,
+                        off: r.off.wrapping_add((end - l).wrapping_mul(self.block_size)),
                     },
                 );
             }
@@ -159,7 +162,10 @@ impl ExtentMap {
             out.push(Piece {
                 lba: at,
                 blocks: stop - at,
-                at: Some((r.seg, r.off + (at - l) * self.block_size)),
+                at: Some((
+                    r.seg,
+                    r.off.wrapping_add((at - l).wrapping_mul(self.block_size)),
+                )),
             });
             at = stop;
         }
@@ -177,7 +183,7 @@ impl ExtentMap {
     pub fn live_bytes(&self) -> BTreeMap<u64, u64> {
         let mut m = BTreeMap::new();
         for r in self.runs.values() {
-            *m.entry(r.seg).or_default() += r.blocks * self.block_size;
+            *m.entry(r.seg).or_default() += r.blocks.saturating_mul(self.block_size);
         }
         m
     }
