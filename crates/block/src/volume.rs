@@ -187,10 +187,13 @@ impl Volume {
                 Err(e) => return Err(io(e)),
             }
         }
-        if chosen.is_none() && !ckpts.is_empty() {
+        // No whole checkpoint: a fresh volume — or one whose very first open crashed while
+        // writing checkpoint 1 (no journal was made yet). With a journal there must be one.
+        let journals = names.iter().any(|n| numbered(n, "journal-").is_some());
+        if chosen.is_none() && journals {
             return Err(Error::Corrupt(
                 name.clone(),
-                "no checkpoint of the volume is whole".into(),
+                "a journal but no whole checkpoint".into(),
             ));
         }
         let (generation, ckpt) = chosen.unwrap_or((

@@ -160,6 +160,31 @@ pub fn data_tls() -> anyhow::Result<Option<cairn_rpc::tls::data::TlsConnector>> 
     Ok(Some(cairn_rpc::tls::data::connector(&dir)?))
 }
 
+/// The SDK options of a service process of the cluster (S3 gateway, NBD server): it signs as
+/// a server with the cluster secret in `secret_file` (none only with `insecure`), talks TLS to
+/// the masters with `tls_dir`, and to the chunkservers too with `data_tls`.
+///
+/// # Errors
+/// The secret or a TLS file is missing or unreadable.
+pub fn server_options(
+    secret_file: Option<&Path>,
+    insecure: bool,
+    tls_dir: Option<&Path>,
+    data_tls: bool,
+    who: String,
+) -> anyhow::Result<cairn_client::ClientOptions> {
+    let secret = crate::master::cluster_secret(secret_file, insecure)?;
+    Ok(cairn_client::ClientOptions {
+        credential: secret.map(|secret| cairn_rpc::auth::Credential::Server { secret, who }),
+        tls: tls_dir.map(cairn_rpc::tls::client_config).transpose()?,
+        data_tls: match (tls_dir, data_tls) {
+            (Some(d), true) => Some(cairn_rpc::tls::data::connector(d)?),
+            _ => None,
+        },
+        ..cairn_client::ClientOptions::default()
+    })
+}
+
 /// A client of the masters that signs with [`credential`].
 ///
 /// # Errors

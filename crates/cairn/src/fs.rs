@@ -420,35 +420,25 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|(g, ..)| g.as_slice())
         .unwrap_or_default();
-    let now_ms = cairn_s3::now_ms();
-    let nbd: Vec<serde_json::Value> = all
-        .iter()
-        .filter(|g| g.endpoint.starts_with("nbd://"))
-        .map(|g| {
-            let up = now_ms.saturating_sub(g.seen_ms) < cairn_rpc::object::GATEWAY_DOWN_MS;
-            serde_json::json!({
-                "uri": g.endpoint,
-                "host": g.host,
-                "pid": (g.host == this_host).then_some(g.pid),
-                "state": if up { "up" } else { "down" },
-                "last_seen_ms_ago": now_ms.saturating_sub(g.seen_ms),
+    // One entry per service: its address under `key` (S3's "endpoint", NBD's "uri").
+    let listed = |nbd: bool, key: &str| -> Vec<serde_json::Value> {
+        all.iter()
+            .filter(|g| g.endpoint.starts_with("nbd://") == nbd)
+            .map(|g| {
+                let up = now.saturating_sub(g.seen_ms) < cairn_rpc::object::GATEWAY_DOWN_MS;
+                let mut v = serde_json::json!({
+                    "host": g.host,
+                    "pid": (g.host == this_host).then_some(g.pid),
+                    "state": if up { "up" } else { "down" },
+                    "last_seen_ms_ago": now.saturating_sub(g.seen_ms),
+                });
+                v[key] = g.endpoint.clone().into();
+                v
             })
-        })
-        .collect();
-    let gateways: Vec<serde_json::Value> = all
-        .iter()
-        .filter(|g| !g.endpoint.starts_with("nbd://"))
-        .map(|g| {
-            let up = now.saturating_sub(g.seen_ms) < cairn_rpc::object::GATEWAY_DOWN_MS;
-            serde_json::json!({
-                "endpoint": g.endpoint,
-                "host": g.host,
-                "pid": (g.host == this_host).then_some(g.pid),
-                "state": if up { "up" } else { "down" },
-                "last_seen_ms_ago": now.saturating_sub(g.seen_ms),
-            })
-        })
-        .collect();
+            .collect()
+    };
+    let nbd = listed(true, "uri");
+    let gateways = listed(false, "endpoint");
     let t = Traffic::of(&s);
     if a.json {
         let v = serde_json::json!({

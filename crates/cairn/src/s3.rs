@@ -160,27 +160,14 @@ pub fn run(a: S3Args) -> anyhow::Result<()> {
 
 async fn serve(s: ServeArgs) -> anyhow::Result<()> {
     let masters: Vec<String> = s.masters.split(',').map(|m| m.trim().to_owned()).collect();
-    let secret = crate::master::cluster_secret(s.cluster_secret_file.as_deref(), s.insecure)?;
-    let client = Client::with_options(
-        &masters,
-        cairn_client::ClientOptions {
-            credential: secret.map(|secret| cairn_rpc::auth::Credential::Server {
-                secret,
-                who: format!("s3-gateway@{}", s.listen),
-            }),
-            tls: s
-                .tls_dir
-                .as_deref()
-                .map(cairn_rpc::tls::client_config)
-                .transpose()?,
-            data_tls: match (&s.tls_dir, s.data_tls) {
-                (Some(d), true) => Some(cairn_rpc::tls::data::connector(d)?),
-                _ => None,
-            },
-            ..cairn_client::ClientOptions::default()
-        },
-    )
-    .await?;
+    let opts = crate::cluster::server_options(
+        s.cluster_secret_file.as_deref(),
+        s.insecure,
+        s.tls_dir.as_deref(),
+        s.data_tls,
+        format!("s3-gateway@{}", s.listen),
+    )?;
+    let client = Client::with_options(&masters, opts).await?;
     if let Some(m) = s.metrics_listen {
         crate::metrics::serve(m, "s3").await?;
     }

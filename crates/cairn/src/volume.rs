@@ -265,25 +265,18 @@ pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async {
         let masters: Vec<String> = a.masters.split(',').map(|m| m.trim().to_owned()).collect();
-        let secret = crate::master::cluster_secret(a.cluster_secret_file.as_deref(), a.insecure)?;
+        let opts = crate::cluster::server_options(
+            a.cluster_secret_file.as_deref(),
+            a.insecure,
+            a.tls_dir.as_deref(),
+            a.data_tls,
+            format!("nbd@{}", a.listen),
+        )?;
         let client = cairn_client::Client::with_options(
             &masters,
             cairn_client::ClientOptions {
-                credential: secret.map(|secret| cairn_rpc::auth::Credential::Server {
-                    secret,
-                    who: format!("nbd@{}", a.listen),
-                }),
-                tls: a
-                    .tls_dir
-                    .as_deref()
-                    .map(cairn_rpc::tls::client_config)
-                    .transpose()?,
-                data_tls: match (&a.tls_dir, a.data_tls) {
-                    (Some(d), true) => Some(cairn_rpc::tls::data::connector(d)?),
-                    _ => None,
-                },
                 renew_every: std::time::Duration::from_millis(a.renew_ms.max(100)),
-                ..cairn_client::ClientOptions::default()
+                ..opts
             },
         )
         .await?;
