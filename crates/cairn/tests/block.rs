@@ -87,7 +87,7 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 async fn qemu_nbdcopy_and_fio_read_back_what_they_wrote() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let mut cl = Cluster::start(dir.path(), 1, 3).await;
     let masters = cl.master_addrs();
     let nbd = nbd_server(&masters, &[]);
     let v = create_volume(&masters, "disk1", "64m");
@@ -237,6 +237,24 @@ async fn qemu_nbdcopy_and_fio_read_back_what_they_wrote() {
         job["read"]["io_bytes"].as_u64().unwrap() >= 8 << 20,
         "fio verified nothing"
     );
+
+    // A chunkserver SIGKILLed: I/O goes on (writes on the two left, reads from any copy).
+    cl.chunkservers[0].kill();
+    let io = ok(tool("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x77 30M 256k",
+        "-c",
+        "flush",
+        "-c",
+        "read -P 0x77 30M 256k",
+        "-c",
+        "read -P 0x5a 1M 64k",
+        &uri,
+    ]));
+    assert!(!io.contains("Pattern verification failed"), "{io}");
+    assert!(!io.to_lowercase().contains("error"), "{io}");
 
     // The CLI: list, info, status.
     let m = masters.join(",");
@@ -657,7 +675,10 @@ async fn the_volume_matches_a_model_across_server_crashes() {
             checked += 1;
         }
         // Canary: the check compared written data, not a volume of zeros.
-        assert!(current.iter().any(|&id| id != 0), "round {round}: nothing survived");
+        assert!(
+            current.iter().any(|&id| id != 0),
+            "round {round}: nothing survived"
+        );
         // What survived is the new durable state.
         durable.clone_from(&current);
         since.iter_mut().for_each(Vec::clear);
