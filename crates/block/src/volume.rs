@@ -386,7 +386,7 @@ impl Volume {
                     let path = format!("{}/{}", self.dir, seg_name(seg));
                     let b = self
                         .client
-                        .read(&path, off, n)
+                        .read_acknowledged(&path, off, n)
                         .await
                         .map_err(|e| Error::Io(self.meta.name.clone(), e.to_string()))?;
                     out.extend_from_slice(&b);

@@ -582,6 +582,54 @@ impl Client {
         }
     }
 
+    /// Reads `len` bytes at `offset` that the caller knows are acknowledged — its own
+    /// appends, or ranges an index it keeps points at (the block service's segments). Served
+    /// from the cached chunk list when it names the chunk holding them, an open chunk too,
+    /// without asking the masters or the replicas for lengths (a lagging replica hands over
+    /// to the next); anything else, or a failure, takes [`Client::read`]'s path.
+    ///
+    /// # Errors
+    /// As [`Client::read`].
+    pub async fn read_acknowledged(&self, path: &str, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let cached = self.inner.cache.lock().get(path).cloned();
+        let view = match cached {
+            Some(v) => v,
+            None => self.refresh(path).await?,
+        };
+        if let Some(Ok(data)) = self.read_known(&view, offset, len).await {
+            return Ok(data);
+        }
+        self.read(path, offset, len).await
+    }
+
+    /// [`Client::read_acknowledged`] within `view`: `None` when the view cannot say where the
+    /// range is (past its last chunk, an open chunk not last, a chunk group).
+    async fn read_known(&self, view: &View, offset: u64, len: usize) -> Option<Result<Vec<u8>>> {
+        let end = offset + len as u64;
+        let last = view.chunks.len().checked_sub(1)?;
+        let mut out = Vec::with_capacity(len);
+        let mut start = 0u64;
+        for (i, c) in view.chunks.iter().enumerate() {
+            if c.ec_data > 0 || (!c.sealed && i != last) {
+                return None;
+            }
+            // The open last chunk holds everything past the sealed ones.
+            let stop = if c.sealed { start + c.length } else { u64::MAX };
+            let (lo, hi) = (offset.max(start), end.min(stop));
+            if lo < hi {
+                match self.read_chunk(c, lo - start, (hi - lo) as usize).await {
+                    Ok(b) => out.extend(b),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            if stop >= end {
+                return Some(Ok(out));
+            }
+            start = stop;
+        }
+        None
+    }
+
     async fn read_view(
         &self,
         path: &str,
