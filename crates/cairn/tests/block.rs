@@ -224,6 +224,7 @@ async fn qemu_nbdcopy_and_fio_read_back_what_they_wrote() {
         "--verify=crc32c",
         "--do_verify=1",
         "--verify_fatal=1",
+        "--verify_state_save=0",
         "--output-format=json",
     ]));
     let j: serde_json::Value = serde_json::from_str(&fio[fio.find('{').unwrap()..]).unwrap();
