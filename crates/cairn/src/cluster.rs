@@ -160,29 +160,46 @@ pub fn data_tls() -> anyhow::Result<Option<cairn_rpc::tls::data::TlsConnector>> 
     Ok(Some(cairn_rpc::tls::data::connector(&dir)?))
 }
 
-/// The SDK options of a service process of the cluster (S3 gateway, NBD server): it signs as
-/// a server with the cluster secret in `secret_file` (none only with `insecure`), talks TLS to
-/// the masters with `tls_dir`, and to the chunkservers too with `data_tls`.
-///
-/// # Errors
-/// The secret or a TLS file is missing or unreadable.
-pub fn server_options(
-    secret_file: Option<&Path>,
+/// How a service process of the cluster (S3 gateway, NBD server) reaches it: it signs as a
+/// server with the cluster secret, and may talk TLS to the masters and the chunkservers.
+#[derive(clap::Args, Clone)]
+pub struct ServiceArgs {
+    /// The cluster secret: the service is a server of the cluster. Required unless
+    /// --insecure.
+    #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
+    /// For masters run --insecure.
+    #[arg(long)]
     insecure: bool,
-    tls_dir: Option<&Path>,
+    /// A TLS directory (`cairn tls init`): talk TLS to the masters, checking them with its
+    /// ca.pem.
+    #[arg(long, env = "CAIRN_TLS_DIR")]
+    tls_dir: Option<PathBuf>,
+    /// Dial chunkservers over TLS (they run --data-tls), checking them with --tls-dir's
+    /// ca.pem.
+    #[arg(long, env = "CAIRN_DATA_TLS", requires = "tls_dir")]
     data_tls: bool,
-    who: String,
-) -> anyhow::Result<cairn_client::ClientOptions> {
-    let secret = crate::master::cluster_secret(secret_file, insecure)?;
-    Ok(cairn_client::ClientOptions {
-        credential: secret.map(|secret| cairn_rpc::auth::Credential::Server { secret, who }),
-        tls: tls_dir.map(cairn_rpc::tls::client_config).transpose()?,
-        data_tls: match (tls_dir, data_tls) {
-            (Some(d), true) => Some(cairn_rpc::tls::data::connector(d)?),
-            _ => None,
-        },
-        ..cairn_client::ClientOptions::default()
-    })
+}
+
+impl ServiceArgs {
+    /// The SDK options of this service, signing as `who`.
+    ///
+    /// # Errors
+    /// The secret or a TLS file is missing or unreadable.
+    pub fn options(&self, who: String) -> anyhow::Result<cairn_client::ClientOptions> {
+        let secret =
+            crate::master::cluster_secret(self.cluster_secret_file.as_deref(), self.insecure)?;
+        let tls_dir = self.tls_dir.as_deref();
+        Ok(cairn_client::ClientOptions {
+            credential: secret.map(|secret| cairn_rpc::auth::Credential::Server { secret, who }),
+            tls: tls_dir.map(cairn_rpc::tls::client_config).transpose()?,
+            data_tls: match (tls_dir, self.data_tls) {
+                (Some(d), true) => Some(cairn_rpc::tls::data::connector(d)?),
+                _ => None,
+            },
+            ..cairn_client::ClientOptions::default()
+        })
+    }
 }
 
 /// A client of the masters that signs with [`credential`].

@@ -60,21 +60,9 @@ struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
-    /// The cluster secret: the gateway is a server of the cluster (it reads users' keys to
-    /// check S3 signatures). Required unless --insecure.
-    #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
-    cluster_secret_file: Option<std::path::PathBuf>,
-    /// For masters run --insecure.
-    #[arg(long)]
-    insecure: bool,
-    /// A TLS directory (`cairn tls init`): talk TLS to the masters, checking them with its
-    /// ca.pem.
-    #[arg(long, env = "CAIRN_TLS_DIR")]
-    tls_dir: Option<std::path::PathBuf>,
-    /// Dial chunkservers over TLS (they run --data-tls), checking them with --tls-dir's
-    /// ca.pem.
-    #[arg(long, env = "CAIRN_DATA_TLS", requires = "tls_dir")]
-    data_tls: bool,
+    /// The gateway is a server of the cluster (it reads users' keys to check S3 signatures).
+    #[command(flatten)]
+    service: crate::cluster::ServiceArgs,
 }
 
 #[derive(clap::Subcommand)]
@@ -160,13 +148,7 @@ pub fn run(a: S3Args) -> anyhow::Result<()> {
 
 async fn serve(s: ServeArgs) -> anyhow::Result<()> {
     let masters: Vec<String> = s.masters.split(',').map(|m| m.trim().to_owned()).collect();
-    let opts = crate::cluster::server_options(
-        s.cluster_secret_file.as_deref(),
-        s.insecure,
-        s.tls_dir.as_deref(),
-        s.data_tls,
-        format!("s3-gateway@{}", s.listen),
-    )?;
+    let opts = s.service.options(format!("s3-gateway@{}", s.listen))?;
     let client = Client::with_options(&masters, opts).await?;
     if let Some(m) = s.metrics_listen {
         crate::metrics::serve(m, "s3").await?;

@@ -229,19 +229,8 @@ pub struct NbdArgs {
     /// Master addresses (`HOST:PORT,…`).
     #[arg(long)]
     masters: String,
-    /// The cluster secret: the NBD server is a server of the cluster. Required unless
-    /// --insecure.
-    #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
-    cluster_secret_file: Option<std::path::PathBuf>,
-    /// For masters run --insecure.
-    #[arg(long)]
-    insecure: bool,
-    /// A TLS directory (`cairn tls init`): talk TLS to the masters.
-    #[arg(long, env = "CAIRN_TLS_DIR")]
-    tls_dir: Option<std::path::PathBuf>,
-    /// Dial chunkservers over TLS (they run --data-tls).
-    #[arg(long, env = "CAIRN_DATA_TLS", requires = "tls_dir")]
-    data_tls: bool,
+    #[command(flatten)]
+    service: crate::cluster::ServiceArgs,
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -265,13 +254,7 @@ pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async {
         let masters: Vec<String> = a.masters.split(',').map(|m| m.trim().to_owned()).collect();
-        let opts = crate::cluster::server_options(
-            a.cluster_secret_file.as_deref(),
-            a.insecure,
-            a.tls_dir.as_deref(),
-            a.data_tls,
-            format!("nbd@{}", a.listen),
-        )?;
+        let opts = a.service.options(format!("nbd@{}", a.listen))?;
         let client = cairn_client::Client::with_options(
             &masters,
             cairn_client::ClientOptions {

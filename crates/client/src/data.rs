@@ -135,12 +135,13 @@ impl DataConn {
         caps: Option<Arc<Caps>>,
         tls: Option<&TlsConnector>,
     ) -> Result<Self> {
+        let timed_out = |_| Error::Timeout {
+            addr,
+            after: timeout,
+        };
         let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
             .await
-            .map_err(|_| Error::Timeout {
-                addr,
-                after: timeout,
-            })?
+            .map_err(timed_out)?
             .map_err(|e| Error::Connect {
                 addr,
                 message: e.to_string(),
@@ -156,10 +157,7 @@ impl DataConn {
         let stream = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, stream);
         let stream = tokio::time::timeout(timeout, tls.0.connect(name, stream))
             .await
-            .map_err(|_| Error::Timeout {
-                addr,
-                after: timeout,
-            })?
+            .map_err(timed_out)?
             .map_err(|e| Error::Connect {
                 addr,
                 message: format!("TLS: {e}"),

@@ -64,11 +64,6 @@ struct Report {
     canary_refused: bool,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
-}
-
 pub fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.depth >= 1 && a.slices >= 1,
@@ -201,9 +196,9 @@ async fn measure(a: &Args, path: &std::path::Path) -> anyhow::Result<Report> {
     let _ = stop_tx.send(());
     let _ = server.await;
     let med = |v: &[Slice]| Slice {
-        deep_appends_per_sec: median(v.iter().map(|s| s.deep_appends_per_sec).collect()),
-        depth1_p50_us: median(v.iter().map(|s| s.depth1_p50_us).collect()),
-        depth1_appends_per_sec: median(v.iter().map(|s| s.depth1_appends_per_sec).collect()),
+        deep_appends_per_sec: super::median(v.iter().map(|s| s.deep_appends_per_sec).collect()),
+        depth1_p50_us: super::median(v.iter().map(|s| s.depth1_p50_us).collect()),
+        depth1_appends_per_sec: super::median(v.iter().map(|s| s.depth1_appends_per_sec).collect()),
     };
     let (on, off) = (med(&on), med(&off));
     Ok(Report {

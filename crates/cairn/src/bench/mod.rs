@@ -65,6 +65,12 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
 }
 
 /// Parses `4k`, `64k`, `1m`, `1g` or a plain byte count.
+/// The median of `v` (the upper one of an even count; 0 for none).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim().to_ascii_lowercase();
     let (num, mult) = match s.chars().last() {

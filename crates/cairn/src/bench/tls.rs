@@ -107,11 +107,6 @@ fn aead_floor() -> anyhow::Result<f64> {
     Ok((super::cpu_seconds() - cpu) * ((1u64 << 30) as f64 / TOTAL as f64))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
-}
-
 /// A chunk's bytes; past them a slot starts a new chunk.
 const CHUNK: u64 = 64 << 20;
 
@@ -219,10 +214,10 @@ async fn measure(
         let _ = s.await;
     }
     let med = |v: &[Slice]| Slice {
-        append_mib_per_sec: median(v.iter().map(|s| s.append_mib_per_sec).collect()),
-        read_mib_per_sec: median(v.iter().map(|s| s.read_mib_per_sec).collect()),
-        append_cpu_s_per_gib: median(v.iter().map(|s| s.append_cpu_s_per_gib).collect()),
-        read_cpu_s_per_gib: median(v.iter().map(|s| s.read_cpu_s_per_gib).collect()),
+        append_mib_per_sec: super::median(v.iter().map(|s| s.append_mib_per_sec).collect()),
+        read_mib_per_sec: super::median(v.iter().map(|s| s.read_mib_per_sec).collect()),
+        append_cpu_s_per_gib: super::median(v.iter().map(|s| s.append_cpu_s_per_gib).collect()),
+        read_cpu_s_per_gib: super::median(v.iter().map(|s| s.read_cpu_s_per_gib).collect()),
     };
     let (tls, plain) = (med(&tls), med(&plain));
     Ok(Report {
