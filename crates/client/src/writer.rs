@@ -70,8 +70,11 @@ struct Pipe {
     server: u64,
     tx: Option<mpsc::UnboundedSender<Piece>>,
     task: tokio::task::JoinHandle<()>,
-    /// Since when the replica is behind the acknowledged length.
-    behind_since: Option<Instant>,
+    /// Since when the replica is behind the acknowledged length, and the length it was
+    /// behind then. A replica seen to hold that length at a later acknowledgement caught up
+    /// in between (the writer only looks at acknowledgements: a pause between appends says
+    /// nothing about the replica), so its lag is counted afresh from then.
+    behind_since: Option<(Instant, u64)>,
     dropped: bool,
 }
 
@@ -548,7 +551,13 @@ impl FlatLogFile {
                 p.behind_since = None;
                 continue;
             }
-            let since = *p.behind_since.get_or_insert(now);
+            let since = match p.behind_since {
+                Some((since, of)) if r.durable < of => since,
+                _ => {
+                    p.behind_since = Some((now, acked));
+                    now
+                }
+            };
             let age = now.duration_since(since);
             let lag = acked - r.durable;
             if r.hard {

@@ -70,7 +70,7 @@ impl Proc {
         assert!(self.child.is_none(), "{} already running", self.name);
         let mut child = cairn()
             .args(&self.args)
-            .env("CAIRN_LOG", "error")
+            .env("CAIRN_LOG", std::env::var("CAIRN_TEST_LOG").unwrap_or("error".into()))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
