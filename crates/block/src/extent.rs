@@ -187,6 +187,36 @@ impl ExtentMap {
         }
         m
     }
+
+    /// Every run in segment `seg`: (first block, run).
+    pub fn runs_in(&self, seg: u64) -> Vec<(u64, Run)> {
+        self.iter().filter(|(_, r)| r.seg == seg).collect()
+    }
+
+    /// Garbage collection moved the run `lba..lba+blocks` from byte `from` of segment
+    /// `from_seg` to byte `to` of `to_seg`: the blocks that still map where they were now map
+    /// to the copy; blocks written or trimmed since keep what they have. Returns the pieces
+    /// moved: (first block, blocks, segment, offset).
+    pub fn remap(
+        &mut self,
+        lba: u64,
+        blocks: u64,
+        (from_seg, from): (u64, u64),
+        (to_seg, to): (u64, u64),
+    ) -> Vec<(u64, u64, u64, u64)> {
+        let bs = self.block_size;
+        let mut moved = Vec::new();
+        for p in self.lookup(lba, blocks) {
+            let skip = (p.lba - lba).wrapping_mul(bs);
+            if p.at == Some((from_seg, from.wrapping_add(skip))) {
+                moved.push((p.lba, p.blocks, to_seg, to.wrapping_add(skip)));
+            }
+        }
+        for &(l, n, seg, off) in &moved {
+            self.insert(l, n, seg, off);
+        }
+        moved
+    }
 }
 
 #[cfg(test)]
@@ -238,6 +268,50 @@ mod tests {
             let runs: Vec<_> = m.iter().collect();
             for w in runs.windows(2) {
                 prop_assert!(w[0].0 + w[0].1.blocks <= w[1].0);
+            }
+        }
+    }
+
+    proptest! {
+        /// Moving a segment's runs elsewhere (garbage collection) while writes and trims
+        /// land in between: every block reads what the model says, the moved ones from the
+        /// copy, and nothing is left in the old segment.
+        #[test]
+        fn remapping_a_segment_keeps_what_was_written_since(
+            before in prop::collection::vec((any::<bool>(), 0u64..60, 1u64..12, 0u64..3), 1..40),
+            between in prop::collection::vec((any::<bool>(), 0u64..60, 1u64..12, 5u64..6), 0..20),
+        ) {
+            let bs = 512u64;
+            let mut m = ExtentMap::new(bs as u32);
+            let mut model = vec![None; 80];
+            let at = |seg: u64, lba: u64| seg * 1_000_000 + lba * bs;
+            for op in &before {
+                let (write, lba, n, seg) = *op;
+                if write { m.insert(lba, n, seg, at(seg, lba)); } else { m.punch(lba, n); }
+                model_apply(&mut model, op, bs);
+            }
+            // The collector reads segment 1's runs, then the client writes and trims...
+            let runs = m.runs_in(1);
+            for op in &between {
+                let (write, lba, n, seg) = *op;
+                if write { m.insert(lba, n, seg, at(seg, lba)); } else { m.punch(lba, n); }
+                model_apply(&mut model, op, bs);
+            }
+            // ...then the copies (in segment 9, at the model's offsets) replace what is left.
+            for (lba, r) in runs {
+                m.remap(lba, r.blocks, (r.seg, r.off), (9, at(9, lba)));
+            }
+            for b in model.iter_mut().flatten() {
+                if b.0 == 1 {
+                    *b = (9, b.1 - 1_000_000 + 9_000_000);
+                }
+            }
+            prop_assert!(m.runs_in(1).is_empty());
+            for p in m.lookup(0, 80) {
+                for i in 0..p.blocks {
+                    let got = p.at.map(|(s, o)| (s, o + i * bs));
+                    prop_assert_eq!(got, model[(p.lba + i) as usize], "block {}", p.lba + i);
+                }
             }
         }
     }

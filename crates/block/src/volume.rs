@@ -8,6 +8,12 @@
 //! writer lease of its current journal (another server serving it is refused), replays the
 //! journal on the newest whole checkpoint, writes the next checkpoint and starts the next
 //! journal: it reads the index, never the data.
+//!
+//! `snap-ID` files are snapshots (a checkpoint of the index at one instant); the segments
+//! they name are never collected. A clone's index also names its ancestors' segments: the
+//! top 16 bits of a segment id say whose (0: its own; k: the k-th of its lineage).
+//! Garbage collection copies the live blocks of mostly-dead segments into new ones, journals
+//! the new mappings, and deletes the old segments.
 
 use crate::extent::ExtentMap;
 use crate::journal::{Change, Checkpoint, Record, replay};
@@ -15,9 +21,12 @@ use bytes::{Bytes, BytesMut};
 use cairn_client::{Client, CreateOptions, FlatLogFile};
 use cairn_rpc::ErrorKind;
 use cairn_rpc::object::Volume as VolumeMeta;
+use cairn_rpc::object::{ObjectError, ObjectOp, ObjectQuery, QueryReply, Snapshot};
 use parking_lot::Mutex;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 /// Why a volume operation failed.
@@ -55,6 +64,14 @@ pub struct VolumeOptions {
     pub max_batch: usize,
     /// A new checkpoint and journal once the journal holds this many bytes.
     pub journal_bytes: u64,
+    /// How often the volume's record is read (snapshots asked for, a new size, deletion).
+    pub poll_every: Duration,
+    /// How often garbage collection looks for segments to compact (`None`: never).
+    pub gc_every: Option<Duration>,
+    /// Segments whose live bytes are under this percentage of their length are compacted.
+    pub gc_live_pct: u8,
+    /// Compaction copies at most this many bytes per second (on average).
+    pub gc_bytes_per_sec: u64,
 }
 
 impl Default for VolumeOptions {
@@ -64,6 +81,10 @@ impl Default for VolumeOptions {
             segment_bytes: 128 << 20,
             max_batch: 1 << 20,
             journal_bytes: 16 << 20,
+            poll_every: Duration::from_secs(1),
+            gc_every: Some(Duration::from_secs(10)),
+            gc_live_pct: 50,
+            gc_bytes_per_sec: 64 << 20,
         }
     }
 }
@@ -73,8 +94,32 @@ pub fn volume_dir(id: &str) -> String {
     format!("/.block/{id}")
 }
 
+/// The top bits of a segment id name whose segment it is: 0 the volume's own, k the k-th
+/// volume of its lineage (a clone's parent is 1).
+pub const ORIGIN_SHIFT: u32 = 48;
+const SEG_NUMBER: u64 = (1 << ORIGIN_SHIFT) - 1;
+
+/// A segment id's origin (0: the volume's own segment).
+pub fn seg_origin(seg: u64) -> u64 {
+    seg >> ORIGIN_SHIFT
+}
+
+/// The same segment named from a clone of the volume (one generation further).
+///
+/// # Errors
+/// The lineage would be deeper than an origin can say.
+pub fn seg_from_child(seg: u64) -> Option<u64> {
+    let origin = seg_origin(seg) + 1;
+    (origin < 1 << (64 - ORIGIN_SHIFT)).then_some((origin << ORIGIN_SHIFT) | (seg & SEG_NUMBER))
+}
+
 fn seg_name(n: u64) -> String {
-    format!("seg-{n:08}")
+    format!("seg-{:08}", n & SEG_NUMBER)
+}
+
+/// A snapshot's file in its volume's directory.
+pub fn snap_name(id: &str) -> String {
+    format!("snap-{id}")
 }
 
 fn journal_name(g: u64) -> String {
@@ -122,6 +167,12 @@ pub struct VolumeStats {
     pub records: AtomicU64,
     /// Checkpoints written.
     pub checkpoints: AtomicU64,
+    /// Bytes garbage collection copied (also counted in `appended`).
+    pub gc_bytes: AtomicU64,
+    /// Segments garbage collection deleted.
+    pub gc_segments: AtomicU64,
+    /// Snapshots taken.
+    pub snapshots: AtomicU64,
 }
 
 /// An open volume.
@@ -135,6 +186,14 @@ pub struct Volume {
     queue: Mutex<Option<mpsc::Sender<WriteReq>>>,
     lanes: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     next_seg: Arc<AtomicU64>,
+    /// The size now (grown while served by `cairn volume resize`).
+    size: AtomicU64,
+    /// Own segments each snapshot (by id) names: never collected.
+    pinned: Mutex<HashMap<String, BTreeSet<u64>>>,
+    /// Own segments being appended to (by lanes or the collector): not collected.
+    active: Mutex<HashSet<u64>>,
+    /// The record poller and the collector.
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Set once the volume cannot go on (fenced, or the journal failed): every call fails.
     failed: Mutex<Option<Error>>,
     pub stats: VolumeStats,
@@ -247,6 +306,42 @@ impl Volume {
         for p in torn {
             let _ = client.delete(&p).await;
         }
+        // The snapshots' segments are pinned; files of snapshots no longer recorded go (only
+        // the volume's server writes them, and that is this one now).
+        let mut pinned = HashMap::new();
+        for n in names.iter().filter(|n| n.starts_with("snap-")) {
+            let path = format!("{dir}/{n}");
+            let Some(snap) = meta
+                .snapshots
+                .iter()
+                .find(|s| s.ready && snap_name(&s.id) == *n)
+            else {
+                if !meta.snapshots.iter().any(|s| snap_name(&s.id) == *n) {
+                    let _ = client.delete(&path).await;
+                }
+                continue;
+            };
+            let ck = read_all(&client, &path).await.map_err(io).and_then(|b| {
+                Checkpoint::decode(&b).map_err(|e| {
+                    Error::Corrupt(name.clone(), format!("snapshot {}: {e}", snap.name))
+                })
+            })?;
+            pinned.insert(snap.id.clone(), own_segments(&ck.map));
+        }
+        if let Some(s) = meta
+            .snapshots
+            .iter()
+            .find(|s| s.ready && !pinned.contains_key(&s.id))
+        {
+            return Err(Error::Corrupt(
+                name.clone(),
+                format!(
+                    "snapshot {}: its file {} is missing",
+                    s.name,
+                    snap_name(&s.id)
+                ),
+            ));
+        }
         // The next checkpoint, then the next journal (created: a second opener racing this
         // one finds it exists and is refused).
         let next = generation + 1;
@@ -300,11 +395,26 @@ impl Volume {
             queue: Mutex::new(None),
             lanes: Mutex::new(Vec::new()),
             next_seg: Arc::new(AtomicU64::new(next_seg)),
+            size: AtomicU64::new(meta.size),
+            pinned: Mutex::new(pinned),
+            active: Mutex::new(HashSet::new()),
+            tasks: Mutex::new(Vec::new()),
             failed: Mutex::new(None),
             stats: VolumeStats::default(),
             opened: report,
             meta,
         });
+        // Snapshots asked for while nobody served the volume are taken now.
+        let pending: Vec<Snapshot> = vol
+            .meta
+            .snapshots
+            .iter()
+            .filter(|s| !s.ready)
+            .cloned()
+            .collect();
+        for s in &pending {
+            vol.take_snapshot(s).await?;
+        }
         let (tx, rx) = mpsc::channel::<WriteReq>(1024);
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
         let lanes = (0..opts.lanes.max(1))
@@ -312,6 +422,11 @@ impl Volume {
             .collect();
         *vol.queue.lock() = Some(tx);
         *vol.lanes.lock() = lanes;
+        let mut tasks = vec![tokio::spawn(vol.clone().poll())];
+        if let Some(every) = opts.gc_every {
+            tasks.push(tokio::spawn(vol.clone().collect(every)));
+        }
+        *vol.tasks.lock() = tasks;
         Ok(vol)
     }
 
@@ -324,7 +439,7 @@ impl Volume {
     }
 
     pub fn size(&self) -> u64 {
-        self.meta.size
+        self.size.load(Ordering::Relaxed)
     }
 
     /// Runs in the index.
@@ -356,13 +471,10 @@ impl Volume {
                 "{len} bytes at {offset}: not aligned to the block size {bs}"
             )));
         }
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > self.meta.size)
-        {
+        let size = self.size();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(Error::Invalid(format!(
-                "{len} bytes at {offset}: past the end of the volume ({} bytes)",
-                self.meta.size
+                "{len} bytes at {offset}: past the end of the volume ({size} bytes)"
             )));
         }
         Ok((offset / bs, len / bs))
@@ -375,7 +487,24 @@ impl Volume {
     pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
         self.check()?;
         let (lba, blocks) = self.blocks(offset, len)?;
-        let pieces = self.state.lock().map.lookup(lba, blocks);
+        let mut pieces = self.state.lock().map.lookup(lba, blocks);
+        loop {
+            match self.read_pieces(&pieces, len).await {
+                Ok(out) => return Ok(out),
+                Err(e) => {
+                    // Garbage collection may have moved the blocks and deleted the segment
+                    // the lookup named: read again where they are now.
+                    let now = self.state.lock().map.lookup(lba, blocks);
+                    if now == pieces {
+                        return Err(e);
+                    }
+                    pieces = now;
+                }
+            }
+        }
+    }
+
+    async fn read_pieces(&self, pieces: &[crate::extent::Piece], len: u64) -> Result<Vec<u8>> {
         let bs = self.block_size();
         let mut out = Vec::with_capacity(len as usize);
         for p in pieces {
@@ -383,7 +512,7 @@ impl Volume {
             match p.at {
                 None => out.resize(out.len() + n, 0),
                 Some((seg, off)) => {
-                    let path = format!("{}/{}", self.dir, seg_name(seg));
+                    let path = self.seg_path(seg)?;
                     let b = self
                         .client
                         .read_acknowledged(&path, off, n)
@@ -394,6 +523,23 @@ impl Volume {
             }
         }
         Ok(out)
+    }
+
+    /// The file of segment `seg` (own, or an ancestor's for a clone).
+    fn seg_path(&self, seg: u64) -> Result<String> {
+        let dir = match seg_origin(seg) {
+            0 => self.dir.clone(),
+            k => match self.meta.lineage.get(k as usize - 1) {
+                Some(id) => volume_dir(id),
+                None => {
+                    return Err(Error::Corrupt(
+                        self.meta.name.clone(),
+                        format!("segment {seg:#x} of an ancestor the volume does not have"),
+                    ));
+                }
+            },
+        };
+        Ok(format!("{dir}/{}", seg_name(seg)))
     }
 
     /// Writes `data` at `offset`; durable at the next [`Volume::flush`] (or at once with
@@ -462,6 +608,10 @@ impl Volume {
         self.check()?;
         let mut j = self.journal.lock().await;
         self.check()?;
+        self.flush_locked(&mut j).await
+    }
+
+    async fn flush_locked(&self, j: &mut Journal) -> Result<()> {
         let changes = std::mem::take(&mut self.state.lock().pending);
         if changes.is_empty() {
             return Ok(());
@@ -481,7 +631,7 @@ impl Volume {
         j.bytes += rec.len() as u64;
         self.stats.records.fetch_add(1, Ordering::Relaxed);
         if j.bytes >= self.opts.journal_bytes {
-            self.rotate(&mut j).await?;
+            self.rotate(j).await?;
         }
         Ok(())
     }
@@ -536,6 +686,11 @@ impl Volume {
     /// # Errors
     /// The final flush failed.
     pub async fn close(&self) -> Result<()> {
+        let tasks = std::mem::take(&mut *self.tasks.lock());
+        for t in tasks {
+            t.abort();
+            let _ = t.await;
+        }
         let r = self.flush().await;
         self.queue.lock().take();
         let lanes = std::mem::take(&mut *self.lanes.lock());
@@ -601,8 +756,9 @@ impl Volume {
                 }
                 Err(e) => {
                     // The segment is given up; the next batch starts a new one.
-                    if let Some((_, f)) = seg.take() {
+                    if let Some((n, f)) = seg.take() {
                         drop(f);
+                        self.active.lock().remove(&n);
                     }
                     for w in batch {
                         let _ = w.done.send(Err(e.clone()));
@@ -610,8 +766,9 @@ impl Volume {
                 }
             }
         }
-        if let Some((_, f)) = seg.take() {
+        if let Some((n, f)) = seg.take() {
             let _ = f.seal().await;
+            self.active.lock().remove(&n);
         }
     }
 
@@ -622,13 +779,33 @@ impl Volume {
         seg: &mut Option<(u64, FlatLogFile)>,
         batch: &[WriteReq],
     ) -> Result<(u64, u64)> {
+        let data = if batch.len() == 1 {
+            batch[0].data.clone()
+        } else {
+            let mut b = BytesMut::with_capacity(batch.iter().map(|w| w.data.len()).sum());
+            for w in batch {
+                b.extend_from_slice(&w.data);
+            }
+            b.freeze()
+        };
+        self.append_to(seg, data).await
+    }
+
+    /// Appends `data` to `seg` (a new segment when there is none or it is full); returns
+    /// the segment and the offset the data starts at.
+    async fn append_to(
+        &self,
+        seg: &mut Option<(u64, FlatLogFile)>,
+        data: Bytes,
+    ) -> Result<(u64, u64)> {
         let io = |e: cairn_client::Error| fenced_or_io(&self.meta.name, e);
         if seg
             .as_ref()
             .is_some_and(|(_, f)| f.len() >= self.opts.segment_bytes)
         {
-            let (_, f) = seg.take().expect("checked");
+            let (n, f) = seg.take().expect("checked");
             let _ = f.seal().await;
+            self.active.lock().remove(&n);
         }
         if seg.is_none() {
             let policy = match self.meta.policy.as_str() {
@@ -645,32 +822,312 @@ impl Volume {
                     policy,
                     ..CreateOptions::default()
                 };
+                // Listed active before it exists: the collector never takes it.
+                self.active.lock().insert(n);
                 match self.client.create(&path, opts).await {
                     Ok(f) => {
                         *seg = Some((n, f));
                         break;
                     }
-                    Err(cairn_client::Error::Meta(m)) if m.kind == ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(io(e)),
+                    Err(cairn_client::Error::Meta(m)) if m.kind == ErrorKind::AlreadyExists => {
+                        self.active.lock().remove(&n);
+                    }
+                    Err(e) => {
+                        self.active.lock().remove(&n);
+                        return Err(io(e));
+                    }
                 }
             }
         }
         let (n, f) = seg.as_mut().expect("made");
-        let data = if batch.len() == 1 {
-            batch[0].data.clone()
-        } else {
-            let mut b = BytesMut::with_capacity(batch.iter().map(|w| w.data.len()).sum());
-            for w in batch {
-                b.extend_from_slice(&w.data);
-            }
-            b.freeze()
-        };
         let len = data.len() as u64;
         let start = f.append_bytes(data).await.map_err(io)?;
         self.stats.appended.fetch_add(len, Ordering::Relaxed);
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         Ok((*n, start))
     }
+}
+
+impl Volume {
+    /// Takes snapshot `snap` (asked for at the masters): the index as it is now — every
+    /// write answered so far, whose data is durable whether flushed or not — is written as
+    /// `snap-ID` and its segments pinned; then the masters mark it ready.
+    ///
+    /// # Errors
+    /// The cluster failed; the snapshot stays asked for (the poller tries again).
+    pub async fn take_snapshot(&self, snap: &Snapshot) -> Result<()> {
+        let io = |e: cairn_client::Error| Error::Io(self.meta.name.clone(), e.to_string());
+        let ckpt = {
+            let st = self.state.lock();
+            // Pinned with the copy, under the lock the collector checks before deleting.
+            self.pinned
+                .lock()
+                .insert(snap.id.clone(), own_segments(&st.map));
+            Checkpoint {
+                seq: 0,
+                block_size: self.meta.block_size,
+                map: st.map.clone(),
+            }
+        };
+        let path = format!("{}/{}", self.dir, snap_name(&snap.id));
+        match write_file(&self.client, &path, &ckpt.encode()).await {
+            Ok(()) => {}
+            // Left by a crash of this or an earlier server between writing and marking:
+            // kept if whole, else written again.
+            Err(cairn_client::Error::Meta(m)) if m.kind == ErrorKind::AlreadyExists => {
+                let whole = read_all(&self.client, &path)
+                    .await
+                    .ok()
+                    .and_then(|b| Checkpoint::decode(&b).ok());
+                match whole {
+                    Some(c) => {
+                        self.pinned
+                            .lock()
+                            .entry(snap.id.clone())
+                            .or_default()
+                            .extend(own_segments(&c.map));
+                    }
+                    None => {
+                        self.client.delete(&path).await.map_err(io)?;
+                        write_file(&self.client, &path, &ckpt.encode())
+                            .await
+                            .map_err(io)?;
+                    }
+                }
+            }
+            Err(e) => return Err(io(e)),
+        }
+        let op = ObjectOp::SnapshotReady {
+            volume: self.meta.name.clone(),
+            snapshot: snap.name.clone(),
+        };
+        self.client
+            .masters()
+            .object_op(&op)
+            .await
+            .map_err(|e| Error::Io(self.meta.name.clone(), e.to_string()))?
+            .map_err(|e| Error::Io(self.meta.name.clone(), format!("snapshot ready: {e}")))?;
+        self.stats.snapshots.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(volume = %self.meta.name, snapshot = %snap.name, runs = ckpt.map.len(), "snapshot taken");
+        Ok(())
+    }
+
+    /// Reads the volume's record every `poll_every`: takes the snapshots asked for, unpins
+    /// the deleted ones, grows to a new size, and stops serving a volume deleted.
+    async fn poll(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(self.opts.poll_every).await;
+            if self.check().is_err() {
+                return;
+            }
+            let q = ObjectQuery::Volume {
+                name: self.meta.name.clone(),
+            };
+            let v = match self.client.masters().object_query(&q).await {
+                Ok(Ok(QueryReply::Volume(v))) => v,
+                Ok(Err(ObjectError::NoSuchVolume)) => {
+                    self.fail(Error::Closed(self.meta.name.clone()));
+                    return;
+                }
+                _ => continue,
+            };
+            if v.id != self.meta.id {
+                self.fail(Error::Closed(self.meta.name.clone()));
+                return;
+            }
+            self.size.fetch_max(v.size, Ordering::Relaxed);
+            for s in v.snapshots.iter().filter(|s| !s.ready) {
+                if let Err(e) = self.take_snapshot(s).await {
+                    tracing::warn!(volume = %self.meta.name, snapshot = %s.name, error = %e, "snapshot failed; trying again");
+                }
+            }
+            self.pinned
+                .lock()
+                .retain(|id, _| v.snapshots.iter().any(|s| s.id == *id));
+        }
+    }
+
+    /// Garbage collection: every `every`, one pass.
+    async fn collect(self: Arc<Self>, every: Duration) {
+        let mut seg: Option<(u64, FlatLogFile)> = None;
+        loop {
+            tokio::time::sleep(every).await;
+            if self.check().is_err() {
+                return;
+            }
+            if let Err(e) = self.collect_pass(&mut seg).await {
+                tracing::warn!(volume = %self.meta.name, error = %e, "garbage collection pass failed");
+                if let Some((n, f)) = seg.take() {
+                    drop(f);
+                    self.active.lock().remove(&n);
+                }
+            }
+        }
+    }
+
+    /// One pass: the own segments that are sealed (or left open by a crashed server),
+    /// neither being appended to nor named by a snapshot, with live bytes under
+    /// `gc_live_pct` of their length, emptiest first: their live runs are copied into the
+    /// collector's segment and remapped (where no write or trim came since), the changes
+    /// journaled, then the segments deleted.
+    ///
+    /// # Errors
+    /// The cluster failed; nothing was deleted that the index may still name.
+    pub async fn collect_pass(&self, seg: &mut Option<(u64, FlatLogFile)>) -> Result<u64> {
+        let io = |e: cairn_client::Error| Error::Io(self.meta.name.clone(), e.to_string());
+        let listing = self.client.list(&self.dir).await.map_err(io)?;
+        let live = self.state.lock().map.live_bytes();
+        let pinned: BTreeSet<u64> = self.pinned.lock().values().flatten().copied().collect();
+        let active = self.active.lock().clone();
+        let mut candidates: Vec<(u64, u64, u64, bool)> = listing
+            .iter()
+            .filter_map(|e| {
+                let n = numbered(&e.name, "seg-")?;
+                let l = live.get(&n).copied().unwrap_or(0);
+                let sparse = l == 0
+                    || l.saturating_mul(100)
+                        < e.length.saturating_mul(u64::from(self.opts.gc_live_pct));
+                let take = !active.contains(&n) && !pinned.contains(&n) && sparse;
+                take.then_some((n, l, e.length, e.sealed))
+            })
+            .collect();
+        // Emptiest first.
+        candidates.sort_by(|a, b| (a.1 * b.2.max(1)).cmp(&(b.1 * a.2.max(1))));
+        let mut done = Vec::new();
+        let mut copied = 0u64;
+        let began = std::time::Instant::now();
+        for (n, _, _, sealed) in candidates {
+            let path = format!("{}/{}", self.dir, seg_name(n));
+            if !sealed {
+                // Left open by a server that crashed: sealed where its lease ended (refused
+                // while another holds it).
+                match self.client.open_append(&path).await {
+                    Ok(f) => {
+                        f.seal().await.map_err(io)?;
+                    }
+                    Err(_) => continue,
+                }
+            }
+            let runs = self.state.lock().map.runs_in(n);
+            let bs = self.block_size();
+            for (lba, r) in runs {
+                // In pieces of at most `max_batch` bytes.
+                let step = (self.opts.max_batch as u64 / bs).max(1);
+                let mut i = 0;
+                while i < r.blocks {
+                    let k = step.min(r.blocks - i);
+                    let from = r.off.wrapping_add(i * bs);
+                    let data = self
+                        .client
+                        .read(&path, from, (k * bs) as usize)
+                        .await
+                        .map_err(io)?;
+                    let (to_seg, to) = self.append_to(seg, Bytes::from(data)).await?;
+                    copied += k * bs;
+                    {
+                        let mut st = self.state.lock();
+                        for (l, b, s2, o) in st.map.remap(lba + i, k, (n, from), (to_seg, to)) {
+                            st.pending.push(Change::Map {
+                                lba: l,
+                                blocks: b as u32,
+                                seg: s2,
+                                off: o,
+                            });
+                        }
+                    }
+                    i += k;
+                    // The rate cap, on average over the pass.
+                    let due = Duration::from_secs_f64(
+                        copied as f64 / self.opts.gc_bytes_per_sec.max(1) as f64,
+                    );
+                    if let Some(wait) = due.checked_sub(began.elapsed()) {
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            }
+            done.push(n);
+        }
+        if done.is_empty() {
+            return Ok(0);
+        }
+        // The copies are durable (acknowledged appends); the journal now says where.
+        self.flush().await?;
+        let mut deleted = 0;
+        for n in done {
+            // Checked under the index's lock, which a snapshot also takes to pin: a segment
+            // no longer named by the index cannot be named by a snapshot taken after.
+            let free = {
+                let st = self.state.lock();
+                st.map.runs_in(n).is_empty() && !self.pinned.lock().values().any(|p| p.contains(&n))
+            };
+            if free {
+                self.client
+                    .delete(&format!("{}/{}", self.dir, seg_name(n)))
+                    .await
+                    .map_err(io)?;
+                deleted += 1;
+            }
+        }
+        self.stats.gc_bytes.fetch_add(copied, Ordering::Relaxed);
+        self.stats.gc_segments.fetch_add(deleted, Ordering::Relaxed);
+        metrics::counter!("cairn_block_gc_bytes_total").increment(copied);
+        metrics::counter!("cairn_block_gc_segments_total").increment(deleted);
+        tracing::info!(volume = %self.meta.name, copied, deleted, "garbage collection pass");
+        Ok(deleted)
+    }
+}
+
+/// The volume's own segments a map names.
+fn own_segments(map: &ExtentMap) -> BTreeSet<u64> {
+    map.iter()
+        .map(|(_, r)| r.seg)
+        .filter(|&s| seg_origin(s) == 0)
+        .collect()
+}
+
+/// A clone's first index: the snapshot's, its segments named one generation further.
+///
+/// # Errors
+/// The lineage would be deeper than a segment id can say.
+pub fn clone_checkpoint(snapshot: &Checkpoint) -> std::result::Result<Checkpoint, String> {
+    let mut map = ExtentMap::new(snapshot.block_size);
+    for (lba, r) in snapshot.map.iter() {
+        let seg = seg_from_child(r.seg).ok_or("clones nest too deep")?;
+        map.insert(lba, r.blocks, seg, r.off);
+    }
+    Ok(Checkpoint {
+        seq: 0,
+        block_size: snapshot.block_size,
+        map,
+    })
+}
+
+/// Writes a clone's first checkpoint (`ckpt-1`) into its directory, from its parent's
+/// snapshot file: the clone opens with the snapshot's contents and no data copied.
+///
+/// # Errors
+/// The snapshot's file is unreadable or damaged; the cluster failed.
+pub async fn write_clone(
+    client: &Client,
+    parent_id: &str,
+    snapshot_id: &str,
+    clone_id: &str,
+) -> std::result::Result<usize, String> {
+    let path = format!("{}/{}", volume_dir(parent_id), snap_name(snapshot_id));
+    let b = read_all(client, &path)
+        .await
+        .map_err(|e| format!("{path}: {e}"))?;
+    let snap = Checkpoint::decode(&b).map_err(|e| format!("{path}: {e}"))?;
+    let ck = clone_checkpoint(&snap)?;
+    let dir = volume_dir(clone_id);
+    client
+        .mkdir(&dir, true)
+        .await
+        .map_err(|e| format!("{dir}: {e}"))?;
+    write_file(client, &format!("{dir}/{}", ckpt_name(1)), &ck.encode())
+        .await
+        .map_err(|e| format!("{dir}: {e}"))?;
+    Ok(ck.map.len())
 }
 
 fn fenced_or_io(name: &str, e: cairn_client::Error) -> Error {

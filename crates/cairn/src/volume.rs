@@ -2,7 +2,9 @@
 //! that exports them over NBD.
 
 use crate::cluster::ClusterArgs;
-use cairn_rpc::object::{ObjectError, ObjectOp, ObjectQuery, OpReply, QueryReply, Volume};
+use cairn_rpc::object::{
+    ObjectError, ObjectOp, ObjectQuery, OpReply, Parent, QueryReply, Snapshot, Volume,
+};
 
 #[derive(clap::Subcommand)]
 pub enum VolumeCommand {
@@ -49,7 +51,8 @@ pub enum VolumeCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
-    /// Delete a volume and its files.
+    /// Delete a volume and its files (refused while it has snapshots), or a snapshot
+    /// `VOLUME@SNAP` (refused while a clone was made from it).
     Delete {
         name: String,
         #[arg(long)]
@@ -57,6 +60,91 @@ pub enum VolumeCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+    /// Snapshot a volume: its contents now, kept with no data copied (taken by the server
+    /// serving it, or here if none does).
+    Snapshot {
+        volume: String,
+        snapshot: String,
+        /// Seconds to wait for the serving server to take it.
+        #[arg(long, default_value_t = 60)]
+        timeout_secs: u64,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// A new volume with a snapshot's contents (`VOLUME@SNAP`), sharing its data: only what
+    /// the clone writes is stored again.
+    Clone {
+        snapshot: String,
+        name: String,
+        /// Bytes; default the snapshot's size (at least that).
+        #[arg(long, value_parser = crate::bench::parse_size)]
+        size: Option<u64>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn fresh_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// `VOLUME@SNAP`.
+fn split_snapshot(s: &str) -> anyhow::Result<(&str, &str)> {
+    s.split_once('@')
+        .filter(|(v, n)| !v.is_empty() && !n.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("{s:?}: expected VOLUME@SNAPSHOT"))
+}
+
+/// Waits until snapshot `snap` of `volume` is ready: the server serving the volume takes
+/// it within a second; if none does, this process opens the volume and takes it.
+async fn await_snapshot(
+    client: &cairn_client::Client,
+    volume: &str,
+    snap: &str,
+    timeout: std::time::Duration,
+) -> anyhow::Result<Volume> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut opened = false;
+    loop {
+        let v = get(client, volume).await?;
+        match v.snapshot(snap) {
+            Some(s) if s.ready => return Ok(v),
+            Some(_) => {}
+            None => anyhow::bail!("snapshot {volume}@{snap} was deleted meanwhile"),
+        }
+        if !opened {
+            let opts = cairn_block::volume::VolumeOptions {
+                lanes: 1,
+                gc_every: None,
+                ..Default::default()
+            };
+            match cairn_block::volume::Volume::open(client.clone(), v, opts).await {
+                Ok(vol) => {
+                    vol.close().await?;
+                    opened = true;
+                    continue;
+                }
+                Err(cairn_block::volume::Error::Busy(_)) => opened = true,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!(
+                "snapshot {volume}@{snap} is recorded but the server serving the volume did not take it within {timeout:?}"
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 fn obj_err(e: ObjectError) -> anyhow::Error {
@@ -82,6 +170,9 @@ fn print(v: &Volume, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string(v)?);
     } else {
+        if let Some(p) = &v.parent {
+            println!("{:<24} clone of {}@{}", v.name, p.volume, p.snapshot);
+        }
         println!(
             "{:<24} {:>14} B  block {:>6}  policy {:<10} id {}",
             v.name,
@@ -120,14 +211,15 @@ pub fn run(c: VolumeCommand) -> anyhow::Result<()> {
                 let client = crate::cluster::client(&cluster.masters()?).await?;
                 let volume = Volume {
                     name,
-                    id: format!("{:016x}", rand::random::<u64>()),
+                    id: fresh_id(),
                     size,
                     block_size: u32::try_from(block_size)
                         .map_err(|_| anyhow::anyhow!("--block-size too large"))?,
                     policy,
-                    created_ms: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)?
-                        .as_millis() as u64,
+                    created_ms: now_ms(),
+                    snapshots: Vec::new(),
+                    parent: None,
+                    lineage: Vec::new(),
                 };
                 let v = change(&client, ObjectOp::CreateVolume { volume }).await?;
                 print(&v, json)
@@ -180,6 +272,14 @@ pub fn run(c: VolumeCommand) -> anyhow::Result<()> {
                         "  {dir}: {} files, {segments} segments, {bytes} B",
                         files.len()
                     );
+                    for s in &v.snapshots {
+                        println!(
+                            "  snapshot {:<24} {:>14} B  {}",
+                            s.name,
+                            s.size,
+                            if s.ready { "ready" } else { "being taken" }
+                        );
+                    }
                 }
                 Ok(())
             }
@@ -192,6 +292,120 @@ pub fn run(c: VolumeCommand) -> anyhow::Result<()> {
                 let client = crate::cluster::client(&cluster.masters()?).await?;
                 let v = change(&client, ObjectOp::ResizeVolume { name, size }).await?;
                 print(&v, json)
+            }
+            VolumeCommand::Delete {
+                name,
+                json,
+                cluster,
+            } if name.contains('@') => {
+                let (volume, snap) = split_snapshot(&name)?;
+                let client = crate::cluster::client(&cluster.masters()?).await?;
+                let v = get(&client, volume).await?;
+                let s = v
+                    .snapshot(snap)
+                    .cloned()
+                    .ok_or_else(|| obj_err(ObjectError::NoSuchSnapshot))?;
+                let op = ObjectOp::DeleteSnapshot {
+                    volume: volume.into(),
+                    snapshot: snap.into(),
+                };
+                change(&client, op).await?;
+                // The record first: the volume's server unpins its segments at its next
+                // look; the file goes now.
+                let path = format!(
+                    "{}/{}",
+                    cairn_block::volume::volume_dir(&v.id),
+                    cairn_block::volume::snap_name(&s.id)
+                );
+                match client.delete(&path).await {
+                    Ok(()) => {}
+                    Err(cairn_client::Error::Meta(m))
+                        if m.kind == cairn_rpc::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e.into()),
+                }
+                if json {
+                    println!("{}", serde_json::json!({ "deleted": s, "volume": volume }));
+                } else {
+                    println!("deleted {volume}@{snap}");
+                }
+                Ok(())
+            }
+            VolumeCommand::Snapshot {
+                volume,
+                snapshot,
+                timeout_secs,
+                json,
+                cluster,
+            } => {
+                let client = crate::cluster::client(&cluster.masters()?).await?;
+                let snap = Snapshot {
+                    name: snapshot.clone(),
+                    id: fresh_id(),
+                    size: 0,
+                    created_ms: now_ms(),
+                    ready: false,
+                };
+                let op = ObjectOp::CreateSnapshot {
+                    volume: volume.clone(),
+                    snapshot: snap,
+                };
+                change(&client, op).await?;
+                let timeout = std::time::Duration::from_secs(timeout_secs);
+                let v = await_snapshot(&client, &volume, &snapshot, timeout).await?;
+                let s = v.snapshot(&snapshot).expect("ready");
+                if json {
+                    println!("{}", serde_json::json!({ "volume": volume, "snapshot": s }));
+                } else {
+                    println!("{volume}@{snapshot}: {} B, id {}", s.size, s.id);
+                }
+                Ok(())
+            }
+            VolumeCommand::Clone {
+                snapshot,
+                name,
+                size,
+                json,
+                cluster,
+            } => {
+                let (volume, snap) = split_snapshot(&snapshot)?;
+                let client = crate::cluster::client(&cluster.masters()?).await?;
+                let pv = get(&client, volume).await?;
+                let s = pv
+                    .snapshot(snap)
+                    .filter(|s| s.ready)
+                    .cloned()
+                    .ok_or_else(|| obj_err(ObjectError::NoSuchSnapshot))?;
+                let v = Volume {
+                    name,
+                    id: fresh_id(),
+                    size: size.unwrap_or(s.size),
+                    block_size: pv.block_size,
+                    policy: pv.policy.clone(),
+                    created_ms: now_ms(),
+                    snapshots: Vec::new(),
+                    parent: Some(Parent {
+                        volume: pv.name.clone(),
+                        volume_id: pv.id.clone(),
+                        snapshot: s.name.clone(),
+                        snapshot_id: s.id.clone(),
+                    }),
+                    lineage: Vec::new(),
+                };
+                // Its first index before its record: a clone is never seen empty.
+                cairn_block::volume::write_clone(&client, &pv.id, &s.id, &v.id)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("writing the clone's index: {e}"))?;
+                let dir = cairn_block::volume::volume_dir(&v.id);
+                match change(&client, ObjectOp::CreateVolume { volume: v }).await {
+                    Ok(v) => print(&v, json),
+                    Err(e) => {
+                        for f in client.list(&dir).await.unwrap_or_default() {
+                            let _ = client.delete(&format!("{dir}/{}", f.name)).await;
+                        }
+                        let _ = client.delete(&dir).await;
+                        Err(e)
+                    }
+                }
             }
             VolumeCommand::Delete {
                 name,
@@ -245,6 +459,18 @@ pub struct NbdArgs {
     /// Segment files each volume writes at once.
     #[arg(long, default_value_t = 4)]
     lanes: usize,
+    /// A volume starts a new segment file once its current one holds this many bytes.
+    #[arg(long, default_value = "128m", value_parser = crate::bench::parse_size)]
+    segment_bytes: u64,
+    /// Milliseconds between garbage collection passes (0: no collection).
+    #[arg(long, default_value_t = 10_000)]
+    gc_every_ms: u64,
+    /// Segments with live bytes under this percentage of their length are compacted.
+    #[arg(long, default_value_t = 50)]
+    gc_live_pct: u8,
+    /// Bytes per second garbage collection copies at most.
+    #[arg(long, default_value = "64m", value_parser = crate::bench::parse_size)]
+    gc_rate: u64,
 }
 
 pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
@@ -276,6 +502,11 @@ pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
             cairn_block::nbd::NbdOptions {
                 volume: cairn_block::volume::VolumeOptions {
                     lanes: a.lanes.max(1),
+                    segment_bytes: a.segment_bytes.max(64 << 10),
+                    gc_every: (a.gc_every_ms > 0)
+                        .then(|| std::time::Duration::from_millis(a.gc_every_ms)),
+                    gc_live_pct: a.gc_live_pct.min(100),
+                    gc_bytes_per_sec: a.gc_rate.max(1),
                     ..Default::default()
                 },
                 ..Default::default()

@@ -559,10 +559,11 @@ fn block_of(v: u64) -> Vec<u8> {
     b
 }
 
-/// A random workload of writes, trims, FUA writes and flushes against a naive model, with the
-/// server SIGKILLed at random moments (some with a write in flight): after each restart every
-/// block reads as what the last completed FLUSH (or FUA) left there or as something written
-/// after it — never anything else — and the volume then reads exactly as the model says.
+/// A random workload of writes, trims, FUA writes and flushes against a naive model, with
+/// garbage collection compacting tiny segments all the time and the server SIGKILLed at
+/// random moments (some with a write in flight): while it runs the volume reads exactly as
+/// the model says; after each restart every block reads as what the last completed FLUSH (or
+/// FUA) left there or as something written after it — never anything else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_volume_matches_a_model_across_server_crashes() {
     let _serial = SERIAL.lock().await;
@@ -596,12 +597,40 @@ async fn the_volume_matches_a_model_across_server_crashes() {
             std::thread::sleep(Duration::from_millis(300));
         }
     };
-    let mut server = nbd_server(&masters, &[]);
+    // 64 KiB segments, a pass every 100 ms compacting any under 70 % live.
+    let gc = [
+        "--segment-bytes",
+        "64k",
+        "--gc-every-ms",
+        "100",
+        "--gc-live-pct",
+        "70",
+        "--lanes",
+        "2",
+    ];
+    let mut server = nbd_server(&masters, &gc);
     let mut c = connect(&server);
     let mut checked = 0;
+    let mut written = 0u64;
     for round in 0..4 {
-        for _ in 0..60 {
+        for op in 0..120 {
             cookie += 1;
+            if op % 30 == 29 {
+                // The whole volume, while the collector moves blocks under it.
+                c.request(READ, 0, cookie, 0, (BLOCKS * 4096) as u32, &[]);
+                let (e, _, data) = c.reply((BLOCKS * 4096) as usize);
+                assert_eq!(e, 0);
+                for b in 0..BLOCKS as usize {
+                    let got = &data[b * 4096..(b + 1) * 4096];
+                    assert!(
+                        got == block_of(current[b]).as_slice(),
+                        "round {round}, op {op}, block {b}: want {}, read {}",
+                        current[b],
+                        u64::from_le_bytes(got[..8].try_into().unwrap())
+                    );
+                }
+                continue;
+            }
             let lba = next() % BLOCKS;
             let n = (1 + next() % 4).min(BLOCKS - lba);
             match next() % 10 {
@@ -618,6 +647,7 @@ async fn the_volume_matches_a_model_across_server_crashes() {
                         &data,
                     );
                     assert_eq!(c.reply(0).0, 0);
+                    written += n * 4096;
                     for i in 0..n {
                         let b = (lba + i) as usize;
                         current[b] = v * 100 + i;
@@ -656,7 +686,7 @@ async fn the_volume_matches_a_model_across_server_crashes() {
         }
         server.kill();
         drop(c);
-        server = nbd_server(&masters, &[]);
+        server = nbd_server(&masters, &gc);
         c = connect(&server);
         c.request(READ, 0, 1, 0, (BLOCKS * 4096) as u32, &[]);
         let (e, _, data) = c.reply((BLOCKS * 4096) as usize);
@@ -685,4 +715,173 @@ async fn the_volume_matches_a_model_across_server_crashes() {
         since.iter_mut().for_each(Vec::clear);
     }
     assert_eq!(checked, 4 * BLOCKS);
+    // The collector ran: the volume's files hold far less than was written to it.
+    std::thread::sleep(Duration::from_secs(2));
+    let info = volume_info(&masters, "m");
+    let stored = info["stored_bytes"].as_u64().unwrap();
+    assert!(
+        stored < written / 2,
+        "{stored} B stored for {written} B written: {info}"
+    );
+}
+
+fn volume_info(masters: &[String], name: &str) -> serde_json::Value {
+    let out = common::run_ok(common::cairn().args([
+        "volume",
+        "info",
+        name,
+        "--json",
+        "--cluster",
+        &masters.join(","),
+    ]));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn volume_cmd(masters: &[String], args: &[&str]) -> std::process::Output {
+    common::cairn()
+        .arg("volume")
+        .args(args)
+        .args(["--cluster", &masters.join(",")])
+        .output()
+        .unwrap()
+}
+
+fn qemu_io(uri: &str, cmds: &[&str]) -> String {
+    let mut c = tool("qemu-io");
+    c.args(["-f", "raw"]);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    let out = ok(c.arg(uri));
+    assert!(!out.contains("Pattern verification failed"), "{uri}: {out}");
+    assert!(!out.to_lowercase().contains("error"), "{uri}: {out}");
+    out
+}
+
+/// Snapshots and clones: a snapshot taken while a server serves the volume (by that server)
+/// and one taken while nobody does (by the CLI) keep their contents through overwrites and
+/// garbage collection; clones read them, write their own blocks without touching the parent,
+/// and nest; what something depends on is not deleted; a served volume grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_and_clones_keep_their_contents() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cl.master_addrs();
+    create_volume(&masters, "base", "4m");
+    let gc = ["--segment-bytes", "256k", "--gc-every-ms", "100"];
+    let nbd = nbd_server(&masters, &gc);
+    let uri = |v: &str| format!("nbd://{}/{v}", nbd.addr);
+    qemu_io(&uri("base"), &["write -P 0xaa 0 4M"]);
+    // Taken by the CLI: nobody serves the volume between qemu-io runs.
+    let out = volume_cmd(&masters, &["snapshot", "base", "s1", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    // Held open, so that the next snapshot and the resize reach a serving server.
+    let mut held = Raw::connect(&nbd.addr);
+    held.flags(3);
+    assert_eq!(held.go("base"), 1);
+    qemu_io(&uri("base"), &["write -P 0xbb 0 2M"]);
+    let out = volume_cmd(&masters, &["snapshot", "base", "s2", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let snap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(snap["snapshot"]["ready"], true, "{snap}");
+    // Every block of s1 and half of s2 overwritten; the collector runs for a while.
+    qemu_io(&uri("base"), &["write -P 0xcc 0 4M"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    // Clones read the snapshots as they were.
+    for (snapshot, clone) in [("base@s1", "c1"), ("base@s2", "c2")] {
+        let out = volume_cmd(&masters, &["clone", snapshot, clone, "--json"]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    qemu_io(&uri("c1"), &["read -P 0xaa 0 4M"]);
+    qemu_io(&uri("c2"), &["read -P 0xbb 0 2M", "read -P 0xaa 2M 2M"]);
+    qemu_io(&uri("base"), &["read -P 0xcc 0 4M"]);
+    // A clone writes its own blocks; the parent and the snapshot keep theirs.
+    qemu_io(&uri("c1"), &["write -P 0xdd 1M 64k", "read -P 0xdd 1M 64k"]);
+    qemu_io(
+        &uri("c1"),
+        &[
+            "read -P 0xaa 0 1M",
+            "read -P 0xdd 1M 64k",
+            "read -P 0xaa 1088k 2M",
+        ],
+    );
+    qemu_io(&uri("base"), &["read -P 0xcc 0 4M"]);
+    // A clone of a clone.
+    assert!(
+        volume_cmd(&masters, &["snapshot", "c1", "t"])
+            .status
+            .success()
+    );
+    let out = volume_cmd(&masters, &["clone", "c1@t", "g"]);
+    assert!(out.status.success(), "{out:?}");
+    qemu_io(&uri("g"), &["read -P 0xaa 0 1M", "read -P 0xdd 1M 64k"]);
+    // Canary: a wrong pattern on a clone is reported.
+    let bad = tool("qemu-io")
+        .args(["-f", "raw", "-c", "read -P 0xcc 0 64k", &uri("c1")])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&bad.stdout).contains("Pattern verification failed"));
+    // What something depends on is not deleted.
+    let refused = |args: &[&str], what: &str| {
+        let out = volume_cmd(&masters, args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success() && err.contains(what),
+            "{args:?}: {err}"
+        );
+    };
+    refused(&["delete", "base"], "has snapshots");
+    refused(&["delete", "base@s1"], "is a clone of base@s1");
+    refused(&["snapshot", "base", "s1"], "exists");
+    refused(&["clone", "base@nope", "x"], "no such snapshot");
+    // A served volume grows: a new connection sees the new size and writes past the old end.
+    let out = volume_cmd(&masters, &["resize", "base", "--size", "8m"]);
+    assert!(out.status.success(), "{out:?}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let info: serde_json::Value =
+        serde_json::from_str(&ok(tool("nbdinfo").args(["--json", &uri("base")]))).unwrap();
+    assert_eq!(info["exports"][0]["export-size"], 8 << 20, "{info}");
+    qemu_io(
+        &uri("base"),
+        &["write -P 0xee 6M 64k", "read -P 0xee 6M 64k"],
+    );
+    drop(held);
+    // Deleted in order, the snapshots' segments are collected.
+    for args in [
+        ["delete", "g"].as_slice(),
+        &["delete", "c1@t"],
+        &["delete", "c1"],
+        &["delete", "c2"],
+        &["delete", "base@s1"],
+        &["delete", "base@s2"],
+    ] {
+        let out = volume_cmd(&masters, args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+    let before = volume_info(&masters, "base")["stored_bytes"]
+        .as_u64()
+        .unwrap();
+    // Served again (the collector runs while the volume is open).
+    let mut held = Raw::connect(&nbd.addr);
+    held.flags(3);
+    assert_eq!(held.go("base"), 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = volume_info(&masters, "base")["stored_bytes"]
+            .as_u64()
+            .unwrap();
+        if now < 6 << 20 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {now} B stored (was {before}) for a 4 MiB volume"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    drop(held);
+    qemu_io(&uri("base"), &["read -P 0xcc 0 4M", "read -P 0xee 6M 64k"]);
+    let out = volume_cmd(&masters, &["delete", "base"]);
+    assert!(out.status.success(), "{out:?}");
 }

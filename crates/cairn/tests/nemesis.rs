@@ -17,7 +17,8 @@
 //!
 //! `cargo test --test nemesis` runs 10 scenarios (seed 1). More:
 //! `CAIRN_NEMESIS_SCENARIOS=200 CAIRN_NEMESIS_SEED=7 cargo test --release --test nemesis -- --nocapture`
-//! (RELIABILITY.md holds the long runs).
+//! (RELIABILITY.md holds the long runs). `CAIRN_NEMESIS_FIRST=146` starts at that scenario
+//! index: with the run's seed it replays a failed scenario's plan (on a fresh cluster).
 
 mod common;
 #[path = "../src/s3client.rs"]
@@ -754,6 +755,8 @@ async fn nemesis() {
     };
     let scenarios = env("CAIRN_NEMESIS_SCENARIOS", 10);
     let seed = env("CAIRN_NEMESIS_SEED", 1);
+    // Replays scenarios from this index on (a failure's index, with its seed).
+    let first = env("CAIRN_NEMESIS_FIRST", 0);
     let dir = tempfile::tempdir().unwrap();
     let mut cl = Cluster::start(dir.path(), 3, 4).await;
     let masters = cl.master_addrs();
@@ -798,7 +801,7 @@ async fn nemesis() {
     };
     let mut t = Totals::default();
     let started = Instant::now();
-    for i in 0..scenarios {
+    for i in first..first + scenarios {
         scenario(
             &mut cl,
             &mut gw,

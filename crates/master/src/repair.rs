@@ -51,6 +51,8 @@ pub struct Repairs {
     short_since: HashMap<ChunkId, Instant>,
     /// Short chunks no server can take a copy of (logged once until that changes).
     stuck: HashSet<ChunkId>,
+    /// Chunks counted lost (logged once while they stay so).
+    lost_logged: HashSet<ChunkId>,
     completions: VecDeque<(Instant, u64)>,
     pub done: u64,
     pub failed: u64,
@@ -382,6 +384,9 @@ impl Registry {
             // members.
             if good_count == 0 {
                 lost_chunks += 1;
+                if self.repairs.lost_logged.insert(c.id) {
+                    self.log_lost(state, c, now);
+                }
                 continue;
             }
             if self.repairs.running.contains_key(&c.id) {
@@ -403,6 +408,7 @@ impl Registry {
             }
         }
         self.repairs.stuck.retain(|c| short.contains_key(c));
+        self.repairs.lost_logged.retain(|c| short.contains_key(c));
         self.repairs.short_since = short;
         self.repairs.under_replicated = under;
         self.repairs.under_replicated_bytes = under_bytes;
@@ -547,6 +553,35 @@ impl Registry {
             id: server,
             addr: r.addr.clone(),
         })
+    }
+
+    /// Says, once, which chunk nothing can be read back of and what each of its locations
+    /// last reported of it: an operator's only lead to the copies.
+    fn log_lost(&self, state: &State, c: &crate::state::Chunk, now: Instant) {
+        let copies: Vec<String> = c
+            .servers
+            .iter()
+            .map(|s| {
+                let Some(rec) = state.servers().get(s) else {
+                    return format!("{s}: not registered");
+                };
+                let seen = self.live.get(s).and_then(|l| l.reported.as_ref()).map_or(
+                    "no report".to_owned(),
+                    |r| match r.get(&c.id) {
+                        Some(rc) => format!("reports {} bytes", rc.length),
+                        None => "does not report it".to_owned(),
+                    },
+                );
+                format!("{s} ({:?}): {seen}", self.state_of(rec, now))
+            })
+            .collect();
+        tracing::error!(
+            chunk = c.id,
+            length = c.length,
+            version = c.version,
+            ?copies,
+            "chunk lost: no location holds a readable copy"
+        );
     }
 
     fn note_stuck(&mut self, chunk_id: ChunkId, servers: &[ServerId]) {

@@ -573,6 +573,9 @@ fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {
         O::CreateVolume { .. } => "create-volume",
         O::ResizeVolume { .. } => "resize-volume",
         O::DeleteVolume { .. } => "delete-volume",
+        O::CreateSnapshot { .. } => "create-snapshot",
+        O::SnapshotReady { .. } => "snapshot-ready",
+        O::DeleteSnapshot { .. } => "delete-snapshot",
     }
 }
 

@@ -207,10 +207,53 @@ pub enum ObjectOp {
         name: String,
         size: u64,
     },
-    /// Forgets a volume (its files are deleted by the caller, after this).
+    /// Forgets a volume (its files are deleted by the caller, after this). Refused while it
+    /// has snapshots.
     DeleteVolume {
         name: String,
     },
+    /// Asks for a snapshot of a volume: recorded not ready; whoever serves the volume (or
+    /// opens it next) writes its index and marks it ready.
+    CreateSnapshot {
+        volume: String,
+        snapshot: Snapshot,
+    },
+    /// The snapshot's index is written (`snap-ID` in the volume's directory).
+    SnapshotReady {
+        volume: String,
+        snapshot: String,
+    },
+    /// Forgets a snapshot (its file is deleted by the caller, after this). Refused while a
+    /// clone was made from it.
+    DeleteSnapshot {
+        volume: String,
+        snapshot: String,
+    },
+}
+
+/// A snapshot of a volume: the index as one FLUSH left it, kept as the sealed checkpoint
+/// `snap-ID` in the volume's directory; the segments it names are never collected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub name: String,
+    /// 16 hex digits, fresh for every snapshot (names its file).
+    pub id: String,
+    /// The volume's size when it was taken (a clone's size).
+    pub size: u64,
+    pub created_ms: u64,
+    /// Its index is written; until then it cannot be cloned.
+    #[serde(default)]
+    pub ready: bool,
+}
+
+/// Where a clone came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Parent {
+    /// The volume's name and id, and the snapshot's name and id.
+    pub volume: String,
+    pub volume_id: String,
+    pub snapshot: String,
+    pub snapshot_id: String,
 }
 
 /// A block volume (docs/block.md): its data and index live in FlatLogFiles under
@@ -230,6 +273,22 @@ pub struct Volume {
     #[serde(default)]
     pub policy: String,
     pub created_ms: u64,
+    /// Its snapshots, oldest first.
+    #[serde(default)]
+    pub snapshots: Vec<Snapshot>,
+    /// A clone's snapshot.
+    #[serde(default)]
+    pub parent: Option<Parent>,
+    /// A clone's ancestors' ids, nearest first: a segment of origin `k` in its index is in
+    /// the directory of `lineage[k - 1]` (docs/block.md).
+    #[serde(default)]
+    pub lineage: Vec<String>,
+}
+
+impl Volume {
+    pub fn snapshot(&self, name: &str) -> Option<&Snapshot> {
+        self.snapshots.iter().find(|s| s.name == name)
+    }
 }
 
 /// Volume names: 1–63 of `[a-z0-9._-]`, starting with a letter or digit.
@@ -442,6 +501,14 @@ pub enum ObjectError {
     NoSuchVolume,
     #[error("a volume by that name exists")]
     VolumeExists,
+    #[error("no such snapshot")]
+    NoSuchSnapshot,
+    #[error("a snapshot by that name exists")]
+    SnapshotExists,
+    /// Something depends on what was to be deleted (snapshots of a volume, clones of a
+    /// snapshot).
+    #[error("in use: {0}")]
+    InUse(String),
 }
 
 /// Encodes for a `bytes` field.

@@ -44,7 +44,11 @@ pub fn s3_err(e: ObjectError) -> S3Error {
         ObjectError::UserExists => C::InvalidArgument,
         ObjectError::InvalidArgument(_) => C::InvalidArgument,
         // Volumes are not S3's; a gateway never asks about them.
-        ObjectError::NoSuchVolume | ObjectError::VolumeExists => C::InternalError,
+        ObjectError::NoSuchVolume
+        | ObjectError::VolumeExists
+        | ObjectError::NoSuchSnapshot
+        | ObjectError::SnapshotExists
+        | ObjectError::InUse(_) => C::InternalError,
     };
     S3Error::with_message(code, e.to_string())
 }

@@ -41,7 +41,10 @@ pub fn masters(addrs: &[String]) -> cairn_rpc::Masters {
 
 /// The `cairn` binary under test, with the tests' cluster secret.
 pub fn cairn() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_cairn"));
+    // CAIRN_BIN: a copy of the binary, so that a long run (the nemesis) is not changed
+    // under it by a build.
+    let bin = std::env::var("CAIRN_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cairn").into());
+    let mut c = Command::new(bin);
     c.env("CAIRN_CLUSTER_SECRET_FILE", secret_file());
     c
 }
@@ -70,7 +73,10 @@ impl Proc {
         assert!(self.child.is_none(), "{} already running", self.name);
         let mut child = cairn()
             .args(&self.args)
-            .env("CAIRN_LOG", std::env::var("CAIRN_TEST_LOG").unwrap_or("error".into()))
+            .env(
+                "CAIRN_LOG",
+                std::env::var("CAIRN_TEST_LOG").unwrap_or("error".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
