@@ -566,6 +566,7 @@ impl Volume {
         rx.await
             .map_err(|_| Error::Closed(self.meta.name.clone()))??;
         self.stats.written.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!("cairn_block_written_bytes_total").increment(n);
         if fua {
             self.flush().await?;
         }
