@@ -24,7 +24,12 @@ NBD_PID=$!
 trap 'kill $NBD_PID 2>/dev/null || true; sleep 1; "$CAIRN" volume delete "$VOL" >/dev/null 2>&1 || true' EXIT
 for _ in $(seq 1 50); do grep -q "listening on" /tmp/bench-gc-nbd.$$ && break; sleep 0.2; done
 URI="nbd://127.0.0.1:$PORT/$VOL"
-metric() { curl -s "http://127.0.0.1:$MPORT/metrics" | awk -v m="$1" '$1==m {print $2}' | tail -1; }
+metric() { # a counter's value (0 before it is counted), whatever its labels
+    local v
+    v=$(curl -s "http://127.0.0.1:$MPORT/metrics" |
+        awk -v m="$1" '{ n = $1; sub(/\{.*/, "", n) } n == m { print $2 }' | tail -1)
+    echo "${v:-0}"
+}
 started=$(date +%s)
 fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1m --iodepth=8 --size="$SIZE" >/dev/null
 fill=$(metric cairn_block_written_bytes_total)
@@ -38,7 +43,7 @@ written=$(metric cairn_block_written_bytes_total)
 # The collector settles: no bytes copied over three passes.
 last=-1
 for _ in $(seq 1 120); do
-    gc=$(metric cairn_block_gc_bytes_total); gc=${gc:-0}
+    gc=$(metric cairn_block_gc_bytes_total)
     [ "$gc" = "$last" ] && break
     last=$gc; sleep 6
 done

@@ -1,11 +1,26 @@
 #![no_main]
 //! The object index's messages from arbitrary bytes (JSON bodies of `ObjectRead` and of
 //! `Batch` object operations): decoding never panics; whatever decodes is applied to (or
-//! asked of) a state that has a user, a bucket, an object and an upload, and never panics.
+//! asked of) a state that has a user, a bucket, an upload, a volume with a snapshot and a
+//! clone of it, and never panics.
 //! A refused change leaves the state as it was.
 use cairn_master::state::{Command, State};
-use cairn_rpc::object::{self, ObjectOp, ObjectQuery, Upload, User};
+use cairn_rpc::object::{self, ObjectOp, ObjectQuery, Parent, Snapshot, Upload, User, Volume};
 use libfuzzer_sys::fuzz_target;
+
+fn volume(name: &str, id: &str, parent: Option<Parent>) -> Volume {
+    Volume {
+        name: name.into(),
+        id: id.into(),
+        size: 1 << 20,
+        block_size: 4096,
+        policy: String::new(),
+        created_ms: 1,
+        snapshots: Vec::new(),
+        parent,
+        lineage: Vec::new(),
+    }
+}
 
 fn seeded() -> State {
     let mut st = State::default();
@@ -26,6 +41,24 @@ fn seeded() -> State {
                 user_meta: Default::default(),
                 parts: Default::default(),
             },
+        },
+        ObjectOp::CreateVolume { volume: volume("v", "00000000000000aa", None) },
+        ObjectOp::CreateSnapshot {
+            volume: "v".into(),
+            snapshot: Snapshot { name: "s".into(), id: "0000000000000001".into(), size: 0, created_ms: 1, ready: false },
+        },
+        ObjectOp::SnapshotReady { volume: "v".into(), snapshot: "s".into() },
+        ObjectOp::CreateVolume {
+            volume: volume(
+                "c",
+                "00000000000000cc",
+                Some(Parent {
+                    volume: "v".into(),
+                    volume_id: "00000000000000aa".into(),
+                    snapshot: "s".into(),
+                    snapshot_id: "0000000000000001".into(),
+                }),
+            ),
         },
     ];
     for op in ops {

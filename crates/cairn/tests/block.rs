@@ -8,9 +8,9 @@
 
 mod common;
 
+use common::nbd::{FLUSH, FUA, READ, Raw, WRITE, block_of, pattern};
 use common::{Cluster, Proc};
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -74,13 +74,6 @@ fn create_volume(masters: &[String], name: &str, size: &str) -> serde_json::Valu
         &masters.join(","),
     ]));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// Deterministic bytes.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| ((i.wrapping_mul(0x9e37_79b9) ^ seed.wrapping_mul(0x85eb_ca6b)) >> 7) as u8)
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,110 +271,6 @@ async fn qemu_nbdcopy_and_fio_read_back_what_they_wrote() {
 }
 
 /// A raw NBD client: the handshake and simple replies.
-struct Raw {
-    s: TcpStream,
-}
-
-const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
-
-impl Raw {
-    fn connect(addr: &str) -> Self {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut hello = [0u8; 18];
-        s.read_exact(&mut hello).unwrap();
-        assert_eq!(&hello[..8], b"NBDMAGIC");
-        assert_eq!(
-            u64::from_be_bytes(hello[8..16].try_into().unwrap()),
-            IHAVEOPT
-        );
-        Self { s }
-    }
-
-    fn flags(&mut self, f: u32) {
-        self.s.write_all(&f.to_be_bytes()).unwrap();
-    }
-
-    fn option(&mut self, opt: u32, data: &[u8]) {
-        let mut b = IHAVEOPT.to_be_bytes().to_vec();
-        b.extend_from_slice(&opt.to_be_bytes());
-        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        b.extend_from_slice(data);
-        self.s.write_all(&b).unwrap();
-    }
-
-    /// (option, reply type, payload).
-    fn option_reply(&mut self) -> (u32, u32, Vec<u8>) {
-        let mut h = [0u8; 20];
-        self.s.read_exact(&mut h).unwrap();
-        assert_eq!(
-            u64::from_be_bytes(h[..8].try_into().unwrap()),
-            0x0003_e889_0455_65a9
-        );
-        let len = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
-        let mut p = vec![0u8; len];
-        self.s.read_exact(&mut p).unwrap();
-        (
-            u32::from_be_bytes(h[8..12].try_into().unwrap()),
-            u32::from_be_bytes(h[12..16].try_into().unwrap()),
-            p,
-        )
-    }
-
-    /// NBD_OPT_GO for `name`; the final reply type.
-    fn go(&mut self, name: &str) -> u32 {
-        let mut d = (name.len() as u32).to_be_bytes().to_vec();
-        d.extend_from_slice(name.as_bytes());
-        d.extend_from_slice(&0u16.to_be_bytes());
-        self.option(7, &d);
-        loop {
-            let (_, kind, _) = self.option_reply();
-            if kind != 3 {
-                return kind;
-            }
-        }
-    }
-
-    fn request(&mut self, kind: u16, flags: u16, cookie: u64, offset: u64, len: u32, data: &[u8]) {
-        let mut b = 0x2560_9513u32.to_be_bytes().to_vec();
-        b.extend_from_slice(&flags.to_be_bytes());
-        b.extend_from_slice(&kind.to_be_bytes());
-        b.extend_from_slice(&cookie.to_be_bytes());
-        b.extend_from_slice(&offset.to_be_bytes());
-        b.extend_from_slice(&len.to_be_bytes());
-        b.extend_from_slice(data);
-        self.s.write_all(&b).unwrap();
-    }
-
-    /// A simple reply: (error, cookie); `read` bytes of data follow a successful read.
-    fn reply(&mut self, read: usize) -> (u32, u64, Vec<u8>) {
-        let mut h = [0u8; 16];
-        self.s.read_exact(&mut h).unwrap();
-        assert_eq!(u32::from_be_bytes(h[..4].try_into().unwrap()), 0x6744_6698);
-        let err = u32::from_be_bytes(h[4..8].try_into().unwrap());
-        let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
-        let mut d = vec![0u8; if err == 0 { read } else { 0 }];
-        self.s.read_exact(&mut d).unwrap();
-        (err, cookie, d)
-    }
-
-    /// The server closed the connection (EOF or reset) within the read timeout.
-    fn closed(&mut self) -> bool {
-        let mut b = [0u8; 64];
-        loop {
-            match self.s.read(&mut b) {
-                Ok(0) | Err(_) => return true,
-                Ok(_) => {}
-            }
-        }
-    }
-}
-
-const READ: u16 = 0;
-const WRITE: u16 = 1;
-const FLUSH: u16 = 3;
-const FUA: u16 = 1;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_the_protocols_errors_and_the_server_goes_on() {
     let _serial = SERIAL.lock().await;
@@ -550,14 +439,6 @@ async fn one_server_writes_a_volume_and_a_stale_one_is_fenced() {
 }
 
 /// A block's contents for write `v` (0: zeros): `v` little-endian, then bytes made from it.
-fn block_of(v: u64) -> Vec<u8> {
-    if v == 0 {
-        return vec![0u8; 4096];
-    }
-    let mut b = v.to_le_bytes().to_vec();
-    b.extend(pattern(v, 4096 - 8));
-    b
-}
 
 /// A random workload of writes, trims, FUA writes and flushes against a naive model, with
 /// garbage collection compacting tiny segments all the time and the server SIGKILLed at

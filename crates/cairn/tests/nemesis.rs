@@ -1,11 +1,13 @@
 //! The nemesis: randomized fault scenarios against a real cluster of processes on loopback
-//! (3 masters, 4 chunkservers, an S3 gateway), while writers append verification data (a file
-//! of three replicas, one `replicas:3,then:ec:2+1,lz4` whose sealed chunks the chunkservers
-//! convert to compressed chunk groups at once, one erasure-coded `ec:2+1`) and a reader reads,
-//! and S3 clients PUT, DELETE and GET objects through the gateway.
+//! (3 masters, 4 chunkservers, an S3 gateway, an NBD server), while writers append
+//! verification data (a file of three replicas, one `replicas:3,then:ec:2+1,lz4` whose sealed
+//! chunks the chunkservers convert to compressed chunk groups at once, one erasure-coded
+//! `ec:2+1`) and a reader reads, S3 clients PUT, DELETE and GET objects through the gateway,
+//! and an NBD client writes, trims, flushes and reads a volume whose collector compacts 64 KiB
+//! segments all the time.
 //!
 //! Each scenario, chosen by its seed, injects one to three faults at random times — SIGKILL and
-//! restart of a chunkserver, a master or the gateway, a slow server, an erroring server, a
+//! restart of a chunkserver, a master or the services (gateway and NBD server), a slow server, an erroring server, a
 //! frozen server, a full disk — heals them, and checks:
 //! - every acknowledged append reads back with the right bytes (a loss otherwise);
 //! - every byte any reader saw is the right byte for its position and lies inside what the
@@ -13,7 +15,10 @@
 //! - every chunk returns to full redundancy;
 //! - every S3 key reads back as its last acknowledged PUT or DELETE left it (or as a later
 //!   request that failed, whose outcome the client cannot know), and every GET during the run
-//!   returned a whole version of its key no older than the last one acknowledged before it.
+//!   returned a whole version of its key no older than the last one acknowledged before it;
+//! - every block of the volume read (during the run, after each reconnection, and at the end)
+//!   is what the client last wrote there, or — after a lost connection or a failed request —
+//!   what the last completed FLUSH left or something written since.
 //!
 //! `cargo test --test nemesis` runs 10 scenarios (seed 1). More:
 //! `CAIRN_NEMESIS_SCENARIOS=200 CAIRN_NEMESIS_SEED=7 cargo test --release --test nemesis -- --nocapture`
@@ -27,6 +32,7 @@ mod s3client;
 
 use bytes::Bytes;
 use cairn_client::{Client, ClientOptions, CreateOptions, FaultSpec};
+use common::nbd::{FLUSH, FUA, READ, Raw, TRIM, WRITE, block_of};
 use common::{Cluster, Proc, bytes, chunks};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -49,14 +55,14 @@ enum Kind {
     Errors,
     Frozen,
     DiskFull,
-    KillGateway,
+    KillService,
 }
 
 impl Kind {
     fn kills(self) -> bool {
         matches!(
             self,
-            Kind::KillChunkserver | Kind::KillMaster | Kind::KillGateway
+            Kind::KillChunkserver | Kind::KillMaster | Kind::KillService
         )
     }
 }
@@ -83,7 +89,7 @@ fn plan(seed: u64) -> Vec<Fault> {
         let kind = match rng.random_range(0..7) {
             0 if !killed => Kind::KillChunkserver,
             1 if !killed => Kind::KillMaster,
-            6 if !killed => Kind::KillGateway,
+            6 if !killed => Kind::KillService,
             0..=2 | 6 => Kind::Slow,
             3 => Kind::Errors,
             4 => Kind::Frozen,
@@ -92,7 +98,7 @@ fn plan(seed: u64) -> Vec<Fault> {
         killed |= kind.kills();
         let target = if kind == Kind::KillMaster {
             rng.random_range(0..3)
-        } else if kind == Kind::KillGateway {
+        } else if kind == Kind::KillService {
             0
         } else {
             servers.remove(rng.random_range(0..servers.len()))
@@ -117,7 +123,7 @@ fn plan(seed: u64) -> Vec<Fault> {
                 disk_full: true,
                 ..FaultSpec::default()
             },
-            Kind::KillChunkserver | Kind::KillMaster | Kind::KillGateway => FaultSpec::default(),
+            Kind::KillChunkserver | Kind::KillMaster | Kind::KillService => FaultSpec::default(),
         };
         faults.push(Fault {
             kind,
@@ -507,6 +513,247 @@ struct Totals {
     s3_losses: u64,
     /// Chunks of the `then:ec` files found converted at the end of their scenario.
     converted: u64,
+    nbd_writes: u64,
+    nbd_errors: u64,
+    /// Blocks read back and checked against the model.
+    nbd_blocks_checked: u64,
+    /// Blocks that read something the model does not allow.
+    nbd_bad_blocks: u64,
+}
+
+/// Blocks of the nemesis's volume (4 KiB each).
+const NBD_BLOCKS: u64 = 256;
+
+/// What the nemesis's NBD client knows of its volume, block by block (block ids: 0 reads as
+/// zeros): what the last completed FLUSH made durable (several candidates when a failed
+/// write before it may or may not have landed), what was written since (answered or not),
+/// and what the block holds now if that is known (not after a failed request or a lost
+/// connection, until it is read).
+struct NbdModel {
+    durable: Vec<Vec<u64>>,
+    since: Vec<Vec<u64>>,
+    current: Vec<Option<u64>>,
+    next: u64,
+}
+
+impl NbdModel {
+    fn new() -> Self {
+        let n = NBD_BLOCKS as usize;
+        Self {
+            durable: vec![vec![0]; n],
+            since: vec![Vec::new(); n],
+            current: vec![Some(0); n],
+            next: 1,
+        }
+    }
+
+    /// Whether block `b` may read as `id`.
+    fn allows(&self, b: usize, id: u64) -> bool {
+        match self.current[b] {
+            Some(v) => v == id,
+            None => self.durable[b].contains(&id) || self.since[b].contains(&id),
+        }
+    }
+
+    fn written(&mut self, b: usize, id: u64, answered: bool) {
+        self.since[b].push(id);
+        self.current[b] = answered.then_some(id);
+    }
+
+    fn flushed(&mut self) {
+        for b in 0..self.durable.len() {
+            let d = match self.current[b] {
+                Some(v) => vec![v],
+                None => {
+                    let mut all = std::mem::take(&mut self.durable[b]);
+                    all.append(&mut self.since[b]);
+                    all.sort_unstable();
+                    all.dedup();
+                    all
+                }
+            };
+            self.durable[b] = d;
+            self.since[b].clear();
+        }
+    }
+
+    /// Everything since the last completed FLUSH may or may not be there.
+    fn uncertain(&mut self) {
+        self.current.iter_mut().for_each(|c| *c = None);
+    }
+}
+
+/// The block side of the cluster: a `cairn nbd` process serving volume `nemesis`.
+struct Nbd {
+    proc: Proc,
+    model: Option<NbdModel>,
+}
+
+#[derive(Debug, Default)]
+struct NbdSeen {
+    writes: u64,
+    errors: u64,
+    checked: u64,
+    bad: u64,
+}
+
+/// Reads the whole volume and checks every block against the model; learns what it read.
+fn nbd_check(c: &mut Raw, m: &mut NbdModel, seen: &mut NbdSeen, when: &str) -> std::io::Result<()> {
+    let (err, data) = c.call(READ, 0, 0, (NBD_BLOCKS * 4096) as u32, &[])?;
+    if err != 0 {
+        seen.errors += 1;
+        return Err(std::io::Error::other(format!("read: NBD error {err}")));
+    }
+    for b in 0..NBD_BLOCKS as usize {
+        let got = &data[b * 4096..(b + 1) * 4096];
+        let id = u64::from_le_bytes(got[..8].try_into().unwrap());
+        seen.checked += 1;
+        if !m.allows(b, id) || got != block_of(id).as_slice() {
+            eprintln!(
+                "  NBD BAD block {b} {when}: read {id}, model: now {:?}, durable {:?}, since {:?}",
+                m.current[b], m.durable[b], m.since[b]
+            );
+            seen.bad += 1;
+        }
+        m.current[b] = Some(id);
+    }
+    Ok(())
+}
+
+/// The NBD client of one scenario (a thread): random writes (some FUA), trims, flushes and
+/// checked reads against the model until `stop`; a lost connection makes everything since the
+/// last FLUSH uncertain and is opened again; at the end the whole volume is checked (after
+/// the server's restart, if it was killed) and flushed.
+fn nbd_client(
+    addr: String,
+    mut m: NbdModel,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) -> (NbdModel, NbdSeen) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut seen = NbdSeen::default();
+    let mut conn: Option<Raw> = None;
+    let mut failures = 0;
+    let mut ending = None;
+    loop {
+        if stop.load(Ordering::Relaxed) && ending.is_none() {
+            ending = Some(Instant::now());
+        }
+        if let Some(t) = ending {
+            // The final check: through restarts and lease hand-overs, for up to a minute.
+            let c = match conn.take() {
+                Some(c) => Some(c),
+                None => Raw::open(&addr, "nemesis").ok(),
+            };
+            if let Some(mut c) = c {
+                if nbd_check(&mut c, &mut m, &mut seen, "at the end").is_ok()
+                    && matches!(c.call(FLUSH, 0, 0, 0, &[]), Ok((0, _)))
+                {
+                    m.flushed();
+                    return (m, seen);
+                }
+                m.uncertain();
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                eprintln!("  NBD: the volume could not be read back within 60 s");
+                seen.errors += 1;
+                return (m, seen);
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            continue;
+        }
+        let Some(c) = conn.as_mut() else {
+            match Raw::open(&addr, "nemesis") {
+                Ok(mut c) => {
+                    // What a crash or a failure left: checked, then known.
+                    if nbd_check(&mut c, &mut m, &mut seen, "after reconnecting").is_ok() {
+                        conn = Some(c);
+                    }
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+            continue;
+        };
+        let lba = rng.random_range(0..NBD_BLOCKS);
+        let n = rng.random_range(1..=8u64).min(NBD_BLOCKS - lba);
+        let r = match rng.random_range(0..20) {
+            0..=11 => {
+                let fua = rng.random_range(0..8) == 0;
+                let ids: Vec<u64> = (0..n).map(|i| m.next + i).collect();
+                m.next += n;
+                let data: Vec<u8> = ids.iter().flat_map(|&id| block_of(id)).collect();
+                let flags = if fua { FUA } else { 0 };
+                let r = c.call(WRITE, flags, lba * 4096, data.len() as u32, &data);
+                let ok = matches!(r, Ok((0, _)));
+                for (i, &id) in ids.iter().enumerate() {
+                    m.written((lba + i as u64) as usize, id, ok);
+                }
+                if ok {
+                    seen.writes += 1;
+                    if fua {
+                        m.flushed();
+                    }
+                }
+                r
+            }
+            12..=13 => {
+                let r = c.call(TRIM, 0, lba * 4096, (n * 4096) as u32, &[]);
+                let ok = matches!(r, Ok((0, _)));
+                for i in 0..n {
+                    m.written((lba + i) as usize, 0, ok);
+                }
+                r
+            }
+            14..=16 => {
+                let r = c.call(FLUSH, 0, 0, 0, &[]);
+                if matches!(r, Ok((0, _))) {
+                    m.flushed();
+                }
+                r
+            }
+            _ => {
+                let r = c.call(READ, 0, lba * 4096, (n * 4096) as u32, &[]);
+                if let Ok((0, data)) = &r {
+                    for i in 0..n as usize {
+                        let b = lba as usize + i;
+                        let got = &data[i * 4096..(i + 1) * 4096];
+                        let id = u64::from_le_bytes(got[..8].try_into().unwrap());
+                        seen.checked += 1;
+                        if !m.allows(b, id) || got != block_of(id).as_slice() {
+                            eprintln!(
+                                "  NBD BAD block {b}: read {id}, model: now {:?}, durable {:?}, since {:?}",
+                                m.current[b], m.durable[b], m.since[b]
+                            );
+                            seen.bad += 1;
+                        }
+                        m.current[b] = Some(id);
+                    }
+                }
+                r
+            }
+        };
+        match r {
+            Ok((0, _)) => failures = 0,
+            Ok((err, _)) => {
+                seen.errors += 1;
+                failures += 1;
+                // A volume that stopped serving (fenced, its journal failed) answers every
+                // request with an error: it is opened again.
+                if failures >= 3 {
+                    eprintln!("  NBD: {failures} errors in a row (last {err}); reconnecting");
+                    conn = None;
+                    m.uncertain();
+                    failures = 0;
+                }
+            }
+            Err(e) => {
+                eprintln!("  NBD: connection lost: {e}");
+                seen.errors += 1;
+                conn = None;
+                m.uncertain();
+            }
+        }
+    }
 }
 
 /// The S3 side of the cluster: a gateway process and a client of its bucket.
@@ -554,7 +801,14 @@ async fn verify(c: &Client, path: &str, seed: u64, acked: u64) -> u64 {
     lost
 }
 
-async fn scenario(cl: &mut Cluster, gw: &mut Gateway, index: u64, seed: u64, t: &mut Totals) {
+async fn scenario(
+    cl: &mut Cluster,
+    gw: &mut Gateway,
+    nbd: &mut Nbd,
+    index: u64,
+    seed: u64,
+    t: &mut Totals,
+) {
     let faults = plan(seed);
     eprintln!("scenario {index} seed {seed}: {faults:?}");
     let opts = ClientOptions {
@@ -608,6 +862,15 @@ async fn scenario(cl: &mut Cluster, gw: &mut Gateway, index: u64, seed: u64, t: 
         stop.clone(),
     ));
 
+    let nbd_rd = {
+        let (addr, model, stop) = (
+            nbd.proc.addr.clone(),
+            nbd.model.take().expect("model"),
+            stop.clone(),
+        );
+        tokio::task::spawn_blocking(move || nbd_client(addr, model, seed, stop))
+    };
+
     // The faults, in time order: (when, fault index, begin?).
     let mut events: Vec<(Duration, usize, bool)> = faults
         .iter()
@@ -624,8 +887,14 @@ async fn scenario(cl: &mut Cluster, gw: &mut Gateway, index: u64, seed: u64, t: 
             (Kind::KillChunkserver, false) => cl.chunkservers[f.target].start(),
             (Kind::KillMaster, true) => cl.masters[f.target].kill(),
             (Kind::KillMaster, false) => cl.masters[f.target].start(),
-            (Kind::KillGateway, true) => gw.proc.kill(),
-            (Kind::KillGateway, false) => gw.proc.start(),
+            (Kind::KillService, true) => {
+                gw.proc.kill();
+                nbd.proc.kill();
+            }
+            (Kind::KillService, false) => {
+                gw.proc.start();
+                nbd.proc.start();
+            }
             (_, true) => cl.fault(f.target, f.spec).await,
             (_, false) => cl.fault(f.target, FaultSpec::default()).await,
         }
@@ -645,6 +914,12 @@ async fn scenario(cl: &mut Cluster, gw: &mut Gateway, index: u64, seed: u64, t: 
         s3_seen.push(w.await.expect("s3 writer task"));
     }
     s3_seen.push(s3_rd.await.expect("s3 reader task"));
+    let (model, nbd_seen) = nbd_rd.await.expect("nbd client");
+    nbd.model = Some(model);
+    t.nbd_writes += nbd_seen.writes;
+    t.nbd_errors += nbd_seen.errors;
+    t.nbd_blocks_checked += nbd_seen.checked;
+    t.nbd_bad_blocks += nbd_seen.bad;
     let s3_lost = s3_verify_and_delete(&gw.s3, &s3_log).await;
     t.s3_losses += s3_lost;
     for s in &s3_seen {
@@ -718,7 +993,8 @@ async fn scenario(cl: &mut Cluster, gw: &mut Gateway, index: u64, seed: u64, t: 
     };
     eprintln!(
         "  appends {} (errors {}), reads {} (errors {}), lost {lost}, corrupt reads {}, chunks {}; \
-         s3 puts {}, deletes {}, gets {} (errors {}, bad {}), keys lost {s3_lost}",
+         s3 puts {}, deletes {}, gets {} (errors {}, bad {}), keys lost {s3_lost}; \
+         nbd writes {}, blocks checked {} (errors {}, bad {})",
         written.iter().map(|w| w.appends).sum::<u64>(),
         written.iter().map(|w| w.errors).sum::<u64>(),
         seen.reads,
@@ -730,6 +1006,10 @@ async fn scenario(cl: &mut Cluster, gw: &mut Gateway, index: u64, seed: u64, t: 
         s3_seen.iter().map(|s| s.gets).sum::<u64>(),
         s3_seen.iter().map(|s| s.errors + s.get_errors).sum::<u64>(),
         s3_seen.iter().map(|s| s.bad_gets).sum::<u64>(),
+        nbd_seen.writes,
+        nbd_seen.checked,
+        nbd_seen.errors,
+        nbd_seen.bad,
     );
     for (path, _) in &files {
         c.delete(path).await.expect("delete");
@@ -799,12 +1079,48 @@ async fn nemesis() {
         proc,
         s3: Arc::new(s3),
     };
+    // A volume served by a `cairn nbd` whose collector compacts small segments all the time.
+    common::run_ok(common::cairn().args([
+        "volume",
+        "create",
+        "nemesis",
+        "--size",
+        "1m",
+        "--cluster",
+        &masters.join(","),
+    ]));
+    let mut nbd = Nbd {
+        proc: Proc {
+            name: "nbd".into(),
+            args: [
+                "nbd",
+                "--listen",
+                "127.0.0.1:0",
+                "--masters",
+                &masters.join(","),
+                "--renew-ms",
+                "1000",
+                "--segment-bytes",
+                "64k",
+                "--gc-every-ms",
+                "500",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            addr: String::new(),
+            child: None,
+        },
+        model: Some(NbdModel::new()),
+    };
+    nbd.proc.start();
     let mut t = Totals::default();
     let started = Instant::now();
     for i in first..first + scenarios {
         scenario(
             &mut cl,
             &mut gw,
+            &mut nbd,
             i,
             seed.wrapping_mul(1_000_003).wrapping_add(i),
             &mut t,
@@ -842,12 +1158,24 @@ async fn nemesis() {
         "| {} | {} | {} | {} | {} | {} |",
         t.s3_puts, t.s3_deletes, t.s3_gets, t.s3_errors, t.s3_bad_gets, t.s3_losses
     );
+    println!("| NBD writes acked | NBD errors | NBD blocks checked | NBD bad blocks |");
+    println!("|---|---|---|---|");
+    println!(
+        "| {} | {} | {} | {} |",
+        t.nbd_writes, t.nbd_errors, t.nbd_blocks_checked, t.nbd_bad_blocks
+    );
     println!("faults by kind: {:?}", t.faults);
     println!("chunks converted to compressed groups: {}", t.converted);
     // Canary: a run that acknowledged and verified nothing proves nothing; one that converted
     // nothing did not test conversion.
     assert!(
-        t.appends > 0 && t.bytes_verified > 0 && t.reads > 0 && t.s3_puts > 0 && t.s3_gets > 0,
+        t.appends > 0
+            && t.bytes_verified > 0
+            && t.reads > 0
+            && t.s3_puts > 0
+            && t.s3_gets > 0
+            && t.nbd_writes > 0
+            && t.nbd_blocks_checked > 0,
         "{t:?}"
     );
     assert!(t.converted > 0, "no chunk was converted: {t:?}");
@@ -857,6 +1185,10 @@ async fn nemesis() {
         "S3 GETs returned wrong or stale objects: {t:?}"
     );
     assert_eq!(t.losses, 0, "acknowledged bytes lost: {t:?}");
+    assert_eq!(
+        t.nbd_bad_blocks, 0,
+        "NBD blocks read other than flushed or written since: {t:?}"
+    );
     assert_eq!(t.corrupt_reads, 0, "readers saw wrong bytes: {t:?}");
     assert_eq!(
         t.unacked_reads, 0,

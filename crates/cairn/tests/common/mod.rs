@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod nbd;
+
 use cairn_client::{Client, ClientOptions};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
