@@ -438,8 +438,6 @@ async fn one_server_writes_a_volume_and_a_stale_one_is_fenced() {
     drop(a2);
 }
 
-/// A block's contents for write `v` (0: zeros): `v` little-endian, then bytes made from it.
-
 /// A random workload of writes, trims, FUA writes and flushes against a naive model, with
 /// garbage collection compacting tiny segments all the time and the server SIGKILLed at
 /// random moments (some with a write in flight): while it runs the volume reads exactly as
