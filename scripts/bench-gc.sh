@@ -6,7 +6,7 @@
 # amplification (client + collector bytes over client bytes, for the whole run and for the
 # overwrite alone) and the bytes the volume's files hold. Needs a running `cairn up` in this
 # directory (its masters and cluster secret) and fio; starts its own `cairn nbd` (metrics on).
-# Usage: SIZE=4g POLICY=r2 scripts/bench-gc.sh
+# Usage: SIZE=4g POLICY=replicas:2 SEGMENT=128m GC_PCT=50 scripts/bench-gc.sh
 set -euo pipefail
 CAIRN=${CAIRN:-cairn}
 SIZE=${SIZE:-4g}
@@ -19,7 +19,8 @@ PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 MPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$CAIRN" volume create "$VOL" --size "$SIZE" ${POLICY:+--policy "$POLICY"} >/dev/null
 "$CAIRN" nbd --listen "127.0.0.1:$PORT" --masters "$MASTERS" --cluster-secret-file "$DATA/cluster.secret" \
-    --metrics-listen "127.0.0.1:$MPORT" --gc-every-ms 2000 --gc-live-pct "$GC_PCT" --gc-rate 256m >/tmp/bench-gc-nbd.$$ 2>&1 &
+    --metrics-listen "127.0.0.1:$MPORT" --gc-every-ms 2000 --gc-live-pct "$GC_PCT" --gc-rate 256m \
+    --segment-bytes "${SEGMENT:-128m}" >/tmp/bench-gc-nbd.$$ 2>&1 &
 NBD_PID=$!
 trap 'kill $NBD_PID 2>/dev/null || true; sleep 1; "$CAIRN" volume delete "$VOL" >/dev/null 2>&1 || true' EXIT
 for _ in $(seq 1 50); do grep -q "listening on" /tmp/bench-gc-nbd.$$ && break; sleep 0.2; done

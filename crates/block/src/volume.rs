@@ -89,6 +89,10 @@ impl Default for VolumeOptions {
     }
 }
 
+/// The collector reads neighbouring live runs of a segment as one span of at most this many
+/// bytes.
+const GC_SPAN: u64 = 4 << 20;
+
 /// Where volume `id`'s files live.
 pub fn volume_dir(id: &str) -> String {
     format!("/.block/{id}")
@@ -1009,25 +1013,57 @@ impl Volume {
                     Err(_) => continue,
                 }
             }
-            let runs = self.state.lock().map.runs_in(n);
             let bs = self.block_size();
-            for (lba, r) in runs {
-                // In pieces of at most `max_batch` bytes.
-                let step = (self.opts.max_batch as u64 / bs).max(1);
+            // The live runs as pieces of at most one batch, in segment order; neighbours are
+            // read as one span (at most GC_SPAN bytes) and appended as one batch, so a
+            // segment left in many small runs by random writes costs few round trips.
+            let step = (self.opts.max_batch as u64 / bs).max(1);
+            let mut pieces: Vec<(u64, u64, u64)> = Vec::new();
+            for (lba, r) in self.state.lock().map.runs_in(n) {
                 let mut i = 0;
                 while i < r.blocks {
                     let k = step.min(r.blocks - i);
-                    let from = r.off.wrapping_add(i * bs);
-                    let data = self
-                        .client
-                        .read(&path, from, (k * bs) as usize)
-                        .await
-                        .map_err(io)?;
-                    let (to_seg, to) = self.append_to(seg, Bytes::from(data)).await?;
-                    copied += k * bs;
+                    pieces.push((lba + i, k, r.off.wrapping_add(i * bs)));
+                    i += k;
+                }
+            }
+            pieces.sort_by_key(|p| p.2);
+            let mut i = 0;
+            while i < pieces.len() {
+                let first = pieces[i].2;
+                let mut j = i;
+                let mut live = 0;
+                while let Some(&(_, k, off)) = pieces.get(j) {
+                    let end = off.saturating_add(k * bs);
+                    if j > i
+                        && (end.saturating_sub(first) > GC_SPAN
+                            || live + k * bs > self.opts.max_batch as u64)
                     {
-                        let mut st = self.state.lock();
-                        for (l, b, s2, o) in st.map.remap(lba + i, k, (n, from), (to_seg, to)) {
+                        break;
+                    }
+                    live += k * bs;
+                    j += 1;
+                }
+                let group = &pieces[i..j];
+                let (_, lk, loff) = group[group.len() - 1];
+                let span = loff.saturating_add(lk * bs).saturating_sub(first);
+                let data = self
+                    .client
+                    .read(&path, first, span as usize)
+                    .await
+                    .map_err(io)?;
+                let mut batch = BytesMut::with_capacity(live as usize);
+                for &(_, k, off) in group {
+                    let at = (off - first) as usize;
+                    batch.extend_from_slice(&data[at..at + (k * bs) as usize]);
+                }
+                let (to_seg, to) = self.append_to(seg, batch.freeze()).await?;
+                copied += live;
+                {
+                    let mut st = self.state.lock();
+                    let mut at = to;
+                    for &(lba, k, off) in group {
+                        for (l, b, s2, o) in st.map.remap(lba, k, (n, off), (to_seg, at)) {
                             st.pending.push(Change::Map {
                                 lba: l,
                                 blocks: b as u32,
@@ -1035,15 +1071,16 @@ impl Volume {
                                 off: o,
                             });
                         }
+                        at += k * bs;
                     }
-                    i += k;
-                    // The rate cap, on average over the pass.
-                    let due = Duration::from_secs_f64(
-                        copied as f64 / self.opts.gc_bytes_per_sec.max(1) as f64,
-                    );
-                    if let Some(wait) = due.checked_sub(began.elapsed()) {
-                        tokio::time::sleep(wait).await;
-                    }
+                }
+                i = j;
+                // The rate cap, on average over the pass.
+                let due = Duration::from_secs_f64(
+                    copied as f64 / self.opts.gc_bytes_per_sec.max(1) as f64,
+                );
+                if let Some(wait) = due.checked_sub(began.elapsed()) {
+                    tokio::time::sleep(wait).await;
                 }
             }
             done.push(n);
