@@ -40,28 +40,6 @@ fn ok(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn nbd_server(masters: &[String], extra: &[&str]) -> Proc {
-    let mut p = Proc {
-        name: "nbd".into(),
-        args: [
-            "nbd",
-            "--listen",
-            "127.0.0.1:0",
-            "--masters",
-            &masters.join(","),
-        ]
-        .iter()
-        .chain(["--renew-ms", "1000"].iter())
-        .chain(extra)
-        .map(|s| s.to_string())
-        .collect(),
-        addr: String::new(),
-        child: None,
-    };
-    p.start();
-    p
-}
-
 fn create_volume(masters: &[String], name: &str, size: &str) -> serde_json::Value {
     let out = common::run_ok(common::cairn().args([
         "volume",
@@ -82,7 +60,7 @@ async fn qemu_nbdcopy_and_fio_read_back_what_they_wrote() {
     let dir = tempfile::tempdir().unwrap();
     let mut cl = Cluster::start(dir.path(), 1, 3).await;
     let masters = cl.master_addrs();
-    let nbd = nbd_server(&masters, &[]);
+    let nbd = common::nbd::server(&masters, &[]);
     let v = create_volume(&masters, "disk1", "64m");
     assert_eq!(v["size"], 64 << 20);
     assert_eq!(v["block_size"], 4096);
@@ -277,7 +255,7 @@ async fn bad_input_gets_the_protocols_errors_and_the_server_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let cl = Cluster::start(dir.path(), 1, 3).await;
     let masters = cl.master_addrs();
-    let nbd = nbd_server(&masters, &[]);
+    let nbd = common::nbd::server(&masters, &[]);
     create_volume(&masters, "v", "16m");
 
     // Garbage instead of a handshake: closed.
@@ -359,8 +337,8 @@ async fn one_server_writes_a_volume_and_a_stale_one_is_fenced() {
     let dir = tempfile::tempdir().unwrap();
     let cl = Cluster::start(dir.path(), 1, 3).await;
     let masters = cl.master_addrs();
-    let mut a = nbd_server(&masters, &[]);
-    let b = nbd_server(&masters, &[]);
+    let mut a = common::nbd::server(&masters, &[]);
+    let b = common::nbd::server(&masters, &[]);
     create_volume(&masters, "f", "16m");
 
     // A serves the volume; B is refused while A holds it.
@@ -419,7 +397,7 @@ async fn one_server_writes_a_volume_and_a_stale_one_is_fenced() {
     a.kill();
     drop(b);
     let a2 = loop {
-        let p = nbd_server(&masters, &[]);
+        let p = common::nbd::server(&masters, &[]);
         let mut c = Raw::connect(&p.addr);
         c.flags(3);
         if c.go("f") == 1 {
@@ -487,7 +465,7 @@ async fn the_volume_matches_a_model_across_server_crashes() {
         "--lanes",
         "2",
     ];
-    let mut server = nbd_server(&masters, &gc);
+    let mut server = common::nbd::server(&masters, &gc);
     let mut c = connect(&server);
     let mut checked = 0;
     let mut written = 0u64;
@@ -565,7 +543,7 @@ async fn the_volume_matches_a_model_across_server_crashes() {
         }
         server.kill();
         drop(c);
-        server = nbd_server(&masters, &gc);
+        server = common::nbd::server(&masters, &gc);
         c = connect(&server);
         c.request(READ, 0, 1, 0, (BLOCKS * 4096) as u32, &[]);
         let (e, _, data) = c.reply((BLOCKS * 4096) as usize);
@@ -649,7 +627,7 @@ async fn snapshots_and_clones_keep_their_contents() {
     let masters = cl.master_addrs();
     create_volume(&masters, "base", "4m");
     let gc = ["--segment-bytes", "256k", "--gc-every-ms", "100"];
-    let nbd = nbd_server(&masters, &gc);
+    let nbd = common::nbd::server(&masters, &gc);
     let uri = |v: &str| format!("nbd://{}/{v}", nbd.addr);
     qemu_io(&uri("base"), &["write -P 0xaa 0 4M"]);
     // Taken by the CLI: nobody serves the volume between qemu-io runs.

@@ -604,8 +604,14 @@ fn nbd_check(c: &mut Raw, m: &mut NbdModel, seen: &mut NbdSeen, when: &str) -> s
         seen.errors += 1;
         return Err(std::io::Error::other(format!("read: NBD error {err}")));
     }
-    for b in 0..NBD_BLOCKS as usize {
-        let got = &data[b * 4096..(b + 1) * 4096];
+    check_blocks(m, seen, 0, &data, when);
+    Ok(())
+}
+
+/// Checks the blocks `data` holds from block `first` on against the model; learns them.
+fn check_blocks(m: &mut NbdModel, seen: &mut NbdSeen, first: usize, data: &[u8], when: &str) {
+    for (i, got) in data.chunks(4096).enumerate() {
+        let b = first + i;
         let id = u64::from_le_bytes(got[..8].try_into().unwrap());
         seen.checked += 1;
         if !m.allows(b, id) || got != block_of(id).as_slice() {
@@ -617,7 +623,6 @@ fn nbd_check(c: &mut Raw, m: &mut NbdModel, seen: &mut NbdSeen, when: &str) -> s
         }
         m.current[b] = Some(id);
     }
-    Ok(())
 }
 
 /// The NBD client of one scenario (a thread): random writes (some FUA), trims, flushes and
@@ -714,20 +719,7 @@ fn nbd_client(
             _ => {
                 let r = c.call(READ, 0, lba * 4096, (n * 4096) as u32, &[]);
                 if let Ok((0, data)) = &r {
-                    for i in 0..n as usize {
-                        let b = lba as usize + i;
-                        let got = &data[i * 4096..(i + 1) * 4096];
-                        let id = u64::from_le_bytes(got[..8].try_into().unwrap());
-                        seen.checked += 1;
-                        if !m.allows(b, id) || got != block_of(id).as_slice() {
-                            eprintln!(
-                                "  NBD BAD block {b}: read {id}, model: now {:?}, durable {:?}, since {:?}",
-                                m.current[b], m.durable[b], m.since[b]
-                            );
-                            seen.bad += 1;
-                        }
-                        m.current[b] = Some(id);
-                    }
+                    check_blocks(&mut m, &mut seen, lba as usize, data, "while running");
                 }
                 r
             }
@@ -1090,30 +1082,12 @@ async fn nemesis() {
         &masters.join(","),
     ]));
     let mut nbd = Nbd {
-        proc: Proc {
-            name: "nbd".into(),
-            args: [
-                "nbd",
-                "--listen",
-                "127.0.0.1:0",
-                "--masters",
-                &masters.join(","),
-                "--renew-ms",
-                "1000",
-                "--segment-bytes",
-                "64k",
-                "--gc-every-ms",
-                "500",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-            addr: String::new(),
-            child: None,
-        },
+        proc: common::nbd::server(
+            &masters,
+            &["--segment-bytes", "64k", "--gc-every-ms", "500"],
+        ),
         model: Some(NbdModel::new()),
     };
-    nbd.proc.start();
     let mut t = Totals::default();
     let started = Instant::now();
     for i in first..first + scenarios {

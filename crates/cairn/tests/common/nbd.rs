@@ -8,6 +8,32 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use super::Proc;
+
+/// A `cairn nbd` process serving the cluster of `masters` (leases renewed every second),
+/// started.
+pub fn server(masters: &[String], extra: &[&str]) -> Proc {
+    let mut p = Proc {
+        name: "nbd".into(),
+        args: [
+            "nbd",
+            "--listen",
+            "127.0.0.1:0",
+            "--masters",
+            &masters.join(","),
+        ]
+        .iter()
+        .chain(["--renew-ms", "1000"].iter())
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect(),
+        addr: String::new(),
+        child: None,
+    };
+    p.start();
+    p
+}
+
 pub struct Raw {
     pub s: TcpStream,
 }
