@@ -761,9 +761,17 @@ impl FlatLogFile {
     /// No live replica of `a` could be sealed at the acknowledged length. Finds the longest
     /// prefix a replica that answers still holds and that the client's memory continues (it
     /// keeps every piece some live replica may lack), seals the replicas holding it there and
-    /// returns its length with the seal results. `None` when there is none: the chunk then
-    /// keeps the acknowledged length and the replicas that did not answer stay its locations
-    /// (they hold the bytes durably; the masters copy them once they are back).
+    /// returns its length with the seal results. When no replica answers with that much (or
+    /// none can be sealed there), the chunk ends where the memory starts: every live replica
+    /// acknowledged that prefix durably (a piece leaves the memory only then), so the ones
+    /// that do not answer stay its locations holding it, and the rest is rewritten. `None`
+    /// only when the memory holds nothing: every live replica acknowledged the whole length,
+    /// and the ones that did not answer stay its locations (the masters copy them once they
+    /// are back).
+    ///
+    /// (Keeping the acknowledged length with a live replica that had not acknowledged it —
+    /// behind, its stat failing — left a location short of acknowledged bytes: nemesis seed
+    /// 35, scenario 35.)
     async fn seal_short(&self, a: &Active, live: &[u64]) -> Option<(u64, Sealed)> {
         let kept = a.unsettled.front().map_or(a.acked, |p| p.offset);
         if kept >= a.acked {
@@ -781,19 +789,18 @@ impl FlatLogFile {
             .filter(|&(_, l)| l >= kept)
             .collect();
         let short = holds.iter().map(|&(_, l)| l).max().unwrap_or(0);
-        if short < kept {
-            return None; // kept > 0 and no replica reaches it
+        if short >= kept {
+            let with: Vec<u64> = holds
+                .iter()
+                .filter(|&&(_, l)| l >= short)
+                .map(|&(s, _)| s)
+                .collect();
+            let again = self.seal_all(id, short, &with).await;
+            if short == 0 || again.iter().any(|(_, r)| r.is_ok()) {
+                return Some((short, again));
+            }
         }
-        let with: Vec<u64> = holds
-            .iter()
-            .filter(|&&(_, l)| l >= short)
-            .map(|&(s, _)| s)
-            .collect();
-        let again = self.seal_all(id, short, &with).await;
-        if short > 0 && !again.iter().any(|(_, r)| r.is_ok()) {
-            return None;
-        }
-        Some((short, again))
+        Some((kept, self.seal_all(id, kept, live).await))
     }
 
     /// Waits up to `chase_timeout` for the replicas behind the acknowledged length, then gives
