@@ -417,7 +417,10 @@ impl Volume {
             .cloned()
             .collect();
         for s in &pending {
-            vol.take_snapshot(s).await?;
+            // One that fails is taken by the poller (the snapshot stays asked for).
+            if let Err(e) = vol.take_snapshot(s).await {
+                tracing::warn!(volume = %vol.meta.name, snapshot = %s.name, error = %e, "snapshot failed; trying again");
+            }
         }
         let (tx, rx) = mpsc::channel::<WriteReq>(1024);
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
@@ -492,6 +495,7 @@ impl Volume {
         self.check()?;
         let (lba, blocks) = self.blocks(offset, len)?;
         let mut pieces = self.state.lock().map.lookup(lba, blocks);
+        let mut tries = 0;
         loop {
             match self.read_pieces(&pieces, len).await {
                 Ok(out) => return Ok(out),
@@ -499,7 +503,8 @@ impl Volume {
                     // Garbage collection may have moved the blocks and deleted the segment
                     // the lookup named: read again where they are now.
                     let now = self.state.lock().map.lookup(lba, blocks);
-                    if now == pieces {
+                    tries += 1;
+                    if now == pieces || tries >= 4 {
                         return Err(e);
                     }
                     pieces = now;
