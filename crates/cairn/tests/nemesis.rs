@@ -519,6 +519,8 @@ struct Totals {
     nbd_blocks_checked: u64,
     /// Blocks that read something the model does not allow.
     nbd_bad_blocks: u64,
+    /// Scenarios whose volume could not be read back within a minute of their end.
+    nbd_unreadable: u64,
 }
 
 /// Blocks of the nemesis's volume (4 KiB each).
@@ -595,6 +597,7 @@ struct NbdSeen {
     errors: u64,
     checked: u64,
     bad: u64,
+    unreadable: bool,
 }
 
 /// Reads the whole volume and checks every block against the model; learns what it read.
@@ -660,8 +663,9 @@ fn nbd_client(
                 m.uncertain();
             }
             if t.elapsed() > Duration::from_secs(60) {
-                eprintln!("  NBD: the volume could not be read back within 60 s");
+                eprintln!("  NBD UNREADABLE: the volume could not be read back within 60 s");
                 seen.errors += 1;
+                seen.unreadable = true;
                 return (m, seen);
             }
             std::thread::sleep(Duration::from_millis(300));
@@ -912,6 +916,7 @@ async fn scenario(
     t.nbd_errors += nbd_seen.errors;
     t.nbd_blocks_checked += nbd_seen.checked;
     t.nbd_bad_blocks += nbd_seen.bad;
+    t.nbd_unreadable += u64::from(nbd_seen.unreadable);
     let s3_lost = s3_verify_and_delete(&gw.s3, &s3_log).await;
     t.s3_losses += s3_lost;
     for s in &s3_seen {
@@ -1162,6 +1167,10 @@ async fn nemesis() {
     assert_eq!(
         t.nbd_bad_blocks, 0,
         "NBD blocks read other than flushed or written since: {t:?}"
+    );
+    assert_eq!(
+        t.nbd_unreadable, 0,
+        "the volume was not served again within a minute: {t:?}"
     );
     assert_eq!(t.corrupt_reads, 0, "readers saw wrong bytes: {t:?}");
     assert_eq!(
