@@ -108,10 +108,8 @@ pub fn seg_origin(seg: u64) -> u64 {
     seg >> ORIGIN_SHIFT
 }
 
-/// The same segment named from a clone of the volume (one generation further).
-///
-/// # Errors
-/// The lineage would be deeper than an origin can say.
+/// The same segment named from a clone of the volume (one generation further); `None` when
+/// the lineage would be deeper than an origin can say.
 pub fn seg_from_child(seg: u64) -> Option<u64> {
     let origin = seg_origin(seg) + 1;
     (origin < 1 << (64 - ORIGIN_SHIFT)).then_some((origin << ORIGIN_SHIFT) | (seg & SEG_NUMBER))
@@ -431,7 +429,7 @@ impl Volume {
         *vol.lanes.lock() = lanes;
         let mut tasks = vec![tokio::spawn(vol.clone().poll())];
         if let Some(every) = opts.gc_every {
-            tasks.push(tokio::spawn(vol.clone().collect(every)));
+            tasks.push(tokio::spawn(vol.clone().collector(every)));
         }
         *vol.tasks.lock() = tasks;
         Ok(vol)
@@ -958,7 +956,7 @@ impl Volume {
     }
 
     /// Garbage collection: every `every`, one pass.
-    async fn collect(self: Arc<Self>, every: Duration) {
+    async fn collector(self: Arc<Self>, every: Duration) {
         let mut seg: Option<(u64, FlatLogFile)> = None;
         loop {
             tokio::time::sleep(every).await;
@@ -1003,6 +1001,12 @@ impl Volume {
             .collect();
         // Emptiest first.
         candidates.sort_by(|a, b| (a.1 * b.2.max(1)).cmp(&(b.1 * a.2.max(1))));
+        // Their runs, in one pass over the index (runs written over meanwhile are copied for
+        // nothing: the remap keeps what was written since).
+        let mut runs = {
+            let segs: BTreeSet<u64> = candidates.iter().map(|c| c.0).collect();
+            self.state.lock().map.runs_in(&segs)
+        };
         let mut done = Vec::new();
         let mut copied = 0u64;
         let began = std::time::Instant::now();
@@ -1024,7 +1028,7 @@ impl Volume {
             // segment left in many small runs by random writes costs few round trips.
             let step = (self.opts.max_batch as u64 / bs).max(1);
             let mut pieces: Vec<(u64, u64, u64)> = Vec::new();
-            for (lba, r) in self.state.lock().map.runs_in(n) {
+            for (lba, r) in runs.remove(&n).unwrap_or_default() {
                 let mut i = 0;
                 while i < r.blocks {
                     let k = step.min(r.blocks - i);
@@ -1095,21 +1099,22 @@ impl Volume {
         }
         // The copies are durable (acknowledged appends); the journal now says where.
         self.flush().await?;
+        // What the index still names or a snapshot pins, taken under the index's lock, which
+        // a snapshot also takes to pin: a segment no longer named by the index cannot be
+        // named by a snapshot taken after.
+        let keep = {
+            let st = self.state.lock();
+            let mut keep = own_segments(&st.map);
+            keep.extend(self.pinned.lock().values().flatten());
+            keep
+        };
         let mut deleted = 0;
-        for n in done {
-            // Checked under the index's lock, which a snapshot also takes to pin: a segment
-            // no longer named by the index cannot be named by a snapshot taken after.
-            let free = {
-                let st = self.state.lock();
-                st.map.runs_in(n).is_empty() && !self.pinned.lock().values().any(|p| p.contains(&n))
-            };
-            if free {
-                self.client
-                    .delete(&format!("{}/{}", self.dir, seg_name(n)))
-                    .await
-                    .map_err(io)?;
-                deleted += 1;
-            }
+        for n in done.into_iter().filter(|n| !keep.contains(n)) {
+            self.client
+                .delete(&format!("{}/{}", self.dir, seg_name(n)))
+                .await
+                .map_err(io)?;
+            deleted += 1;
         }
         self.stats.gc_bytes.fetch_add(copied, Ordering::Relaxed);
         self.stats.gc_segments.fetch_add(deleted, Ordering::Relaxed);
