@@ -31,10 +31,15 @@ pub enum Change {
     },
     /// Blocks `lba..lba+blocks` read as zeros (TRIM, WRITE_ZEROES).
     Trim { lba: u64, blocks: u32 },
+    /// Segment `seg` is being appended to and every batch in it before byte `off` is in
+    /// the index: a reopening server seals it and replays its batches from `off` on. Not a
+    /// change to the map; each record (and checkpoint) names every such segment.
+    Cover { seg: u64, off: u64 },
 }
 
 const KIND_MAP: u8 = 1;
 const KIND_TRIM: u8 = 2;
+const KIND_COVER: u8 = 3;
 
 impl Change {
     pub fn apply(&self, map: &mut ExtentMap) {
@@ -46,6 +51,7 @@ impl Change {
                 off,
             } => map.insert(lba, u64::from(blocks), seg, off),
             Change::Trim { lba, blocks } => map.punch(lba, u64::from(blocks)),
+            Change::Cover { .. } => {}
         }
     }
 
@@ -58,6 +64,7 @@ impl Change {
                 off,
             } => (KIND_MAP, lba, blocks, seg, off),
             Change::Trim { lba, blocks } => (KIND_TRIM, lba, blocks, 0, 0),
+            Change::Cover { seg, off } => (KIND_COVER, 0, 0, seg, off),
         };
         out.push(kind);
         out.extend_from_slice(&[0; 3]);
@@ -88,6 +95,8 @@ impl Change {
             }),
             KIND_TRIM if seg == 0 && off == 0 => Ok(Change::Trim { lba, blocks }),
             KIND_TRIM => Err(JournalError::Invalid("a trim with a location")),
+            KIND_COVER if lba == 0 && blocks == 0 => Ok(Change::Cover { seg, off }),
+            KIND_COVER => Err(JournalError::Invalid("a cover with blocks")),
             _ => Err(JournalError::Invalid("unknown change kind")),
         }
     }
@@ -198,26 +207,43 @@ pub fn replay(b: &[u8]) -> (Vec<Record>, usize) {
     (out, at)
 }
 
-/// A checkpoint: the whole index as of journal record `seq` (records up to it are in it).
+/// A checkpoint: the whole index as of journal record `seq` (records up to it are in it),
+/// and the segments being appended to then (`covers`: segment, bytes whose batches are in
+/// the map), for a reopening server that finds no record after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
     pub seq: u64,
     pub block_size: u32,
     pub map: ExtentMap,
+    pub covers: Vec<(u64, u64)>,
 }
+
+/// Checkpoint flag: a section of covers follows the runs.
+const CKPT_COVERS: u32 = 1;
 
 impl Checkpoint {
     pub fn encode(&self) -> Vec<u8> {
-        let mut body = Vec::with_capacity(24 + ENTRY * self.map.len());
+        let mut body = Vec::with_capacity(32 + ENTRY * (self.map.len() + self.covers.len()));
+        let flags = if self.covers.is_empty() {
+            0
+        } else {
+            CKPT_COVERS
+        };
         body.extend_from_slice(&self.seq.to_le_bytes());
         body.extend_from_slice(&self.block_size.to_le_bytes());
-        body.extend_from_slice(&[0; 4]);
+        body.extend_from_slice(&flags.to_le_bytes());
         body.extend_from_slice(&(self.map.len() as u64).to_le_bytes());
         for (lba, r) in self.map.iter() {
             body.extend_from_slice(&lba.to_le_bytes());
             body.extend_from_slice(&r.blocks.to_le_bytes());
             body.extend_from_slice(&r.seg.to_le_bytes());
             body.extend_from_slice(&r.off.to_le_bytes());
+        }
+        if flags & CKPT_COVERS != 0 {
+            body.extend_from_slice(&(self.covers.len() as u64).to_le_bytes());
+            for &(seg, off) in &self.covers {
+                Change::Cover { seg, off }.encode(&mut body);
+            }
         }
         frame(CHECKPOINT_MAGIC, &body)
     }
@@ -239,13 +265,38 @@ impl Checkpoint {
         if !block_size.is_power_of_two() || !(512..=65536).contains(&block_size) {
             return Err(JournalError::Invalid("checkpoint block size"));
         }
+        let flags = u32::from_le_bytes(body[12..16].try_into().expect("4"));
+        if flags & !CKPT_COVERS != 0 {
+            return Err(JournalError::Invalid("unknown checkpoint flags"));
+        }
         let n = u64_at(body, 16);
-        if body.len() as u64 != 24 + n.saturating_mul(ENTRY as u64) {
+        let runs_end = n
+            .checked_mul(ENTRY as u64)
+            .and_then(|b| b.checked_add(24))
+            .filter(|&e| e <= body.len() as u64)
+            .ok_or(JournalError::Invalid("run count and length disagree"))?
+            as usize;
+        let mut covers = Vec::new();
+        if flags & CKPT_COVERS != 0 {
+            let m = body
+                .get(runs_end..runs_end + 8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8")))
+                .ok_or(JournalError::Invalid("checkpoint covers cut short"))?;
+            if (body.len() - runs_end - 8) as u64 != m.saturating_mul(ENTRY as u64) || m == 0 {
+                return Err(JournalError::Invalid("cover count and length disagree"));
+            }
+            for c in body[runs_end + 8..].chunks_exact(ENTRY) {
+                match Change::decode(c.try_into().expect("ENTRY"))? {
+                    Change::Cover { seg, off } => covers.push((seg, off)),
+                    _ => return Err(JournalError::Invalid("a checkpoint cover of another kind")),
+                }
+            }
+        } else if runs_end != body.len() {
             return Err(JournalError::Invalid("run count and length disagree"));
         }
         let mut map = ExtentMap::new(block_size);
         let mut next = 0u64;
-        for c in body[24..].chunks_exact(ENTRY) {
+        for c in body[24..runs_end].chunks_exact(ENTRY) {
             let (lba, blocks) = (u64_at(c, 0), u64_at(c, 8));
             let end = lba.checked_add(blocks);
             if lba < next || blocks == 0 || end.is_none() {
@@ -258,8 +309,153 @@ impl Checkpoint {
             seq,
             block_size,
             map,
+            covers,
         })
     }
+}
+
+/// "CBB1": a batch of blocks appended to a segment.
+pub const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"CBB1");
+/// Bytes of a batch header before its extents.
+pub const BATCH_HEADER: usize = 32;
+/// Bytes of one extent in a batch header.
+pub const BATCH_EXTENT: usize = 16;
+/// The most data one batch carries (a reader refuses more).
+pub const MAX_BATCH_DATA: usize = 64 << 20;
+
+/// What a batch's data is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchKind {
+    /// Client writes: its extents, in order, are where its data belongs.
+    Writes = 1,
+    /// Blocks the collector copied: mapped by the journal, not by the batch (no extents).
+    Copies = 2,
+}
+
+/// The header of one append to a segment: a reopening server maps the writes of batches a
+/// journal record does not cover from these, in `seq` order (docs/block.md, "Segments").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// Orders batches of all of a server's segments: a write that overlaps one still in
+    /// flight waits for it, so for any block the later write has the larger number.
+    pub seq: u64,
+    pub kind: BatchKind,
+    /// (first block, blocks) of each write, in the order their data follows the header.
+    pub extents: Vec<(u64, u32)>,
+}
+
+impl Batch {
+    /// Bytes of the header (the data starts there).
+    pub fn header_len(&self) -> usize {
+        BATCH_HEADER + BATCH_EXTENT * self.extents.len()
+    }
+
+    /// The header for `data`; its CRC covers the header after it and the data.
+    pub fn encode(&self, data: &[u8]) -> Vec<u8> {
+        self.encode_parts(&[data])
+    }
+
+    /// The header for data in parts, one after another.
+    pub fn encode_parts(&self, data: &[&[u8]]) -> Vec<u8> {
+        let len: usize = data.iter().map(|d| d.len()).sum();
+        let mut h = Vec::with_capacity(self.header_len());
+        h.extend_from_slice(&BATCH_MAGIC.to_le_bytes());
+        h.extend_from_slice(&[0; 4]);
+        h.extend_from_slice(&self.seq.to_le_bytes());
+        h.extend_from_slice(&(len as u32).to_le_bytes());
+        h.extend_from_slice(&(self.extents.len() as u32).to_le_bytes());
+        h.push(self.kind as u8);
+        h.extend_from_slice(&[0; 7]);
+        for &(lba, blocks) in &self.extents {
+            h.extend_from_slice(&lba.to_le_bytes());
+            h.extend_from_slice(&blocks.to_le_bytes());
+            h.extend_from_slice(&[0; 4]);
+        }
+        let mut crc = crc32c::crc32c(&h[8..]);
+        for d in data {
+            crc = crc32c::crc32c_append(crc, d);
+        }
+        h[4..8].copy_from_slice(&crc.to_le_bytes());
+        h
+    }
+
+    /// The batch at the start of `b` (whole, data included) and the bytes it takes with its
+    /// data; writes must fill their data exactly in blocks of `block_size`.
+    ///
+    /// # Errors
+    /// As [`JournalError`]: a torn tail ([`JournalError::Short`]), anything else.
+    pub fn decode(b: &[u8], block_size: u32) -> Result<(Self, usize), JournalError> {
+        if b.len() < BATCH_HEADER {
+            return Err(JournalError::Short);
+        }
+        if u32::from_le_bytes(b[0..4].try_into().expect("4")) != BATCH_MAGIC {
+            return Err(JournalError::Magic);
+        }
+        let crc = u32::from_le_bytes(b[4..8].try_into().expect("4"));
+        let seq = u64_at(b, 8);
+        let len = u32::from_le_bytes(b[16..20].try_into().expect("4")) as usize;
+        let n = u32::from_le_bytes(b[20..24].try_into().expect("4")) as usize;
+        if b[25..32] != [0; 7] {
+            return Err(JournalError::Invalid(
+                "reserved bytes of a batch are not zero",
+            ));
+        }
+        let kind = match b[24] {
+            1 => BatchKind::Writes,
+            2 if n == 0 => BatchKind::Copies,
+            2 => return Err(JournalError::Invalid("copies with extents")),
+            _ => return Err(JournalError::Invalid("unknown batch kind")),
+        };
+        if len > MAX_BATCH_DATA || n > MAX_BATCH_DATA / 512 {
+            return Err(JournalError::Invalid("batch longer than any written"));
+        }
+        let head = BATCH_HEADER + BATCH_EXTENT * n;
+        let total = head + len;
+        let whole = b.get(..total).ok_or(JournalError::Short)?;
+        if crc32c::crc32c_append(crc32c::crc32c(&whole[8..head]), &whole[head..]) != crc {
+            return Err(JournalError::Crc);
+        }
+        let mut extents = Vec::with_capacity(n);
+        let mut blocks_total = 0u64;
+        for e in whole[BATCH_HEADER..head].chunks_exact(BATCH_EXTENT) {
+            let lba = u64_at(e, 0);
+            let blocks = u32::from_le_bytes(e[8..12].try_into().expect("4"));
+            if e[12..16] != [0; 4] {
+                return Err(JournalError::Invalid(
+                    "reserved bytes of an extent are not zero",
+                ));
+            }
+            if blocks == 0 || lba.checked_add(u64::from(blocks)).is_none() {
+                return Err(JournalError::Invalid("an extent past the last block"));
+            }
+            blocks_total += u64::from(blocks);
+            extents.push((lba, blocks));
+        }
+        if kind == BatchKind::Writes && blocks_total * u64::from(block_size) != len as u64 {
+            return Err(JournalError::Invalid("extents and data length disagree"));
+        }
+        Ok((Self { seq, kind, extents }, total))
+    }
+}
+
+/// Every whole batch at the start of `b`, each with the offset in `b` its data starts at,
+/// and where the valid prefix ends: a batch cut short at the end of `b` is not in it (read
+/// on from there), anything else invalid ends the segment.
+pub fn scan_batches(b: &[u8], block_size: u32) -> (Vec<(Batch, usize)>, usize, bool) {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < b.len() {
+        match Batch::decode(&b[at..], block_size) {
+            Ok((batch, used)) => {
+                let data = at + batch.header_len();
+                out.push((batch, data));
+                at += used;
+            }
+            Err(JournalError::Short) => return (out, at, false),
+            Err(_) => return (out, at, true),
+        }
+    }
+    (out, at, false)
 }
 
 #[cfg(test)]
@@ -328,13 +524,110 @@ mod tests {
         let mut map = ExtentMap::new(4096);
         map.insert(0, 10, 1, 0);
         map.insert(100, 3, 2, 8192);
-        let c = Checkpoint {
+        let mut c = Checkpoint {
             seq: 42,
             block_size: 4096,
             map,
+            covers: Vec::new(),
         };
         let b = c.encode();
         assert_eq!(Checkpoint::decode(&b).unwrap(), c);
         assert!(Checkpoint::decode(&b[..b.len() - 1]).is_err());
+        // With the segments being appended to.
+        c.covers = vec![(3, 8192), (4, 0)];
+        let b = c.encode();
+        assert_eq!(Checkpoint::decode(&b).unwrap(), c);
+        assert!(Checkpoint::decode(&b[..b.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn covers_round_trip_in_records_and_change_nothing() {
+        let r = Record {
+            seq: 3,
+            changes: vec![Change::Cover { seg: 7, off: 12345 }],
+        };
+        let (got, _) = Record::decode(&r.encode()).unwrap();
+        assert_eq!(got, r);
+        let mut map = ExtentMap::new(4096);
+        got.changes[0].apply(&mut map);
+        assert_eq!(map.len(), 0);
+    }
+
+    fn batch() -> impl Strategy<Value = (Batch, Vec<u8>)> {
+        (
+            any::<u64>(),
+            prop::collection::vec((0u64..1 << 40, 1u32..4), 0..6),
+            any::<bool>(),
+            any::<u8>(),
+        )
+            .prop_map(|(seq, extents, copies, fill)| {
+                let blocks: u64 = extents.iter().map(|e| u64::from(e.1)).sum();
+                if copies {
+                    let data = vec![fill; (blocks * 512) as usize];
+                    (
+                        Batch {
+                            seq,
+                            kind: BatchKind::Copies,
+                            extents: Vec::new(),
+                        },
+                        data,
+                    )
+                } else {
+                    let data = vec![fill; (blocks * 512) as usize];
+                    (
+                        Batch {
+                            seq,
+                            kind: BatchKind::Writes,
+                            extents,
+                        },
+                        data,
+                    )
+                }
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn batches_scan_back_whole_and_stop_at_a_torn_or_damaged_one(
+            batches in prop::collection::vec(batch(), 1..6),
+            cut in any::<prop::sample::Index>(),
+            bit in any::<prop::sample::Index>(),
+        ) {
+            let mut seg = Vec::new();
+            let mut ends = Vec::new();
+            let mut starts = Vec::new();
+            for (b, data) in &batches {
+                let h = b.encode_parts(&[&data[..data.len() / 2], &data[data.len() / 2..]]);
+                prop_assert_eq!(&h, &b.encode(data));
+                seg.extend_from_slice(&h);
+                starts.push(seg.len());
+                seg.extend_from_slice(data);
+                ends.push(seg.len());
+            }
+            let (got, used, bad) = scan_batches(&seg, 512);
+            prop_assert!(!bad);
+            prop_assert_eq!(used, seg.len());
+            prop_assert_eq!(got.len(), batches.len());
+            for (i, (b, at)) in got.iter().enumerate() {
+                prop_assert_eq!(b, &batches[i].0);
+                prop_assert_eq!(*at, starts[i]);
+                prop_assert_eq!(&seg[*at..ends[i]], &batches[i].1[..]);
+            }
+            // Cut anywhere: the batches wholly before the cut, and the cut one is "short".
+            let at = cut.index(seg.len());
+            let (got, used, bad) = scan_batches(&seg[..at], 512);
+            let whole = ends.iter().filter(|&&e| e <= at).count();
+            prop_assert!(!bad);
+            prop_assert_eq!(got.len(), whole);
+            prop_assert_eq!(used, if whole == 0 { 0 } else { ends[whole - 1] });
+            // A flipped bit: never a batch that was not written.
+            let i = bit.index(seg.len() * 8);
+            seg[i / 8] ^= 1 << (i % 8);
+            let (got, _, _) = scan_batches(&seg, 512);
+            for (j, (b, _)) in got.iter().enumerate() {
+                prop_assert_eq!(b, &batches[j].0);
+                prop_assert!(ends[j] <= i / 8);
+            }
+        }
     }
 }

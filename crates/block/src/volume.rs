@@ -1,13 +1,17 @@
 //! A volume open for serving (docs/block.md): writes are appended to segment files by a few
-//! lanes, each batching the writes waiting for it into one append; the index lives in memory
-//! and reaches the journal at every FLUSH; a checkpoint of the whole index starts each new
-//! journal.
+//! lanes, each batching the writes waiting for it into one append whose header says which
+//! blocks it holds — so a write is durable, mapping and all, when its append is, and a FLUSH
+//! has nothing to wait for. The index lives in memory; its changes reach the journal every
+//! second (and at a FLUSH after a TRIM); each record names the segments being appended to
+//! and how far their batches are in the index. A checkpoint of the whole index starts each
+//! new journal.
 //!
 //! Files of volume ID, under `/.block/ID/`: `seg-N` (data), `journal-G` (index changes since
 //! checkpoint G), `ckpt-G` (the index as journal G−1 left it). Opening a volume takes the
 //! writer lease of its current journal (another server serving it is refused), replays the
-//! journal on the newest whole checkpoint, writes the next checkpoint and starts the next
-//! journal: it reads the index, never the data.
+//! journal on the newest whole checkpoint, seals the segments its last record names and maps
+//! the batches after what it covers, writes the next checkpoint and starts the next journal:
+//! it reads the index and at most the last second's data, never the rest.
 //!
 //! `snap-ID` files are snapshots (a checkpoint of the index at one instant); the segments
 //! they name are never collected. A clone's index also names its ancestors' segments: the
@@ -16,18 +20,18 @@
 //! the new mappings, and deletes the old segments.
 
 use crate::extent::ExtentMap;
-use crate::journal::{Change, Checkpoint, Record, replay};
+use crate::journal::{Batch, BatchKind, Change, Checkpoint, Record, replay, scan_batches};
 use bytes::{Bytes, BytesMut};
 use cairn_client::{Client, CreateOptions, FlatLogFile};
 use cairn_rpc::ErrorKind;
 use cairn_rpc::object::Volume as VolumeMeta;
 use cairn_rpc::object::{ObjectError, ObjectOp, ObjectQuery, QueryReply, Snapshot};
 use parking_lot::Mutex;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 /// Why a volume operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -64,7 +68,9 @@ pub struct VolumeOptions {
     pub max_batch: usize,
     /// A new checkpoint and journal once the journal holds this many bytes.
     pub journal_bytes: u64,
-    /// How often the volume's record is read (snapshots asked for, a new size, deletion).
+    /// How often the volume's record is read (snapshots asked for, a new size, deletion)
+    /// and the index changes since the last journal record are journaled (which bounds the
+    /// data a reopening server reads).
     pub poll_every: Duration,
     /// How often garbage collection looks for segments to compact (`None`: never).
     pub gc_every: Option<Duration>,
@@ -147,6 +153,11 @@ struct WriteReq {
 struct State {
     map: ExtentMap,
     pending: Vec<Change>,
+    /// Segments being appended to: the end of the last batch whose writes are in `map`.
+    covers: BTreeMap<u64, u64>,
+    /// `pending` holds changes no segment batch carries (trims, the collector's moves): a
+    /// FLUSH must journal them.
+    unbatched: bool,
 }
 
 struct Journal {
@@ -198,6 +209,12 @@ pub struct Volume {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Set once the volume cannot go on (fenced, or the journal failed): every call fails.
     failed: Mutex<Option<Error>>,
+    /// The number of the next batch appended (orders batches across segments).
+    batch_seq: AtomicU64,
+    /// Block ranges being written (start → end, disjoint): a write overlapping one waits
+    /// for it, so the later of two writes to a block has the later batch.
+    writing: Mutex<BTreeMap<u64, u64>>,
+    written_one: Notify,
     pub stats: VolumeStats,
     /// How opening went: the journal records replayed and the time it took.
     pub opened: OpenReport,
@@ -209,6 +226,10 @@ pub struct OpenReport {
     pub checkpoint_runs: usize,
     pub journal_records: usize,
     pub journal_bytes: u64,
+    /// Segments sealed and read after what the last record covers, and what they held.
+    pub tail_segments: usize,
+    pub tail_batches: usize,
+    pub tail_bytes: u64,
     pub millis: u64,
 }
 
@@ -263,11 +284,13 @@ impl Volume {
                 seq: 0,
                 block_size: meta.block_size,
                 map: ExtentMap::new(meta.block_size),
+                covers: Vec::new(),
             },
         ));
         report.checkpoint_runs = ckpt.map.len();
         let mut map = ckpt.map;
         let mut seq = ckpt.seq;
+        let mut covers = ckpt.covers;
         // The journal after that checkpoint: its lease is the volume's.
         let jpath = format!("{dir}/{}", journal_name(generation));
         if names.contains(&journal_name(generation)) {
@@ -296,13 +319,44 @@ impl Volume {
             report.journal_records = records.len();
             report.journal_bytes = len;
             for r in records {
+                // Each record names every segment being appended to when it was written.
+                covers.clear();
                 for c in &r.changes {
-                    c.apply(&mut map);
+                    match *c {
+                        Change::Cover { seg, off } => covers.push((seg, off)),
+                        _ => c.apply(&mut map),
+                    }
                 }
                 seq = seq.max(r.seq);
             }
             if let Some(f) = held {
                 f.seal().await.map_err(io)?;
+            }
+        }
+        // The batches appended after what the last record covers: their segments sealed
+        // (a server that lost the volume writes no more), read, and mapped in batch order.
+        let mut tail = Vec::new();
+        for &(seg, off) in &covers {
+            let path = format!("{dir}/{}", seg_name(seg));
+            let (batches, bytes) = read_tail(&client, &path, off, meta.block_size)
+                .await
+                .map_err(|e| match e {
+                    TailError::Busy => Error::Busy(name.clone()),
+                    TailError::Io(e) => io(e),
+                })?;
+            report.tail_segments += 1;
+            report.tail_bytes += bytes;
+            tail.extend(batches.into_iter().map(|(b, at)| (b, seg, at)));
+        }
+        tail.sort_by_key(|(b, _, _)| b.seq);
+        report.tail_batches = tail.len();
+        for (b, seg, mut at) in tail {
+            if b.kind != BatchKind::Writes {
+                continue;
+            }
+            for (lba, blocks) in b.extents {
+                map.insert(lba, u64::from(blocks), seg, at);
+                at += u64::from(blocks) * u64::from(meta.block_size);
             }
         }
         for p in torn {
@@ -351,6 +405,7 @@ impl Volume {
             seq,
             block_size: meta.block_size,
             map,
+            covers: Vec::new(),
         };
         write_file(
             &client,
@@ -387,6 +442,8 @@ impl Volume {
             state: Mutex::new(State {
                 map: ckpt.map,
                 pending: Vec::new(),
+                covers: BTreeMap::new(),
+                unbatched: false,
             }),
             journal: tokio::sync::Mutex::new(Journal {
                 file: Some(journal),
@@ -402,6 +459,9 @@ impl Volume {
             active: Mutex::new(HashSet::new()),
             tasks: Mutex::new(Vec::new()),
             failed: Mutex::new(None),
+            batch_seq: AtomicU64::new(1),
+            writing: Mutex::new(BTreeMap::new()),
+            written_one: Notify::new(),
             stats: VolumeStats::default(),
             opened: report,
             meta,
@@ -556,11 +616,12 @@ impl Volume {
     /// As [`Volume::read`]; the volume was fenced.
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<()> {
         self.check()?;
-        let (lba, _) = self.blocks(offset, data.len() as u64)?;
+        let (lba, blocks) = self.blocks(offset, data.len() as u64)?;
         if data.is_empty() {
             return Ok(());
         }
         let n = data.len() as u64;
+        let _writing = self.start_writing(lba, lba + blocks).await;
         let (done, rx) = oneshot::channel();
         let queue = self.queue.lock().clone();
         let Some(queue) = queue else {
@@ -578,6 +639,27 @@ impl Volume {
             self.flush().await?;
         }
         Ok(())
+    }
+
+    /// Waits until no write in flight overlaps `lba..end`, then holds that range until the
+    /// guard goes.
+    async fn start_writing(&self, lba: u64, end: u64) -> Writing<'_> {
+        loop {
+            let written = self.written_one.notified();
+            tokio::pin!(written);
+            written.as_mut().enable();
+            {
+                let mut w = self.writing.lock();
+                // Ranges held are disjoint: only the last one starting before `end` can
+                // overlap.
+                let clash = w.range(..end).next_back().is_some_and(|(_, &e)| e > lba);
+                if !clash {
+                    w.insert(lba, end);
+                    return Writing { vol: self, lba };
+                }
+            }
+            written.await;
+        }
     }
 
     /// Drops `len` bytes at `offset` (TRIM, WRITE_ZEROES): they read as zeros.
@@ -600,6 +682,7 @@ impl Volume {
                 });
                 at += n;
             }
+            st.unbatched = true;
         }
         if fua {
             self.flush().await?;
@@ -607,23 +690,51 @@ impl Volume {
         Ok(())
     }
 
-    /// Makes every write completed before it durable: the index changes since the last
-    /// record go to the journal as one record.
+    /// Makes every write and trim completed before it durable. A write is, once answered
+    /// (its batch names its blocks); trims since the last record are journaled.
     ///
     /// # Errors
     /// The journal append failed: the volume stops serving (its lease may be lost).
     pub async fn flush(&self) -> Result<()> {
         self.check()?;
+        // Taken even when there is nothing to journal: a rotation under way (a checkpoint
+        // and a new journal) finishes first.
         let mut j = self.journal.lock().await;
         self.check()?;
-        self.flush_locked(&mut j).await
-    }
-
-    async fn flush_locked(&self, j: &mut Journal) -> Result<()> {
-        let changes = std::mem::take(&mut self.state.lock().pending);
-        if changes.is_empty() {
+        if !self.state.lock().unbatched {
             return Ok(());
         }
+        self.record_locked(&mut j, false).await
+    }
+
+    /// Journals the index changes since the last record (with `force`, a record even when
+    /// there are none: the segments being appended to changed).
+    ///
+    /// # Errors
+    /// As [`Volume::flush`].
+    async fn record(&self, force: bool) -> Result<()> {
+        self.check()?;
+        let mut j = self.journal.lock().await;
+        self.check()?;
+        self.record_locked(&mut j, force).await
+    }
+
+    async fn record_locked(&self, j: &mut Journal, force: bool) -> Result<()> {
+        let mut changes = {
+            let mut st = self.state.lock();
+            if st.pending.is_empty() && !force {
+                return Ok(());
+            }
+            st.unbatched = false;
+            let mut c = std::mem::take(&mut st.pending);
+            c.extend(
+                st.covers
+                    .iter()
+                    .map(|(&seg, &off)| Change::Cover { seg, off }),
+            );
+            c
+        };
+        changes.shrink_to_fit();
         let rec = Record {
             seq: j.seq + 1,
             changes,
@@ -647,17 +758,20 @@ impl Volume {
     /// A checkpoint of the whole index, then a new journal; the old journal and checkpoint
     /// go.
     async fn rotate(&self, j: &mut Journal) -> Result<()> {
-        let map = {
+        let (map, covers) = {
             let mut st = self.state.lock();
             // Pending changes are in the map copied: the checkpoint holds them.
             st.pending.clear();
-            st.map.clone()
+            st.unbatched = false;
+            let covers = st.covers.iter().map(|(&s, &o)| (s, o)).collect();
+            (st.map.clone(), covers)
         };
         let next = j.generation + 1;
         let ckpt = Checkpoint {
             seq: j.seq,
             block_size: self.meta.block_size,
             map,
+            covers,
         };
         let r: Result<FlatLogFile> = async {
             write_file(
@@ -699,7 +813,7 @@ impl Volume {
             t.abort();
             let _ = t.await;
         }
-        let r = self.flush().await;
+        let r = self.record(false).await;
         self.queue.lock().take();
         let lanes = std::mem::take(&mut *self.lanes.lock());
         for l in lanes {
@@ -742,9 +856,10 @@ impl Volume {
             }
             let r = self.append_batch(&mut seg, &batch).await;
             match r {
-                Ok((n, start)) => {
+                Ok((n, start, end)) => {
                     let bs = self.block_size();
                     let mut st = self.state.lock();
+                    st.covers.insert(n, end);
                     let mut off = start;
                     for w in &batch {
                         let blocks = w.data.len() as u64 / bs;
@@ -766,7 +881,11 @@ impl Volume {
                     // The segment is given up; the next batch starts a new one.
                     if let Some((n, f)) = seg.take() {
                         drop(f);
+                        self.state.lock().covers.remove(&n);
                         self.active.lock().remove(&n);
+                    }
+                    if matches!(e, Error::Fenced(..)) {
+                        self.fail(e.clone());
                     }
                     for w in batch {
                         let _ = w.done.send(Err(e.clone()));
@@ -776,36 +895,38 @@ impl Volume {
         }
         if let Some((n, f)) = seg.take() {
             let _ = f.seal().await;
+            self.state.lock().covers.remove(&n);
             self.active.lock().remove(&n);
         }
     }
 
-    /// Appends `batch` to the lane's segment (a new one when there is none or it is full);
-    /// returns the segment and the offset the batch starts at.
+    /// Appends `batch` to the lane's segment (a new one when there is none or it is full)
+    /// behind a header naming its blocks; returns the segment, the offset its data starts
+    /// at and where it ends.
     async fn append_batch(
         &self,
         seg: &mut Option<(u64, FlatLogFile)>,
         batch: &[WriteReq],
-    ) -> Result<(u64, u64)> {
-        let data = if batch.len() == 1 {
-            batch[0].data.clone()
-        } else {
-            let mut b = BytesMut::with_capacity(batch.iter().map(|w| w.data.len()).sum());
-            for w in batch {
-                b.extend_from_slice(&w.data);
-            }
-            b.freeze()
-        };
-        self.append_to(seg, data).await
+    ) -> Result<(u64, u64, u64)> {
+        let bs = self.block_size();
+        let extents = batch
+            .iter()
+            .map(|w| (w.lba, (w.data.len() as u64 / bs) as u32))
+            .collect();
+        let data: Vec<&[u8]> = batch.iter().map(|w| &w.data[..]).collect();
+        self.append_to(seg, BatchKind::Writes, extents, &data).await
     }
 
-    /// Appends `data` to `seg` (a new segment when there is none or it is full); returns
-    /// the segment and the offset the data starts at.
+    /// Appends a batch of `kind` holding `data` (its `extents`) to `seg` (a new segment
+    /// when there is none or it is full); returns the segment, the offset the data starts
+    /// at and where the batch ends.
     async fn append_to(
         &self,
         seg: &mut Option<(u64, FlatLogFile)>,
-        data: Bytes,
-    ) -> Result<(u64, u64)> {
+        kind: BatchKind,
+        extents: Vec<(u64, u32)>,
+        data: &[&[u8]],
+    ) -> Result<(u64, u64, u64)> {
         let io = |e: cairn_client::Error| fenced_or_io(&self.meta.name, e);
         if seg
             .as_ref()
@@ -813,6 +934,7 @@ impl Volume {
         {
             let (n, f) = seg.take().expect("checked");
             let _ = f.seal().await;
+            self.state.lock().covers.remove(&n);
             self.active.lock().remove(&n);
         }
         if seg.is_none() {
@@ -834,6 +956,15 @@ impl Volume {
                 self.active.lock().insert(n);
                 match self.client.create(&path, opts).await {
                     Ok(f) => {
+                        // Journaled before its first batch: a reopening server seals and
+                        // reads every segment that may hold batches no record covers (and
+                        // a server that lost the volume cannot start one unnoticed).
+                        self.state.lock().covers.insert(n, 0);
+                        if let Err(e) = self.record(true).await {
+                            self.state.lock().covers.remove(&n);
+                            self.active.lock().remove(&n);
+                            return Err(e);
+                        }
                         *seg = Some((n, f));
                         break;
                     }
@@ -848,11 +979,23 @@ impl Volume {
             }
         }
         let (n, f) = seg.as_mut().expect("made");
-        let len = data.len() as u64;
-        let start = f.append_bytes(data).await.map_err(io)?;
-        self.stats.appended.fetch_add(len, Ordering::Relaxed);
+        let len: usize = data.iter().map(|d| d.len()).sum();
+        let header = Batch {
+            seq: self.batch_seq.fetch_add(1, Ordering::Relaxed),
+            kind,
+            extents,
+        };
+        let head = header.encode_parts(data);
+        let mut b = BytesMut::with_capacity(head.len() + len);
+        b.extend_from_slice(&head);
+        for d in data {
+            b.extend_from_slice(d);
+        }
+        let total = b.len() as u64;
+        let start = f.append_bytes(b.freeze()).await.map_err(io)?;
+        self.stats.appended.fetch_add(len as u64, Ordering::Relaxed);
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
-        Ok((*n, start))
+        Ok((*n, start + head.len() as u64, start + total))
     }
 }
 
@@ -875,6 +1018,7 @@ impl Volume {
                 seq: 0,
                 block_size: self.meta.block_size,
                 map: st.map.clone(),
+                covers: Vec::new(),
             }
         };
         let path = format!("{}/{}", self.dir, snap_name(&snap.id));
@@ -928,6 +1072,11 @@ impl Volume {
             if self.check().is_err() {
                 return;
             }
+            // The index changes since the last record: a reopening server reads only the
+            // batches after them.
+            if let Err(e) = self.record(false).await {
+                tracing::warn!(volume = %self.meta.name, error = %e, "journal record failed");
+            }
             let q = ObjectQuery::Volume {
                 name: self.meta.name.clone(),
             };
@@ -967,6 +1116,7 @@ impl Volume {
                 tracing::warn!(volume = %self.meta.name, error = %e, "garbage collection pass failed");
                 if let Some((n, f)) = seg.take() {
                     drop(f);
+                    self.state.lock().covers.remove(&n);
                     self.active.lock().remove(&n);
                 }
             }
@@ -1061,15 +1211,21 @@ impl Volume {
                     .read(&path, first, span as usize)
                     .await
                     .map_err(io)?;
-                let mut batch = BytesMut::with_capacity(live as usize);
-                for &(_, k, off) in group {
-                    let at = (off - first) as usize;
-                    batch.extend_from_slice(&data[at..at + (k * bs) as usize]);
-                }
-                let (to_seg, to) = self.append_to(seg, batch.freeze()).await?;
+                let parts: Vec<&[u8]> = group
+                    .iter()
+                    .map(|&(_, k, off)| {
+                        let at = (off - first) as usize;
+                        &data[at..at + (k * bs) as usize]
+                    })
+                    .collect();
+                let (to_seg, to, end) = self
+                    .append_to(seg, BatchKind::Copies, Vec::new(), &parts)
+                    .await?;
                 copied += live;
                 {
                     let mut st = self.state.lock();
+                    st.covers.insert(to_seg, end);
+                    st.unbatched = true;
                     let mut at = to;
                     for &(lba, k, off) in group {
                         for (l, b, s2, o) in st.map.remap(lba, k, (n, off), (to_seg, at)) {
@@ -1147,6 +1303,7 @@ pub fn clone_checkpoint(snapshot: &Checkpoint) -> std::result::Result<Checkpoint
         seq: 0,
         block_size: snapshot.block_size,
         map,
+        covers: Vec::new(),
     })
 }
 
@@ -1225,3 +1382,98 @@ async fn write_file(
     f.seal().await?;
     Ok(())
 }
+
+/// A range of blocks being written (see [`Volume::start_writing`]).
+struct Writing<'a> {
+    vol: &'a Volume,
+    lba: u64,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.vol.writing.lock().remove(&self.lba);
+        self.vol.written_one.notify_waiters();
+    }
+}
+
+enum TailError {
+    Busy,
+    Io(cairn_client::Error),
+}
+
+/// Bytes of a segment's tail read at once when reopening.
+const TAIL_READ: usize = 8 << 20;
+
+/// Seals segment `path` (taking its lease once the server that wrote it has lost it) and
+/// reads its whole batches from byte `from` on, each with the segment offset its data
+/// starts at; and the bytes read. A torn batch at the end (never answered) ends it.
+async fn read_tail(
+    client: &Client,
+    path: &str,
+    from: u64,
+    block_size: u32,
+) -> std::result::Result<(Vec<(Batch, u64)>, u64), TailError> {
+    let st = match client.stat(path).await {
+        Ok(st) => st,
+        // Deleted by the collector after a record that no longer names it.
+        Err(cairn_client::Error::Meta(m)) if m.kind == ErrorKind::NotFound => {
+            return Ok((Vec::new(), 0));
+        }
+        Err(e) => return Err(TailError::Io(e)),
+    };
+    let len = if st.sealed {
+        st.length
+    } else {
+        // Its writer's lease runs out with the journal's (both renewed together); a little
+        // longer is waited for before giving up.
+        let mut tries = 0;
+        loop {
+            match client.open_append(path).await {
+                Ok(f) => {
+                    let len = f.len();
+                    f.seal().await.map_err(TailError::Io)?;
+                    break len;
+                }
+                Err(cairn_client::Error::Meta(m)) if m.kind == ErrorKind::LeaseHeld => {
+                    tries += 1;
+                    if tries > 40 {
+                        return Err(TailError::Busy);
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(TailError::Io(e)),
+            }
+        }
+    };
+    let mut out = Vec::new();
+    let mut at = from;
+    let mut want = TAIL_READ;
+    let mut read = 0u64;
+    while at < len {
+        let n = want.min((len - at) as usize);
+        let b = client.read(path, at, n).await.map_err(TailError::Io)?;
+        read += b.len() as u64;
+        let (batches, used, bad) = scan_batches(&b, block_size);
+        out.extend(batches.into_iter().map(|(x, d)| (x, at + d as u64)));
+        at += used as u64;
+        if bad {
+            break;
+        }
+        if used == 0 {
+            // The batch at `at` is longer than what was read: cut short by the segment's
+            // end (a torn batch), or longer than any written, or read again with more.
+            if n as u64 == len - at || want >= MAX_TAIL_BATCH {
+                break;
+            }
+            want = (want * 2).min(MAX_TAIL_BATCH);
+        } else {
+            want = TAIL_READ;
+        }
+    }
+    Ok((out, read))
+}
+
+/// The longest batch (header and data) a tail read looks for.
+const MAX_TAIL_BATCH: usize = crate::journal::MAX_BATCH_DATA
+    + crate::journal::BATCH_HEADER * 2
+    + (crate::journal::MAX_BATCH_DATA / 512) * crate::journal::BATCH_EXTENT;

@@ -462,6 +462,11 @@ pub struct NbdArgs {
     /// A volume starts a new segment file once its current one holds this many bytes.
     #[arg(long, default_value = "128m", value_parser = crate::bench::parse_size)]
     segment_bytes: u64,
+    /// Milliseconds between a served volume's journal records of its index changes (a
+    /// reopening server reads the data written after the last one) and reads of its record
+    /// at the masters (snapshots asked for, a new size).
+    #[arg(long, default_value_t = 1000)]
+    record_every_ms: u64,
     /// Milliseconds between garbage collection passes (0: no collection).
     #[arg(long, default_value_t = 10_000)]
     gc_every_ms: u64,
@@ -507,6 +512,7 @@ pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
                         .then(|| std::time::Duration::from_millis(a.gc_every_ms)),
                     gc_live_pct: a.gc_live_pct.min(100),
                     gc_bytes_per_sec: a.gc_rate.max(1),
+                    poll_every: std::time::Duration::from_millis(a.record_every_ms.max(10)),
                     ..Default::default()
                 },
                 ..Default::default()

@@ -195,6 +195,9 @@ impl NbdServer {
             runs = r.checkpoint_runs,
             journal_records = r.journal_records,
             journal_bytes = r.journal_bytes,
+            tail_segments = r.tail_segments,
+            tail_batches = r.tail_batches,
+            tail_bytes = r.tail_bytes,
             ms = r.millis,
             "volume opened"
         );
