@@ -549,7 +549,7 @@ impl Volume {
     ///
     /// # Errors
     /// Misaligned or out of range ([`Error::Invalid`]); the cluster failed.
-    pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes> {
         self.check()?;
         let (lba, blocks) = self.blocks(offset, len)?;
         let mut pieces = self.state.lock().map.lookup(lba, blocks);
@@ -571,25 +571,33 @@ impl Volume {
         }
     }
 
-    async fn read_pieces(&self, pieces: &[crate::extent::Piece], len: u64) -> Result<Vec<u8>> {
+    /// The pieces' bytes: one mapped piece is the client's buffer as it came (no copy);
+    /// several are read at once and joined.
+    async fn read_pieces(&self, pieces: &[crate::extent::Piece], len: u64) -> Result<Bytes> {
         let bs = self.block_size();
-        let mut out = Vec::with_capacity(len as usize);
-        for p in pieces {
+        let reads = pieces.iter().map(|p| async move {
             let n = (p.blocks * bs) as usize;
             match p.at {
-                None => out.resize(out.len() + n, 0),
+                None => Ok(Bytes::from(vec![0u8; n])),
                 Some((seg, off)) => {
                     let path = self.seg_path(seg)?;
-                    let b = self
-                        .client
+                    self.client
                         .read_acknowledged(&path, off, n)
                         .await
-                        .map_err(|e| Error::Io(self.meta.name.clone(), e.to_string()))?;
-                    out.extend_from_slice(&b);
+                        .map(Bytes::from)
+                        .map_err(|e| Error::Io(self.meta.name.clone(), e.to_string()))
                 }
             }
+        });
+        let mut parts = futures::future::try_join_all(reads).await?;
+        if parts.len() == 1 {
+            return Ok(parts.pop().expect("one"));
         }
-        Ok(out)
+        let mut out = BytesMut::with_capacity(len as usize);
+        for p in parts {
+            out.extend_from_slice(&p);
+        }
+        Ok(out.freeze())
     }
 
     /// The file of segment `seg` (own, or an ancestor's for a clone).
@@ -609,8 +617,8 @@ impl Volume {
         Ok(format!("{dir}/{}", seg_name(seg)))
     }
 
-    /// Writes `data` at `offset`; durable at the next [`Volume::flush`] (or at once with
-    /// `fua`).
+    /// Writes `data` at `offset`; durable once answered (its batch names its blocks); with
+    /// `fua`, trims noted before it are journaled too.
     ///
     /// # Errors
     /// As [`Volume::read`]; the volume was fenced.

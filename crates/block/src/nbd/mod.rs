@@ -404,13 +404,17 @@ impl NbdServer {
         mut rd: impl AsyncRead + Unpin,
         wr: impl AsyncWrite + Unpin + Send + 'static,
     ) -> std::io::Result<()> {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        // Each reply is its header and its data (empty for most), sent together.
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Bytes, Bytes)>();
         let writer = tokio::spawn(async move {
             let mut wr = wr;
-            while let Some(first) = rx.recv().await {
-                wr.write_all(&first).await?;
-                while let Ok(next) = rx.try_recv() {
-                    wr.write_all(&next).await?;
+            while let Some((head, data)) = rx.recv().await {
+                wr.write_all(&head).await?;
+                // Large data passes the buffer by (written from the volume's buffer).
+                wr.write_all(&data).await?;
+                while let Ok((head, data)) = rx.try_recv() {
+                    wr.write_all(&head).await?;
+                    wr.write_all(&data).await?;
                 }
                 wr.flush().await?;
             }
@@ -447,8 +451,15 @@ impl NbdServer {
                         reply.error(&req, EINVAL, "write longer than the maximum");
                         continue;
                     }
-                    let mut data = vec![0u8; req.length as usize];
-                    rd.read_exact(&mut data).await?;
+                    // Read into spare capacity (not zeroed first).
+                    let mut data = Vec::with_capacity(req.length as usize);
+                    let got = (&mut rd)
+                        .take(u64::from(req.length))
+                        .read_to_end(&mut data)
+                        .await?;
+                    if got < req.length as usize {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
                     if past_end {
                         reply.error(&req, ENOSPC, "write past the end of the volume");
                         continue;
@@ -544,7 +555,7 @@ fn errno(e: &VolError) -> u32 {
 /// Sends a connection's replies, simple or structured as negotiated.
 #[derive(Clone)]
 struct Replier {
-    tx: mpsc::UnboundedSender<Vec<u8>>,
+    tx: mpsc::UnboundedSender<(Bytes, Bytes)>,
     structured: bool,
 }
 
@@ -553,10 +564,10 @@ impl Replier {
         match r {
             Ok(()) if self.structured => {
                 let h = structured_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, req.cookie, 0);
-                let _ = self.tx.send(h.to_vec());
+                self.send(h.to_vec(), Bytes::new());
             }
             Ok(()) => {
-                let _ = self.tx.send(simple_reply(0, req.cookie).to_vec());
+                self.send(simple_reply(0, req.cookie).to_vec(), Bytes::new());
             }
             Err(e) => {
                 tracing::warn!(kind = req.kind, offset = req.offset, len = req.length, error = %e, "request failed");
@@ -579,16 +590,20 @@ impl Replier {
             b.extend_from_slice(&code.to_be_bytes());
             b.extend_from_slice(&(msg.len() as u16).to_be_bytes());
             b.extend_from_slice(msg);
-            let _ = self.tx.send(b);
+            self.send(b, Bytes::new());
         } else {
-            let _ = self.tx.send(simple_reply(code, req.cookie).to_vec());
+            self.send(simple_reply(code, req.cookie).to_vec(), Bytes::new());
         }
     }
 
-    fn data(&self, req: &Request, data: Vec<u8>) {
+    fn send(&self, head: Vec<u8>, data: Bytes) {
+        let _ = self.tx.send((Bytes::from(head), data));
+    }
+
+    fn data(&self, req: &Request, data: Bytes) {
         let mut b;
         if self.structured {
-            b = Vec::with_capacity(28 + data.len());
+            b = Vec::with_capacity(28);
             b.extend_from_slice(&structured_header(
                 REPLY_FLAG_DONE,
                 REPLY_TYPE_OFFSET_DATA,
@@ -597,10 +612,8 @@ impl Replier {
             ));
             b.extend_from_slice(&req.offset.to_be_bytes());
         } else {
-            b = Vec::with_capacity(16 + data.len());
-            b.extend_from_slice(&simple_reply(0, req.cookie));
+            b = simple_reply(0, req.cookie).to_vec();
         }
-        b.extend_from_slice(&data);
-        let _ = self.tx.send(b);
+        self.send(b, data);
     }
 }
