@@ -485,6 +485,133 @@ async fn flushed_writes_after_the_last_journal_record_survive_a_crash() {
     drop(server);
 }
 
+/// fio's random writes with verification (depth 16, a FLUSH every 16) through a SIGKILL of
+/// the server: fio saves how far it got (`verify_state_save`) and logs each write it saw
+/// complete; after a new server opens the volume, fio reads back every write it issued and
+/// checks its CRC. Every write that completed must read back, flushed or not (a write is
+/// durable once answered here, stronger than NBD asks); only writes in flight at the kill
+/// (fio counts those too, failed as they are) may fail it. Canary: a completed block trimmed
+/// afterwards fails the same check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fio_verified_writes_survive_a_sigkill_of_the_server() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cl.master_addrs();
+    create_volume(&masters, "k", "64m");
+    let mut server = common::nbd::server(&masters, &[]);
+    let fio = |addr: &str, verify: bool| {
+        let mut c = tool("fio");
+        c.current_dir(dir.path()).args([
+            "--name=k",
+            "--ioengine=nbd",
+            &format!("--uri=nbd://{addr}/k"),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=16",
+            "--size=64m",
+            "--fsync=16",
+            "--verify=crc32c",
+            "--output-format=json",
+        ]);
+        if verify {
+            c.args([
+                "--do_verify=1",
+                "--verify_only",
+                "--verify_state_load=1",
+                "--continue_on_error=verify",
+            ]);
+        } else {
+            // Each completed write's offset in k_clat.1.log.
+            c.args([
+                "--do_verify=0",
+                "--verify_state_save=1",
+                "--write_lat_log=k",
+                "--log_offset=1",
+            ]);
+        }
+        c.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    let writer = fio(&server.addr, false).spawn().unwrap();
+    // Killed while fio writes (64 MiB take it several seconds).
+    std::thread::sleep(Duration::from_millis(2500));
+    server.kill();
+    let w = writer.wait_with_output().unwrap();
+    let said =
+        String::from_utf8_lossy(&w.stdout).into_owned() + &String::from_utf8_lossy(&w.stderr);
+    assert!(
+        dir.path().join("local-k-0-verify.state").exists(),
+        "fio saved no verify state: {said}"
+    );
+    let completed: std::collections::HashSet<u64> =
+        std::fs::read_to_string(dir.path().join("k_clat.1.log"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(',').nth(4)?.trim().parse().ok())
+            .collect();
+    assert!(
+        completed.len() >= 1000,
+        "only {} writes completed before the kill: {said}",
+        completed.len()
+    );
+    server = common::nbd::server(&masters, &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut c = Raw::connect(&server.addr);
+        c.flags(3);
+        if c.go("k") == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the volume never reopened");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // (bytes verified, offsets that failed verification)
+    let verify = || -> (u64, Vec<u64>) {
+        let out = fio(&server.addr, true).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let all = text.clone() + &String::from_utf8_lossy(&out.stderr);
+        let bad: Vec<u64> = all
+            .lines()
+            .filter(|l| l.starts_with("verify:"))
+            .filter_map(|l| {
+                let at = l.find(" offset ")? + 8;
+                l[at..].split([',', ' ']).next()?.parse().ok()
+            })
+            .collect();
+        let j: serde_json::Value = serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap();
+        (j["jobs"][0]["read"]["io_bytes"].as_u64().unwrap(), bad)
+    };
+    let (read, bad) = verify();
+    // Every completed write was checked (and a few failed ones besides).
+    assert!(
+        read >= completed.len() as u64 * 4096,
+        "fio verified {read} B of {} completed writes",
+        completed.len()
+    );
+    let lost: Vec<_> = bad.iter().filter(|o| completed.contains(o)).collect();
+    assert!(
+        lost.is_empty(),
+        "completed writes read back wrong at {lost:?} (all failing: {bad:?})"
+    );
+    assert!(
+        bad.len() <= 16,
+        "more failures than writes in flight: {bad:?}"
+    );
+    // Canary: a completed write, trimmed, fails the same check and is caught.
+    let victim = *completed.iter().next().unwrap();
+    let mut c = Raw::connect(&server.addr);
+    c.flags(3);
+    assert_eq!(c.go("k"), 1);
+    c.request(4, 0, 1, victim, 4096, &[]);
+    assert_eq!(c.reply(0).0, 0);
+    drop(c);
+    let (_, bad) = verify();
+    assert!(bad.contains(&victim), "a trimmed block passed: {bad:?}");
+    drop(server);
+}
+
 /// A random workload of writes, trims, FUA writes and flushes against a naive model, with
 /// garbage collection compacting tiny segments all the time and the server SIGKILLed at
 /// random moments (some with a write in flight): while it runs the volume reads exactly as
