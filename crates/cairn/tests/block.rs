@@ -459,17 +459,8 @@ async fn flushed_writes_after_the_last_journal_record_survive_a_crash() {
     assert_eq!(c.reply(0).0, 0);
     server.kill();
     drop(c);
-    let deadline = Instant::now() + Duration::from_secs(60);
     server = common::nbd::server(&masters, &args);
-    let mut c = loop {
-        let mut c = Raw::connect(&server.addr);
-        c.flags(3);
-        if c.go("t") == 1 {
-            break c;
-        }
-        assert!(Instant::now() < deadline, "the volume never reopened");
-        std::thread::sleep(Duration::from_millis(300));
-    };
+    let mut c = opened(&server.addr, "t");
     c.request(READ, 0, 1, 0, 64 * 4096, &[]);
     let (e, _, data) = c.reply(64 * 4096);
     assert_eq!(e, 0);
@@ -557,16 +548,7 @@ async fn fio_verified_writes_survive_a_sigkill_of_the_server() {
         completed.len()
     );
     server = common::nbd::server(&masters, &[]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut c = Raw::connect(&server.addr);
-        c.flags(3);
-        if c.go("k") == 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the volume never reopened");
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    drop(opened(&server.addr, "k"));
     // (bytes verified, offsets that failed verification)
     let verify = || -> (u64, Vec<u64>) {
         let out = fio(&server.addr, true).output().unwrap();
@@ -638,18 +620,7 @@ async fn the_volume_matches_a_model_across_server_crashes() {
     let mut current = vec![0u64; BLOCKS as usize];
     let mut v = 0u64;
     let mut cookie = 0u64;
-    let connect = |p: &Proc| -> Raw {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let mut c = Raw::connect(&p.addr);
-            c.flags(3);
-            if c.go("m") == 1 {
-                return c;
-            }
-            assert!(Instant::now() < deadline, "the volume never reopened");
-            std::thread::sleep(Duration::from_millis(300));
-        }
-    };
+    let connect = |p: &Proc| opened(&p.addr, "m");
     // 64 KiB segments, a pass every 100 ms compacting any under 70 % live.
     let gc = [
         "--segment-bytes",
@@ -776,6 +747,19 @@ async fn the_volume_matches_a_model_across_server_crashes() {
         stored < written / 2,
         "{stored} B stored for {written} B written: {info}"
     );
+}
+
+/// A connection to volume `name` on the server at `addr`, once it opens it (a killed server's
+/// lease runs out first): fails the test after a minute.
+fn opened(addr: &str, name: &str) -> Raw {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(c) = Raw::open(addr, name) {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "volume {name} never reopened");
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }
 
 fn volume_info(masters: &[String], name: &str) -> serde_json::Value {

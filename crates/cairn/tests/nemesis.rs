@@ -18,7 +18,8 @@
 //!   returned a whole version of its key no older than the last one acknowledged before it;
 //! - every block of the volume read (during the run, after each reconnection, and at the end)
 //!   is what the client last wrote there, or — after a lost connection or a failed request —
-//!   what the last completed FLUSH left or something written since.
+//!   its last answered write (durable once answered) or what the last completed FLUSH left, or
+//!   something written or trimmed since.
 //!
 //! `cargo test --test nemesis` runs 10 scenarios (seed 1). More:
 //! `CAIRN_NEMESIS_SCENARIOS=200 CAIRN_NEMESIS_SEED=7 cargo test --release --test nemesis -- --nocapture`
@@ -527,10 +528,11 @@ struct Totals {
 const NBD_BLOCKS: u64 = 256;
 
 /// What the nemesis's NBD client knows of its volume, block by block (block ids: 0 reads as
-/// zeros): what the last completed FLUSH made durable (several candidates when a failed
-/// write before it may or may not have landed), what was written since (answered or not),
-/// and what the block holds now if that is known (not after a failed request or a lost
-/// connection, until it is read).
+/// zeros): what is durable — the last answered write (a write is durable once answered: its
+/// batch names its blocks) or what the last completed FLUSH left (several candidates when a
+/// failed write before it may or may not have landed) — what was written or trimmed since
+/// (answered or not; a trim is durable only at a FLUSH), and what the block holds now if that
+/// is known (not after a failed request or a lost connection, until it is read).
 struct NbdModel {
     durable: Vec<Vec<u64>>,
     since: Vec<Vec<u64>>,
@@ -558,7 +560,14 @@ impl NbdModel {
     }
 
     fn written(&mut self, b: usize, id: u64, answered: bool) {
-        self.since[b].push(id);
+        if answered && id != 0 {
+            // Durable now, and later than anything before it (a failed write that lands
+            // anyway is in an earlier batch).
+            self.durable[b] = vec![id];
+            self.since[b].clear();
+        } else {
+            self.since[b].push(id);
+        }
         self.current[b] = answered.then_some(id);
     }
 
