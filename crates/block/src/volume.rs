@@ -572,24 +572,14 @@ impl Volume {
     }
 
     /// The pieces' bytes: one mapped piece is the client's buffer as it came (no copy);
-    /// several are read at once and joined.
+    /// several are read `READ_AHEAD` at a time and joined.
     async fn read_pieces(&self, pieces: &[crate::extent::Piece], len: u64) -> Result<Bytes> {
-        let bs = self.block_size();
-        let reads = pieces.iter().map(|p| async move {
-            let n = (p.blocks * bs) as usize;
-            match p.at {
-                None => Ok(Bytes::from(vec![0u8; n])),
-                Some((seg, off)) => {
-                    let path = self.seg_path(seg)?;
-                    self.client
-                        .read_acknowledged(&path, off, n)
-                        .await
-                        .map(Bytes::from)
-                        .map_err(|e| Error::Io(self.meta.name.clone(), e.to_string()))
-                }
-            }
-        });
-        let mut parts = futures::future::try_join_all(reads).await?;
+        let mut parts = Vec::with_capacity(pieces.len());
+        for group in pieces.chunks(READ_AHEAD) {
+            parts.extend(
+                futures::future::try_join_all(group.iter().map(|p| self.read_piece(p))).await?,
+            );
+        }
         if parts.len() == 1 {
             return Ok(parts.pop().expect("one"));
         }
@@ -598,6 +588,21 @@ impl Volume {
             out.extend_from_slice(&p);
         }
         Ok(out.freeze())
+    }
+
+    async fn read_piece(&self, p: &crate::extent::Piece) -> Result<Bytes> {
+        let n = (p.blocks * self.block_size()) as usize;
+        match p.at {
+            None => Ok(Bytes::from(vec![0u8; n])),
+            Some((seg, off)) => {
+                let path = self.seg_path(seg)?;
+                self.client
+                    .read_acknowledged(&path, off, n)
+                    .await
+                    .map(Bytes::from)
+                    .map_err(|e| Error::Io(self.meta.name.clone(), e.to_string()))
+            }
+        }
     }
 
     /// The file of segment `seg` (own, or an ancestor's for a clone).
@@ -1409,6 +1414,9 @@ enum TailError {
     Io(cairn_client::Error),
 }
 
+/// Pieces of one read (of a fragmented range) read at once.
+const READ_AHEAD: usize = 16;
+
 /// Bytes of a segment's tail read at once when reopening.
 const TAIL_READ: usize = 8 << 20;
 
@@ -1432,8 +1440,9 @@ async fn read_tail(
     let len = if st.sealed {
         st.length
     } else {
-        // Its writer's lease runs out with the journal's (both renewed together); a little
-        // longer is waited for before giving up.
+        // Its writer's lease runs out at most one renewal period after the journal's (a
+        // segment created after the last renewal got a fresh lease); 10 s are waited for
+        // before the open is refused as busy.
         let mut tries = 0;
         loop {
             match client.open_append(path).await {
