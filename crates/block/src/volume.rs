@@ -733,7 +733,7 @@ impl Volume {
     }
 
     async fn record_locked(&self, j: &mut Journal, force: bool) -> Result<()> {
-        let mut changes = {
+        let changes = {
             let mut st = self.state.lock();
             if st.pending.is_empty() && !force {
                 return Ok(());
@@ -747,7 +747,6 @@ impl Volume {
             );
             c
         };
-        changes.shrink_to_fit();
         let rec = Record {
             seq: j.seq + 1,
             changes,

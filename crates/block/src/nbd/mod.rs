@@ -408,13 +408,14 @@ impl NbdServer {
         let (tx, mut rx) = mpsc::unbounded_channel::<(Bytes, Bytes)>();
         let writer = tokio::spawn(async move {
             let mut wr = wr;
-            while let Some((head, data)) = rx.recv().await {
-                wr.write_all(&head).await?;
-                // Large data passes the buffer by (written from the volume's buffer).
-                wr.write_all(&data).await?;
-                while let Ok((head, data)) = rx.try_recv() {
+            while let Some(first) = rx.recv().await {
+                let mut next = Some(first);
+                // Every reply waiting goes out before one flush; large data passes the
+                // buffer by (written from the volume's buffer).
+                while let Some((head, data)) = next {
                     wr.write_all(&head).await?;
                     wr.write_all(&data).await?;
+                    next = rx.try_recv().ok();
                 }
                 wr.flush().await?;
             }
