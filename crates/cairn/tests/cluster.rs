@@ -661,3 +661,80 @@ fn find(path: &std::path::Path, needle: &[u8]) -> Option<u64> {
         base += n as u64;
     }
 }
+
+/// A master that leads, loses the lead and leads again must not trust what the chunkservers
+/// told it in its first term: meanwhile they reported their new chunks to another leader, and
+/// only send changes since their last heartbeat. (Seen in the long nemesis, seed 37: a chunk
+/// every server held counted lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_leading_again_asks_the_chunkservers_for_full_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 3, 3).await;
+    let c = cl.client_with(small_chunks()).await;
+    let write = |path: &'static str, seed: u64| {
+        let c = c.clone();
+        async move {
+            let mut w = c.create(path, CreateOptions::default()).await.unwrap();
+            w.append(&bytes(seed, 0, 600_000)).await.unwrap();
+            w.close().await.unwrap();
+        }
+    };
+    write("/first", 1).await;
+    cl.wait_fully_replicated(Duration::from_secs(30)).await;
+    let s = cl.status().await.unwrap();
+    let (first, first_term) = (s.leader_id, s.term);
+    let signal = |m: u64, sig: i32| {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(cl.masters[m as usize - 1].pid() as i32, sig) };
+    };
+    // Another master leads while the first is stopped (its memory kept), and the chunks of a
+    // second file are reported to it.
+    let cl = &cl;
+    let wait_other_leader = |not: u64| async move {
+        let t = Instant::now();
+        loop {
+            if let Ok(s) = cl.status().await
+                && s.leader_id != not
+                && s.leader_id != 0
+            {
+                return s.leader_id;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "no new leader");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    signal(first, libc::SIGSTOP);
+    let second = wait_other_leader(first).await;
+    eprintln!("master {first} stopped, {second} leads");
+    write("/second", 2).await;
+    eprintln!("/second written");
+    cl.wait_fully_replicated(Duration::from_secs(30)).await;
+    signal(first, libc::SIGCONT);
+    // Stop whichever other master leads until the first leads again.
+    let mut tries = 0;
+    loop {
+        // Just resumed, the first master may still answer as the leader of its old term.
+        let s = cl.status().await.unwrap();
+        let leader = s.leader_id;
+        if leader == first && s.term > first_term {
+            break;
+        }
+        if leader == first {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        tries += 1;
+        assert!(tries <= 20, "master {first} was not elected again");
+        signal(leader, libc::SIGSTOP);
+        let next = wait_other_leader(leader).await;
+        eprintln!("master {leader} stopped, {next} leads");
+        signal(leader, libc::SIGCONT);
+    }
+    // Every chunk of both files is where the namespace says, and counted so.
+    let s = cl.wait_fully_replicated(Duration::from_secs(20)).await;
+    assert_eq!(s.leader_id, first);
+    let fresh = cl.client().await;
+    for (path, seed) in [("/first", 1), ("/second", 2)] {
+        assert!(fresh.read(path, 0, 600_000).await.unwrap() == bytes(seed, 0, 600_000));
+    }
+}

@@ -130,6 +130,7 @@ pub async fn serve(
         lease: opts.lease,
         recovered,
         auth: auth.clone(),
+        led_term: std::sync::atomic::AtomicU64::new(0),
     });
     let scanner = {
         let meta = meta.clone();

@@ -112,13 +112,18 @@ pub struct Live {
     pub traffic: [u64; 5],
 }
 
-#[derive(Default)]
 pub struct Registry {
     pub opts: RegistryOptions,
     pub live: BTreeMap<ServerId, Live>,
     pub repairs: Repairs,
     /// Clients' blacklists (crate::reports).
     pub reports: crate::reports::Reports,
+    /// The Raft term the servers' views and the repairs belong to (see [`Registry::lead`]).
+    term: u64,
+    /// The state holds everything committed before this leader's term (its first entry is
+    /// applied): until then an orphan may be a chunk an entry not applied yet gives a
+    /// location, and none is deleted.
+    pub settled: bool,
 }
 
 /// One heartbeat, already validated.
@@ -161,6 +166,22 @@ impl Registry {
             live: BTreeMap::new(),
             repairs: Repairs::default(),
             reports: Default::default(),
+            term: 0,
+            settled: true,
+        }
+    }
+
+    /// Called whenever this master acts as the leader of `term`. A term it did not lead
+    /// before starts from nothing, as on a new leader: what the servers reported in an
+    /// earlier term of its own is stale, for since then they reported their changes to
+    /// another leader (each heartbeat carries only the changes since the last one answered),
+    /// and the repairs it handed out are another leader's business. Each server is asked for
+    /// a full report again.
+    pub fn lead(&mut self, term: u64) {
+        if term != self.term {
+            self.live.clear();
+            self.repairs = Repairs::default();
+            self.term = term;
         }
     }
 
@@ -300,10 +321,11 @@ impl Registry {
         // master has not applied yet) waits out the grace period.
         let grace = self.opts.orphan_grace;
         let next = state.next_chunk_id();
+        let settled = self.settled;
         let delete = live
             .orphans
             .iter()
-            .filter(|(c, since)| **c < next || now.duration_since(**since) >= grace)
+            .filter(|(c, since)| settled && (**c < next || now.duration_since(**since) >= grace))
             .map(|(c, _)| *c)
             .collect();
         let repairs = self.repairs.take_tasks(server);
@@ -770,6 +792,66 @@ mod tests {
         );
         assert!(a.delete.is_empty());
         assert_eq!(reg.pending_deletes(), 0);
+    }
+
+    /// A master leading a term it did not lead before forgets what the servers reported in
+    /// its earlier term: each is asked for a full report, and a chunk created meanwhile (its
+    /// report went to another leader) is not taken for missing.
+    #[test]
+    fn a_new_term_asks_every_server_for_a_full_report() {
+        let now = Instant::now();
+        let mut reg = Registry::new(RegistryOptions::default());
+        let mut st = State::default();
+        reg.lead(3);
+        assert!(
+            reg.heartbeat(hb(1, false, vec![], vec![]), &st, now)
+                .send_full_report
+        );
+        let a = reg.heartbeat(hb(1, true, vec![], vec![]), &st, now);
+        assert!(!a.send_full_report);
+        // The same term again changes nothing.
+        reg.lead(3);
+        assert!(
+            !reg.heartbeat(hb(1, false, vec![], vec![]), &st, now)
+                .send_full_report
+        );
+        // Term 5 (another master led term 4, and server 1 told it of chunk c).
+        let c = open_file_on_1_2_3(&mut st);
+        reg.lead(5);
+        assert!(reg.live.is_empty());
+        assert!(
+            reg.heartbeat(hb(1, false, vec![], vec![]), &st, now)
+                .send_full_report
+        );
+        reg.heartbeat(hb(1, true, vec![c], vec![]), &st, now);
+        assert!(reg.live[&1].reported.as_ref().unwrap().contains_key(&c));
+    }
+
+    /// A leader whose state lacks entries committed before its term deletes no orphan: one
+    /// of them may make the chunk a location.
+    #[test]
+    fn no_orphan_is_deleted_before_the_state_is_settled() {
+        let now = Instant::now();
+        let mut reg = Registry::new(RegistryOptions::default());
+        let mut st = State::default();
+        let c = open_file_on_1_2_3(&mut st);
+        // Server 9 holds c (say a repair's copy recorded in an entry not applied yet).
+        reg.settled = false;
+        reg.heartbeat(hb(9, true, vec![c], vec![]), &st, now);
+        let a = reg.heartbeat(
+            hb(9, false, vec![], vec![]),
+            &st,
+            now + Duration::from_secs(120),
+        );
+        assert!(a.delete.is_empty());
+        assert_eq!(reg.pending_deletes(), 1);
+        reg.settled = true;
+        let a = reg.heartbeat(
+            hb(9, false, vec![], vec![]),
+            &st,
+            now + Duration::from_secs(121),
+        );
+        assert_eq!(a.delete, vec![c]);
     }
 
     /// Creates /f, written by "w", with one chunk on servers 1, 2, 3; returns the chunk.

@@ -47,6 +47,8 @@ pub(crate) struct Inner {
     pub recovered: Arc<std::sync::atomic::AtomicBool>,
     /// Checks who sends each call (cairn_rpc::auth).
     pub auth: Arc<cairn_rpc::auth::Verifier>,
+    /// The last term this master led (`Registry::lead`).
+    pub led_term: std::sync::atomic::AtomicU64,
 }
 
 impl MetaService {
@@ -139,7 +141,17 @@ impl Inner {
         }
         let metrics = self.raft.metrics();
         // Checked under the borrow: the common case (this master leads) clones nothing.
-        if metrics.borrow_watched().current_leader == Some(self.id) {
+        let (leads, term) = {
+            let m = metrics.borrow_watched();
+            (m.current_leader == Some(self.id), m.current_term)
+        };
+        if leads {
+            // A term this master did not lead before: its view of the servers is stale.
+            if self.led_term.load(std::sync::atomic::Ordering::Acquire) != term {
+                self.registry.lock().lead(term);
+                self.led_term
+                    .store(term, std::sync::atomic::Ordering::Release);
+            }
             return Ok(());
         }
         let m = metrics.borrow_watched().clone();
@@ -893,11 +905,15 @@ impl pb::meta_server::Meta for MetaService {
                         hb.server_id
                     )));
                 }
-                let answer = self
-                    .inner
-                    .registry
-                    .lock()
-                    .heartbeat(hb, &a.state, Instant::now());
+                let mut reg = self.inner.registry.lock();
+                // Orphans are deleted only once the state holds all that was committed before
+                // this leader's term (an entry it has not applied may make one a location).
+                let term = self.inner.raft.metrics().borrow_watched().current_term;
+                reg.settled = a
+                    .last_applied
+                    .is_some_and(|l| l.committed_leader_id().term == term);
+                let answer = reg.heartbeat(hb, &a.state, Instant::now());
+                drop(reg);
                 let masters: Vec<String> = a
                     .membership
                     .membership()

@@ -24,7 +24,8 @@ pub struct Masters {
 
 pub(crate) struct Shared {
     addrs: Vec<String>,
-    /// The last master that answered (possibly one not in `addrs`, learned from a redirect).
+    /// Where the next call starts: the last master that answered (possibly one not in
+    /// `addrs`, learned from a redirect), or the one after a master that did not.
     leader: Mutex<Option<String>>,
     clients: Mutex<HashMap<String, MetaClient<Signed>>>,
     retry_for: Mutex<Duration>,
@@ -211,6 +212,11 @@ fn file(r: pb::batch_result::Result) -> Result<pb::FileReply, MetaError> {
     }
 }
 
+/// How often a connection to a master is pinged, and how long an unanswered ping waits
+/// before the connection (and every call on it) is given up.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(1);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How calls are retried: 20 ms between tries, doubling up to 500 ms, until `retry_for`.
 struct Backoff {
     deadline: Instant,
@@ -249,8 +255,14 @@ impl Shared {
                 .tls_config(t)
                 .map_err(|e| MetaError::invalid(format!("TLS to {addr}: {e}")))?;
         }
+        // A master that stops answering (a stopped process, a cut link: TCP still up) would
+        // hold a call forever; HTTP/2 pings find it within seconds, the connection closes
+        // and the call fails over to the next master (a long call that answers is not cut).
         let ch = ep
             .connect_timeout(Duration::from_secs(1))
+            .http2_keep_alive_interval(KEEPALIVE_EVERY)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true)
             .connect_lazy();
         let c = MetaClient::new(Signed::new(ch, self.cred.lock().clone()))
@@ -275,6 +287,7 @@ impl Shared {
     {
         let mut backoff = self.backoff();
         let mut idx = 0;
+        let mut tries = 0;
         let mut target = self
             .leader
             .lock()
@@ -294,7 +307,18 @@ impl Shared {
                 ErrorKind::NoServers => true,
                 _ => false,
             };
-            if !retry || backoff.expired() {
+            tries += 1;
+            if err.kind == ErrorKind::Unavailable {
+                // Unreachable or without a leader: the next call starts elsewhere (a master
+                // that stopped answering would otherwise hold every call for its timeout).
+                let mut leader = self.leader.lock();
+                if leader.as_deref() == Some(target.as_str()) {
+                    idx = self.addrs.iter().position(|a| *a == target).unwrap_or(idx);
+                    *leader = Some(self.addrs[(idx + 1) % self.addrs.len()].clone());
+                }
+            }
+            // Every master is tried once even when a slow failure used up the time.
+            if !retry || (backoff.expired() && tries >= self.addrs.len()) {
                 return Err(err);
             }
             match (&err.kind, &err.leader) {
