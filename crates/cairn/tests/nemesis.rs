@@ -52,6 +52,9 @@ const ACTIVE: Duration = Duration::from_millis(3000);
 enum Kind {
     KillChunkserver,
     KillMaster,
+    /// SIGSTOP then SIGCONT: a master that stops answering with its connections open and its
+    /// memory kept (a leader paused past the election timeout leads a later term again).
+    PauseMaster,
     Slow,
     Errors,
     Frozen,
@@ -63,7 +66,7 @@ impl Kind {
     fn kills(self) -> bool {
         matches!(
             self,
-            Kind::KillChunkserver | Kind::KillMaster | Kind::KillService
+            Kind::KillChunkserver | Kind::KillMaster | Kind::PauseMaster | Kind::KillService
         )
     }
 }
@@ -89,7 +92,10 @@ fn plan(seed: u64) -> Vec<Fault> {
     for _ in 0..n {
         let kind = match rng.random_range(0..7) {
             0 if !killed => Kind::KillChunkserver,
-            1 if !killed => Kind::KillMaster,
+            1 if !killed => match rng.random_bool(0.5) {
+                true => Kind::KillMaster,
+                false => Kind::PauseMaster,
+            },
             6 if !killed => Kind::KillService,
             0..=2 | 6 => Kind::Slow,
             3 => Kind::Errors,
@@ -97,7 +103,7 @@ fn plan(seed: u64) -> Vec<Fault> {
             _ => Kind::DiskFull,
         };
         killed |= kind.kills();
-        let target = if kind == Kind::KillMaster {
+        let target = if matches!(kind, Kind::KillMaster | Kind::PauseMaster) {
             rng.random_range(0..3)
         } else if kind == Kind::KillService {
             0
@@ -124,7 +130,9 @@ fn plan(seed: u64) -> Vec<Fault> {
                 disk_full: true,
                 ..FaultSpec::default()
             },
-            Kind::KillChunkserver | Kind::KillMaster | Kind::KillService => FaultSpec::default(),
+            Kind::KillChunkserver | Kind::KillMaster | Kind::PauseMaster | Kind::KillService => {
+                FaultSpec::default()
+            }
         };
         faults.push(Fault {
             kind,
@@ -892,6 +900,11 @@ async fn scenario(
             (Kind::KillChunkserver, false) => cl.chunkservers[f.target].start(),
             (Kind::KillMaster, true) => cl.masters[f.target].kill(),
             (Kind::KillMaster, false) => cl.masters[f.target].start(),
+            (Kind::PauseMaster, begin) => {
+                let sig = if begin { libc::SIGSTOP } else { libc::SIGCONT };
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(cl.masters[f.target].pid() as i32, sig) };
+            }
             (Kind::KillService, true) => {
                 gw.proc.kill();
                 nbd.proc.kill();

@@ -896,7 +896,10 @@ impl pb::meta_server::Meta for MetaService {
         let r = req.into_inner();
         ok(async {
             let hb = convert::heartbeat(&r)?;
-            self.inner.leader_check()?;
+            // Not only "this master thinks it leads": one just resumed from a pause (or cut
+            // off) may not have heard of the next term yet, and its answer names chunks to
+            // delete from an older state. Its lease has run out, so the barrier refuses.
+            self.inner.read_barrier().await?;
             let (answer, masters) = {
                 let a = self.inner.sm.lock();
                 if !a.state.servers().contains_key(&hb.server_id) {
