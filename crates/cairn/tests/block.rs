@@ -922,3 +922,34 @@ async fn snapshots_and_clones_keep_their_contents() {
     let out = volume_cmd(&masters, &["delete", "base"]);
     assert!(out.status.success(), "{out:?}");
 }
+
+/// A client that reconnects the moment it disconnected (nbdcopy's read right after its
+/// write) finds the volume: the server closes its instance (a last journal record, segments
+/// and journal sealed) before another connection may open it again, and the new instance
+/// reads what the old one wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_reopened_while_its_last_connection_closes_serves_its_writes() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cl.master_addrs();
+    create_volume(&masters, "r", "1m");
+    let server = common::nbd::server(&masters, &[]);
+    for round in 0..20u64 {
+        let mut c = Raw::open(&server.addr, "r")
+            .unwrap_or_else(|e| panic!("round {round}: the volume did not open: {e}"));
+        if round > 0 {
+            let (e, got) = c.call(READ, 0, (round - 1) % 16 * 4096, 4096, &[]).unwrap();
+            assert_eq!(e, 0);
+            assert!(
+                got == block_of(round - 1),
+                "round {round}: last round's write"
+            );
+        }
+        let (e, _) = c
+            .call(WRITE, 0, round % 16 * 4096, 4096, &block_of(round))
+            .unwrap();
+        assert_eq!(e, 0);
+        drop(c);
+    }
+}

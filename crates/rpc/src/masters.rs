@@ -312,7 +312,7 @@ impl Shared {
                 // Unreachable or without a leader: the next call starts elsewhere (a master
                 // that stopped answering would otherwise hold every call for its timeout).
                 let mut leader = self.leader.lock();
-                if leader.as_deref() == Some(target.as_str()) {
+                if leader.as_deref().is_none_or(|l| l == target) {
                     idx = self.addrs.iter().position(|a| *a == target).unwrap_or(idx);
                     *leader = Some(self.addrs[(idx + 1) % self.addrs.len()].clone());
                 }

@@ -214,11 +214,14 @@ impl NbdServer {
             }
             None => false,
         };
+        // Closed with the table locked: a connection arriving meanwhile must not open the
+        // volume again while this instance still journals and seals its files (it read a
+        // journal the closing instance then sealed, and its open failed).
         if last && let Some((v, _)) = open.remove(name) {
-            drop(open);
             if let Err(e) = v.close().await {
                 tracing::warn!(volume = %name, error = %e, "closing");
             }
+            drop(open);
         }
     }
 
