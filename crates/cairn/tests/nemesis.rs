@@ -902,8 +902,11 @@ async fn scenario(
             (Kind::KillMaster, false) => cl.masters[f.target].start(),
             (Kind::PauseMaster, begin) => {
                 let sig = if begin { libc::SIGSTOP } else { libc::SIGCONT };
+                // Pid 0 (no child) would signal this whole process group.
+                let pid = cl.masters[f.target].pid();
+                assert_ne!(pid, 0, "master {} is not running", f.target);
                 // SAFETY: signalling our own child.
-                unsafe { libc::kill(cl.masters[f.target].pid() as i32, sig) };
+                unsafe { libc::kill(pid as i32, sig) };
             }
             (Kind::KillService, true) => {
                 gw.proc.kill();
