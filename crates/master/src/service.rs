@@ -131,8 +131,8 @@ impl Inner {
         now_ms + self.lease.as_millis() as u64
     }
 
-    /// Ok if this master leads; otherwise the redirect.
-    fn leader_check(&self) -> Result<(), MetaError> {
+    /// The term this master leads; otherwise the redirect.
+    fn leader_check(&self) -> Result<u64, MetaError> {
         if !self.recovered.load(std::sync::atomic::Ordering::Acquire) {
             return Err(MetaError::new(
                 ErrorKind::Unavailable,
@@ -152,7 +152,7 @@ impl Inner {
                 self.led_term
                     .store(term, std::sync::atomic::Ordering::Release);
             }
-            return Ok(());
+            return Ok(term);
         }
         let m = metrics.borrow_watched().clone();
         let addr = m.current_leader.and_then(|l| {
@@ -164,10 +164,10 @@ impl Inner {
         Err(MetaError::not_leader(addr))
     }
 
-    /// A linearizable read point: this master leads and its state machine has applied
-    /// everything committed before the read.
-    async fn read_barrier(&self) -> Result<(), MetaError> {
-        self.leader_check()?;
+    /// A linearizable read point: this master leads (the term returned) and its state
+    /// machine has applied everything committed before the read.
+    async fn read_barrier(&self) -> Result<u64, MetaError> {
+        let term = self.leader_check()?;
         self.raft
             .ensure_linearizable(ReadPolicy::LeaseRead)
             .await
@@ -175,7 +175,7 @@ impl Inner {
                 Some(f) => MetaError::not_leader(f.leader_node.as_ref().map(|n| n.addr.clone())),
                 None => MetaError::new(ErrorKind::Unavailable, e.to_string()),
             })?;
-        Ok(())
+        Ok(term)
     }
 
     async fn write(&self, cmd: Command) -> Result<Reply, MetaError> {
@@ -899,7 +899,7 @@ impl pb::meta_server::Meta for MetaService {
             // Not only "this master thinks it leads": one just resumed from a pause (or cut
             // off) may not have heard of the next term yet, and its answer names chunks to
             // delete from an older state. Its lease has run out, so the barrier refuses.
-            self.inner.read_barrier().await?;
+            let term = self.inner.read_barrier().await?;
             let (answer, masters) = {
                 let a = self.inner.sm.lock();
                 if !a.state.servers().contains_key(&hb.server_id) {
@@ -911,7 +911,6 @@ impl pb::meta_server::Meta for MetaService {
                 let mut reg = self.inner.registry.lock();
                 // Orphans are deleted only once the state holds all that was committed before
                 // this leader's term (an entry it has not applied may make one a location).
-                let term = self.inner.raft.metrics().borrow_watched().current_term;
                 reg.settled = a
                     .last_applied
                     .is_some_and(|l| l.committed_leader_id().term == term);
