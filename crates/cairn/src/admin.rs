@@ -17,20 +17,36 @@ pub struct AdminArgs {
 pub enum AdminCommand {
     /// Make these masters the voting group (`1=HOST:PORT,2=HOST:PORT,…`); new ones are added
     /// as learners first and caught up. Start a new master with the same --peers list.
-    Masters { peers: String },
-    /// Stop placing new chunks on a chunkserver.
-    Drain { server_id: u64 },
+    Masters {
+        /// The new voting group, `ID=HOST:PORT,…`.
+        peers: String,
+    },
+    /// Stop placing new chunks on a chunkserver (its chunks stay, and are read, where they
+    /// are).
+    Drain {
+        /// The chunkserver's id, as `cairn status` shows it.
+        server_id: u64,
+    },
     /// Place new chunks on a drained chunkserver again.
-    Undrain { server_id: u64 },
+    Undrain {
+        /// The chunkserver's id, as `cairn status` shows it.
+        server_id: u64,
+    },
     /// Change a cluster setting: `repair-bandwidth 100m` (bytes/s all repairs share),
     /// `background-bandwidth 200m` (bytes/s of repair, conversion and scrub together, per
     /// chunkserver), `convert-after 3600` (seconds a `then:ec` file stays unchanged before
     /// its sealed chunks are converted).
-    Set { setting: String, value: String },
+    Set {
+        /// repair-bandwidth, background-bandwidth or convert-after.
+        setting: String,
+        /// Its new value (bytes/s as 100m, or seconds).
+        value: String,
+    },
     /// Add a capability key (docs/security.md): it signs once every chunkserver holds it
     /// (5 s); the key before it stays valid, and capabilities signed with the one before
     /// that stop working now.
     RotateKey {
+        /// Print JSON.
         #[arg(long)]
         json: bool,
     },

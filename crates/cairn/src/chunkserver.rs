@@ -9,6 +9,10 @@ pub struct ChunkserverArgs {
     /// Directory of this server's store files (disk0.cairn, disk1.cairn, …).
     #[arg(long, default_value = "./cairn-data/chunkserver")]
     data_dir: PathBuf,
+    /// This server's id with the masters, on its first start (kept in DATA_DIR/server-id;
+    /// default: a random one). Ids are what `cairn status` shows and `cairn admin drain` takes.
+    #[arg(long)]
+    server_id: Option<u64>,
     /// Store files (disks) to serve; missing ones are created and formatted.
     #[arg(long, default_value_t = 1)]
     disks: usize,
@@ -34,9 +38,11 @@ pub struct ChunkserverArgs {
     /// Address clients reach the data plane at (default: the listen address).
     #[arg(long)]
     advertise: Option<String>,
-    /// Failure-domain labels used by placement.
+    /// The host this server runs on, a failure domain placement spreads copies over
+    /// (default: none).
     #[arg(long, default_value = "")]
     host: String,
+    /// The rack, the failure domain above the host (default: none).
     #[arg(long, default_value = "")]
     rack: String,
     /// Milliseconds between heartbeats.
@@ -65,9 +71,10 @@ pub struct ChunkserverArgs {
     /// experiments only (docs/security.md).
     #[arg(long)]
     insecure: bool,
-    /// Connections served at once, in all and from one peer address.
+    /// Connections served at once, in all.
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
+    /// Connections served at once from one peer address.
     #[arg(long, default_value_t = 1024)]
     max_connections_per_peer: usize,
     /// Seconds a connection may start no request before it is closed.
@@ -139,7 +146,7 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
                         .filter(|s| !s.is_empty())
                         .map(String::from)
                         .collect(),
-                    server_id: control::server_id(&a.data_dir)?,
+                    server_id: control::server_id(&a.data_dir, a.server_id)?,
                     advertise: a.advertise.clone().unwrap_or_else(|| addr.to_string()),
                     host: a.host.clone(),
                     rack: a.rack.clone(),

@@ -1,74 +1,143 @@
-//! `cairn fs …` and `cairn status`: the cluster through the client SDK.
+//! `cairn fs …`: the cluster's files through the client SDK, with the conventions of `cp`,
+//! `mv`, `ls`, `du` and `df`.
 
 use crate::cluster::ClusterArgs;
+use crate::local::{Dest, Source, path_error};
 use cairn_client::{Client, CreateOptions};
-use cairn_rpc::object::{ObjectQuery, QueryReply};
 use cairn_rpc::pb;
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Subcommand)]
 pub enum FsCommand {
-    /// Copy a local file into the cluster (a new file, sealed when complete).
+    /// Copy a local file into the cluster (a new file, sealed when complete); onto a directory
+    /// (or a path ending in `/`), into it under the local name.
     Put {
+        /// The local file; `-` reads standard input.
         local: PathBuf,
+        /// Where in the cluster.
         path: String,
+        /// Copy a local directory and everything below it.
+        #[arg(short = 'r', long)]
+        recursive: bool,
         #[command(flatten)]
         new: NewFile,
     },
-    /// Copy a file out of the cluster.
+    /// Copy a file out of the cluster, as `cp` writes: through symlinks, into FIFOs and
+    /// devices as a stream, over a regular file atomically (keeping its mode).
     Get {
+        /// The file in the cluster.
         path: String,
+        /// The local destination (a directory: into it under the cluster's name); `-` is
+        /// standard output.
         local: PathBuf,
+        /// Copy a directory of the cluster and everything below it.
+        #[arg(short = 'r', long)]
+        recursive: bool,
     },
-    /// Print a file.
+    /// Print files.
     Cat {
-        path: String,
+        /// The files, printed one after the other.
+        #[arg(required = true)]
+        paths: Vec<String>,
     },
     /// Append standard input to a file (created if missing); prints the acknowledged offset.
+    /// Waits its turn behind another writer of the file (up to --wait).
     Append {
+        /// The file in the cluster.
         path: String,
+        /// How long to wait for another writer of the file to finish, in seconds.
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
         /// How the file is made if it is missing.
         #[command(flatten)]
         new: NewFile,
     },
     /// Create an empty file (open for appends).
     Create {
+        /// The file in the cluster.
         path: String,
         #[command(flatten)]
         new: NewFile,
     },
-    /// List a directory.
+    /// List a directory (`-l`: owner, mode, length, chunks, state, modified).
     Ls {
+        /// The directory (or a file).
         #[arg(default_value = "/")]
         path: String,
+        /// Long listing.
         #[arg(short = 'l')]
         long: bool,
     },
+    /// Describe a file or directory: length, chunks, policy, owner, mode, writer.
     Stat {
+        /// The file or directory.
         path: String,
     },
-    /// Delete a file or an empty directory.
+    /// Delete files, or empty directories (`-r`: a directory and everything below it).
     Rm {
-        path: String,
+        /// What to delete.
+        #[arg(required = true)]
+        paths: Vec<String>,
+        /// Delete directories and everything below them.
+        #[arg(short = 'r', long)]
+        recursive: bool,
     },
     /// Seal a file: no more appends.
     Seal {
+        /// The file in the cluster.
         path: String,
     },
     /// Make a directory; `--policy` sets the default policy of files created below it (with
     /// `-p` also on a directory that exists).
     Mkdir {
+        /// The directory to make.
         path: String,
+        /// Make missing parents too; no error if it exists.
         #[arg(short = 'p')]
         parents: bool,
+        /// Default redundancy policy of files created below it (as --policy of `fs put`).
         #[arg(long)]
         policy: Option<cairn_client::Policy>,
     },
-    /// Rename a file or directory.
+    /// Rename a file or directory; onto a directory (or a path ending in `/`), into it.
     Mv {
+        /// What to move.
         from: String,
+        /// The new name, or a directory to move it into.
         to: String,
+    },
+    /// Change permission bits (octal, as chmod 640).
+    Chmod {
+        /// The new bits, in octal.
+        mode: String,
+        /// The files or directories.
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Change the owning user (an admin may).
+    Chown {
+        /// The new owner (a user name).
+        owner: String,
+        /// The files or directories.
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Bytes stored under each path (files' lengths, summed through directories).
+    Du {
+        /// Files or directories.
+        #[arg(default_value = "/")]
+        paths: Vec<String>,
+        /// Print exact bytes rather than KiB/MiB/GiB.
+        #[arg(short = 'b', long)]
+        bytes: bool,
+    },
+    /// The cluster's capacity, used and free space (chunkservers up), and space awaiting
+    /// reclamation.
+    Df {
+        /// Print exact bytes rather than KiB/MiB/GiB.
+        #[arg(short = 'b', long)]
+        bytes: bool,
     },
 }
 
@@ -105,7 +174,7 @@ impl NewFile {
 pub struct FsArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
-    /// Print JSON (ls, stat, append, put).
+    /// Print JSON (errors too, on standard error).
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
@@ -139,155 +208,557 @@ pub fn run(a: FsArgs) -> anyhow::Result<()> {
     rt.block_on(fs(masters, a.json, a.command))
 }
 
+/// Prints `v` as one JSON line, or `text` without `--json`.
+fn report(json: bool, v: serde_json::Value, text: impl FnOnce() -> String) {
+    if json {
+        println!("{v}");
+    } else {
+        let t = text();
+        if !t.is_empty() {
+            println!("{t}");
+        }
+    }
+}
+
 async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<()> {
     let c = crate::cluster::client(&masters).await?;
     match cmd {
-        FsCommand::Put { local, path, new } => {
-            let mut f = std::fs::File::open(&local)?;
-            let total = f.metadata()?.len();
-            let policy = match new.options().policy {
-                Some(p) => p,
-                None => inherited(&c, &path).await,
-            };
-            check_fits(c.masters(), total, &policy).await?;
-            let bar = progress(total, "put");
-            let mut w = c.create(&path, new.options()).await?;
-            let mut buf = vec![0u8; PIECE];
-            loop {
-                let n = read_full(&mut f, &mut buf)?;
-                if n == 0 {
-                    break;
+        FsCommand::Put {
+            local,
+            path,
+            recursive,
+            new,
+        } => {
+            if recursive {
+                let m = std::fs::metadata(&local).map_err(|e| path_error(&local, e))?;
+                if m.is_dir() {
+                    let to = into_dir(&c, &path, &local).await?;
+                    return put_tree(&c, &local, &to, &new, json).await;
                 }
-                w.append(&buf[..n]).await?;
-                bar.inc(n as u64);
             }
-            let len = w.seal().await?;
-            bar.finish_and_clear();
-            if json {
-                println!("{}", serde_json::json!({"path": path, "length": len}));
-            } else {
-                println!("{path}: {len} bytes");
+            let src = Source::open(&local)?;
+            let to = into_dir(&c, &path, &local).await?;
+            put_one(&c, src, &to, &new, json).await?;
+        }
+        FsCommand::Get {
+            path,
+            local,
+            recursive,
+        } => {
+            let st = c.stat(&path).await?;
+            if st.is_dir {
+                anyhow::ensure!(recursive, "{path}: is a directory (-r copies a tree)");
+                let to = match std::fs::metadata(&local) {
+                    Ok(m) if m.is_dir() => local.join(base_name(&path)),
+                    _ => local.clone(),
+                };
+                return get_tree(&c, &path, &to, json).await;
             }
+            get_one(&c, &path, st.length, &local).await?;
+            report(
+                json,
+                serde_json::json!({"path": path, "length": st.length}),
+                String::new,
+            );
         }
-        FsCommand::Get { path, local } => {
-            let st = c.stat(&path).await?;
-            anyhow::ensure!(!st.is_dir, "{path}: is a directory");
-            let bar = progress(st.length, "get");
-            let tmp = local.with_extension("cairn-partial");
-            let mut out = std::fs::File::create(&tmp)?;
-            copy_out(&c, &path, st.length, &mut out, &bar).await?;
-            out.sync_all()?;
-            std::fs::rename(&tmp, &local)?;
-            bar.finish_and_clear();
-        }
-        FsCommand::Cat { path } => {
-            let st = c.stat(&path).await?;
-            anyhow::ensure!(!st.is_dir, "{path}: is a directory");
-            let mut out = std::io::stdout().lock();
-            copy_out(
-                &c,
-                &path,
-                st.length,
-                &mut out,
-                &indicatif::ProgressBar::hidden(),
-            )
-            .await?;
+        FsCommand::Cat { paths } => {
+            let mut out = crate::local::Stdout(std::io::stdout());
+            for path in paths {
+                let st = c.stat(&path).await?;
+                anyhow::ensure!(!st.is_dir, "{path}: is a directory");
+                copy_out(
+                    &c,
+                    &path,
+                    st.length,
+                    &mut out,
+                    &indicatif::ProgressBar::hidden(),
+                )
+                .await?;
+            }
             out.flush()?;
         }
-        FsCommand::Append { path, new } => {
+        FsCommand::Append { path, wait, new } => {
             let mut data = Vec::new();
             std::io::stdin().read_to_end(&mut data)?;
-            let mut w = match c.open_append(&path).await {
-                Ok(w) => w,
-                Err(cairn_client::Error::Meta(e)) if e.kind == cairn_rpc::ErrorKind::NotFound => {
-                    c.create(&path, new.options()).await?
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let at = w.append(&data).await?;
-            w.close().await?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"path": path, "offset": at, "length": data.len()})
-                );
-            } else {
-                println!("{at}");
-            }
+            let at = crate::append::append(
+                &c,
+                &path,
+                &data,
+                new.options(),
+                std::time::Duration::from_secs(wait),
+            )
+            .await?;
+            report(
+                json,
+                serde_json::json!({"path": path, "offset": at, "length": data.len()}),
+                || at.to_string(),
+            );
         }
-        FsCommand::Ls { path, long } => {
-            let entries = c.list(&path).await?;
-            if json {
-                println!("{}", serde_json::to_string(&entries)?);
-            } else {
-                for e in entries {
-                    let name = if e.is_dir {
-                        format!("{}/", e.name)
-                    } else {
-                        e.name
-                    };
-                    if long {
-                        println!(
-                            "{:>14} {:>6} {} {}",
-                            e.length,
-                            e.chunks,
-                            if e.is_dir {
-                                "dir   "
-                            } else if e.sealed {
-                                "sealed"
-                            } else {
-                                "open  "
-                            },
-                            name
-                        );
-                    } else {
-                        println!("{name}");
-                    }
-                }
-            }
-        }
+        FsCommand::Ls { path, long } => ls(&c, &path, long, json).await?,
         FsCommand::Stat { path } => {
             let st = c.stat(&path).await?;
             if json {
                 println!("{}", serde_json::to_string(&st)?);
             } else if st.is_dir {
+                let owner = owner_name(&st.owner);
                 match &st.policy {
-                    Some(p) => println!("{}: directory, new files {p}", st.path),
-                    None => println!("{}: directory", st.path),
+                    Some(p) => println!(
+                        "{}: directory, owner {owner}, mode {:04o}, new files {p}",
+                        st.path, st.mode
+                    ),
+                    None => println!(
+                        "{}: directory, owner {owner}, mode {:04o}",
+                        st.path, st.mode
+                    ),
                 }
             } else {
                 println!(
-                    "{}: {} bytes, {} chunk(s), {} (writes acknowledged at {} copies), {}{}",
+                    "{}: {} bytes, {} chunk(s), {} (writes acknowledged at {} copies), {}, \
+                     owner {}, mode {:04o}{}",
                     st.path,
                     st.length,
                     st.chunks,
                     st.policy.as_deref().unwrap_or("replicas:3"),
                     st.min_copy,
                     if st.sealed { "sealed" } else { "open" },
+                    owner_name(&st.owner),
+                    st.mode,
                     st.writer
                         .map(|w| format!(", written by {w}"))
                         .unwrap_or_default()
                 );
             }
         }
-        FsCommand::Rm { path } => c.delete(&path).await?,
+        FsCommand::Rm { paths, recursive } => {
+            for path in paths {
+                let n = if recursive {
+                    rm_tree(&c, &path).await?
+                } else {
+                    c.delete(&path).await?;
+                    1
+                };
+                report(
+                    json,
+                    serde_json::json!({"path": path, "removed": n}),
+                    String::new,
+                );
+            }
+        }
         FsCommand::Seal { path } => {
             let w = c.open_append(&path).await?;
             let len = w.seal().await?;
-            println!("{path}: sealed at {len} bytes");
+            report(
+                json,
+                serde_json::json!({"path": path, "length": len, "sealed": true}),
+                || format!("{path}: sealed at {len} bytes"),
+            );
         }
         FsCommand::Create { path, new } => {
             let w = c.create(&path, new.options()).await?;
             w.close().await?;
+            report(
+                json,
+                serde_json::json!({"path": path, "created": true}),
+                String::new,
+            );
         }
         FsCommand::Mkdir {
             path,
             parents,
             policy,
-        } => c.mkdir_with_policy(&path, parents, policy.as_ref()).await?,
-        FsCommand::Mv { from, to } => c.rename(&from, &to).await?,
+        } => {
+            c.mkdir_with_policy(&path, parents, policy.as_ref()).await?;
+            report(
+                json,
+                serde_json::json!({"path": path, "policy": policy.map(|p| p.to_string())}),
+                String::new,
+            );
+        }
+        FsCommand::Mv { from, to } => {
+            let to = into_dir(&c, &to, Path::new(base_name(&from))).await?;
+            c.rename(&from, &to).await?;
+            report(
+                json,
+                serde_json::json!({"from": from, "to": to}),
+                String::new,
+            );
+        }
+        FsCommand::Chmod { mode, paths } => {
+            let bits = u32::from_str_radix(&mode, 8)
+                .ok()
+                .filter(|b| *b <= 0o7777)
+                .ok_or_else(|| anyhow::anyhow!("{mode}: not an octal mode (as 644 or 0750)"))?;
+            for path in paths {
+                c.set_attr(&path, Some(bits), None).await?;
+                report(
+                    json,
+                    serde_json::json!({"path": path, "mode": format!("{bits:04o}")}),
+                    String::new,
+                );
+            }
+        }
+        FsCommand::Chown { owner, paths } => {
+            for path in paths {
+                c.set_attr(&path, None, Some(&owner)).await?;
+                report(
+                    json,
+                    serde_json::json!({"path": path, "owner": owner}),
+                    String::new,
+                );
+            }
+        }
+        FsCommand::Du { paths, bytes } => {
+            for path in paths {
+                let (length, files, dirs) = du(&c, &path).await?;
+                report(
+                    json,
+                    serde_json::json!({"path": path, "bytes": length, "files": files, "dirs": dirs}),
+                    || format!("{}\t{path}", size(length, bytes)),
+                );
+            }
+        }
+        FsCommand::Df { bytes } => df(c.masters(), bytes, json).await?,
     }
     Ok(())
+}
+
+/// The cluster path a copy or move named `to` lands at: `to` itself, or `to/NAME` when `to`
+/// ends in `/` or is a directory (`NAME`: `source`'s last component), as `cp` and `mv` do.
+async fn into_dir(c: &Client, to: &str, source: &Path) -> anyhow::Result<String> {
+    let name = || -> anyhow::Result<String> {
+        anyhow::ensure!(
+            source.as_os_str() != "-",
+            "{to}: is a directory; name the file standard input is copied to"
+        );
+        source
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .ok_or_else(|| anyhow::anyhow!("{}: has no file name", source.display()))
+    };
+    if to.ends_with('/') {
+        return Ok(format!("{to}{}", name()?));
+    }
+    match c.stat(to).await {
+        Ok(st) if st.is_dir => Ok(format!("{}/{}", to.trim_end_matches('/'), name()?)),
+        _ => Ok(to.to_owned()),
+    }
+}
+
+/// A cluster path's last component.
+fn base_name(path: &str) -> &str {
+    path.rsplit('/').find(|s| !s.is_empty()).unwrap_or("/")
+}
+
+/// A directory entry's path.
+fn child(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
+}
+
+async fn put_one(
+    c: &Client,
+    mut src: Source,
+    path: &str,
+    new: &NewFile,
+    json: bool,
+) -> anyhow::Result<u64> {
+    let policy = match new.options().policy {
+        Some(p) => p,
+        None => inherited(c, path).await,
+    };
+    if let Some(total) = src.length() {
+        check_fits(c.masters(), total, &policy).await?;
+    }
+    let bar = progress(src.length().unwrap_or(0), "put");
+    let mut w = c.create(path, new.options()).await?;
+    let mut buf = vec![0u8; PIECE];
+    loop {
+        let n = read_full(src.reader(), &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        w.append(&buf[..n]).await?;
+        bar.inc(n as u64);
+    }
+    let len = w.seal().await?;
+    bar.finish_and_clear();
+    report(
+        json,
+        serde_json::json!({"path": path, "length": len}),
+        || format!("{path}: {len} bytes"),
+    );
+    Ok(len)
+}
+
+/// `put -r`: `local`'s tree made at `to` (directories first, then their files).
+async fn put_tree(
+    c: &Client,
+    local: &Path,
+    to: &str,
+    new: &NewFile,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut todo = vec![(local.to_path_buf(), to.to_owned())];
+    while let Some((dir, remote)) = todo.pop() {
+        c.mkdir_with_policy(&remote, true, None).await?;
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)
+            .map_err(|e| path_error(&dir, e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| path_error(&dir, e))?;
+        entries.sort_by_key(std::fs::DirEntry::file_name);
+        for e in entries {
+            let p = e.path();
+            let r = child(&remote, &e.file_name().to_string_lossy());
+            if std::fs::metadata(&p)
+                .map_err(|e| path_error(&p, e))?
+                .is_dir()
+            {
+                todo.push((p, r));
+            } else {
+                put_one(c, Source::open(&p)?, &r, new, json).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn get_one(c: &Client, path: &str, length: u64, local: &Path) -> anyhow::Result<()> {
+    let mut dest = Dest::open(local, path)?;
+    let bar = progress(length, "get");
+    copy_out(c, path, length, dest.writer(), &bar).await?;
+    dest.finish()?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// `get -r`: the cluster's tree at `path` made at `local`.
+async fn get_tree(c: &Client, path: &str, local: &Path, json: bool) -> anyhow::Result<()> {
+    let mut todo = vec![(path.to_owned(), local.to_path_buf())];
+    while let Some((remote, dir)) = todo.pop() {
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => return Err(path_error(&dir, e)),
+        }
+        for e in c.list(&remote).await? {
+            let r = child(&remote, &e.name);
+            let l = dir.join(&e.name);
+            if e.is_dir {
+                todo.push((r, l));
+            } else {
+                let length = c.stat(&r).await?.length;
+                get_one(c, &r, length, &l).await?;
+                report(
+                    json,
+                    serde_json::json!({"path": r, "length": length}),
+                    String::new,
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `rm -r`: deletes everything below `path`, then `path`; returns how many entries went.
+async fn rm_tree(c: &Client, path: &str) -> anyhow::Result<u64> {
+    let st = c.stat(path).await?;
+    let mut n = 0;
+    if st.is_dir {
+        for e in c.list(path).await? {
+            n += Box::pin(rm_tree(c, &child(path, &e.name))).await?;
+        }
+    }
+    c.delete(path).await?;
+    Ok(n + 1)
+}
+
+/// Bytes, files and directories under `path`.
+async fn du(c: &Client, path: &str) -> anyhow::Result<(u64, u64, u64)> {
+    let st = c.stat(path).await?;
+    if !st.is_dir {
+        return Ok((st.length, 1, 0));
+    }
+    let (mut bytes, mut files, mut dirs) = (0, 0, 1);
+    let mut todo = vec![path.to_owned()];
+    while let Some(d) = todo.pop() {
+        for e in c.list(&d).await? {
+            if e.is_dir {
+                dirs += 1;
+                todo.push(child(&d, &e.name));
+            } else {
+                bytes += e.length;
+                files += 1;
+            }
+        }
+    }
+    Ok((bytes, files, dirs))
+}
+
+/// `fs df`: the chunkservers' capacity as `df` shows a file system's.
+async fn df(masters: &cairn_rpc::Masters, exact: bool, json: bool) -> anyhow::Result<()> {
+    let s = masters
+        .send(pb::Empty {}, |mut c, r| async move { c.status(r).await })
+        .await?;
+    let up: Vec<_> = s.servers.iter().filter(|c| c.state == "up").collect();
+    let capacity: u64 = up.iter().map(|c| c.capacity_bytes).sum();
+    let used: u64 = up.iter().map(|c| c.used_bytes).sum();
+    let free = capacity.saturating_sub(used);
+    let pct = if capacity == 0 {
+        0
+    } else {
+        (used * 100).div_ceil(capacity)
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "capacity_bytes": capacity, "used_bytes": used, "free_bytes": free,
+                "used_percent": pct, "chunkservers_up": up.len(),
+                "logical_bytes": s.logical_bytes, "pending_deletes": s.pending_deletes,
+            })
+        );
+    } else {
+        println!(
+            "{:>10} {:>10} {:>10} {:>5}  chunkservers up",
+            "capacity", "used", "free", "use%"
+        );
+        println!(
+            "{:>10} {:>10} {:>10} {:>4}%  {}",
+            size(capacity, exact),
+            size(used, exact),
+            size(free, exact),
+            pct,
+            up.len()
+        );
+        println!(
+            "files hold {} (logical); {} chunks pending delete",
+            size(s.logical_bytes, exact),
+            s.pending_deletes
+        );
+    }
+    Ok(())
+}
+
+fn size(b: u64, exact: bool) -> String {
+    if exact { b.to_string() } else { human(b) }
+}
+
+/// An owner as people read it: the cluster itself owns what servers made.
+fn owner_name(owner: &str) -> &str {
+    if owner.is_empty() { "cairn" } else { owner }
+}
+
+/// `ls` and `ls -l`; names with control characters escaped as `ls -b` does.
+async fn ls(c: &Client, path: &str, long: bool, json: bool) -> anyhow::Result<()> {
+    let entries = match c.list(path).await {
+        Ok(e) => e,
+        Err(cairn_client::Error::Meta(e)) if e.kind == cairn_rpc::ErrorKind::InvalidArgument => {
+            // A file: listed as `ls FILE` lists it.
+            let st = c.stat(path).await?;
+            vec![cairn_client::DirEntry {
+                name: path.to_owned(),
+                is_dir: false,
+                length: st.length,
+                chunks: st.chunks as u32,
+                sealed: st.sealed,
+                mtime_ms: st.mtime_ms,
+                owner: st.owner,
+                mode: st.mode,
+            }]
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if json {
+        println!("{}", serde_json::to_string(&entries)?);
+        return Ok(());
+    }
+    for e in entries {
+        let name = escape(&e.name);
+        let name = if e.is_dir { format!("{name}/") } else { name };
+        if long {
+            println!(
+                "{}{} {:<8} {:>14} {:>6} {:<6} {} {}",
+                if e.is_dir { 'd' } else { '-' },
+                mode_string(e.mode),
+                owner_name(&e.owner),
+                e.length,
+                e.chunks,
+                if e.is_dir {
+                    "-"
+                } else if e.sealed {
+                    "sealed"
+                } else {
+                    "open"
+                },
+                time_string(e.mtime_ms),
+                name
+            );
+        } else {
+            println!("{name}");
+        }
+    }
+    Ok(())
+}
+
+/// `rwxr-x---` for 0o750 (setuid, setgid and sticky as `ls` shows them).
+pub(crate) fn mode_string(mode: u32) -> String {
+    let mut s = String::with_capacity(9);
+    for (shift, special, set, unset) in [
+        (6, 0o4000, 's', 'S'),
+        (3, 0o2000, 's', 'S'),
+        (0, 0o1000, 't', 'T'),
+    ] {
+        let bits = (mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(match (bits & 1 != 0, mode & special != 0) {
+            (true, true) => set,
+            (false, true) => unset,
+            (true, false) => 'x',
+            (false, false) => '-',
+        });
+    }
+    s
+}
+
+/// A time in milliseconds since the epoch as `YYYY-MM-DD HH:MM` (UTC).
+fn time_string(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60
+    )
+}
+
+/// A name with control characters and backslashes escaped (`\n`, `\t`, `\x1b`, `\\`), so
+/// a name cannot move the terminal's cursor or fake another line.
+pub(crate) fn escape(name: &str) -> String {
+    if !name.chars().any(|c| c.is_control() || c == '\\') {
+        return name.to_owned();
+    }
+    let mut s = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        match c {
+            '\n' => s.push_str("\\n"),
+            '\t' => s.push_str("\\t"),
+            '\r' => s.push_str("\\r"),
+            '\\' => s.push_str("\\\\"),
+            c if c.is_control() => s.push_str(&format!("\\x{:02x}", c as u32)),
+            c => s.push(c),
+        }
+    }
+    s
 }
 
 /// The policy a new file at `path` would get: its nearest existing directory's default.
@@ -338,7 +809,7 @@ pub(crate) async fn check_fits(
     Ok(())
 }
 
-fn read_full(f: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_full(f: &mut (impl Read + ?Sized), buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match f.read(&mut buf[n..])? {
@@ -353,7 +824,7 @@ async fn copy_out(
     c: &Client,
     path: &str,
     length: u64,
-    out: &mut impl Write,
+    out: &mut (impl Write + ?Sized),
     bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<()> {
     let mut off = 0;
@@ -367,285 +838,7 @@ async fn copy_out(
     Ok(())
 }
 
-#[derive(clap::Args)]
-pub struct StatusArgs {
-    #[command(flatten)]
-    cluster: ClusterArgs,
-    #[arg(long)]
-    json: bool,
-}
-
-pub fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let masters = a.cluster.masters()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (s, objects) = rt.block_on(async {
-        let m =
-            crate::cluster::masters_client(&masters)?.retry_for(std::time::Duration::from_secs(5));
-        let s: pb::StatusReply = m
-            .call(|mut c| async move { c.status(pb::Empty {}).await })
-            .await?;
-        // Masters from before the object service answer without gateways.
-        let objects = match m.object_query(&ObjectQuery::Gateways).await {
-            Ok(Ok(QueryReply::Gateways {
-                gateways,
-                buckets,
-                objects,
-                uploads,
-            })) => Some((gateways, buckets, objects, uploads)),
-            _ => None,
-        };
-        Ok::<_, anyhow::Error>((s, objects))
-    })?;
-    // Processes of this machine's `cairn up` show their pids (the masters do not know them).
-    let local = crate::cluster::ClusterFile::load(std::path::Path::new("./cairn-data"))
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-    let master_pid = |addr: &str| {
-        local
-            .master_procs
-            .iter()
-            .find(|p| p.addr == addr && p.pid != 0)
-            .map(|p| p.pid)
-    };
-    let this_host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_default();
-    let now = cairn_s3::now_ms();
-    // S3 gateways and NBD servers share the masters' table; the endpoint's scheme tells them
-    // apart.
-    let all: &[cairn_rpc::object::Gateway] = objects
-        .as_ref()
-        .map(|(g, ..)| g.as_slice())
-        .unwrap_or_default();
-    // One entry per service: its address under `key` (S3's "endpoint", NBD's "uri").
-    let listed = |nbd: bool, key: &str| -> Vec<serde_json::Value> {
-        all.iter()
-            .filter(|g| g.endpoint.starts_with("nbd://") == nbd)
-            .map(|g| {
-                let up = now.saturating_sub(g.seen_ms) < cairn_rpc::object::GATEWAY_DOWN_MS;
-                let mut v = serde_json::json!({
-                    "host": g.host,
-                    "pid": (g.host == this_host).then_some(g.pid),
-                    "state": if up { "up" } else { "down" },
-                    "last_seen_ms_ago": now.saturating_sub(g.seen_ms),
-                });
-                v[key] = g.endpoint.clone().into();
-                v
-            })
-            .collect()
-    };
-    let nbd = listed(true, "uri");
-    let gateways = listed(false, "endpoint");
-    let t = Traffic::of(&s);
-    if a.json {
-        let v = serde_json::json!({
-            "leader": s.leader_id,
-            "term": s.term,
-            "last_applied": s.last_applied,
-            "masters": s.masters.iter().map(|m| serde_json::json!({"id": m.id, "addr": m.addr, "voter": m.voter, "leader": m.id == s.leader_id, "pid": master_pid(&m.addr)})).collect::<Vec<_>>(),
-            "s3": gateways,
-            "nbd": nbd,
-            "objects": objects.as_ref().map(|(_, b, o, u)| serde_json::json!({"buckets": b, "objects": o, "uploads": u})),
-            "chunkservers": s.servers.iter().map(|c| serde_json::json!({
-                "id": c.id, "addr": c.addr, "host": c.host, "rack": c.rack, "state": c.state,
-                "pid": c.pid, "capacity_bytes": c.capacity_bytes, "used_bytes": c.used_bytes,
-                "chunks": c.chunk_count, "load": c.load,
-                "reported_by_clients": c.reported_by, "avoided": c.avoided,
-                "scrub": {"bytes": c.scrub_bytes, "passes": c.scrub_passes, "corrupt_found": c.scrub_corrupt, "corrupt_now": c.corrupt_now},
-                "last_heartbeat_ms_ago": if c.last_heartbeat_ms_ago == u64::MAX { None } else { Some(c.last_heartbeat_ms_ago) },
-            })).collect::<Vec<_>>(),
-            "files": s.files, "dirs": s.dirs, "chunks": s.chunks, "logical_bytes": s.logical_bytes,
-            "missing_replicas": s.missing_replicas, "pending_deletes": s.pending_deletes,
-            "reporting_clients": s.reporting_clients,
-            "repair": {
-                "under_replicated_chunks": s.under_replicated,
-                "under_replicated_bytes": s.under_replicated_bytes,
-                "lost_chunks": s.lost_chunks,
-                "running": s.repairs_running, "done": s.repairs_done, "failed": s.repairs_failed,
-                "repaired_bytes": s.repaired_bytes,
-                "rate_bytes_per_sec": s.repair_rate,
-                "bandwidth_cap_bytes_per_sec": s.repair_bytes_per_sec,
-            },
-            "conversion": {
-                "waiting_chunks": s.conversions_waiting,
-                "running": s.conversions_running, "done": s.conversions_done,
-                "failed": s.conversions_failed, "converted_bytes": s.converted_bytes,
-                "convert_after_secs": s.convert_after_secs,
-            },
-            "background_bytes_per_sec_per_server": s.background_bytes_per_sec,
-            "background_traffic": {
-                "conversion": {
-                    "user_bytes": t.convert_user, "network_bytes": t.convert_network,
-                    "device_bytes": t.convert_device,
-                    "network_per_user_byte": ratio(t.convert_network, t.convert_user),
-                    "device_per_user_byte": ratio(t.convert_device, t.convert_user),
-                },
-                "repair": {"network_bytes": t.repair_network, "device_bytes": t.repair_device},
-                "scrub": {"device_read_bytes": t.scrub_read},
-            },
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    println!(
-        "masters (term {}, last applied {}):",
-        s.term, s.last_applied
-    );
-    for m in &s.masters {
-        println!(
-            "  {:>3}  {:<22} {}{}",
-            m.id,
-            m.addr,
-            if m.id == s.leader_id {
-                "leader"
-            } else {
-                "follower"
-            },
-            if m.voter { "" } else { " (learner)" }
-        );
-    }
-    if let Some((_, buckets, objects, uploads)) = &objects {
-        println!(
-            "s3 gateways ({buckets} buckets, {objects} objects, {uploads} uploads in progress):"
-        );
-        for g in &gateways {
-            println!(
-                "  {:<28} {:<5} {}{}",
-                g["endpoint"].as_str().unwrap_or_default(),
-                g["state"].as_str().unwrap_or_default(),
-                g["host"].as_str().unwrap_or_default(),
-                g["pid"]
-                    .as_u64()
-                    .map(|p| format!("  pid {p}"))
-                    .unwrap_or_default(),
-            );
-        }
-    }
-    if !nbd.is_empty() {
-        println!("nbd servers:");
-        for g in &nbd {
-            println!(
-                "  {:<28} {:<5} {}{}",
-                g["uri"].as_str().unwrap_or_default(),
-                g["state"].as_str().unwrap_or_default(),
-                g["host"].as_str().unwrap_or_default(),
-                g["pid"]
-                    .as_u64()
-                    .map(|p| format!("  pid {p}"))
-                    .unwrap_or_default(),
-            );
-        }
-    }
-    println!("chunkservers:");
-    println!(
-        "  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}  blacklisted by",
-        "id", "addr", "pid", "state", "capacity", "used", "chunks"
-    );
-    for c in &s.servers {
-        println!(
-            "  {:>16}  {:<22} {:>7} {:<9} {:>10} {:>10} {:>7}  {}",
-            c.id,
-            c.addr,
-            c.pid,
-            c.state,
-            human(c.capacity_bytes),
-            human(c.used_bytes),
-            c.chunk_count,
-            match (c.reported_by, c.avoided) {
-                (0, _) => String::from("-"),
-                (n, false) => format!("{n}/{}", s.reporting_clients),
-                (n, true) => format!("{n}/{} (no new chunks)", s.reporting_clients),
-            }
-        );
-    }
-    println!(
-        "totals: {} files, {} dirs, {} chunks, {} logical; {} missing replicas, {} chunks pending delete",
-        s.files,
-        s.dirs,
-        s.chunks,
-        human(s.logical_bytes),
-        s.missing_replicas,
-        s.pending_deletes
-    );
-    println!(
-        "scrub: {} read, {} passes, {} bad copies found, {} waiting for repair (all servers)",
-        human(s.servers.iter().map(|c| c.scrub_bytes).sum()),
-        s.servers.iter().map(|c| c.scrub_passes).sum::<u64>(),
-        s.servers.iter().map(|c| c.scrub_corrupt).sum::<u64>(),
-        s.servers.iter().map(|c| c.corrupt_now).sum::<u64>(),
-    );
-    println!(
-        "repair: {} chunks ({}) under-replicated, {} lost; {} running, {} done, {} failed, \
-         {} copied; rate {}/s of a {}/s cap",
-        s.under_replicated,
-        human(s.under_replicated_bytes),
-        s.lost_chunks,
-        s.repairs_running,
-        s.repairs_done,
-        s.repairs_failed,
-        human(s.repaired_bytes),
-        human(s.repair_rate),
-        human(s.repair_bytes_per_sec)
-    );
-    println!(
-        "background traffic: conversion {} of user bytes sent {} to other servers ({:.2}×) and \
-         wrote {} ({:.2}×); repair read {} over the network and wrote {}; scrub read {}",
-        human(t.convert_user),
-        human(t.convert_network),
-        ratio(t.convert_network, t.convert_user),
-        human(t.convert_device),
-        ratio(t.convert_device, t.convert_user),
-        human(t.repair_network),
-        human(t.repair_device),
-        human(t.scrub_read),
-    );
-    println!(
-        "conversion to EC: {} chunks waiting (sealed, unchanged for {} s), {} running, {} done, \
-         {} failed, {} converted; background bandwidth {}/s per chunkserver",
-        s.conversions_waiting,
-        s.convert_after_secs,
-        s.conversions_running,
-        s.conversions_done,
-        s.conversions_failed,
-        human(s.converted_bytes),
-        human(s.background_bytes_per_sec)
-    );
-    Ok(())
-}
-
-/// The chunkservers' background traffic, summed (docs/efficiency.md).
-struct Traffic {
-    convert_user: u64,
-    convert_network: u64,
-    convert_device: u64,
-    repair_network: u64,
-    repair_device: u64,
-    scrub_read: u64,
-}
-
-impl Traffic {
-    fn of(s: &pb::StatusReply) -> Self {
-        let sum = |f: fn(&pb::ServerStatus) -> u64| s.servers.iter().map(f).sum();
-        Self {
-            convert_user: sum(|c| c.convert_user_bytes),
-            convert_network: sum(|c| c.convert_network_bytes),
-            convert_device: sum(|c| c.convert_device_bytes),
-            repair_network: sum(|c| c.repair_network_bytes),
-            repair_device: sum(|c| c.repair_device_bytes),
-            scrub_read: sum(|c| c.scrub_bytes),
-        }
-    }
-}
-
-/// `a / b`, 0 when nothing was counted.
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 { 0.0 } else { a as f64 / b as f64 }
-}
-
-fn human(b: u64) -> String {
+pub(crate) fn human(b: u64) -> String {
     const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
     let mut i = 0;
@@ -657,5 +850,27 @@ fn human(b: u64) -> String {
         format!("{b} B")
     } else {
         format!("{v:.1} {}", U[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_with_control_characters_are_escaped() {
+        assert_eq!(escape("plain name"), "plain name");
+        assert_eq!(escape("a\nb"), "a\\nb");
+        assert_eq!(escape("\x1b[31mred"), "\\x1b[31mred");
+        assert_eq!(escape("back\\slash"), "back\\\\slash");
+    }
+
+    #[test]
+    fn modes_and_times_read_as_ls_prints_them() {
+        assert_eq!(mode_string(0o750), "rwxr-x---");
+        assert_eq!(mode_string(0o644), "rw-r--r--");
+        assert_eq!(mode_string(0o1777), "rwxrwxrwt");
+        assert_eq!(time_string(0), "1970-01-01 00:00");
+        assert_eq!(time_string(1_795_000_000_000), "2026-11-18 11:06");
     }
 }

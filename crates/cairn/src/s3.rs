@@ -70,10 +70,12 @@ pub enum UserCommand {
     /// Create a user; prints its access key and secret (shown once: the masters keep it).
     /// Only admins (and servers) may.
     Create {
+        /// The new user's name.
         name: String,
         /// An admin: runs `cairn admin`, creates users, passes every permission check.
         #[arg(long)]
         admin: bool,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
         /// Also write the keys to this new file (mode 0600; `--credentials FILE` reads it).

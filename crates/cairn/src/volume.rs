@@ -11,6 +11,7 @@ pub enum VolumeCommand {
     /// Create a volume: its record with the masters (its files are made when it is first
     /// served).
     Create {
+        /// The new volume's name.
         name: String,
         /// Bytes (`100g`, `512m`, …); a multiple of the block size.
         #[arg(long, value_parser = crate::bench::parse_size)]
@@ -21,6 +22,7 @@ pub enum VolumeCommand {
         /// The redundancy of its data (`replicas:3`, `ec:4+2`, …); default: the cluster's.
         #[arg(long, default_value = "")]
         policy: String,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -28,6 +30,7 @@ pub enum VolumeCommand {
     },
     /// List the volumes.
     List {
+        /// Print JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -35,7 +38,9 @@ pub enum VolumeCommand {
     },
     /// A volume's record and what its files hold.
     Info {
+        /// The volume.
         name: String,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -43,9 +48,12 @@ pub enum VolumeCommand {
     },
     /// Grow a volume (served volumes see the new size when next opened).
     Resize {
+        /// The volume.
         name: String,
+        /// Its new size in bytes (`200g`); at least the current size.
         #[arg(long, value_parser = crate::bench::parse_size)]
         size: u64,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -54,7 +62,9 @@ pub enum VolumeCommand {
     /// Delete a volume and its files (refused while it has snapshots), or a snapshot
     /// `VOLUME@SNAP` (refused while a clone was made from it).
     Delete {
+        /// The volume, or `VOLUME@SNAP`.
         name: String,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -63,11 +73,14 @@ pub enum VolumeCommand {
     /// Snapshot a volume: its contents now, kept with no data copied (taken by the server
     /// serving it, or here if none does).
     Snapshot {
+        /// The volume.
         volume: String,
+        /// The snapshot's name.
         snapshot: String,
         /// Seconds to wait for the serving server to take it.
         #[arg(long, default_value_t = 60)]
         timeout_secs: u64,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -76,11 +89,14 @@ pub enum VolumeCommand {
     /// A new volume with a snapshot's contents (`VOLUME@SNAP`), sharing its data: only what
     /// the clone writes is stored again.
     Clone {
+        /// The snapshot, `VOLUME@SNAP`.
         snapshot: String,
+        /// The new volume's name.
         name: String,
         /// Bytes; default the snapshot's size (at least that).
         #[arg(long, value_parser = crate::bench::parse_size)]
         size: Option<u64>,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]

@@ -58,6 +58,7 @@ async fn open_write(c: &cairn_client::Client, path: &str, client_id: &str) -> pb
         path: path.into(),
         client_id: client_id.into(),
         chunks: 1,
+        continue_below: 0,
     };
     c.masters()
         .send(req, |mut m, r| async move { m.open_write(r).await })

@@ -200,3 +200,85 @@ fn up_put_cat_ctrl_c_and_up_again() {
     assert_eq!(got.trim(), "kept");
     stop(child);
 }
+
+/// A second `cairn up` on a running cluster's directory is refused at once, names the running
+/// supervisor, and writes nothing; `cairn down` stops the first; status shows a killed
+/// process down at once, with master pids in its text.
+#[test]
+fn a_second_up_is_refused_and_down_stops_the_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cairn-data");
+    let child = up(&dir);
+    let m = masters(&dir);
+    let before = std::fs::read_to_string(dir.join("cluster.toml")).unwrap();
+    let began = Instant::now();
+    let out = cairn(&dir)
+        .args(["up", "--disk-size", "128m", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        began.elapsed()
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already running") && err.contains(&format!("pid {}", child.id())),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("cluster.toml")).unwrap(),
+        before,
+        "a refused start wrote cluster.toml"
+    );
+    // Text status: the master's pid; a chunkserver killed is down at once.
+    let file: toml::Value = toml::from_str(&before).unwrap();
+    let master_pid = file["master"][0]["pid"].as_integer().unwrap();
+    let cs_pid = file["chunkserver"][0]["pid"].as_integer().unwrap();
+    // SAFETY: signalling a process of the cluster this test started.
+    unsafe { libc::kill(cs_pid as i32, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = run_ok(
+            cairn(&dir)
+                .args(["status"])
+                .current_dir(tmp.path())
+                .env("CAIRN_CLUSTER", &m),
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(text.contains(&master_pid.to_string()), "{text}");
+        let line = text.lines().find(|l| l.contains(&format!(" {cs_pid} ")));
+        if line.is_some_and(|l| l.contains(" down ")) {
+            break;
+        }
+        // Restarted and heard from before any status saw it down: the masters' view alone.
+        assert!(
+            line.is_some() && Instant::now() < deadline,
+            "killed chunkserver {cs_pid} not shown down: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = cairn(&dir)
+        .args(["down", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut child = child;
+    let status = child.wait().unwrap();
+    assert!(status.success(), "cairn up exited with {status}");
+    // Nothing runs now: down says so.
+    let out = cairn(&dir)
+        .args(["down", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no cluster is running"));
+}

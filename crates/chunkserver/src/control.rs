@@ -27,27 +27,50 @@ pub struct ControlOptions {
     pub tls: Option<cairn_rpc::tls::ClientTlsConfig>,
 }
 
-/// This server's id: read from `DIR/server-id`, or made (random, non-zero) and stored there on
-/// the first start.
+/// This server's id: read from `DIR/server-id`, or made and stored there on the first start —
+/// `wanted` if given (an operator's numbering, `cairn up`'s 1, 2, 3…), else random and
+/// non-zero.
 ///
 /// # Errors
-/// The file cannot be read or written, or does not hold a number.
-pub fn server_id(dir: &Path) -> std::io::Result<u64> {
+/// The file cannot be read or written, or does not hold a number, or holds another id than
+/// `wanted` (a data directory keeps the id it was first given).
+pub fn server_id(dir: &Path, wanted: Option<u64>) -> std::io::Result<u64> {
     let path = dir.join("server-id");
     match std::fs::read_to_string(&path) {
-        Ok(s) => s.trim().parse().map_err(|e| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{}: {e}", path.display()),
-            )
-        }),
+        Ok(s) => {
+            let id: u64 = s.trim().parse().map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{}: {e}", path.display()),
+                )
+            })?;
+            match wanted {
+                Some(w) if w != id => Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: this data directory belongs to chunkserver {id}, not {w}",
+                        path.display()
+                    ),
+                )),
+                _ => Ok(id),
+            }
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             std::fs::create_dir_all(dir)?;
-            let id = loop {
-                let id = rand::random::<u64>() >> 12; // fits in a JSON number exactly
-                if id != 0 {
-                    break id;
+            let id = match wanted {
+                Some(0) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "a chunkserver id is not 0",
+                    ));
                 }
+                Some(w) => w,
+                None => loop {
+                    let id = rand::random::<u64>() >> 12; // fits in a JSON number exactly
+                    if id != 0 {
+                        break id;
+                    }
+                },
             };
             let tmp = dir.join("server-id.tmp");
             std::fs::write(&tmp, format!("{id}\n"))?;

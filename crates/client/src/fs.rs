@@ -398,8 +398,11 @@ impl Client {
         Ok(FlatLogFile::new(self.clone(), path, file))
     }
 
-    /// Opens an existing file for appending. Chunks a previous writer left open are sealed at
-    /// the length MinCopy of their replicas hold, and appends go on in a new chunk.
+    /// Opens an existing file for appending. When the previous writer closed the file
+    /// cleanly, appends continue its last chunk (a replicated chunk not yet full), so that
+    /// many short-lived writers do not leave a short chunk each. Chunks a previous writer
+    /// left open (it crashed, or its lease ran out) are sealed at the length MinCopy of their
+    /// replicas hold, and appends go on in a new chunk.
     ///
     /// # Errors
     /// The file does not exist, is sealed, or another writer holds its lease.
@@ -408,15 +411,17 @@ impl Client {
             path: path.into(),
             client_id: self.inner.client_id.clone(),
             chunks: 0,
+            continue_below: self.inner.opts.chunk_size,
         };
         let reply = self
             .inner
             .masters
             .send(req, |mut c, r| async move { c.open_write(r).await })
             .await?;
+        let continued = reply.continued_chunk;
         let file = self.absorb(reply)?;
         let mut w = FlatLogFile::new(self.clone(), path, file);
-        w.recover().await?;
+        w.recover(continued).await?;
         Ok(w)
     }
 

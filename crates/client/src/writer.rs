@@ -249,13 +249,23 @@ impl FlatLogFile {
 
     /// Seals chunks a previous writer left open, at the length MinCopy of their replicas hold
     /// (every acknowledged byte is there); replicas holding less are dropped.
-    pub(crate) async fn recover(&mut self) -> Result<()> {
+    ///
+    /// `continued`: the last chunk, which the masters opened again for this writer (0: none).
+    /// It is continued when every replica answers, holding its length and not sealed;
+    /// otherwise it is sealed as any chunk left open.
+    pub(crate) async fn recover(&mut self, continued: u64) -> Result<()> {
         let mut updates = Vec::new();
         let min_copy = self.min_copy;
+        let resume = match self.chunks.iter().position(|c| c.id == continued) {
+            Some(i) if continued != 0 && self.can_continue(&self.chunks[i]).await => Some(i),
+            _ => None,
+        };
         for c in self
             .chunks
             .iter_mut()
-            .filter(|c| !c.sealed && c.ec_data == 0)
+            .enumerate()
+            .filter(|(i, c)| !c.sealed && c.ec_data == 0 && Some(*i) != resume)
+            .map(|(_, c)| c)
         {
             let r: Replicas = self.client.replicas(c).await;
             if !r.exists {
@@ -314,7 +324,36 @@ impl FlatLogFile {
             .filter(|c| c.sealed)
             .map(|c| c.length)
             .sum();
+        if let Some(i) = resume {
+            let (id, len) = (self.chunks[i].id, self.chunks[i].length);
+            // Found again by id: a commit above may have trimmed chunks before it.
+            let idx = self.chunks.iter().position(|c| c.id == id).ok_or_else(|| {
+                MetaError::internal(format!("chunk {id} left the file while opening it"))
+            })?;
+            self.activate(idx, len);
+            self.length += len;
+        }
         Ok(())
+    }
+
+    /// Whether `c`, opened again by the masters, can take appends at its length: every
+    /// replica answers (the stat carries this writer's epoch, so from here on the chunkservers
+    /// refuse any older writer), holds exactly that length and is not sealed.
+    async fn can_continue(&self, c: &pb::ChunkMeta) -> bool {
+        let id = c.id;
+        let infos = join_all(c.servers.iter().map(|&s| {
+            let client = &self.client;
+            async move { client.on(s, |d| async move { d.stat(id).await }).await }
+        }))
+        .await;
+        let ok = !c.servers.is_empty()
+            && infos
+                .iter()
+                .all(|r| matches!(r, Ok(i) if i.length == c.length && !i.sealed));
+        if !ok {
+            tracing::info!(path = %self.path, chunk = id, "last chunk not continued: a replica is missing, sealed or of another length");
+        }
+        ok
     }
 
     fn check(&self) -> Result<()> {

@@ -346,7 +346,11 @@ pub fn file_reply(st: &State, ino: &Inode) -> pb::FileReply {
         .as_ref()
         .map(|f| server_addrs(st, &f.chunks))
         .unwrap_or_default();
-    pb::FileReply { file: f, servers }
+    pb::FileReply {
+        file: f,
+        servers,
+        continued_chunk: 0,
+    }
 }
 
 pub fn node_reply(st: &State, path: &str, ino: &Inode) -> pb::NodeReply {

@@ -690,9 +690,12 @@ impl pb::meta_server::Meta for MetaService {
                 },
                 placements,
                 groups,
+                continue_below: r.continue_below,
             };
             let reply = self.inner.write(as_user(&who, cmd)).await?;
-            self.inner.file_reply(reply.inode)
+            let mut r = self.inner.file_reply(reply.inode)?;
+            r.continued_chunk = reply.chunk.unwrap_or(0);
+            Ok(r)
         }
         .await)
     }

@@ -390,6 +390,11 @@ pub enum Command {
         /// The placements are chunk groups of the file's EC policy.
         #[serde(default)]
         groups: bool,
+        /// When the last writer released the file cleanly and its last chunk is a replicated
+        /// chunk shorter than this, the chunk is opened again for the new writer to continue
+        /// (0: never; see [`continue_last`]).
+        #[serde(default, skip_serializing_if = "is_zero_u64")]
+        continue_below: u64,
     },
     Allocate {
         path: String,
@@ -549,7 +554,8 @@ pub struct Reply {
     /// For [`Command::Object`]: the object index's answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<cairn_rpc::object::OpResult>,
-    /// For [`Command::ConvertBegin`]: the new group's id.
+    /// For [`Command::ConvertBegin`]: the new group's id; for [`Command::OpenWrite`]: the
+    /// last chunk opened again for the new writer to continue, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunk: Option<ChunkId>,
 }
@@ -644,6 +650,29 @@ impl Default for State {
             acting: None,
         }
     }
+}
+
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
+}
+
+/// Opens `f`'s last chunk again for a new writer to continue (returns its id) when it is a
+/// sealed replicated chunk holding fewer than `below` bytes, in a file whose policy converts
+/// nothing. Its replicas were never sealed by a writer that closed cleanly, so they take
+/// appends at its length under the new writer epoch; a replica sealed meanwhile (a repair's
+/// copy) refuses them and is dropped by the writer, which seals the chunk and moves on as
+/// after any failure. Without it, every short-lived writer (`cairn fs append`) left a short
+/// sealed chunk holding an extent on each replica.
+fn continue_last(f: &mut FileMeta, below: u64) -> Option<ChunkId> {
+    if below == 0 || f.policy.ec.is_some() {
+        return None;
+    }
+    let c = f.chunks.last_mut()?;
+    let usable = c.sealed && c.ec.is_none() && c.length > 0 && c.length < below;
+    usable.then(|| {
+        c.sealed = false;
+        c.id
+    })
 }
 
 fn lease_held(lease: Option<&Lease>, holder: &str, now_ms: u64) -> Option<MetaError> {
@@ -1146,6 +1175,7 @@ impl State {
                 lease,
                 placements,
                 groups,
+                continue_below,
             } => {
                 let (_, f) = self.file_mut(path)?;
                 if f.sealed {
@@ -1156,10 +1186,19 @@ impl State {
                 }
                 let group = Self::group_of(&f.policy, placements, *groups)?;
                 let (id, f) = self.file_mut(path)?;
+                // No lease: the last writer closed (a crashed one's lease stays until taken).
+                let released = f.lease.is_none();
                 f.lease = Some(lease.clone());
                 f.writer_epoch = f.writer_epoch.wrapping_add(1).max(1);
+                let continued = if released {
+                    continue_last(f, *continue_below)
+                } else {
+                    None
+                };
                 self.add_chunks(id, placements, group);
-                self.reply(id)
+                let mut r = self.reply(id)?;
+                r.chunk = continued;
+                Ok(r)
             }
             Command::Allocate {
                 path,
@@ -1908,6 +1947,7 @@ mod tests {
                 },
                 placements: vec![],
                 groups: false,
+                continue_below: 0,
             })
         };
         assert_eq!(kind(open(&mut s, "w2", 5_000)), ErrorKind::LeaseHeld);

@@ -196,7 +196,11 @@ async fn move_if_live(
         return Ok(false); // dead: overwritten or deleted since
     }
     throttle.take(from.len).await;
-    let to = data.packs.put(bucket, key, body).await?;
+    let to = data
+        .packs
+        .put(bucket, key, body)
+        .await
+        .map_err(|e| e.to_string())?;
     let op = ObjectOp::MoveExtent {
         bucket: bucket.to_owned(),
         key: key.to_owned(),

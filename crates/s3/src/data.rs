@@ -60,6 +60,15 @@ pub fn internal(e: impl std::fmt::Display) -> S3Error {
     S3Error::with_message(S3ErrorCode::InternalError, e.to_string())
 }
 
+/// An SDK error as S3 answers it: what may pass (no leader, too few servers, a full
+/// cluster) is 503 ServiceUnavailable, which S3 clients retry; the rest is 500.
+pub fn client_err(e: &cairn_client::Error) -> S3Error {
+    match e {
+        cairn_client::Error::Meta(m) => crate::meta_err(m.clone()),
+        e => internal(e),
+    }
+}
+
 pub struct DataStore {
     pub client: Client,
     pub packs: Packs,
@@ -102,67 +111,31 @@ impl DataStore {
         let extents = match overflow {
             None => {
                 let data = head.freeze();
-                let e = self.packs.put(bucket, key, data).await.map_err(internal)?;
+                let e = self
+                    .packs
+                    .put(bucket, key, data)
+                    .await
+                    .map_err(|e| e.to_s3())?;
                 vec![e]
             }
             Some(first) => {
                 let path = format!("{}/{own_name}", self.blob_dir);
-                let file = self
-                    .client
-                    .create(&path, CreateOptions::default())
-                    .await
-                    .map_err(internal)?;
                 let mut pending = head;
                 pending.extend_from_slice(&first);
-                // The next piece is received while the last one is being appended.
-                type Appending = tokio::task::JoinHandle<Result<FlatLogFile, cairn_client::Error>>;
-                let mut file = Some(file);
-                let mut appending: Option<Appending> = None;
-                let mut ended = false;
-                loop {
-                    while !ended && pending.len() < WRITE_PIECE {
-                        match body.next().await {
-                            Some(Ok(piece)) => {
-                                md5.update(&piece);
-                                hasher.update(&piece);
-                                size += piece.len() as u64;
-                                pending.extend_from_slice(&piece);
-                            }
-                            Some(Err(e)) => {
-                                if let Some(a) = appending.take() {
-                                    let _ = a.await;
-                                }
-                                drop(file);
-                                let _ = self.client.delete(&path).await;
-                                return Err(body_error(e));
-                            }
-                            None => ended = true,
+                let written = self
+                    .own_file(&path, pending, &mut body, &mut md5, &mut hasher, &mut size)
+                    .await;
+                let len = match written {
+                    Ok(len) => len,
+                    Err(e) => {
+                        // A failed upload's bytes go at once, not at the next sweep: a full
+                        // cluster must not stay full because of what it could not store.
+                        if let Err(d) = self.client.delete(&path).await {
+                            tracing::warn!(%path, error = %d, "removing a failed upload's file failed; the sweeper will");
                         }
+                        return Err(e);
                     }
-                    if let Some(a) = appending.take() {
-                        file = Some(a.await.map_err(internal)?.map_err(internal)?);
-                    }
-                    if !pending.is_empty() {
-                        let data = std::mem::take(&mut pending).freeze();
-                        let mut f = file.take().expect("no append in flight");
-                        appending = Some(tokio::spawn(async move {
-                            f.append_bytes(data).await.map(|_| f)
-                        }));
-                    }
-                    if ended {
-                        if let Some(a) = appending.take() {
-                            file = Some(a.await.map_err(internal)?.map_err(internal)?);
-                        }
-                        break;
-                    }
-                }
-                let file = file.expect("no append in flight");
-                let len = file.close().await.map_err(internal)?;
-                if len != size {
-                    return Err(internal(format!(
-                        "{path}: closed at {len} bytes after appending {size}"
-                    )));
-                }
+                };
                 vec![Extent {
                     path,
                     offset: 0,
@@ -177,6 +150,76 @@ impl DataStore {
             md5_hex: hex(md5.finalize().as_ref()),
             checksums: hasher.finalize(),
         })
+    }
+
+    /// Writes a body that outgrew a pack into its own file at `path`: `pending` first, then
+    /// the rest of `body`, each piece received while the one before is appended. Returns the
+    /// closed file's length. On an error the file is left for the caller to delete.
+    async fn own_file<E: std::fmt::Display>(
+        &self,
+        path: &str,
+        mut pending: BytesMut,
+        body: &mut (impl Stream<Item = Result<Bytes, E>> + Unpin),
+        md5: &mut Md5,
+        hasher: &mut ChecksumHasher,
+        size: &mut u64,
+    ) -> Result<u64, S3Error> {
+        type Appending = tokio::task::JoinHandle<Result<FlatLogFile, cairn_client::Error>>;
+        let file = self
+            .client
+            .create(path, CreateOptions::default())
+            .await
+            .map_err(|e| client_err(&e))?;
+        let mut file = Some(file);
+        let mut appending: Option<Appending> = None;
+        let joined = |r: Result<
+            Result<FlatLogFile, cairn_client::Error>,
+            tokio::task::JoinError,
+        >| { r.map_err(internal)?.map_err(|e| client_err(&e)) };
+        let mut ended = false;
+        loop {
+            while !ended && pending.len() < WRITE_PIECE {
+                match body.next().await {
+                    Some(Ok(piece)) => {
+                        md5.update(&piece);
+                        hasher.update(&piece);
+                        *size += piece.len() as u64;
+                        pending.extend_from_slice(&piece);
+                    }
+                    Some(Err(e)) => {
+                        if let Some(a) = appending.take() {
+                            let _ = a.await;
+                        }
+                        return Err(body_error(e));
+                    }
+                    None => ended = true,
+                }
+            }
+            if let Some(a) = appending.take() {
+                file = Some(joined(a.await)?);
+            }
+            if !pending.is_empty() {
+                let data = std::mem::take(&mut pending).freeze();
+                let mut f = file.take().expect("no append in flight");
+                appending = Some(tokio::spawn(async move {
+                    f.append_bytes(data).await.map(|_| f)
+                }));
+            }
+            if ended {
+                if let Some(a) = appending.take() {
+                    file = Some(joined(a.await)?);
+                }
+                break;
+            }
+        }
+        let file = file.expect("no append in flight");
+        let len = file.close().await.map_err(|e| client_err(&e))?;
+        if len != *size {
+            return Err(internal(format!(
+                "{path}: closed at {len} bytes after appending {size}"
+            )));
+        }
+        Ok(len)
     }
 
     /// The bytes `range` (relative to the object) of an object made of `extents`, as a stream

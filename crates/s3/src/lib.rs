@@ -10,6 +10,7 @@ pub mod compact;
 pub mod data;
 mod ops;
 pub mod pack;
+mod versions;
 
 use cairn_client::Client;
 use cairn_rpc::object::{ObjectOp, ObjectQuery, OpReply, QueryReply, User};
@@ -151,7 +152,7 @@ async fn change(client: &Client, op: &ObjectOp) -> S3Result<OpReply> {
     }
 }
 
-fn meta_err(e: cairn_rpc::MetaError) -> S3Error {
+pub(crate) fn meta_err(e: cairn_rpc::MetaError) -> S3Error {
     use cairn_rpc::ErrorKind as K;
     let code = match e.kind {
         // A full cluster is 503 as well: space may come back (deletes, compaction, new servers).

@@ -53,7 +53,7 @@ pub fn s3_err(e: ObjectError) -> S3Error {
     S3Error::with_message(code, e.to_string())
 }
 
-fn timestamp(ms: u64) -> Timestamp {
+pub(crate) fn timestamp(ms: u64) -> Timestamp {
     Timestamp::from(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
@@ -62,7 +62,7 @@ fn ms_of(t: &Timestamp) -> u64 {
     (odt.unix_timestamp_nanos() / 1_000_000).max(0) as u64
 }
 
-fn etag(e: &str) -> ETag {
+pub(crate) fn etag(e: &str) -> ETag {
     ETag::Strong(e.to_owned())
 }
 
@@ -267,7 +267,7 @@ fn list_entry_object(e: ListEntry, fetch_owner: bool) -> Object {
     }
 }
 
-fn owner(name: &str) -> Owner {
+pub(crate) fn owner(name: &str) -> Owner {
     Owner {
         display_name: Some(name.to_owned()),
         id: Some(name.to_owned()),
@@ -275,7 +275,7 @@ fn owner(name: &str) -> Owner {
 }
 
 /// `encoding-type=url`: keys and prefixes in the answer are percent-encoded.
-fn encoder(encoding: Option<&EncodingType>) -> S3Result<impl Fn(String) -> String> {
+pub(crate) fn encoder(encoding: Option<&EncodingType>) -> S3Result<impl Fn(String) -> String> {
     let url = match encoding.map(EncodingType::as_str) {
         None => false,
         Some(EncodingType::URL) => true,
@@ -294,7 +294,7 @@ fn encoder(encoding: Option<&EncodingType>) -> S3Result<impl Fn(String) -> Strin
     })
 }
 
-fn max_keys(m: Option<i32>) -> S3Result<u32> {
+pub(crate) fn max_keys(m: Option<i32>) -> S3Result<u32> {
     match m {
         None => Ok(MAX_LIST_KEYS as u32),
         Some(n) if n < 0 => Err(s3_error!(InvalidArgument, "max-keys must not be negative")),
@@ -352,7 +352,7 @@ impl Cairn {
         Ok(())
     }
 
-    async fn list(&self, q: ObjectQuery) -> S3Result<ListPage> {
+    pub(crate) async fn list(&self, q: ObjectQuery) -> S3Result<ListPage> {
         match query(&self.data.client, &q).await? {
             QueryReply::List(p) => Ok(p),
             _ => Err(internal("a listing answered with something else")),
@@ -994,6 +994,27 @@ impl S3 for Cairn {
             }),
             ..Default::default()
         }))
+    }
+
+    async fn list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        let user = self.user(&req).await?;
+        self.versions(user, req.input).await
+    }
+
+    async fn get_bucket_versioning(
+        &self,
+        req: S3Request<GetBucketVersioningInput>,
+    ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        let user = self.user(&req).await?;
+        let q = ObjectQuery::HeadBucket {
+            user,
+            bucket: req.input.bucket,
+        };
+        query(&self.data.client, &q).await?;
+        Ok(S3Response::new(crate::versions::versioning()))
     }
 
     async fn list_objects_v2(

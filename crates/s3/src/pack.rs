@@ -120,7 +120,7 @@ struct Put {
     bucket: String,
     key: String,
     data: Bytes,
-    done: oneshot::Sender<Result<Extent, String>>,
+    done: oneshot::Sender<Result<Extent, PackError>>,
 }
 
 /// Bytes one group append carries at most (more waits for the next append).
@@ -167,7 +167,7 @@ impl Packs {
     ///
     /// # Errors
     /// The append failed even on a fresh pack.
-    pub async fn put(&self, bucket: &str, key: &str, data: Bytes) -> Result<Extent, String> {
+    pub async fn put(&self, bucket: &str, key: &str, data: Bytes) -> Result<Extent, PackError> {
         let lane = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.lanes.len();
         let (tx, rx) = oneshot::channel();
         let put = Put {
@@ -179,15 +179,55 @@ impl Packs {
         self.lanes[lane]
             .send(put)
             .await
-            .map_err(|_| "the pack writer stopped".to_string())?;
-        rx.await
-            .map_err(|_| "the pack writer stopped".to_string())?
+            .map_err(|_| PackError::stopped())?;
+        rx.await.map_err(|_| PackError::stopped())?
     }
 }
 
 struct Open {
     path: String,
     file: FlatLogFile,
+}
+
+/// Why a pack write failed: what the SDK said, and its kind when the masters refused (a
+/// full cluster is retried by S3 clients; see [`crate::data::client_err`]).
+#[derive(Debug, Clone)]
+pub struct PackError {
+    kind: Option<cairn_rpc::ErrorKind>,
+    message: String,
+}
+
+impl PackError {
+    fn stopped() -> Self {
+        Self {
+            kind: None,
+            message: "the pack writer stopped".into(),
+        }
+    }
+
+    fn of(e: &cairn_client::Error, what: String) -> Self {
+        Self {
+            kind: match e {
+                cairn_client::Error::Meta(m) => Some(m.kind),
+                _ => None,
+            },
+            message: format!("{what}: {e}"),
+        }
+    }
+
+    /// As S3 answers it.
+    pub fn to_s3(&self) -> s3s::S3Error {
+        match self.kind {
+            Some(kind) => crate::meta_err(cairn_rpc::MetaError::new(kind, self.message.clone())),
+            None => crate::data::internal(&self.message),
+        }
+    }
+}
+
+impl std::fmt::Display for PackError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 async fn lane(client: Client, opts: PackOptions, seq: Arc<AtomicU64>, mut rx: mpsc::Receiver<Put>) {
@@ -212,7 +252,7 @@ async fn lane(client: Client, opts: PackOptions, seq: Arc<AtomicU64>, mut rx: mp
         let buf = buf.freeze();
         // One retry on a fresh pack: a writer that failed (lost lease, no chunk could take the
         // data) is unusable.
-        let mut result = Err(String::new());
+        let mut result = Err(PackError::stopped());
         for _ in 0..2 {
             result = append(&client, &opts, &seq, &mut open, buf.clone()).await;
             if result.is_ok() {
@@ -220,6 +260,15 @@ async fn lane(client: Client, opts: PackOptions, seq: Arc<AtomicU64>, mut rx: mp
             }
             if let Some(o) = open.take() {
                 tracing::warn!(pack = %o.path, error = ?result.as_ref().err(), "pack append failed; starting a new pack");
+                // A pack that never took a record names no object: removed at once (a full
+                // cluster is not kept full by empty packs).
+                if o.file.is_empty() {
+                    let client = client.clone();
+                    tokio::spawn(async move {
+                        drop(o.file);
+                        let _ = client.delete(&o.path).await;
+                    });
+                }
             }
         }
         match result {
@@ -262,14 +311,14 @@ async fn append(
     seq: &AtomicU64,
     open: &mut Option<Open>,
     buf: Bytes,
-) -> Result<(String, u64), String> {
+) -> Result<(String, u64), PackError> {
     if open.is_none() {
         let n = seq.fetch_add(1, Ordering::Relaxed);
         let path = format!("{}/{}-{n:06}", opts.dir, opts.writer_id);
         let file = client
             .create(&path, CreateOptions::default())
             .await
-            .map_err(|e| format!("creating pack {path}: {e}"))?;
+            .map_err(|e| PackError::of(&e, format!("creating pack {path}")))?;
         *open = Some(Open { path, file });
     }
     let o = open.as_mut().expect("opened");
@@ -277,7 +326,7 @@ async fn append(
         .file
         .append_bytes(buf)
         .await
-        .map_err(|e| format!("appending to pack {}: {e}", o.path))?;
+        .map_err(|e| PackError::of(&e, format!("appending to pack {}", o.path)))?;
     Ok((o.path.clone(), at))
 }
 

@@ -22,10 +22,13 @@ pub struct Args {
     /// Operations in flight: one writer (its own file) or reader each.
     #[arg(long, default_value_t = 1)]
     depth: usize,
+    /// Seconds each run measures.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
+    /// Runs (each with its floor); the median is reported.
     #[arg(long, default_value_t = 1)]
     runs: usize,
+    /// Replicas of the files written (replicas:N).
     #[arg(long, default_value_t = 3)]
     replicas: u32,
     /// The files' policy (replicas:N, ec:K+M, ...,lz4); overrides --replicas.

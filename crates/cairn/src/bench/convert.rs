@@ -48,6 +48,7 @@ pub struct Args {
     /// Give up if the conversion has not finished after this many seconds.
     #[arg(long, default_value_t = 1200.0)]
     timeout: f64,
+    /// Print one JSON line.
     #[arg(long)]
     json: bool,
 }

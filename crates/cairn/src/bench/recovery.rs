@@ -11,6 +11,7 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// A directory on the disk to measure (ext4 or xfs; O_DIRECT).
     #[arg(long)]
     dir: PathBuf,
     /// Size of the store.

@@ -43,6 +43,7 @@ pub struct Args {
     /// reach. 0 = off (compare with the healthy baseline only).
     #[arg(long, default_value_t = 0.0)]
     interleave: f64,
+    /// Print one JSON line.
     #[arg(long)]
     json: bool,
 }

@@ -25,6 +25,7 @@ pub struct Args {
     /// Credentials (default: ./cairn-data/admin.credentials, written by `cairn up`).
     #[arg(long, env = "AWS_ACCESS_KEY_ID")]
     access_key: Option<String>,
+    /// The secret key of --access-key.
     #[arg(long, env = "AWS_SECRET_ACCESS_KEY")]
     secret_key: Option<String>,
     /// put, get or list.
@@ -36,6 +37,7 @@ pub struct Args {
     /// Concurrent clients, each with its own connection and one request at a time.
     #[arg(long, default_value_t = 1)]
     clients: usize,
+    /// Seconds each run measures.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
     /// list: objects in the bucket listed.

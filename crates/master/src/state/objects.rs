@@ -386,11 +386,24 @@ impl State {
             }
             ObjectOp::DeleteBucket { user, bucket } => {
                 let b = idx.bucket(user, bucket)?;
-                let uploads = idx.uploads.values().any(|u| u.bucket == *bucket);
-                if !b.objects.is_empty() || uploads {
+                if !b.objects.is_empty() {
                     return Err(ObjectError::BucketNotEmpty);
                 }
-                idx.buckets.remove(bucket);
+                // Unfinished multipart uploads go with the bucket, as on AWS: their parts'
+                // bytes are freed as an abort frees them.
+                let ids: Vec<String> = idx
+                    .uploads
+                    .iter()
+                    .filter(|(_, u)| u.bucket == *bucket)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                let mut extents = Vec::new();
+                for id in ids {
+                    let u = self.objects.uploads.remove(&id).expect("listed");
+                    extents.extend(u.parts.into_values().map(|p| p.extent));
+                }
+                self.free(&extents);
+                self.objects.buckets.remove(bucket);
                 Ok(OpReply::Done)
             }
             ObjectOp::PutObject {

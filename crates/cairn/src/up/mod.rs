@@ -1,6 +1,8 @@
 //! `cairn up`: a whole cluster on this machine, one OS process per master and chunkserver,
 //! supervised (a process that dies is restarted after a back-off).
 
+mod lock;
+
 use crate::cluster::{ClusterFile, Proc};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -13,6 +15,7 @@ pub struct UpArgs {
     /// Where every process keeps its data, logs and cluster.toml.
     #[arg(long, default_value = "./cairn-data")]
     data_dir: PathBuf,
+    /// Chunkservers (each its own process and store file; ec:K+M needs K+M of them).
     #[arg(long, default_value_t = 3)]
     chunkservers: usize,
     /// Masters in the Raft group (1, 3 or 5).
@@ -136,7 +139,17 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.masters >= 1 && a.masters <= 7, "--masters must be 1..=7");
     anyhow::ensure!(a.chunkservers >= 1, "--chunkservers must be at least 1");
     let dir = a.data_dir.clone();
-    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(&dir).map_err(|e| crate::local::path_error(&dir, e))?;
+    // Before anything is read or written: one supervisor per directory.
+    let _lock = match lock::try_lock(&dir)? {
+        lock::Held::Ours(l) => l,
+        lock::Held::Theirs(pid) => anyhow::bail!(
+            "{}: a cluster is already running on this data directory (cairn up, pid {pid}); \
+             stop it with Ctrl-C in its terminal or `cairn down{}`, or pass another --data-dir",
+            dir.display(),
+            down_flag(&dir)
+        ),
+    };
     let disk_size = match a.disk_size {
         Some(s) => s,
         None => store_size(free_bytes(&dir)?, a.chunkservers)?,
@@ -255,6 +268,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         });
     }
     for (i, p) in file.chunkserver_procs.iter().enumerate() {
+        // A new chunkserver is numbered as `cairn up` numbers it, so `cairn status` and
+        // `cairn admin drain` use the same id (one made before that keeps its own).
+        let numbered = (!p.data_dir.join("server-id").exists())
+            .then(|| ["--server-id".to_string(), p.id.to_string()]);
         procs.push(Managed {
             name: format!("chunkserver-{}", p.id),
             kind: Kind::Chunkserver,
@@ -283,6 +300,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             .chain(a.data_tls.then(|| "--data-tls".to_string()))
             .chain(a.fault_injection.then(|| "--fault-injection".to_string()))
             .chain(a.no_zero_fill.then(|| "--no-zero-fill".to_string()))
+            .chain(numbered.into_iter().flatten())
             .collect(),
             child: None,
             started: Instant::now(),
@@ -461,7 +479,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             for p in &file.chunkserver_procs {
                 println!(
                     "  chunkserver {}  {}  pid {}  metrics http://{}/metrics",
-                    p.id, p.addr, p.pid, p.metrics
+                    chunkserver_id(p),
+                    p.addr,
+                    p.pid,
+                    p.metrics
                 );
             }
             for p in &file.s3_procs {
@@ -703,7 +724,79 @@ fn admin_credentials(
     Ok((user.access_key, user.secret_key))
 }
 
+/// The id the masters know chunkserver `p` by: its data directory's `server-id` (the number
+/// `cairn up` gave it, or a random one from before it did).
+fn chunkserver_id(p: &Proc) -> u64 {
+    std::fs::read_to_string(p.data_dir.join("server-id"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(p.id)
+}
+
+/// ` --data-dir DIR` unless `dir` is the default.
+fn down_flag(dir: &Path) -> String {
+    if dir == Path::new("./cairn-data") {
+        String::new()
+    } else {
+        format!(" --data-dir {}", dir.display())
+    }
+}
+
+#[derive(clap::Args)]
+pub struct DownArgs {
+    /// The data directory of the cluster to stop.
+    #[arg(long, default_value = "./cairn-data")]
+    data_dir: PathBuf,
+    /// How long to wait for it to stop, in seconds.
+    #[arg(long, default_value_t = 60)]
+    wait: u64,
+}
+
+/// `cairn down`: asks the supervisor running on the directory to stop (SIGTERM, as Ctrl-C)
+/// and waits until it has (its lock is free).
+pub fn down(a: DownArgs) -> anyhow::Result<()> {
+    let Some(pid) = lock::running(&a.data_dir)? else {
+        anyhow::bail!(
+            "{}: no cluster is running on this data directory",
+            a.data_dir.display()
+        );
+    };
+    anyhow::ensure!(
+        pid > 1,
+        "{}: the running supervisor's pid is unreadable",
+        a.data_dir.display()
+    );
+    // SAFETY: kill(2) with a pid read from the lock file of a supervisor that holds it.
+    if unsafe { libc::kill(pid as i32, libc::SIGTERM) } != 0 {
+        anyhow::bail!(
+            "cannot signal cairn up (pid {pid}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    eprintln!("cairn down: stopping the cluster (cairn up, pid {pid})");
+    let deadline = Instant::now() + Duration::from_secs(a.wait);
+    while lock::running(&a.data_dir)?.is_some() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "cairn up (pid {pid}) has not stopped after {} s",
+            a.wait
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("cairn down: stopped");
+    Ok(())
+}
+
 fn print_s3(addr: &str, dir: &Path, (key, secret): &(String, String)) {
+    // The secret key only to a person at a terminal: never into a log of this output.
+    if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        println!(
+            "cairn up: S3 at http://{addr} (region us-east-1), user admin; access key {key}, \
+             secret key in {} (aws CLI format: AWS_SHARED_CREDENTIALS_FILE=that file)",
+            dir.join(ADMIN_CREDENTIALS).display()
+        );
+        return;
+    }
     println!(
         "cairn up: S3 at http://{addr} (region us-east-1), user admin; credentials in {}.\n\
          paste into a shell, then try: aws s3 mb s3://demo; aws s3 cp README.md s3://demo/; aws s3 ls s3://demo\n  \
