@@ -2,6 +2,7 @@
 
 use crate::cluster::ClusterArgs;
 use cairn_client::Client;
+use cairn_rpc::object::{ObjectOp, ObjectQuery, QueryReply};
 
 #[derive(clap::Args)]
 pub struct S3Args {
@@ -44,8 +45,9 @@ struct ServeArgs {
     #[arg(long, default_value = "32m", value_parser = crate::bench::parse_size)]
     compact_rate: u64,
     /// Seconds a freed file (a replaced or deleted large object, a compacted pack) is kept
-    /// before it is deleted, so that GETs already reading it finish.
-    #[arg(long, default_value_t = 300.0)]
+    /// before it is deleted (never while this gateway's GETs read it), so that GETs another
+    /// gateway has begun can start reading it (docs/object.md, "Space").
+    #[arg(long, default_value_t = 5.0)]
     free_grace_secs: f64,
     /// Multipart uploads older than this many hours are aborted and their parts deleted.
     #[arg(long, default_value_t = 24 * 7)]
@@ -84,6 +86,39 @@ pub enum UserCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+    /// List the users (names, access keys, admin; never secrets). Admins only.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Delete a user (refused while it owns buckets); its keys stop working at once (S3
+    /// gateways within 5 s). Admins only.
+    Delete {
+        /// The user.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Give a user new keys; prints them (shown once). The old keys stop working at once
+    /// (S3 gateways within 5 s). Admins only.
+    RotateKey {
+        /// The user.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Also write the new keys to this new file (mode 0600).
+        #[arg(long)]
+        save: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
 }
 
 /// `cairn user …` (and its alias `cairn s3 user …`).
@@ -91,47 +126,122 @@ pub fn user(c: UserCommand) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let UserCommand::Create {
-        name,
-        admin,
-        json,
-        save,
-        cluster,
-    } = c;
     rt.block_on(async {
-        let client = crate::cluster::client(&cluster.masters()?).await?;
-        let user = cairn_s3::create_user(&client, &name, admin)
-            .await
-            .map_err(|e| anyhow::anyhow!(e))?;
-        if let Some(p) = &save {
-            cairn_rpc::auth::Credential::write_new(
-                p,
-                &user.name,
-                &user.access_key,
-                &user.secret_key,
-            )?;
+        match c {
+            UserCommand::Create {
+                name,
+                admin,
+                json,
+                save,
+                cluster,
+            } => {
+                let client = crate::cluster::client(&cluster.masters()?).await?;
+                let user = cairn_s3::create_user(&client, &name, admin)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                print_keys(&user, save.as_deref(), json)
+            }
+            UserCommand::List { json, cluster } => {
+                let m = crate::cluster::masters_client(&cluster.masters()?)?;
+                let users = match m.object_query(&ObjectQuery::Users).await? {
+                    Ok(QueryReply::Users(u)) => u,
+                    Ok(_) => {
+                        anyhow::bail!("the masters answered the user list with something else")
+                    }
+                    Err(e) => anyhow::bail!("{e}"),
+                };
+                if json {
+                    let v: Vec<_> = users
+                        .iter()
+                        .map(|u| {
+                            serde_json::json!({"name": u.name, "admin": u.admin,
+                                "access_key": u.access_key, "created_ms": u.created_ms})
+                        })
+                        .collect();
+                    println!("{}", serde_json::Value::from(v));
+                } else {
+                    println!("{:<24} {:<22} admin", "name", "access_key");
+                    for u in &users {
+                        println!(
+                            "{:<24} {:<22} {}",
+                            crate::fs::escape(&u.name),
+                            u.access_key,
+                            if u.admin { "yes" } else { "no" }
+                        );
+                    }
+                }
+                Ok(())
+            }
+            UserCommand::Delete {
+                name,
+                json,
+                cluster,
+            } => {
+                let m = crate::cluster::masters_client(&cluster.masters()?)?;
+                let op = ObjectOp::DeleteUser { name: name.clone() };
+                m.object_op(&op)
+                    .await?
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                if json {
+                    println!("{}", serde_json::json!({"name": name, "deleted": true}));
+                }
+                Ok(())
+            }
+            UserCommand::RotateKey {
+                name,
+                json,
+                save,
+                cluster,
+            } => {
+                let m = crate::cluster::masters_client(&cluster.masters()?)?;
+                let admin = matches!(
+                    m.object_query(&ObjectQuery::Users).await?,
+                    Ok(QueryReply::Users(u)) if u.iter().any(|u| u.name == name && u.admin)
+                );
+                let fresh = cairn_s3::new_user(&name, admin);
+                let op = ObjectOp::SetUserKeys {
+                    name: name.clone(),
+                    access_key: fresh.access_key.clone(),
+                    secret_key: fresh.secret_key.clone(),
+                };
+                m.object_op(&op)
+                    .await?
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                print_keys(&fresh, save.as_deref(), json)
+            }
         }
-        if json {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "name": user.name,
-                    "admin": user.admin,
-                    "access_key": user.access_key,
-                    "secret_key": user.secret_key,
-                })
-            );
-        } else {
-            println!(
-                "user        {}{}",
-                user.name,
-                if user.admin { " (admin)" } else { "" }
-            );
-            println!("access key  {}", user.access_key);
-            println!("secret key  {}", user.secret_key);
-        }
-        Ok(())
     })
+}
+
+/// Prints a user's new keys (shown once: the masters keep them), writing them to `save` too.
+fn print_keys(
+    user: &cairn_rpc::object::User,
+    save: Option<&std::path::Path>,
+    json: bool,
+) -> anyhow::Result<()> {
+    if let Some(p) = save {
+        cairn_rpc::auth::Credential::write_new(p, &user.name, &user.access_key, &user.secret_key)?;
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "name": user.name,
+                "admin": user.admin,
+                "access_key": user.access_key,
+                "secret_key": user.secret_key,
+            })
+        );
+    } else {
+        println!(
+            "user        {}{}",
+            user.name,
+            if user.admin { " (admin)" } else { "" }
+        );
+        println!("access key  {}", user.access_key);
+        println!("secret key  {}", user.secret_key);
+    }
+    Ok(())
 }
 
 pub fn run(a: S3Args) -> anyhow::Result<()> {

@@ -42,7 +42,8 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
                 buckets,
                 objects,
                 uploads,
-            })) => Some((gateways, buckets, objects, uploads)),
+                trash,
+            })) => Some((gateways, buckets, objects, uploads, trash)),
             _ => None,
         };
         Ok::<_, anyhow::Error>((s, objects))
@@ -121,7 +122,7 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
             "masters": s.masters.iter().map(|m| serde_json::json!({"id": m.id, "addr": m.addr, "voter": m.voter, "leader": m.id == s.leader_id, "pid": master_pid(&m.addr), "state": master_state(&m.addr)})).collect::<Vec<_>>(),
             "s3": gateways,
             "nbd": nbd,
-            "objects": objects.as_ref().map(|(_, b, o, u)| serde_json::json!({"buckets": b, "objects": o, "uploads": u})),
+            "objects": objects.as_ref().map(|(_, b, o, u, t)| serde_json::json!({"buckets": b, "objects": o, "uploads": u, "trash_files": t})),
             "chunkservers": s.servers.iter().map(|c| serde_json::json!({
                 "id": c.id, "addr": c.addr, "host": c.host, "rack": c.rack, "state": c.state,
                 "pid": c.pid, "capacity_bytes": c.capacity_bytes, "used_bytes": c.used_bytes,
@@ -186,7 +187,7 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
             if m.voter { "" } else { " (learner)" }
         );
     }
-    if let Some((_, buckets, objects, uploads)) = &objects
+    if let Some((_, buckets, objects, uploads, _)) = &objects
         && (!gateways.is_empty() || *buckets > 0)
     {
         println!(
@@ -243,13 +244,20 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "totals: {} files, {} dirs, {} chunks, {} logical; {} missing replicas, {} chunks pending delete",
+        "totals: {} files, {} dirs, {} chunks, {} logical; {} missing replicas",
         s.files,
         s.dirs,
         s.chunks,
         human(s.logical_bytes),
         s.missing_replicas,
-        s.pending_deletes
+    );
+    println!(
+        "awaiting reclamation: {} chunks pending delete on their servers{}",
+        s.pending_deletes,
+        objects
+            .as_ref()
+            .map(|o| format!(", {} S3 files in the trash", o.4))
+            .unwrap_or_default()
     );
     println!(
         "scrub: {} read, {} passes, {} bad copies found, {} waiting for repair (all servers)",

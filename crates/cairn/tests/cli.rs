@@ -381,3 +381,57 @@ async fn a_closed_pipe_ends_the_cli_quietly() {
         }
     }
 }
+
+/// `cairn user list|rotate-key|delete`: the list never shows secrets; a rotated key stops
+/// working at once and the new one works; a deleted user's key stops working; a user who owns
+/// buckets is not deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_are_listed_rotated_and_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cl.master_addrs();
+    let keys = common::create_user(&masters, "dave");
+    let user = |args: &[&str]| {
+        let mut c = common::cairn();
+        c.arg("user")
+            .args(args)
+            .env("CAIRN_CLUSTER", masters.join(","));
+        c
+    };
+    let out = run_ok(&mut user(&["list", "--json"]));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dave = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "dave")
+        .unwrap();
+    assert_eq!(dave["access_key"], keys.access.as_str());
+    assert!(!stdout(&out).contains(&keys.secret), "a secret in the list");
+    // As dave: with a credentials file.
+    let as_dave = |access: &str, secret: &str| {
+        let f = dir.path().join(format!("{access}.credentials"));
+        std::fs::write(
+            &f,
+            format!("access_key = {access}\nsecret_key = {secret}\n"),
+        )
+        .unwrap();
+        let mut c = fs(&cl, &["ls", "/"]);
+        c.env("CAIRN_CREDENTIALS", f);
+        c
+    };
+    run_ok(&mut as_dave(&keys.access, &keys.secret));
+    let out = run_ok(&mut user(&["rotate-key", "dave", "--json"]));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (access, secret) = (
+        v["access_key"].as_str().unwrap().to_owned(),
+        v["secret_key"].as_str().unwrap().to_owned(),
+    );
+    assert_ne!(access, keys.access);
+    fails(&mut as_dave(&keys.access, &keys.secret));
+    run_ok(&mut as_dave(&access, &secret));
+    run_ok(&mut user(&["delete", "dave"]));
+    fails(&mut as_dave(&access, &secret));
+    let e = fails(&mut user(&["delete", "dave"]));
+    assert!(e.contains("no user dave"), "{e}");
+}

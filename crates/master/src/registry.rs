@@ -124,7 +124,13 @@ pub struct Registry {
     /// applied): until then an orphan may be a chunk an entry not applied yet gives a
     /// location, and none is deleted.
     pub settled: bool,
+    /// When a delete was last written ([`Registry::freed`]).
+    freed_at: Option<Instant>,
 }
+
+/// How long after a delete a full cluster answers `Reclaiming` (retried) rather than
+/// `NoSpace`: a few heartbeats of the slowest default (1 s), and the S3 trash's grace.
+pub const RECLAIM_WINDOW: Duration = Duration::from_secs(10);
 
 /// One heartbeat, already validated.
 pub struct Heartbeat {
@@ -168,6 +174,7 @@ impl Registry {
             reports: Default::default(),
             term: 0,
             settled: true,
+            freed_at: None,
         }
     }
 
@@ -337,6 +344,19 @@ impl Registry {
             background_bytes_per_sec: state.config().background_bytes_per_sec,
             finished,
         }
+    }
+
+    /// Notes that space was freed at `now` (a delete was written): see [`Self::reclaiming`].
+    pub fn freed(&mut self, now: Instant) {
+        self.freed_at = Some(now);
+    }
+
+    /// Whether space freed lately may still be on its way back: deleted chunks become
+    /// orphans at their servers' next heartbeat, are deleted at the one after, and the free
+    /// space shows at the next (a few heartbeats; [`RECLAIM_WINDOW`] covers them).
+    pub fn reclaiming(&self, now: Instant) -> bool {
+        self.freed_at
+            .is_some_and(|t| now.saturating_duration_since(t) < RECLAIM_WINDOW)
     }
 
     /// Chunks waiting to be deleted on some server.

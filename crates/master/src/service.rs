@@ -36,6 +36,28 @@ pub struct MetaService {
     inner: Arc<Inner>,
 }
 
+/// Whether applying `cmd` frees space (a file deleted; an object deleted or replaced, a
+/// bucket's uploads aborted, freed files deleted): allocations refused for a while after are
+/// `Reclaiming`, which clients retry, not `NoSpace`.
+fn frees(cmd: &Command) -> bool {
+    use cairn_rpc::object::ObjectOp as O;
+    match cmd {
+        Command::Delete { .. } => true,
+        Command::Batch(cmds) => cmds.iter().any(frees),
+        Command::Object(op) => matches!(
+            op,
+            O::PutObject { .. }
+                | O::DeleteObject { .. }
+                | O::DeleteBucket { .. }
+                | O::AbortUpload { .. }
+                | O::CompleteUpload { .. }
+                | O::EmptyTrash { .. }
+                | O::DropPack { .. }
+        ),
+        _ => false,
+    }
+}
+
 pub(crate) struct Inner {
     pub id: u64,
     pub raft: Raft,
@@ -179,6 +201,9 @@ impl Inner {
     }
 
     async fn write(&self, cmd: Command) -> Result<Reply, MetaError> {
+        if frees(&cmd) {
+            self.registry.lock().freed(Instant::now());
+        }
         let started = Instant::now();
         let r = self.raft.client_write(cmd).await;
         metrics::histogram!("cairn_master_raft_write_seconds").record(started.elapsed());
@@ -221,7 +246,25 @@ impl Inner {
         // Servers many clients report are avoided like ones this writer saw fail.
         let mut exclude = exclude.clone();
         exclude.extend(reg.reports.avoided(servers.len(), now));
-        let placements = reg.place(&servers, replicas, min_copy, count, &exclude, now)?;
+        let placements = match reg.place(&servers, replicas, min_copy, count, &exclude, now) {
+            // Full, but what was freed a moment ago is on its way back: retried by clients.
+            Err(e) if e.kind == ErrorKind::NoSpace => {
+                let trash = self.sm.lock().state.trash_len();
+                let pending = reg.pending_deletes();
+                if reg.reclaiming(now) || pending > 0 || trash > 0 {
+                    return Err(MetaError::new(
+                        ErrorKind::Reclaiming,
+                        format!(
+                            "{}; {pending} chunk(s) pending delete and {trash} freed S3 file(s) \
+                             are being reclaimed",
+                            e.message
+                        ),
+                    ));
+                }
+                return Err(e);
+            }
+            r => r?,
+        };
         Ok((placements, groups))
     }
 

@@ -564,6 +564,8 @@ fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {
     use cairn_rpc::object::ObjectOp as O;
     match op {
         O::CreateUser { .. } => "create-user",
+        O::DeleteUser { .. } => "delete-user",
+        O::SetUserKeys { .. } => "set-user-keys",
         O::CreateBucket { .. } => "create-bucket",
         O::DeleteBucket { .. } => "delete-bucket",
         O::PutObject { .. } => "put",
@@ -727,6 +729,11 @@ impl State {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Files the object index freed, not yet deleted (their space comes back soon).
+    pub fn trash_len(&self) -> usize {
+        self.objects.trash_len()
     }
 
     pub fn objects(&self) -> &ObjectIndex {

@@ -30,6 +30,9 @@ pub enum ErrorKind {
     NoServers,
     /// Not enough chunkservers with free space to place a chunk: the cluster is full.
     NoSpace,
+    /// The cluster is full, but space freed moments ago (deleted files, overwritten or
+    /// deleted objects) is being given back: the call is retried.
+    Reclaiming,
     /// This master is not the leader (the leader's address, if known, is in the metadata).
     NotLeader,
     Unavailable,
@@ -44,7 +47,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    const ALL: [(ErrorKind, &'static str, Code); 17] = [
+    const ALL: [(ErrorKind, &'static str, Code); 18] = [
         (ErrorKind::NotFound, "not-found", Code::NotFound),
         (
             ErrorKind::AlreadyExists,
@@ -76,6 +79,7 @@ impl ErrorKind {
         (ErrorKind::Sealed, "sealed", Code::FailedPrecondition),
         (ErrorKind::NoServers, "no-servers", Code::ResourceExhausted),
         (ErrorKind::NoSpace, "no-space", Code::ResourceExhausted),
+        (ErrorKind::Reclaiming, "reclaiming", Code::ResourceExhausted),
         (ErrorKind::NotLeader, "not-leader", Code::Unavailable),
         (ErrorKind::Unavailable, "unavailable", Code::Unavailable),
         (

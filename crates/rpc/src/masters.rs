@@ -190,12 +190,16 @@ impl Masters {
     }
 
     /// One operation through the batcher, retried on its own while the failure is one a
-    /// single call would retry (no chunkservers known yet after an election).
+    /// single call would retry (no chunkservers known yet after an election; a full cluster
+    /// whose freed space is on its way back).
     async fn batched(&self, op: pb::batch_op::Op) -> Result<pb::batch_result::Result, MetaError> {
         let mut backoff = self.shared.backoff();
         loop {
             match self.batcher.submit(&self.shared, op.clone()).await {
-                Err(e) if e.kind == ErrorKind::NoServers && !backoff.expired() => {
+                Err(e)
+                    if matches!(e.kind, ErrorKind::NoServers | ErrorKind::Reclaiming)
+                        && !backoff.expired() =>
+                {
                     backoff.wait().await;
                 }
                 r => return r,
@@ -303,8 +307,9 @@ impl Shared {
             };
             let retry = match err.kind {
                 ErrorKind::NotLeader | ErrorKind::Unavailable => true,
-                // A new leader learns the chunkservers from their next heartbeat.
-                ErrorKind::NoServers => true,
+                // A new leader learns the chunkservers from their next heartbeat; freed space
+                // reaches the chunkservers with theirs.
+                ErrorKind::NoServers | ErrorKind::Reclaiming => true,
                 _ => false,
             };
             tries += 1;

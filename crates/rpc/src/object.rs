@@ -127,6 +127,17 @@ pub enum ObjectOp {
     CreateUser {
         user: User,
     },
+    /// Removes a user (refused while it owns buckets); its keys stop working at once.
+    DeleteUser {
+        name: String,
+    },
+    /// Gives a user new keys (made by the caller, so that every master applies the same);
+    /// the old ones stop working at once.
+    SetUserKeys {
+        name: String,
+        access_key: String,
+        secret_key: String,
+    },
     CreateBucket {
         user: String,
         bucket: String,
@@ -374,6 +385,8 @@ pub enum ObjectQuery {
     },
     /// The gateways that said they serve the cluster, and the object index's totals.
     Gateways,
+    /// Every user, without secret keys.
+    Users,
     /// Files freed into the trash (up to `max`).
     Trash {
         max: u32,
@@ -446,6 +459,8 @@ pub struct ListPage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum QueryReply {
     User(Option<User>),
+    /// [`ObjectQuery::Users`]: their `secret_key`s are empty.
+    Users(Vec<User>),
     Buckets(Vec<BucketInfo>),
     Bucket(BucketInfo),
     Object(ObjectMeta),
@@ -465,6 +480,9 @@ pub enum QueryReply {
         buckets: u64,
         objects: u64,
         uploads: u64,
+        /// Files freed into the trash, deleted once their grace has passed.
+        #[serde(default)]
+        trash: u64,
     },
 }
 

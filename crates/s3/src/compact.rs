@@ -32,8 +32,11 @@ pub struct CompactOptions {
     /// Bytes read plus bytes rewritten per second, at most.
     pub bytes_per_sec: u64,
     /// A freed file (a replaced large object, a dropped pack) is deleted this long after this
-    /// gateway first saw it in the trash, so that GETs already reading it finish.
+    /// gateway first saw it in the trash (and never while one of its GETs reads it), so that
+    /// GETs of other gateways that had already found it get to start reading.
     pub free_grace: Duration,
+    /// How often the trash is looked at.
+    pub trash_every: Duration,
 }
 
 impl Default for CompactOptions {
@@ -43,7 +46,8 @@ impl Default for CompactOptions {
             live_pct: 50,
             every: Duration::from_secs(60),
             bytes_per_sec: 32 << 20,
-            free_grace: Duration::from_secs(300),
+            free_grace: Duration::from_secs(5),
+            trash_every: Duration::from_secs(1),
         }
     }
 }
@@ -56,11 +60,15 @@ pub struct Pass {
     pub bytes_moved: u64,
 }
 
-/// Runs passes forever.
+/// Empties the trash every `trash_every` and runs a compaction pass every `every`, forever.
+///
+/// Freed space comes back within seconds (a deleted or replaced object's file, a dropped
+/// pack): a full cluster is not kept full by what its users deleted.
 pub async fn run(data: Arc<DataStore>, opts: CompactOptions) {
     let mut trash = Trash::default();
+    let mut last_pass = Instant::now();
     loop {
-        tokio::time::sleep(opts.every).await;
+        tokio::time::sleep(opts.trash_every.min(opts.every)).await;
         match trash.empty(&data, opts.free_grace).await {
             Ok(0) => {}
             Ok(n) => {
@@ -69,6 +77,10 @@ pub async fn run(data: Arc<DataStore>, opts: CompactOptions) {
             }
             Err(e) => tracing::warn!(error = %e, "emptying the trash failed"),
         }
+        if last_pass.elapsed() < opts.every {
+            continue;
+        }
+        last_pass = Instant::now();
         match pass(&data, &opts).await {
             Ok(p) if p != Pass::default() => {
                 tracing::info!(?p, "compacted packs");
@@ -223,7 +235,8 @@ pub struct Trash {
 }
 
 impl Trash {
-    /// Deletes what was in the trash `grace` ago and still is; returns how many.
+    /// Deletes what was in the trash `grace` ago and still is, except what this gateway's
+    /// GETs are reading now; returns how many.
     ///
     /// # Errors
     /// The masters could not be asked.
@@ -238,6 +251,7 @@ impl Trash {
         let due: Vec<String> = listed
             .into_iter()
             .filter(|p| now.duration_since(*self.seen.entry(p.clone()).or_insert(now)) >= grace)
+            .filter(|p| !data.reading.contains(p))
             .collect();
         if due.is_empty() {
             return Ok(0);

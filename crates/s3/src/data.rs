@@ -11,6 +11,7 @@ use s3s::checksum::ChecksumHasher;
 use s3s::crypto::{Checksum as _, Md5};
 use s3s::{S3Error, S3ErrorCode, s3_error};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 
@@ -76,6 +77,52 @@ pub struct DataStore {
     pub pack_max: usize,
     /// Directory of large objects' and parts' own files.
     pub blob_dir: String,
+    /// Files this gateway's GETs are reading now, with how many read each: the trash is
+    /// not emptied of them (compact.rs).
+    pub reading: Reading,
+}
+
+/// Files being read, counted; see [`DataStore::reading`].
+#[derive(Default, Clone)]
+pub struct Reading(Arc<parking_lot::Mutex<std::collections::HashMap<String, u32>>>);
+
+impl Reading {
+    /// Counts `paths` as read until the guard is dropped.
+    fn hold(&self, paths: Vec<String>) -> ReadingGuard {
+        let mut m = self.0.lock();
+        for p in &paths {
+            *m.entry(p.clone()).or_insert(0) += 1;
+        }
+        ReadingGuard {
+            reading: self.clone(),
+            paths,
+        }
+    }
+
+    /// Whether a GET of this gateway reads `path` now.
+    pub fn contains(&self, path: &str) -> bool {
+        self.0.lock().contains_key(path)
+    }
+}
+
+/// Releases its paths from [`Reading`] when dropped (the read ended, however it ended).
+struct ReadingGuard {
+    reading: Reading,
+    paths: Vec<String>,
+}
+
+impl Drop for ReadingGuard {
+    fn drop(&mut self) {
+        let mut m = self.reading.0.lock();
+        for p in &self.paths {
+            if let Some(n) = m.get_mut(p) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(p);
+                }
+            }
+        }
+    }
 }
 
 impl DataStore {
@@ -239,7 +286,11 @@ impl DataStore {
         }
         let client = self.client.clone();
         let (tx, rx) = mpsc::channel(2);
+        let mut paths: Vec<String> = pieces.iter().map(|p| p.0.clone()).collect();
+        paths.dedup();
+        let held = self.reading.hold(paths);
         tokio::spawn(async move {
+            let _held = held;
             let mut reads = futures::stream::iter(pieces)
                 .map(|(path, offset, len)| {
                     let client = client.clone();

@@ -156,7 +156,7 @@ pub(crate) fn meta_err(e: cairn_rpc::MetaError) -> S3Error {
     use cairn_rpc::ErrorKind as K;
     let code = match e.kind {
         // A full cluster is 503 as well: space may come back (deletes, compaction, new servers).
-        K::NotLeader | K::Unavailable | K::NoServers | K::NoSpace => {
+        K::NotLeader | K::Unavailable | K::NoServers | K::NoSpace | K::Reclaiming => {
             S3ErrorCode::ServiceUnavailable
         }
         _ => S3ErrorCode::InternalError,
@@ -245,6 +245,7 @@ impl Gateway {
             packs,
             pack_max: opts.pack_max_bytes,
             blob_dir: format!("{ROOT_DIR}/blobs"),
+            reading: data::Reading::default(),
         });
         tokio::spawn(compact::run(data.clone(), opts.compact.clone()));
         let gw = ops::Cairn {

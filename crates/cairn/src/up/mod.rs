@@ -516,10 +516,11 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                         client_tls.clone(),
                         a.data_tls.then_some(&tls_dir),
                     );
+                    let cli = cli_name();
                     println!(
                         "cairn up: ready: {up} of {} chunkserver(s) up after {:.1} s; the CLI signs \
                          as the admin user ({})\n\
-                         try: cairn status; cairn fs put README.md /readme; cairn fs cat /readme",
+                         try: {cli} status; {cli} fs put README.md /readme; {cli} fs cat /readme",
                         a.chunkservers,
                         began.elapsed().as_secs_f64(),
                         dir.join(ADMIN_CREDENTIALS).display()
@@ -541,10 +542,13 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                     if let Some(p) = file.nbd_procs.first() {
                         println!(
                             "cairn up: block volumes over NBD at nbd://{}/VOLUME\n\
-                             try: cairn volume create vol1 --size 1g; \
+                             try: {} volume create vol1 --size 1g; \
                              qemu-img convert -n -O raw disk.img nbd://{}/vol1; \
                              nbdinfo nbd://{}/vol1",
-                            p.addr, p.addr, p.addr
+                            p.addr,
+                            cli_name(),
+                            p.addr,
+                            p.addr
                         );
                     }
                 }
@@ -722,6 +726,25 @@ fn admin_credentials(
     cairn_rpc::auth::write_private(&tmp, body.as_bytes())?;
     std::fs::rename(&tmp, &path)?;
     Ok((user.access_key, user.secret_key))
+}
+
+/// How a person at this shell runs this binary: `cairn` when that is it on PATH, else its
+/// path (relative to the working directory when below it), as the hints print it.
+fn cli_name() -> String {
+    let Ok(exe) = std::env::current_exe().and_then(std::fs::canonicalize) else {
+        return "cairn".into();
+    };
+    let on_path = std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p)
+            .any(|d| std::fs::canonicalize(d.join("cairn")).is_ok_and(|c| c == exe))
+    });
+    if on_path {
+        return "cairn".into();
+    }
+    match std::env::current_dir().map(|cwd| exe.strip_prefix(cwd).map(Path::to_path_buf)) {
+        Ok(Ok(rel)) => format!("./{}", rel.display()),
+        _ => exe.display().to_string(),
+    }
 }
 
 /// The id the masters know chunkserver `p` by: its data directory's `server-id` (the number

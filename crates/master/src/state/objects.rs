@@ -86,6 +86,11 @@ impl ObjectIndex {
     }
 
     /// A user by access key (for checking the proofs of calls).
+    /// Files freed into the trash, not yet deleted.
+    pub fn trash_len(&self) -> usize {
+        self.trash.len()
+    }
+
     pub fn user(&self, access_key: &str) -> Option<&User> {
         self.users.get(access_key)
     }
@@ -189,6 +194,15 @@ impl ObjectIndex {
             ObjectQuery::Trash { max } => Ok(QueryReply::Trash(
                 self.trash.iter().take(*max as usize).cloned().collect(),
             )),
+            ObjectQuery::Users => Ok(QueryReply::Users(
+                self.users
+                    .values()
+                    .map(|u| User {
+                        secret_key: String::new(),
+                        ..u.clone()
+                    })
+                    .collect(),
+            )),
             ObjectQuery::Gateways => {
                 let (buckets, objects, uploads) = self.totals();
                 Ok(QueryReply::Gateways {
@@ -196,6 +210,7 @@ impl ObjectIndex {
                     buckets,
                     objects,
                     uploads,
+                    trash: self.trash.len() as u64,
                 })
             }
             ObjectQuery::StaleUploads { before_ms, max } => Ok(QueryReply::Uploads(
@@ -356,6 +371,53 @@ impl State {
                     ));
                 }
                 idx.users.insert(user.access_key.clone(), user.clone());
+                Ok(OpReply::Done)
+            }
+            ObjectOp::DeleteUser { name } => {
+                let key = idx
+                    .users
+                    .values()
+                    .find(|u| u.name == *name)
+                    .map(|u| u.access_key.clone())
+                    .ok_or_else(|| ObjectError::InvalidArgument(format!("no user {name}")))?;
+                let owned: Vec<&str> = idx
+                    .buckets
+                    .iter()
+                    .filter(|(_, b)| b.owner == *name)
+                    .map(|(n, _)| n.as_str())
+                    .collect();
+                if !owned.is_empty() {
+                    return Err(ObjectError::InUse(format!(
+                        "user {name} owns buckets {}; delete them first",
+                        owned.join(", ")
+                    )));
+                }
+                idx.users.remove(&key);
+                Ok(OpReply::Done)
+            }
+            ObjectOp::SetUserKeys {
+                name,
+                access_key,
+                secret_key,
+            } => {
+                if access_key.is_empty() || secret_key.is_empty() {
+                    return Err(ObjectError::InvalidArgument(
+                        "access key and secret must not be empty".into(),
+                    ));
+                }
+                if idx.users.contains_key(access_key) {
+                    return Err(ObjectError::UserExists);
+                }
+                let old = idx
+                    .users
+                    .values()
+                    .find(|u| u.name == *name)
+                    .map(|u| u.access_key.clone())
+                    .ok_or_else(|| ObjectError::InvalidArgument(format!("no user {name}")))?;
+                let mut u = idx.users.remove(&old).expect("found");
+                u.access_key = access_key.clone();
+                u.secret_key = secret_key.clone();
+                idx.users.insert(access_key.clone(), u);
                 Ok(OpReply::Done)
             }
             ObjectOp::CreateBucket {
