@@ -82,7 +82,13 @@ pub struct ClusterArgs {
     /// credentials file); default: ./cairn-data/admin.credentials, written by `cairn up`.
     #[arg(long, global = true, env = "CAIRN_CREDENTIALS")]
     pub credentials: Option<PathBuf>,
+    /// The cluster's TLS directory (its ca.pem checks the masters); default: env
+    /// CAIRN_TLS_DIR, then ./cairn-data/tls when ./cairn-data/cluster.toml says TLS.
+    #[arg(long, global = true)]
+    pub tls_dir: Option<PathBuf>,
 }
+
+static TLS_DIR: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
 
 /// Where `cairn up` writes the admin user's credentials (an aws CLI credentials file that
 /// the cairn CLI reads too).
@@ -116,9 +122,12 @@ pub fn credential() -> anyhow::Result<Option<cairn_rpc::auth::Credential>> {
     Ok(None)
 }
 
-/// The TLS directory the CLI checks masters with: `CAIRN_TLS_DIR`, else `./cairn-data/tls`
+/// The TLS directory the CLI checks masters with: `--tls-dir`, `CAIRN_TLS_DIR`, else `./cairn-data/tls`
 /// when `./cairn-data/cluster.toml` says the cluster talks TLS; `None`: plain TCP.
 pub fn tls_dir() -> Option<PathBuf> {
+    if let Some(Some(d)) = TLS_DIR.get() {
+        return Some(d.clone());
+    }
     if let Some(d) = std::env::var_os("CAIRN_TLS_DIR") {
         return Some(PathBuf::from(d));
     }
@@ -236,6 +245,7 @@ pub async fn client(masters: &[String]) -> anyhow::Result<cairn_client::Client> 
 impl ClusterArgs {
     pub fn masters(&self) -> anyhow::Result<Vec<String>> {
         let _ = CREDENTIALS.set(self.credentials.clone());
+        let _ = TLS_DIR.set(self.tls_dir.clone());
         let from_list = |s: &str| -> Vec<String> {
             s.split(',')
                 .map(str::trim)

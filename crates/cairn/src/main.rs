@@ -116,6 +116,12 @@ mod tests {
     use super::Cli;
     use clap::CommandFactory;
 
+    /// clap's own checks of the whole command tree (no two arguments of one name, …).
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
     /// Every command, option and argument says what it is in `--help`.
     #[test]
     fn every_command_option_and_argument_has_a_help_line() {

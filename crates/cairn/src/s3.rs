@@ -49,6 +49,10 @@ struct ServeArgs {
     /// gateway has begun can start reading it (docs/object.md, "Space").
     #[arg(long, default_value_t = 5.0)]
     free_grace_secs: f64,
+    /// Seconds after which a file of the gateway's blob directory that nothing names and
+    /// nobody writes to (a failed upload's, a crashed gateway's) is deleted.
+    #[arg(long, default_value_t = 60.0)]
+    sweep_after_secs: f64,
     /// Multipart uploads older than this many hours are aborted and their parts deleted.
     #[arg(long, default_value_t = 24 * 7)]
     upload_max_age_hours: u64,
@@ -276,6 +280,7 @@ async fn serve(s: ServeArgs) -> anyhow::Result<()> {
             every: std::time::Duration::from_secs_f64(s.compact_every_secs.max(0.05)),
             bytes_per_sec: s.compact_rate,
             free_grace: std::time::Duration::from_secs_f64(s.free_grace_secs.max(0.0)),
+            sweep_after: std::time::Duration::from_secs_f64(s.sweep_after_secs.max(1.0)),
             ..cairn_s3::compact::CompactOptions::default()
         },
         ..cairn_s3::Options::default()

@@ -156,3 +156,84 @@ for i in range({n}):
     let took = drained_to(&cl, base + (16 << 20), Duration::from_secs(15)).await;
     eprintln!("space back {took:?} after the last delete");
 }
+
+/// A gateway that died mid-PUT leaves a file nothing names: swept once idle (here after 2 s);
+/// a file an object names stays. A PUT into a full cluster is 503 ServiceUnavailable, which
+/// S3 clients retry, and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_uploads_leave_nothing_and_a_full_cluster_is_503() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cl.master_addrs();
+    let gw = common::gateway_with(&masters, "127.0.0.1:0", &["--sweep-after-secs", "2"]);
+    let keys = create_user(&masters, "putter");
+    let py = std::env::var("CAIRN_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let boto = |code: &str| {
+        let script = format!(
+            "import boto3, botocore\ns3 = boto3.client('s3', endpoint_url='http://{}', \
+             region_name='us-east-1', aws_access_key_id='{}', aws_secret_access_key='{}', \
+             config=botocore.config.Config(retries={{'max_attempts': 1}}))\n{code}",
+            gw.addr, keys.access, keys.secret
+        );
+        Command::new(&py).args(["-c", &script]).output().unwrap()
+    };
+    let out = boto(
+        "s3.create_bucket(Bucket='bkt')\ns3.put_object(Bucket='bkt', Key='big', Body=b'x' * (3 << 20))",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What a gateway that died mid-PUT leaves: an open file of its blob directory.
+    let c = cl.client().await;
+    let mut w = c
+        .create("/.s3/blobs/left-by-a-crash", Default::default())
+        .await
+        .unwrap();
+    w.append(&vec![7u8; 2 << 20]).await.unwrap();
+    drop(w);
+    let began = Instant::now();
+    while c.stat("/.s3/blobs/left-by-a-crash").await.is_ok() {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the dead PUT's file was not swept"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let out =
+        boto("assert s3.get_object(Bucket='bkt', Key='big')['Body'].read() == b'x' * (3 << 20)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Fill the cluster with files until it refuses, then PUT: 503, and no file is left.
+    let mut i = 0;
+    loop {
+        let r = async {
+            let mut w = c.create(&format!("/full/{i}"), Default::default()).await?;
+            w.append(&vec![1u8; 4 << 20]).await?;
+            w.seal().await
+        }
+        .await;
+        if r.is_err() {
+            break;
+        }
+        i += 1;
+        assert!(i < 1000, "never full");
+    }
+    let before = c.list("/.s3/blobs").await.unwrap().len();
+    let out = boto(
+        "try:\n    s3.put_object(Bucket='bkt', Key='more', Body=b'y' * (4 << 20))\n    print('stored')\n\
+         except botocore.exceptions.ClientError as e:\n    \
+         print(e.response['ResponseMetadata']['HTTPStatusCode'], e.response['Error']['Code'])",
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("503 ServiceUnavailable"), "{said}");
+    assert_eq!(
+        c.list("/.s3/blobs").await.unwrap().len(),
+        before,
+        "a failed PUT left a file"
+    );
+}

@@ -387,6 +387,11 @@ pub enum ObjectQuery {
     Gateways,
     /// Every user, without secret keys.
     Users,
+    /// Which of `paths` (files of the gateway's blob directory) no object and no upload's
+    /// part names: the sweeper deletes those that are also idle.
+    Unnamed {
+        paths: Vec<String>,
+    },
     /// Files freed into the trash (up to `max`).
     Trash {
         max: u32,
@@ -461,6 +466,8 @@ pub enum QueryReply {
     User(Option<User>),
     /// [`ObjectQuery::Users`]: their `secret_key`s are empty.
     Users(Vec<User>),
+    /// [`ObjectQuery::Unnamed`]: the paths nothing names.
+    Unnamed(Vec<String>),
     Buckets(Vec<BucketInfo>),
     Bucket(BucketInfo),
     Object(ObjectMeta),

@@ -37,6 +37,10 @@ pub struct CompactOptions {
     pub free_grace: Duration,
     /// How often the trash is looked at.
     pub trash_every: Duration,
+    /// A file of the blob directory that nothing names and nobody has written to for this
+    /// long (an upload that failed, a gateway that died mid-PUT) is deleted; also how often
+    /// the directory is swept.
+    pub sweep_after: Duration,
 }
 
 impl Default for CompactOptions {
@@ -48,6 +52,7 @@ impl Default for CompactOptions {
             bytes_per_sec: 32 << 20,
             free_grace: Duration::from_secs(5),
             trash_every: Duration::from_secs(1),
+            sweep_after: Duration::from_secs(60),
         }
     }
 }
@@ -67,8 +72,20 @@ pub struct Pass {
 pub async fn run(data: Arc<DataStore>, opts: CompactOptions) {
     let mut trash = Trash::default();
     let mut last_pass = Instant::now();
+    let mut last_sweep = Instant::now();
     loop {
         tokio::time::sleep(opts.trash_every.min(opts.every)).await;
+        if last_sweep.elapsed() >= opts.sweep_after {
+            last_sweep = Instant::now();
+            match sweep(&data, opts.sweep_after).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::info!(files = n, "swept files no object names");
+                    metrics::counter!("cairn_s3_swept_files_total").increment(n);
+                }
+                Err(e) => tracing::warn!(error = %e, "sweeping the blob directory failed"),
+            }
+        }
         match trash.empty(&data, opts.free_grace).await {
             Ok(0) => {}
             Ok(n) => {
@@ -226,6 +243,47 @@ async fn move_if_live(
         Err(e) if e.code() == &S3ErrorCode::NoSuchKey => Ok(false),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// Deletes the files of the blob directory that no object or upload names and that nobody
+/// wrote to for `idle` (a writer's lease renewals and every chunk it allocates touch the
+/// file's mtime): the leftovers of a PUT that failed without cleaning up (its gateway died).
+/// Returns how many.
+///
+/// # Errors
+/// The masters could not be asked.
+pub async fn sweep(data: &DataStore, idle: Duration) -> Result<u64, String> {
+    let entries = match data.client.list(&data.blob_dir).await {
+        Ok(e) => e,
+        Err(cairn_client::Error::Meta(e)) if e.kind == cairn_rpc::ErrorKind::NotFound => {
+            return Ok(0);
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let before = now_ms().saturating_sub(idle.as_millis() as u64);
+    let idle: Vec<String> = entries
+        .iter()
+        .filter(|e| !e.is_dir && e.mtime_ms < before)
+        .map(|e| format!("{}/{}", data.blob_dir, e.name))
+        .collect();
+    let mut swept = 0;
+    for paths in idle.chunks(1000) {
+        let q = ObjectQuery::Unnamed {
+            paths: paths.to_vec(),
+        };
+        let unnamed = match query(&data.client, &q).await {
+            Ok(QueryReply::Unnamed(u)) => u,
+            Ok(_) => return Err("the sweep's query answered with something else".into()),
+            Err(e) => return Err(e.to_string()),
+        };
+        for p in unnamed {
+            match data.client.delete(&p).await {
+                Ok(()) => swept += 1,
+                Err(e) => tracing::warn!(path = %p, error = %e, "sweeping a file failed"),
+            }
+        }
+    }
+    Ok(swept)
 }
 
 /// Files this gateway saw in the trash, and when it first did.

@@ -558,14 +558,26 @@ impl S3 for Cairn {
         let user = self.user(&req).await?;
         let bucket = req.input.bucket;
         if !cairn_rpc::object::valid_bucket_name(&bucket) {
-            return Err(s3_error!(InvalidBucketName));
+            return Err(s3_error!(
+                InvalidBucketName,
+                "{bucket}: a bucket name is 3 to 63 lower-case letters, digits, dots and \
+                 hyphens, beginning and ending with a letter or digit"
+            ));
         }
         let op = ObjectOp::CreateBucket {
             user,
             bucket: bucket.clone(),
             now_ms: now_ms(),
         };
-        change(&self.data.client, &op).await?;
+        match change(&self.data.client, &op).await {
+            Ok(_) => {}
+            // us-east-1 answers a re-creation of one's own bucket with success (AWS's legacy
+            // rule, which clients rely on); other regions with BucketAlreadyOwnedByYou.
+            Err(e)
+                if *e.code() == S3ErrorCode::BucketAlreadyOwnedByYou
+                    && self.region == "us-east-1" => {}
+            Err(e) => return Err(e),
+        }
         Ok(S3Response::new(CreateBucketOutput {
             location: Some(format!("/{bucket}")),
         }))
@@ -1044,7 +1056,7 @@ impl S3 for Cairn {
                 bucket: input.bucket.clone(),
                 list: ListRequest {
                     prefix: prefix.clone(),
-                    delimiter: input.delimiter.clone(),
+                    delimiter: input.delimiter.clone().filter(|d| !d.is_empty()),
                     after,
                     max,
                 },
@@ -1064,7 +1076,7 @@ impl S3 for Cairn {
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(input.bucket),
             prefix: Some(enc(prefix)),
-            delimiter: input.delimiter.map(&enc),
+            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(&enc),
             max_keys: Some(max as i32),
             key_count: Some(key_count),
             is_truncated: Some(page.truncated),
@@ -1111,7 +1123,7 @@ impl S3 for Cairn {
                 bucket: input.bucket.clone(),
                 list: ListRequest {
                     prefix: prefix.clone(),
-                    delimiter: input.delimiter.clone(),
+                    delimiter: input.delimiter.clone().filter(|d| !d.is_empty()),
                     after: input.marker.clone().unwrap_or_default(),
                     max,
                 },
@@ -1119,14 +1131,15 @@ impl S3 for Cairn {
             .await?
         };
         // NextMarker is returned only with a delimiter (S3); clients use the last key otherwise.
-        let next_marker = (page.truncated && input.delimiter.is_some())
-            .then(|| page.last.clone().map(&enc))
-            .flatten();
+        let next_marker = (page.truncated
+            && input.delimiter.as_ref().is_some_and(|d| !d.is_empty()))
+        .then(|| page.last.clone().map(&enc))
+        .flatten();
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket),
             prefix: Some(enc(prefix)),
             marker: Some(enc(input.marker.unwrap_or_default())),
-            delimiter: input.delimiter.map(&enc),
+            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(&enc),
             max_keys: Some(max as i32),
             is_truncated: Some(page.truncated),
             next_marker,

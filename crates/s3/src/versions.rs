@@ -38,7 +38,7 @@ impl Cairn {
                 bucket: input.bucket.clone(),
                 list: ListRequest {
                     prefix: prefix.clone(),
-                    delimiter: input.delimiter.clone(),
+                    delimiter: input.delimiter.clone().filter(|d| !d.is_empty()),
                     after: input.key_marker.clone().unwrap_or_default(),
                     max: max.max(1),
                 },
@@ -60,7 +60,7 @@ impl Cairn {
         Ok(S3Response::new(ListObjectVersionsOutput {
             name: Some(input.bucket),
             prefix: Some(enc(prefix)),
-            delimiter: input.delimiter.map(&enc),
+            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(&enc),
             key_marker: Some(enc(input.key_marker.unwrap_or_default())),
             version_id_marker: Some(input.version_id_marker.unwrap_or_default()),
             next_key_marker: next_key.map(&enc),

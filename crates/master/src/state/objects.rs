@@ -194,6 +194,23 @@ impl ObjectIndex {
             ObjectQuery::Trash { max } => Ok(QueryReply::Trash(
                 self.trash.iter().take(*max as usize).cloned().collect(),
             )),
+            ObjectQuery::Unnamed { paths } => {
+                let mut left: std::collections::BTreeSet<&String> = paths.iter().collect();
+                let objects = self.buckets.values().flat_map(|b| b.objects.values());
+                for e in objects.flat_map(|o| o.extents.iter()) {
+                    left.remove(&e.path);
+                }
+                for p in self.uploads.values().flat_map(|u| u.parts.values()) {
+                    left.remove(&p.extent.path);
+                }
+                // Freed files are the trash's to delete.
+                Ok(QueryReply::Unnamed(
+                    left.into_iter()
+                        .filter(|p| !self.trash.contains(*p))
+                        .cloned()
+                        .collect(),
+                ))
+            }
             ObjectQuery::Users => Ok(QueryReply::Users(
                 self.users
                     .values()
