@@ -1327,9 +1327,29 @@ impl S3 for Cairn {
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let user = self.user(&req).await?;
         let input = req.input;
-        let upload = self
+        let upload = match self
             .upload_of(&user, &input.upload_id, &input.bucket, &input.key)
-            .await?;
+            .await
+        {
+            Ok(u) => u,
+            // Completed already (a client's retry, or a second completion): the object made
+            // from it is the answer, as on AWS.
+            Err(e) if *e.code() == S3ErrorCode::NoSuchUpload => {
+                match self.head(&user, &input.bucket, &input.key).await {
+                    Ok(o) if o.put_id == input.upload_id => {
+                        return Ok(S3Response::new(CompleteMultipartUploadOutput {
+                            bucket: Some(input.bucket.clone()),
+                            key: Some(input.key.clone()),
+                            e_tag: Some(etag(&o.etag)),
+                            location: Some(format!("/{}/{}", input.bucket, input.key)),
+                            ..Default::default()
+                        }));
+                    }
+                    _ => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
         let listed = input
             .multipart_upload
             .and_then(|m| m.parts)
