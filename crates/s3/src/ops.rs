@@ -267,6 +267,30 @@ fn list_entry_object(e: ListEntry, fetch_owner: bool) -> Object {
     }
 }
 
+/// A listing's common prefixes, encoded as the request asked.
+pub(crate) fn common_prefixes(
+    prefixes: Vec<String>,
+    enc: impl Fn(String) -> String,
+) -> Vec<CommonPrefix> {
+    prefixes
+        .into_iter()
+        .map(|p| CommonPrefix {
+            prefix: Some(enc(p)),
+        })
+        .collect()
+}
+
+/// What a completed upload answers (the first completion and any repeated one alike).
+fn completed(bucket: String, key: String, object_etag: &str) -> CompleteMultipartUploadOutput {
+    CompleteMultipartUploadOutput {
+        location: Some(format!("/{bucket}/{key}")),
+        bucket: Some(bucket),
+        key: Some(key),
+        e_tag: Some(etag(object_etag)),
+        ..Default::default()
+    }
+}
+
 pub(crate) fn owner(name: &str) -> Owner {
     Owner {
         display_name: Some(name.to_owned()),
@@ -1093,14 +1117,7 @@ impl S3 for Cairn {
                     })
                     .collect(),
             ),
-            common_prefixes: Some(
-                page.prefixes
-                    .into_iter()
-                    .map(|p| CommonPrefix {
-                        prefix: Some(enc(p)),
-                    })
-                    .collect(),
-            ),
+            common_prefixes: Some(common_prefixes(page.prefixes, &enc)),
             ..Default::default()
         }))
     }
@@ -1153,14 +1170,7 @@ impl S3 for Cairn {
                     })
                     .collect(),
             ),
-            common_prefixes: Some(
-                page.prefixes
-                    .into_iter()
-                    .map(|p| CommonPrefix {
-                        prefix: Some(enc(p)),
-                    })
-                    .collect(),
-            ),
+            common_prefixes: Some(common_prefixes(page.prefixes, &enc)),
             ..Default::default()
         }))
     }
@@ -1337,13 +1347,7 @@ impl S3 for Cairn {
             Err(e) if *e.code() == S3ErrorCode::NoSuchUpload => {
                 match self.head(&user, &input.bucket, &input.key).await {
                     Ok(o) if o.put_id == input.upload_id => {
-                        return Ok(S3Response::new(CompleteMultipartUploadOutput {
-                            bucket: Some(input.bucket.clone()),
-                            key: Some(input.key.clone()),
-                            e_tag: Some(etag(&o.etag)),
-                            location: Some(format!("/{}/{}", input.bucket, input.key)),
-                            ..Default::default()
-                        }));
+                        return Ok(S3Response::new(completed(input.bucket, input.key, &o.etag)));
                     }
                     _ => return Err(e),
                 }
@@ -1406,13 +1410,7 @@ impl S3 for Cairn {
             OpReply::Object(o) => o,
             OpReply::Done | OpReply::Volume(_) => meta,
         };
-        Ok(S3Response::new(CompleteMultipartUploadOutput {
-            bucket: Some(input.bucket.clone()),
-            key: Some(input.key.clone()),
-            e_tag: Some(etag(&o.etag)),
-            location: Some(format!("/{}/{}", input.bucket, input.key)),
-            ..Default::default()
-        }))
+        Ok(S3Response::new(completed(input.bucket, input.key, &o.etag)))
     }
 
     async fn abort_multipart_upload(

@@ -4,7 +4,7 @@
 //! (as on AWS before versioning is enabled), and no delete markers; `GetBucketVersioning`
 //! answers with no status. Turning versioning on is not supported (docs/object.md).
 
-use crate::ops::{Cairn, encoder, etag, max_keys, owner, timestamp};
+use crate::ops::{Cairn, common_prefixes, encoder, etag, max_keys, owner, timestamp};
 use cairn_rpc::object::{ListRequest, ObjectQuery};
 use s3s::dto::*;
 use s3s::{S3Response, S3Result};
@@ -86,14 +86,7 @@ impl Cairn {
                     })
                     .collect(),
             ),
-            common_prefixes: Some(
-                page.prefixes
-                    .into_iter()
-                    .map(|p| CommonPrefix {
-                        prefix: Some(enc(p)),
-                    })
-                    .collect(),
-            ),
+            common_prefixes: Some(common_prefixes(page.prefixes, &enc)),
             ..Default::default()
         }))
     }
