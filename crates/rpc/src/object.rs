@@ -36,7 +36,7 @@ pub struct Extent {
 }
 
 /// An object's entry in the index.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectMeta {
     pub size: u64,
     /// Without quotes: hex MD5 for a single PUT, `md5-of-md5s-N` for a multipart upload.
@@ -59,6 +59,14 @@ pub struct ObjectMeta {
     /// A multipart object's part sizes, in order (GET with `partNumber`); empty otherwise.
     #[serde(default)]
     pub part_sizes: Vec<u64>,
+    /// `COMPOSITE` (a checksum of the parts' checksums, `-N` appended) or `FULL_OBJECT` (of
+    /// the whole object) for the checksum in `checksums`; none when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum_type: Option<String>,
+    /// A multipart object's parts' checksums in its checksum algorithm, in order (GET with
+    /// `partNumber`); empty when it has none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub part_checksums: Vec<String>,
 }
 
 /// One part of a multipart upload.
@@ -88,6 +96,12 @@ pub struct Upload {
     pub user_meta: BTreeMap<String, String>,
     #[serde(default)]
     pub parts: BTreeMap<u32, Part>,
+    /// The checksum algorithm every part carries and the object gets (`x-amz-checksum-algorithm`
+    /// at creation), and its type (`COMPOSITE` or `FULL_OBJECT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum_algorithm: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum_type: Option<String>,
 }
 
 /// A user of the object service. The secret is stored by the masters and handed to gateways
@@ -148,11 +162,15 @@ pub enum ObjectOp {
         bucket: String,
     },
     /// Makes `meta` the object at `key` (last writer wins); frees the old version's data.
+    /// With a condition, only if the current version meets it (S3's conditional writes,
+    /// checked where the write is ordered, so two racing writers cannot both pass).
     PutObject {
         user: String,
         bucket: String,
         key: String,
         meta: ObjectMeta,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        condition: Option<PutCondition>,
     },
     /// Deleting a missing key succeeds (S3).
     DeleteObject {
@@ -177,6 +195,8 @@ pub enum ObjectOp {
         upload_id: String,
         parts: Vec<(u32, String)>,
         meta: ObjectMeta,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        condition: Option<PutCondition>,
     },
     AbortUpload {
         user: String,
@@ -495,6 +515,16 @@ pub enum QueryReply {
 
 pub type QueryResult = Result<QueryReply, ObjectError>;
 
+/// What a conditional PUT asks of the object it replaces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PutCondition {
+    /// `If-Match`: the current version has this ETag (`*`: any version exists). A missing
+    /// object is NoSuchKey, as S3 answers.
+    IfMatch(String),
+    /// `If-None-Match`: no version exists with this ETag (`*`: no version exists at all).
+    IfNoneMatch(String),
+}
+
 /// Why the object index refused a request. Each maps to the S3 error of the same name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum ObjectError {
@@ -534,6 +564,9 @@ pub enum ObjectError {
     /// snapshot).
     #[error("in use: {0}")]
     InUse(String),
+    /// A conditional PUT's condition does not hold.
+    #[error("at least one of the preconditions you specified did not hold")]
+    PreconditionFailed,
 }
 
 /// Encodes for a `bytes` field.

@@ -6,8 +6,12 @@
 //! keeps no state a restart would lose: every acknowledged PUT is durable in the cluster, so
 //! any number of gateways may serve one cluster.
 
+mod attributes;
+mod checksum;
 pub mod compact;
 pub mod data;
+mod http;
+mod multipart;
 mod ops;
 pub mod pack;
 mod versions;
@@ -254,10 +258,10 @@ impl Gateway {
             region: opts.region.clone(),
             writable: Arc::default(),
         };
-        tokio::spawn(ops::clean_uploads(gw.clone(), opts.upload_max_age));
+        tokio::spawn(multipart::clean_uploads(gw.clone(), opts.upload_max_age));
         let mut builder = s3s::service::S3ServiceBuilder::new(gw);
         builder.set_auth(Auth(users));
-        let service = builder.build();
+        let front = http::Front::new(builder.build());
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let endpoint = format!(
@@ -278,10 +282,11 @@ impl Gateway {
                     }
                 };
                 let _ = socket.set_nodelay(true);
-                let service = service.clone();
+                let front = front.clone();
                 let http = http.clone();
                 tokio::spawn(async move {
                     let io = hyper_util::rt::TokioIo::new(socket);
+                    let service = hyper::service::service_fn(move |req| front.clone().serve(req));
                     if let Err(e) = http.serve_connection(io, service).await {
                         tracing::debug!(error = %e, "connection ended");
                     }

@@ -1,13 +1,13 @@
 //! The S3 operations, mapped onto the object index and FlatLogFiles.
 
-use crate::data::{self, DataStore, Stored, hex, internal};
+use crate::checksum::{self, Sums, checksum_map, declared, hasher_for, with_trailers};
+use crate::data::{self, DataStore, Stored, internal};
 use crate::{HEX, Users, change, now_ms, query, random_id};
 use cairn_rpc::object::{
     Extent, ListEntry, ListPage, ListRequest, MAX_KEY_BYTES, MAX_LIST_KEYS, MAX_PARTS, ObjectError,
-    ObjectMeta, ObjectOp, ObjectQuery, OpReply, Part, QueryReply, Upload,
+    ObjectMeta, ObjectOp, ObjectQuery, OpReply, PutCondition, QueryReply,
 };
 use s3s::checksum::ChecksumHasher;
-use s3s::crypto::{Checksum as _, Md5};
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 use std::collections::BTreeMap;
@@ -43,6 +43,7 @@ pub fn s3_err(e: ObjectError) -> S3Error {
         ObjectError::AccessDenied => C::AccessDenied,
         ObjectError::UserExists => C::InvalidArgument,
         ObjectError::InvalidArgument(_) => C::InvalidArgument,
+        ObjectError::PreconditionFailed => C::PreconditionFailed,
         // Volumes are not S3's; a gateway never asks about them.
         ObjectError::NoSuchVolume
         | ObjectError::VolumeExists
@@ -57,7 +58,7 @@ pub(crate) fn timestamp(ms: u64) -> Timestamp {
     Timestamp::from(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
-fn ms_of(t: &Timestamp) -> u64 {
+pub(crate) fn ms_of(t: &Timestamp) -> u64 {
     let odt: time::OffsetDateTime = t.clone().into();
     (odt.unix_timestamp_nanos() / 1_000_000).max(0) as u64
 }
@@ -66,7 +67,7 @@ pub(crate) fn etag(e: &str) -> ETag {
     ETag::Strong(e.to_owned())
 }
 
-fn check_key(key: &str) -> S3Result<()> {
+pub(crate) fn check_key(key: &str) -> S3Result<()> {
     if key.is_empty() {
         return Err(s3_error!(InvalidArgument, "the key is empty"));
     }
@@ -77,7 +78,7 @@ fn check_key(key: &str) -> S3Result<()> {
 }
 
 /// The system headers an object keeps, from a PUT's (or copy's, or upload's) input.
-fn headers_of(
+pub(crate) fn headers_of(
     content_type: Option<&String>,
     content_encoding: Option<&String>,
     content_disposition: Option<&String>,
@@ -93,9 +94,22 @@ fn headers_of(
         ("content-language", content_language),
         ("cache-control", cache_control),
     ] {
-        if let Some(v) = v {
-            h.insert(name.to_owned(), v.clone());
-        }
+        let Some(v) = v else { continue };
+        let v = if name == "content-encoding" {
+            // aws-chunked is how the body travelled, not how the object is encoded (S3).
+            let kept: Vec<&str> = v
+                .split(',')
+                .map(str::trim)
+                .filter(|e| !e.is_empty() && !e.eq_ignore_ascii_case("aws-chunked"))
+                .collect();
+            if kept.is_empty() {
+                continue;
+            }
+            kept.join(", ")
+        } else {
+            v.clone()
+        };
+        h.insert(name.to_owned(), v);
     }
     if let Some(t) = expires {
         h.insert("expires".to_owned(), ms_of(t).to_string());
@@ -103,117 +117,28 @@ fn headers_of(
     h
 }
 
-fn user_meta(m: Option<Metadata>) -> BTreeMap<String, String> {
+pub(crate) fn user_meta(m: Option<Metadata>) -> BTreeMap<String, String> {
     m.map(|m| m.into_iter().collect()).unwrap_or_default()
 }
 
-/// A hasher for every checksum the request declared or asked for.
-fn hasher_for(
-    algorithm: Option<&ChecksumAlgorithm>,
-    declared: &Checksum,
-) -> S3Result<ChecksumHasher> {
-    let mut h = ChecksumHasher::default();
-    if declared.checksum_crc32.is_some() {
-        h.crc32 = Some(Default::default());
-    }
-    if declared.checksum_crc32c.is_some() {
-        h.crc32c = Some(Default::default());
-    }
-    if declared.checksum_sha1.is_some() {
-        h.sha1 = Some(Default::default());
-    }
-    if declared.checksum_sha256.is_some() {
-        h.sha256 = Some(Default::default());
-    }
-    if declared.checksum_crc64nvme.is_some() {
-        h.crc64nvme = Some(Default::default());
-    }
-    if let Some(a) = algorithm {
-        match a.as_str() {
-            ChecksumAlgorithm::CRC32 => h.crc32 = Some(Default::default()),
-            ChecksumAlgorithm::CRC32C => h.crc32c = Some(Default::default()),
-            ChecksumAlgorithm::SHA1 => h.sha1 = Some(Default::default()),
-            ChecksumAlgorithm::SHA256 => h.sha256 = Some(Default::default()),
-            ChecksumAlgorithm::CRC64NVME => h.crc64nvme = Some(Default::default()),
-            other => {
-                return Err(s3_error!(
-                    InvalidRequest,
-                    "unsupported checksum algorithm {other}"
-                ));
-            }
-        }
-    }
-    Ok(h)
-}
-
-/// Checksums sent in trailers (aws-chunked uploads, what current SDKs do by default) join
-/// those sent as headers.
-fn with_trailers(
-    mut declared: Checksum,
-    trailers: Option<s3s::TrailingHeaders>,
-) -> S3Result<Checksum> {
-    let Some(t) = trailers.and_then(|t| t.take()) else {
-        return Ok(declared);
+/// A conditional write's condition (PUT or CompleteMultipartUpload with If-Match or
+/// If-None-Match), checked by the masters where the write is ordered.
+pub(crate) fn put_condition(
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+) -> S3Result<Option<PutCondition>> {
+    let value = |c: &ETagCondition| match c {
+        ETagCondition::Any => "*".to_owned(),
+        ETagCondition::ETag(e) => e.value().to_owned(),
     };
-    let get = |name: &str| -> S3Result<Option<String>> {
-        match t.get(name) {
-            Some(v) => Ok(Some(
-                v.to_str()
-                    .map_err(|_| s3_error!(InvalidArgument, "a checksum trailer is not text"))?
-                    .to_owned(),
-            )),
-            None => Ok(None),
-        }
-    };
-    if let Some(v) = get("x-amz-checksum-crc32")? {
-        declared.checksum_crc32 = Some(v);
-    }
-    if let Some(v) = get("x-amz-checksum-crc32c")? {
-        declared.checksum_crc32c = Some(v);
-    }
-    if let Some(v) = get("x-amz-checksum-sha1")? {
-        declared.checksum_sha1 = Some(v);
-    }
-    if let Some(v) = get("x-amz-checksum-sha256")? {
-        declared.checksum_sha256 = Some(v);
-    }
-    if let Some(v) = get("x-amz-checksum-crc64nvme")? {
-        declared.checksum_crc64nvme = Some(v);
-    }
-    Ok(declared)
-}
-
-/// The checksums worth keeping: those computed, by algorithm name.
-fn checksum_map(c: &Checksum) -> BTreeMap<String, String> {
-    let mut m = BTreeMap::new();
-    for (name, v) in [
-        ("CRC32", &c.checksum_crc32),
-        ("CRC32C", &c.checksum_crc32c),
-        ("SHA1", &c.checksum_sha1),
-        ("SHA256", &c.checksum_sha256),
-        ("CRC64NVME", &c.checksum_crc64nvme),
-    ] {
-        if let Some(v) = v {
-            m.insert(name.to_owned(), v.clone());
-        }
-    }
-    m
-}
-
-fn declared(
-    crc32: Option<String>,
-    crc32c: Option<String>,
-    sha1: Option<String>,
-    sha256: Option<String>,
-    crc64nvme: Option<String>,
-) -> Checksum {
-    Checksum {
-        checksum_crc32: crc32,
-        checksum_crc32c: crc32c,
-        checksum_sha1: sha1,
-        checksum_sha256: sha256,
-        checksum_crc64nvme: crc64nvme,
-        checksum_type: None,
+    match (if_match, if_none_match) {
+        (Some(_), Some(_)) => Err(s3_error!(
+            NotImplemented,
+            "If-Match and If-None-Match cannot both be given to a write"
+        )),
+        (Some(c), None) => Ok(Some(PutCondition::IfMatch(value(c)))),
+        (None, Some(c)) => Ok(Some(PutCondition::IfNoneMatch(value(c)))),
+        (None, None) => Ok(None),
     }
 }
 
@@ -241,14 +166,33 @@ fn preconditions(
     {
         return Err(s3_error!(PreconditionFailed));
     }
+    let not_modified = || {
+        // A 304 names the version the client has (RFC 7232 §4.1).
+        let mut e = S3Error::with_message(S3ErrorCode::NotModified, "Not Modified");
+        let mut h = http::HeaderMap::new();
+        if let Ok(v) = http::HeaderValue::from_str(&format!("\"{}\"", o.etag)) {
+            h.insert(http::header::ETAG, v);
+        }
+        let lm = time::OffsetDateTime::from_unix_timestamp((o.mtime_ms / 1000) as i64)
+            .ok()
+            .and_then(|t| {
+                t.format(&time::format_description::well_known::Rfc2822)
+                    .ok()
+            });
+        if let Some(v) = lm.and_then(|v| http::HeaderValue::from_str(&v).ok()) {
+            h.insert(http::header::LAST_MODIFIED, v);
+        }
+        e.set_headers(h);
+        e
+    };
     if let Some(c) = if_none_match {
         if matches(c) {
-            return Err(s3_error!(NotModified));
+            return Err(not_modified());
         }
     } else if let Some(t) = if_modified_since
         && secs <= ms_of(t) / 1000
     {
-        return Err(s3_error!(NotModified));
+        return Err(not_modified());
     }
     Ok(())
 }
@@ -278,17 +222,6 @@ pub(crate) fn common_prefixes(
             prefix: Some(enc(p)),
         })
         .collect()
-}
-
-/// What a completed upload answers (the first completion and any repeated one alike).
-fn completed(bucket: String, key: String, object_etag: &str) -> CompleteMultipartUploadOutput {
-    CompleteMultipartUploadOutput {
-        location: Some(format!("/{bucket}/{key}")),
-        bucket: Some(bucket),
-        key: Some(key),
-        e_tag: Some(etag(object_etag)),
-        ..Default::default()
-    }
 }
 
 pub(crate) fn owner(name: &str) -> Owner {
@@ -328,7 +261,24 @@ pub(crate) fn max_keys(m: Option<i32>) -> S3Result<u32> {
 
 impl Cairn {
     /// The user a signed request acts for (s3s refuses unsigned ones before this).
-    async fn user<T>(&self, req: &S3Request<T>) -> S3Result<String> {
+    /// The user a signed request acts for in `bucket`; an anonymous request to a bucket that
+    /// does not exist is told so (NoSuchBucket, as S3), otherwise refused.
+    pub(crate) async fn user_in<T>(&self, req: &S3Request<T>, bucket: &str) -> S3Result<String> {
+        if req.credentials.is_none() {
+            let q = ObjectQuery::HeadBucket {
+                user: String::new(),
+                bucket: bucket.to_owned(),
+            };
+            if let Err(e) = query(&self.data.client, &q).await
+                && *e.code() == S3ErrorCode::NoSuchBucket
+            {
+                return Err(e);
+            }
+        }
+        self.user(req).await
+    }
+
+    pub(crate) async fn user<T>(&self, req: &S3Request<T>) -> S3Result<String> {
         let creds = req
             .credentials
             .as_ref()
@@ -339,7 +289,7 @@ impl Cairn {
         }
     }
 
-    async fn head(&self, user: &str, bucket: &str, key: &str) -> S3Result<ObjectMeta> {
+    pub(crate) async fn head(&self, user: &str, bucket: &str, key: &str) -> S3Result<ObjectMeta> {
         let q = ObjectQuery::HeadObject {
             user: user.to_owned(),
             bucket: bucket.to_owned(),
@@ -386,7 +336,7 @@ impl Cairn {
     /// Stores a body and, if its digests check out, returns it; otherwise frees what was
     /// written and fails.
     #[allow(clippy::too_many_arguments)]
-    async fn store_checked(
+    pub(crate) async fn store_checked(
         &self,
         bucket: &str,
         key: &str,
@@ -415,7 +365,7 @@ impl Cairn {
 
     /// Deletes extents no index entry names (a refused PUT's data). Pack bytes stay as dead
     /// bytes for compaction.
-    async fn discard(&self, extents: &[Extent]) {
+    pub(crate) async fn discard(&self, extents: &[Extent]) {
         for e in extents.iter().filter(|e| !e.shared) {
             if let Err(err) = self.data.client.delete(&e.path).await {
                 tracing::warn!(path = %e.path, error = %err, "could not delete refused data");
@@ -430,6 +380,7 @@ impl Cairn {
         bucket: &str,
         key: &str,
         meta: ObjectMeta,
+        condition: Option<PutCondition>,
     ) -> S3Result<ObjectMeta> {
         let extents = meta.extents.clone();
         let op = ObjectOp::PutObject {
@@ -437,6 +388,7 @@ impl Cairn {
             bucket: bucket.to_owned(),
             key: key.to_owned(),
             meta,
+            condition,
         };
         match change(&self.data.client, &op).await {
             Ok(OpReply::Object(o)) => Ok(o),
@@ -453,7 +405,7 @@ impl Cairn {
     }
 
     /// The source of a copy: its meta, after the copy-source conditions.
-    async fn copy_source(
+    pub(crate) async fn copy_source(
         &self,
         user: &str,
         src: &CopySource,
@@ -486,91 +438,58 @@ impl Cairn {
         })?;
         Ok((bucket.to_string(), key.to_string(), o))
     }
+}
 
-    async fn upload_of(
-        &self,
-        user: &str,
-        upload_id: &str,
-        bucket: &str,
-        key: &str,
-    ) -> S3Result<Upload> {
-        let q = ObjectQuery::ListParts {
-            user: user.to_owned(),
-            upload_id: upload_id.to_owned(),
-            after: 0,
-            max: 1,
-        };
-        match query(&self.data.client, &q).await? {
-            QueryReply::Parts { upload, .. } if upload.bucket == bucket && upload.key == key => {
-                Ok(upload)
-            }
-            QueryReply::Parts { .. } => Err(s3_error!(NoSuchUpload)),
-            _ => Err(internal("ListParts answered with something else")),
-        }
+/// The bytes of part `n` (1-based) of an object, and its index. A single-part object is its
+/// own part 1. A part past the last is InvalidPart (400), as ceph/s3-tests holds S3 to.
+fn part_range(o: &ObjectMeta, n: i32) -> S3Result<(std::ops::Range<u64>, usize)> {
+    let n = part_number(n)? as usize;
+    let count = o.part_sizes.len().max(1);
+    if n > count {
+        return Err(S3Error::with_message(
+            S3ErrorCode::InvalidPart,
+            format!("the object has {count} parts; there is no part {n}"),
+        ));
     }
+    if o.part_sizes.is_empty() {
+        return Ok((0..o.size, 0));
+    }
+    let start: u64 = o.part_sizes[..n - 1].iter().sum();
+    Ok((start..start + o.part_sizes[n - 1], n - 1))
+}
 
-    async fn put_part(&self, user: &str, upload_id: &str, part: Part) -> S3Result<()> {
-        let extent = part.extent.clone();
-        let op = ObjectOp::PutPart {
-            user: user.to_owned(),
-            upload_id: upload_id.to_owned(),
-            part,
-        };
-        if let Err(e) = change(&self.data.client, &op).await {
-            if e.code() != &S3ErrorCode::ServiceUnavailable {
-                self.discard(std::slice::from_ref(&extent)).await;
+/// The checksums a GET or HEAD answers: none unless asked (`x-amz-checksum-mode`) or for a
+/// byte range; a multipart object's part's own for `partNumber`; the object's otherwise.
+fn answered_sums(
+    o: &ObjectMeta,
+    part: Option<usize>,
+    whole: bool,
+    wanted: bool,
+) -> (Sums, Option<ChecksumType>) {
+    if !wanted || o.checksums.is_empty() {
+        return (Sums::default(), None);
+    }
+    let kind = o
+        .checksum_type
+        .clone()
+        .unwrap_or_else(|| ChecksumType::FULL_OBJECT.to_owned());
+    match part {
+        Some(i) if !o.part_sizes.is_empty() => {
+            match (o.checksums.keys().next(), o.part_checksums.get(i)) {
+                (Some(alg), Some(v)) => (Sums::one(alg, v.clone()), Some(ChecksumType::from(kind))),
+                _ => (Sums::default(), None),
             }
-            return Err(e);
         }
-        Ok(())
+        _ if whole => (Sums::of(&o.checksums), Some(ChecksumType::from(kind))),
+        _ => (Sums::default(), None),
     }
 }
 
-/// S3's InvalidPartNumber (416), which s3s has no code for.
-fn invalid_part_number() -> S3Error {
-    let mut e = S3Error::with_message(
-        S3ErrorCode::Custom("InvalidPartNumber".into()),
-        "the requested part number is not satisfiable",
-    );
-    e.set_status_code(http::StatusCode::RANGE_NOT_SATISFIABLE);
-    e
-}
-
-fn part_number(n: i32) -> S3Result<u32> {
+pub(crate) fn part_number(n: i32) -> S3Result<u32> {
     if n < 1 || n as u32 > MAX_PARTS {
         return Err(s3_error!(InvalidArgument, "part numbers are 1 to 10000"));
     }
     Ok(n as u32)
-}
-
-/// Aborts multipart uploads older than `max_age` (every gateway runs this; an abort that
-/// another gateway did first just finds the upload gone).
-pub async fn clean_uploads(gw: Cairn, max_age: Duration) {
-    let every = (max_age / 10).clamp(Duration::from_secs(1), Duration::from_secs(600));
-    loop {
-        tokio::time::sleep(every).await;
-        let q = ObjectQuery::StaleUploads {
-            before_ms: now_ms().saturating_sub(max_age.as_millis() as u64),
-            max: 100,
-        };
-        let Ok(QueryReply::Uploads(stale)) = query(&gw.data.client, &q).await else {
-            continue;
-        };
-        for u in stale {
-            let op = ObjectOp::AbortUpload {
-                user: u.owner.clone(),
-                upload_id: u.id.clone(),
-            };
-            match change(&gw.data.client, &op).await {
-                Ok(_) => {
-                    tracing::info!(upload = %u.id, bucket = %u.bucket, key = %u.key, "aborted an abandoned upload")
-                }
-                Err(e) => {
-                    tracing::debug!(upload = %u.id, error = %e, "abandoned upload not aborted")
-                }
-            }
-        }
-    }
 }
 
 #[async_trait::async_trait]
@@ -645,10 +564,35 @@ impl S3 for Cairn {
         let QueryReply::Buckets(list) = query(&self.data.client, &q).await? else {
             return Err(internal("ListBuckets answered with something else"));
         };
-        let prefix = req.input.prefix.unwrap_or_default();
+        let input = req.input;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        // The token is the last name answered (base64), as opaque to clients as S3's.
+        let after = match &input.continuation_token {
+            Some(t) => data::base64_decode(t)
+                .and_then(|raw| String::from_utf8(raw).ok())
+                .ok_or_else(|| s3_error!(InvalidArgument, "bad continuation token"))?,
+            None => String::new(),
+        };
+        let max = match input.max_buckets {
+            None => usize::MAX,
+            Some(n) if (1..=10_000).contains(&n) => n as usize,
+            Some(_) => {
+                return Err(s3_error!(InvalidArgument, "max-buckets is 1 to 10000"));
+            }
+        };
+        let mut list: Vec<_> = list
+            .into_iter()
+            .filter(|b| b.name.starts_with(&prefix) && b.name > after)
+            .collect();
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        let more = list.len() > max;
+        list.truncate(max);
+        let token = more
+            .then(|| list.last())
+            .flatten()
+            .map(|b| base64_simd::STANDARD.encode_to_string(b.name.as_bytes()));
         let buckets = list
             .into_iter()
-            .filter(|b| b.name.starts_with(&prefix))
             .map(|b| Bucket {
                 name: Some(b.name),
                 creation_date: Some(timestamp(b.created_ms)),
@@ -658,7 +602,8 @@ impl S3 for Cairn {
         Ok(S3Response::new(ListBucketsOutput {
             buckets: Some(buckets),
             owner: Some(owner(&user)),
-            ..Default::default()
+            continuation_token: token,
+            prefix: input.prefix,
         }))
     }
 
@@ -684,9 +629,17 @@ impl S3 for Cairn {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let user = self.user(&req).await?;
+        let user = self.user_in(&req, &req.input.bucket).await?;
+        if req
+            .headers
+            .get("content-md5")
+            .is_some_and(|v| v.as_bytes().iter().all(u8::is_ascii_whitespace))
+        {
+            return Err(s3_error!(InvalidDigest, "Content-MD5 is empty"));
+        }
         let input = req.input;
         check_key(&input.key)?;
+        let condition = put_condition(input.if_match.as_ref(), input.if_none_match.as_ref())?;
         let put_id = random_id(24, HEX);
         let sums = declared(
             input.checksum_crc32.clone(),
@@ -726,10 +679,10 @@ impl S3 for Cairn {
             user_meta: user_meta(input.metadata),
             checksums: checksum_map(&stored.checksums),
             extents: stored.extents,
-            part_sizes: Vec::new(),
+            ..Default::default()
         };
         let o = self
-            .commit_object(&user, &input.bucket, &input.key, meta)
+            .commit_object(&user, &input.bucket, &input.key, meta, condition)
             .await?;
         let c = &stored.checksums;
         Ok(S3Response::new(PutObjectOutput {
@@ -747,7 +700,7 @@ impl S3 for Cairn {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        let user = self.user(&req).await?;
+        let user = self.user_in(&req, &req.input.bucket).await?;
         let input = req.input;
         let o = self.head(&user, &input.bucket, &input.key).await?;
         preconditions(
@@ -757,7 +710,7 @@ impl S3 for Cairn {
             input.if_modified_since.as_ref(),
             input.if_unmodified_since.as_ref(),
         )?;
-        let (range, partial) = match (input.part_number, input.range) {
+        let (range, partial, part) = match (input.part_number, input.range) {
             (Some(_), Some(_)) => {
                 return Err(s3_error!(
                     InvalidRequest,
@@ -765,25 +718,22 @@ impl S3 for Cairn {
                 ));
             }
             (Some(n), None) => {
-                let n = part_number(n)? as usize;
-                let sizes = if o.part_sizes.is_empty() {
-                    vec![o.size]
-                } else {
-                    o.part_sizes.clone()
-                };
-                if n > sizes.len() {
-                    return Err(invalid_part_number());
-                }
-                let start: u64 = sizes[..n - 1].iter().sum();
-                (start..start + sizes[n - 1], !o.part_sizes.is_empty())
+                let (range, i) = part_range(&o, n)?;
+                (range, !o.part_sizes.is_empty(), Some(i))
             }
-            (None, Some(r)) => (r.check(o.size)?, true),
-            (None, None) => (0..o.size, false),
+            (None, Some(r)) => (r.check(o.size)?, true, None),
+            (None, None) => (0..o.size, false, None),
         };
         let len = range.end - range.start;
         let body = self.data.read(&o.extents, range.clone());
         let h = |name: &str| o.headers.get(name).cloned();
         let full = range.start == 0 && range.end == o.size;
+        let (sums, checksum_type) = answered_sums(
+            &o,
+            part,
+            full,
+            checksum::wanted(input.checksum_mode.as_ref()),
+        );
         let output = GetObjectOutput {
             body: Some(StreamingBlob::wrap(body)),
             content_length: Some(len as i64),
@@ -814,10 +764,12 @@ impl S3 for Cairn {
                 .response_expires
                 .or_else(|| h("expires").and_then(|v| v.parse().ok()).map(timestamp)),
             parts_count: (!o.part_sizes.is_empty()).then_some(o.part_sizes.len() as i32),
-            checksum_crc32: full.then(|| o.checksums.get("CRC32").cloned()).flatten(),
-            checksum_crc32c: full.then(|| o.checksums.get("CRC32C").cloned()).flatten(),
-            checksum_sha1: full.then(|| o.checksums.get("SHA1").cloned()).flatten(),
-            checksum_sha256: full.then(|| o.checksums.get("SHA256").cloned()).flatten(),
+            checksum_crc32: sums.crc32,
+            checksum_crc32c: sums.crc32c,
+            checksum_sha1: sums.sha1,
+            checksum_sha256: sums.sha256,
+            checksum_crc64nvme: sums.crc64nvme,
+            checksum_type,
             ..Default::default()
         };
         let mut resp = S3Response::new(output);
@@ -831,7 +783,7 @@ impl S3 for Cairn {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        let user = self.user(&req).await?;
+        let user = self.user_in(&req, &req.input.bucket).await?;
         let input = req.input;
         let o = self.head(&user, &input.bucket, &input.key).await?;
         preconditions(
@@ -841,19 +793,19 @@ impl S3 for Cairn {
             input.if_modified_since.as_ref(),
             input.if_unmodified_since.as_ref(),
         )?;
-        let mut len = o.size;
-        if let Some(n) = input.part_number {
-            let n = part_number(n)? as usize;
-            let sizes = if o.part_sizes.is_empty() {
-                vec![o.size]
-            } else {
-                o.part_sizes.clone()
-            };
-            if n > sizes.len() {
-                return Err(invalid_part_number());
+        let (len, part) = match input.part_number {
+            Some(n) => {
+                let (range, i) = part_range(&o, n)?;
+                (range.end - range.start, Some(i))
             }
-            len = sizes[n - 1];
-        }
+            None => (o.size, None),
+        };
+        let (sums, checksum_type) = answered_sums(
+            &o,
+            part,
+            true,
+            checksum::wanted(input.checksum_mode.as_ref()),
+        );
         let h = |name: &str| o.headers.get(name).cloned();
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(len as i64),
@@ -868,10 +820,12 @@ impl S3 for Cairn {
             cache_control: h("cache-control"),
             expires: h("expires").and_then(|v| v.parse().ok()).map(timestamp),
             parts_count: (!o.part_sizes.is_empty()).then_some(o.part_sizes.len() as i32),
-            checksum_crc32: o.checksums.get("CRC32").cloned(),
-            checksum_crc32c: o.checksums.get("CRC32C").cloned(),
-            checksum_sha1: o.checksums.get("SHA1").cloned(),
-            checksum_sha256: o.checksums.get("SHA256").cloned(),
+            checksum_crc32: sums.crc32,
+            checksum_crc32c: sums.crc32c,
+            checksum_sha1: sums.sha1,
+            checksum_sha256: sums.sha256,
+            checksum_crc64nvme: sums.crc64nvme,
+            checksum_type,
             ..Default::default()
         }))
     }
@@ -880,7 +834,7 @@ impl S3 for Cairn {
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        let user = self.user(&req).await?;
+        let user = self.user_in(&req, &req.input.bucket).await?;
         check_key(&req.input.key)?;
         let op = ObjectOp::DeleteObject {
             user,
@@ -1014,10 +968,10 @@ impl S3 for Cairn {
             user_meta,
             checksums: checksum_map(&stored.checksums),
             extents: stored.extents,
-            part_sizes: Vec::new(),
+            ..Default::default()
         };
         let o = self
-            .commit_object(&user, &input.bucket, &input.key, meta)
+            .commit_object(&user, &input.bucket, &input.key, meta, None)
             .await?;
         Ok(S3Response::new(CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
@@ -1030,6 +984,13 @@ impl S3 for Cairn {
             }),
             ..Default::default()
         }))
+    }
+
+    async fn get_object_attributes(
+        &self,
+        req: S3Request<GetObjectAttributesInput>,
+    ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+        self.attributes(req).await
     }
 
     async fn list_object_versions(
@@ -1154,7 +1115,9 @@ impl S3 for Cairn {
         .flatten();
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket),
-            prefix: Some(enc(prefix)),
+            // ListObjects (v1) answers its Prefix as sent, even with encoding-type=url (S3;
+            // SDKs decode Marker, NextMarker, Delimiter, keys and common prefixes only).
+            prefix: Some(prefix),
             marker: Some(enc(input.marker.unwrap_or_default())),
             delimiter: input.delimiter.filter(|d| !d.is_empty()).map(&enc),
             max_keys: Some(max as i32),
@@ -1179,390 +1142,48 @@ impl S3 for Cairn {
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-        let user = self.user(&req).await?;
-        let input = req.input;
-        check_key(&input.key)?;
-        let upload = Upload {
-            id: random_id(32, HEX),
-            bucket: input.bucket.clone(),
-            key: input.key.clone(),
-            owner: user.clone(),
-            initiated_ms: now_ms(),
-            headers: headers_of(
-                input.content_type.as_ref(),
-                input.content_encoding.as_ref(),
-                input.content_disposition.as_ref(),
-                input.content_language.as_ref(),
-                input.cache_control.as_ref(),
-                input.expires.as_ref(),
-            ),
-            user_meta: user_meta(input.metadata),
-            parts: BTreeMap::new(),
-        };
-        let id = upload.id.clone();
-        change(&self.data.client, &ObjectOp::CreateUpload { user, upload }).await?;
-        Ok(S3Response::new(CreateMultipartUploadOutput {
-            bucket: Some(input.bucket),
-            key: Some(input.key),
-            upload_id: Some(id),
-            ..Default::default()
-        }))
+        self.start_upload(req).await
     }
 
     async fn upload_part(
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        let user = self.user(&req).await?;
-        let input = req.input;
-        let number = part_number(input.part_number)?;
-        self.upload_of(&user, &input.upload_id, &input.bucket, &input.key)
-            .await?;
-        let sums = declared(
-            input.checksum_crc32.clone(),
-            input.checksum_crc32c.clone(),
-            input.checksum_sha1.clone(),
-            input.checksum_sha256.clone(),
-            input.checksum_crc64nvme.clone(),
-        );
-        let name = format!("{}-{number}-{}", input.upload_id, random_id(8, HEX));
-        let stored = self
-            .store_checked(
-                &input.bucket,
-                &input.key,
-                &name,
-                input.body,
-                input.checksum_algorithm.as_ref(),
-                sums,
-                input.content_md5.as_deref(),
-                req.trailing_headers,
-                true,
-            )
-            .await?;
-        let c = stored.checksums.clone();
-        let part = Part {
-            number,
-            size: stored.size,
-            etag: stored.md5_hex.clone(),
-            mtime_ms: now_ms(),
-            extent: own_extent(stored.extents)?,
-            checksums: checksum_map(&stored.checksums),
-        };
-        self.put_part(&user, &input.upload_id, part).await?;
-        Ok(S3Response::new(UploadPartOutput {
-            e_tag: Some(etag(&stored.md5_hex)),
-            checksum_crc32: c.checksum_crc32,
-            checksum_crc32c: c.checksum_crc32c,
-            checksum_sha1: c.checksum_sha1,
-            checksum_sha256: c.checksum_sha256,
-            checksum_crc64nvme: c.checksum_crc64nvme,
-            ..Default::default()
-        }))
+        self.put_upload_part(req).await
     }
 
     async fn upload_part_copy(
         &self,
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
-        let user = self.user(&req).await?;
-        let input = req.input;
-        let number = part_number(input.part_number)?;
-        self.upload_of(&user, &input.upload_id, &input.bucket, &input.key)
-            .await?;
-        let (_, _, src) = self
-            .copy_source(
-                &user,
-                &input.copy_source,
-                input.copy_source_if_match.as_ref(),
-                input.copy_source_if_none_match.as_ref(),
-                input.copy_source_if_modified_since.as_ref(),
-                input.copy_source_if_unmodified_since.as_ref(),
-            )
-            .await?;
-        let range = match &input.copy_source_range {
-            None => 0..src.size,
-            Some(r) => {
-                let r = r
-                    .strip_prefix("bytes=")
-                    .and_then(|r| r.split_once('-'))
-                    .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
-                    .ok_or_else(|| {
-                        s3_error!(
-                            InvalidArgument,
-                            "x-amz-copy-source-range must be bytes=first-last"
-                        )
-                    })?;
-                if r.0 > r.1 || r.1 >= src.size {
-                    return Err(s3_error!(InvalidRange));
-                }
-                r.0..r.1 + 1
-            }
-        };
-        let name = format!("{}-{number}-{}", input.upload_id, random_id(8, HEX));
-        let body = self.data.read(&src.extents, range);
-        let stored = self
-            .data
-            .store(
-                &input.bucket,
-                &input.key,
-                &name,
-                body,
-                ChecksumHasher::default(),
-                true,
-            )
-            .await?;
-        let part = Part {
-            number,
-            size: stored.size,
-            etag: stored.md5_hex.clone(),
-            mtime_ms: now_ms(),
-            extent: own_extent(stored.extents)?,
-            checksums: BTreeMap::new(),
-        };
-        let mtime = part.mtime_ms;
-        self.put_part(&user, &input.upload_id, part).await?;
-        Ok(S3Response::new(UploadPartCopyOutput {
-            copy_part_result: Some(CopyPartResult {
-                e_tag: Some(etag(&stored.md5_hex)),
-                last_modified: Some(timestamp(mtime)),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }))
+        self.copy_upload_part(req).await
     }
 
     async fn complete_multipart_upload(
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        let user = self.user(&req).await?;
-        let input = req.input;
-        let upload = match self
-            .upload_of(&user, &input.upload_id, &input.bucket, &input.key)
-            .await
-        {
-            Ok(u) => u,
-            // Completed already (a client's retry, or a second completion): the object made
-            // from it is the answer, as on AWS.
-            Err(e) if *e.code() == S3ErrorCode::NoSuchUpload => {
-                match self.head(&user, &input.bucket, &input.key).await {
-                    Ok(o) if o.put_id == input.upload_id => {
-                        return Ok(S3Response::new(completed(input.bucket, input.key, &o.etag)));
-                    }
-                    _ => return Err(e),
-                }
-            }
-            Err(e) => return Err(e),
-        };
-        let listed = input
-            .multipart_upload
-            .and_then(|m| m.parts)
-            .filter(|p| !p.is_empty())
-            .ok_or_else(|| s3_error!(MalformedXML, "the completion lists no parts"))?;
-        let mut parts = Vec::with_capacity(listed.len());
-        let mut md5s = Md5::new();
-        for p in &listed {
-            let n = part_number(
-                p.part_number
-                    .ok_or_else(|| s3_error!(MalformedXML, "a part without a number"))?,
-            )?;
-            let e = p
-                .e_tag
-                .as_ref()
-                .ok_or_else(|| s3_error!(MalformedXML, "a part without an ETag"))?;
-            let raw = e.value().trim_matches('"').to_owned();
-            let bytes = (raw.len() == 32)
-                .then(|| {
-                    (0..16)
-                        .map(|i| u8::from_str_radix(&raw[2 * i..2 * i + 2], 16).ok())
-                        .collect::<Option<Vec<u8>>>()
-                })
-                .flatten()
-                .ok_or_else(|| {
-                    S3Error::with_message(
-                        S3ErrorCode::InvalidPart,
-                        format!("part {n}: malformed ETag"),
-                    )
-                })?;
-            md5s.update(&bytes);
-            parts.push((n, raw));
-        }
-        let etag_value = format!("{}-{}", hex(md5s.finalize().as_ref()), parts.len());
-        let meta = ObjectMeta {
-            size: 0,
-            etag: etag_value,
-            mtime_ms: now_ms(),
-            // A retried completion is recognised by the upload's id.
-            put_id: input.upload_id.clone(),
-            headers: upload.headers,
-            user_meta: upload.user_meta,
-            checksums: BTreeMap::new(),
-            extents: Vec::new(),
-            part_sizes: Vec::new(),
-        };
-        let op = ObjectOp::CompleteUpload {
-            user,
-            upload_id: input.upload_id,
-            parts,
-            meta: meta.clone(),
-        };
-        let o = match change(&self.data.client, &op).await? {
-            OpReply::Object(o) => o,
-            OpReply::Done | OpReply::Volume(_) => meta,
-        };
-        Ok(S3Response::new(completed(input.bucket, input.key, &o.etag)))
+        self.complete_upload(req).await
     }
 
     async fn abort_multipart_upload(
         &self,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        let user = self.user(&req).await?;
-        let input = req.input;
-        self.upload_of(&user, &input.upload_id, &input.bucket, &input.key)
-            .await?;
-        let op = ObjectOp::AbortUpload {
-            user,
-            upload_id: input.upload_id,
-        };
-        change(&self.data.client, &op).await?;
-        Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+        self.abort_upload(req).await
     }
 
     async fn list_multipart_uploads(
         &self,
         req: S3Request<ListMultipartUploadsInput>,
     ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
-        let user = self.user(&req).await?;
-        let input = req.input;
-        let enc = encoder(input.encoding_type.as_ref())?;
-        let encoding_type = input.encoding_type.clone();
-        let max = max_keys(input.max_uploads)?.max(1);
-        let after = match (&input.key_marker, &input.upload_id_marker) {
-            (Some(k), Some(u)) => format!("{k}\0{u}"),
-            // After every upload of the key.
-            (Some(k), None) => format!("{k}\u{1}"),
-            _ => String::new(),
-        };
-        let prefix = input.prefix.clone().unwrap_or_default();
-        let page = self
-            .list(ObjectQuery::ListUploads {
-                user,
-                bucket: input.bucket.clone(),
-                list: ListRequest {
-                    prefix: prefix.clone(),
-                    delimiter: None,
-                    after,
-                    max,
-                },
-            })
-            .await?;
-        let last = page.entries.last().cloned();
-        Ok(S3Response::new(ListMultipartUploadsOutput {
-            bucket: Some(input.bucket),
-            prefix: Some(enc(prefix)),
-            key_marker: input.key_marker,
-            upload_id_marker: input.upload_id_marker,
-            max_uploads: Some(max as i32),
-            is_truncated: Some(page.truncated),
-            next_key_marker: page
-                .truncated
-                .then(|| last.as_ref().map(|l| enc(l.key.clone())))
-                .flatten(),
-            next_upload_id_marker: page
-                .truncated
-                .then(|| last.as_ref().map(|l| l.upload_id.clone()))
-                .flatten(),
-            encoding_type,
-            uploads: Some(
-                page.entries
-                    .into_iter()
-                    .map(|e| MultipartUpload {
-                        key: Some(enc(e.key)),
-                        upload_id: Some(e.upload_id),
-                        initiated: Some(timestamp(e.mtime_ms)),
-                        owner: Some(owner(&e.owner)),
-                        initiator: Some(Initiator {
-                            display_name: Some(e.owner.clone()),
-                            id: Some(e.owner),
-                        }),
-                        storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
-                        ..Default::default()
-                    })
-                    .collect(),
-            ),
-            ..Default::default()
-        }))
+        self.uploads(req).await
     }
 
     async fn list_parts(
         &self,
         req: S3Request<ListPartsInput>,
     ) -> S3Result<S3Response<ListPartsOutput>> {
-        let user = self.user(&req).await?;
-        let input = req.input;
-        let after = match input.part_number_marker {
-            None => 0,
-            Some(m) => u32::try_from(m)
-                .map_err(|_| s3_error!(InvalidArgument, "part-number-marker is not negative"))?,
-        };
-        let max = input.max_parts.unwrap_or(1000).clamp(1, 1000) as u32;
-        let q = ObjectQuery::ListParts {
-            user,
-            upload_id: input.upload_id.clone(),
-            after,
-            max,
-        };
-        let QueryReply::Parts {
-            upload,
-            parts,
-            truncated,
-        } = query(&self.data.client, &q).await?
-        else {
-            return Err(internal("ListParts answered with something else"));
-        };
-        if upload.bucket != input.bucket || upload.key != input.key {
-            return Err(s3_error!(NoSuchUpload));
-        }
-        let next = parts.last().map(|p| p.number as i32);
-        Ok(S3Response::new(ListPartsOutput {
-            bucket: Some(input.bucket),
-            key: Some(input.key),
-            upload_id: Some(input.upload_id),
-            max_parts: Some(max as i32),
-            is_truncated: Some(truncated),
-            part_number_marker: input.part_number_marker,
-            next_part_number_marker: truncated.then_some(next).flatten(),
-            owner: Some(owner(&upload.owner)),
-            initiator: Some(Initiator {
-                display_name: Some(upload.owner.clone()),
-                id: Some(upload.owner),
-            }),
-            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
-            parts: Some(
-                parts
-                    .into_iter()
-                    .map(|p| s3s::dto::Part {
-                        part_number: Some(p.number as i32),
-                        size: Some(p.size as i64),
-                        e_tag: Some(etag(&p.etag)),
-                        last_modified: Some(timestamp(p.mtime_ms)),
-                        checksum_crc32: p.checksums.get("CRC32").cloned(),
-                        checksum_crc32c: p.checksums.get("CRC32C").cloned(),
-                        checksum_sha256: p.checksums.get("SHA256").cloned(),
-                        ..Default::default()
-                    })
-                    .collect(),
-            ),
-            ..Default::default()
-        }))
-    }
-}
-
-/// A part's one extent (parts always get files of their own).
-fn own_extent(mut extents: Vec<Extent>) -> S3Result<Extent> {
-    match (extents.pop(), extents.is_empty()) {
-        (Some(e), true) => Ok(e),
-        _ => Err(internal("a part was stored as other than one extent")),
+        self.parts(req).await
     }
 }

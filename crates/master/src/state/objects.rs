@@ -9,7 +9,8 @@ use super::{Command, State};
 use cairn_rpc::object::{
     BucketInfo, Extent, GATEWAY_FORGET_MS, Gateway, ListEntry, ListPage, ListRequest,
     MAX_LIST_KEYS, MIN_PART_BYTES, ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply,
-    OpResult, PackCandidate, Part, QueryReply, QueryResult, Snapshot, Upload, User, Volume,
+    OpResult, PackCandidate, Part, PutCondition, QueryReply, QueryResult, Snapshot, Upload, User,
+    Volume,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -490,8 +491,12 @@ impl State {
                 bucket,
                 key,
                 meta,
+                condition,
             } => {
-                idx.bucket(user, bucket)?;
+                let b = idx.bucket(user, bucket)?;
+                if let Some(c) = condition {
+                    check_condition(b.objects.get(key), meta, c)?;
+                }
                 check_meta(meta)?;
                 self.check_extents(meta.extents.iter())?;
                 Ok(OpReply::Object(self.install(bucket, key, meta.clone())))
@@ -551,7 +556,8 @@ impl State {
                 upload_id,
                 parts,
                 meta,
-            } => self.complete_upload(user, upload_id, parts, meta),
+                condition,
+            } => self.complete_upload(user, upload_id, parts, meta, condition.as_ref()),
             ObjectOp::GatewaySeen { gateway } => {
                 let now = gateway.seen_ms;
                 idx.gateways
@@ -795,6 +801,7 @@ impl State {
         upload_id: &str,
         listed: &[(u32, String)],
         meta: &ObjectMeta,
+        condition: Option<&PutCondition>,
     ) -> OpResult {
         let upload = match self.objects.upload(user, upload_id) {
             Ok(u) => u,
@@ -833,8 +840,23 @@ impl State {
             }
             chosen.push(p.clone());
         }
+        if let Some(alg) = &upload.checksum_algorithm {
+            // The gateway computed the object's checksum from these; they must be the parts'.
+            let sums: Option<Vec<String>> = chosen
+                .iter()
+                .map(|p| p.checksums.get(alg).cloned())
+                .collect();
+            if sums.as_ref() != Some(&meta.part_checksums) {
+                return Err(ObjectError::InvalidArgument(
+                    "the completion's part checksums are not its parts'".into(),
+                ));
+            }
+        }
         let (bucket, key) = (upload.bucket.clone(), upload.key.clone());
-        self.objects.bucket(user, &bucket)?;
+        let b = self.objects.bucket(user, &bucket)?;
+        if let Some(c) = condition {
+            check_condition(b.objects.get(&key), meta, c)?;
+        }
         let upload = self.objects.uploads.remove(upload_id).expect("checked");
         let mut meta = meta.clone();
         meta.size = chosen.iter().map(|p| p.size).sum();
@@ -922,6 +944,28 @@ impl State {
                 self.objects.trash.insert(e.path.clone());
             }
         }
+    }
+}
+
+/// A conditional PUT's condition against the current version (a retry of the PUT that made
+/// the current version passes: its condition held when it first applied).
+fn check_condition(
+    cur: Option<&ObjectMeta>,
+    meta: &ObjectMeta,
+    condition: &PutCondition,
+) -> Result<(), ObjectError> {
+    if cur.is_some_and(|c| c.put_id == meta.put_id) {
+        return Ok(());
+    }
+    match (condition, cur) {
+        (PutCondition::IfMatch(_), None) => Err(ObjectError::NoSuchKey),
+        (PutCondition::IfMatch(e), Some(c)) if e != "*" && *e != c.etag => {
+            Err(ObjectError::PreconditionFailed)
+        }
+        (PutCondition::IfNoneMatch(e), Some(c)) if e == "*" || *e == c.etag => {
+            Err(ObjectError::PreconditionFailed)
+        }
+        _ => Ok(()),
     }
 }
 
@@ -1073,11 +1117,8 @@ mod tests {
             etag: "e".into(),
             mtime_ms: 1,
             put_id: put_id.into(),
-            headers: BTreeMap::new(),
-            user_meta: BTreeMap::new(),
-            checksums: BTreeMap::new(),
             extents,
-            part_sizes: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -1087,6 +1128,7 @@ mod tests {
             bucket: bucket.into(),
             key: key.into(),
             meta: m,
+            condition: None,
         }
     }
 
