@@ -218,8 +218,13 @@ impl ServiceArgs {
 pub fn masters_client(masters: &[String]) -> anyhow::Result<cairn_rpc::Masters> {
     Ok(cairn_rpc::Masters::new(masters)?
         .credential(credential()?)
-        .tls(tls()?))
+        .tls(tls()?)
+        .unreachable_for(Some(UNREACHABLE_FOR)))
 }
+
+/// How long a command waits for masters that do not answer at all before it says so (an
+/// election, when some master answers, is waited out for the SDK's `retry_for`).
+pub const UNREACHABLE_FOR: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// The SDK's options with [`credential`].
 ///
@@ -230,6 +235,7 @@ pub fn client_options() -> anyhow::Result<cairn_client::ClientOptions> {
         credential: credential()?,
         tls: tls()?,
         data_tls: data_tls()?,
+        unreachable_for: Some(UNREACHABLE_FOR),
         ..cairn_client::ClientOptions::default()
     })
 }

@@ -435,3 +435,30 @@ async fn users_are_listed_rotated_and_deleted() {
     let e = fails(&mut user(&["delete", "dave"]));
     assert!(e.contains("no user dave"), "{e}");
 }
+
+/// Masters that do not answer — nothing listening, or a process that accepts and never
+/// replies (stopped) — are reported within seconds, naming the address (the SDK alone keeps
+/// trying for 15 s).
+#[test]
+fn unreachable_and_frozen_masters_are_named_within_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    // Accepts (the kernel's backlog) and never answers: a SIGSTOPped master.
+    let frozen_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let frozen = frozen_listener.local_addr().unwrap().to_string();
+    for addr in [&closed, &frozen] {
+        let started = std::time::Instant::now();
+        let mut c = common::cairn();
+        c.current_dir(dir.path())
+            .args(["fs", "ls", "/"])
+            .env("CAIRN_CLUSTER", addr);
+        let err = fails(&mut c);
+        let took = started.elapsed();
+        eprintln!("{addr}: {took:?}: {err}");
+        assert!(err.contains(addr.as_str()), "{err}");
+        assert!(took < std::time::Duration::from_secs(14), "{took:?}");
+    }
+}

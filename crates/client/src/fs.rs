@@ -65,6 +65,9 @@ pub struct ClientOptions {
     pub cache_entries: usize,
     /// How long metadata calls keep trying through master elections.
     pub retry_for: Duration,
+    /// How long metadata calls keep trying while no master answers at all (none:
+    /// `retry_for`); command-line tools set a few seconds.
+    pub unreachable_for: Option<Duration>,
     /// How often a writer renews its lease.
     pub renew_every: Duration,
     /// A data-plane request without a reply after this long has failed (the replica is then
@@ -103,6 +106,7 @@ impl Default for ClientOptions {
             prefetch: 1,
             cache_entries: 4096,
             retry_for: Duration::from_secs(15),
+            unreachable_for: None,
             renew_every: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             chase_timeout: Duration::from_millis(500),
@@ -260,6 +264,7 @@ impl Client {
     pub async fn with_options(masters: &[String], opts: ClientOptions) -> Result<Self> {
         let m = Masters::new(masters)?
             .retry_for(opts.retry_for)
+            .unreachable_for(opts.unreachable_for)
             .batch_in_flight(opts.meta_batch_in_flight)
             .credential(opts.credential.clone())
             .tls(opts.tls.clone());

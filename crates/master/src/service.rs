@@ -45,7 +45,7 @@ fn frees(cmd: &Command) -> bool {
         Command::Delete { .. } => true,
         Command::Batch(cmds) => cmds.iter().any(frees),
         Command::Object(op) => matches!(
-            op,
+            op.as_ref(),
             O::PutObject { .. }
                 | O::DeleteObject { .. }
                 | O::DeleteBucket { .. }
@@ -503,7 +503,7 @@ impl Inner {
                 Some(Op::Object(b)) => who
                     .require_admin("the object index (the S3 gateway's)")
                     .and_then(|()| cairn_rpc::object::decode(&b))
-                    .map(|op| (Command::Object(op), Answer::Object)),
+                    .map(|op| (Command::Object(Box::new(op)), Answer::Object)),
                 None => Err(MetaError::invalid("a batch operation without an operation")),
             };
             match prepared {

@@ -499,7 +499,7 @@ pub enum Command {
     /// has its own result in [`Reply::batch`]. A batch inside a batch is refused.
     Batch(Vec<Command>),
     /// A change to the object index (the S3 gateway's); its answer is in [`Reply::object`].
-    Object(cairn_rpc::object::ObjectOp),
+    Object(Box<cairn_rpc::object::ObjectOp>),
 }
 
 impl fmt::Display for Command {

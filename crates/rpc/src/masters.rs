@@ -29,6 +29,10 @@ pub(crate) struct Shared {
     leader: Mutex<Option<String>>,
     clients: Mutex<HashMap<String, MetaClient<Signed>>>,
     retry_for: Mutex<Duration>,
+    /// How long a call keeps trying when no master answers at all (none: `retry_for`). A
+    /// command-line tool sets a few seconds, so that a wrong address or a stopped cluster is
+    /// reported at once; servers keep trying through elections.
+    unreachable_for: Mutex<Option<Duration>>,
     /// What every call is signed with (none: the masters must run `--insecure`).
     cred: Mutex<Option<Arc<Credential>>>,
     /// TLS to the masters (none: plain TCP).
@@ -47,6 +51,7 @@ impl Masters {
             leader: Mutex::new(None),
             clients: Mutex::new(HashMap::new()),
             retry_for: Mutex::new(Duration::from_secs(15)),
+            unreachable_for: Mutex::new(None),
             cred: Mutex::new(None),
             tls: Mutex::new(None),
         };
@@ -63,6 +68,13 @@ impl Masters {
     #[must_use]
     pub fn retry_for(self, d: Duration) -> Self {
         *self.shared.retry_for.lock() = d;
+        self
+    }
+
+    /// How long a call keeps trying while no master answers at all (default: `retry_for`).
+    #[must_use]
+    pub fn unreachable_for(self, d: Option<Duration>) -> Self {
+        *self.shared.unreachable_for.lock() = d;
         self
     }
 
@@ -290,6 +302,10 @@ impl Shared {
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut backoff = self.backoff();
+        let started = Instant::now();
+        let unreachable_for = *self.unreachable_for.lock();
+        // Every answer so far was "unreachable" (no master process answered at all).
+        let mut none_answered = true;
         let mut idx = 0;
         let mut tries = 0;
         let mut target = self
@@ -313,6 +329,10 @@ impl Shared {
                 _ => false,
             };
             tries += 1;
+            none_answered &= err.kind == ErrorKind::Unavailable;
+            let given_up = none_answered
+                && unreachable_for.is_some_and(|u| started.elapsed() >= u)
+                && tries >= self.addrs.len();
             if err.kind == ErrorKind::Unavailable {
                 // Unreachable or without a leader: the next call starts elsewhere (a master
                 // that stopped answering would otherwise hold every call for its timeout).
@@ -323,7 +343,22 @@ impl Shared {
                 }
             }
             // Every master is tried once even when a slow failure used up the time.
-            if !retry || (backoff.expired() && tries >= self.addrs.len()) {
+            if !retry || given_up || (backoff.expired() && tries >= self.addrs.len()) {
+                let mut err = err;
+                if err.kind == ErrorKind::Unavailable {
+                    // Say where: which masters were tried, for how long, and what to check.
+                    let hint = if none_answered {
+                        "; none answered: are they running, and are these the right addresses?"
+                    } else {
+                        ""
+                    };
+                    err.message = format!(
+                        "{} (masters tried for {:.1} s: {}{hint})",
+                        err.message,
+                        started.elapsed().as_secs_f64(),
+                        self.addrs.join(", ")
+                    );
+                }
                 return Err(err);
             }
             match (&err.kind, &err.leader) {

@@ -20,11 +20,13 @@ impl Cairn {
             ));
         }
         let o = self.head(&user, &input.bucket, &input.key).await?;
+        // The header is a comma-separated list; s3s may hand it over as one element.
         let want = |a: &str| {
             input
                 .object_attributes
                 .iter()
-                .any(|x| x.as_str().eq_ignore_ascii_case(a))
+                .flat_map(|x| x.as_str().split(','))
+                .any(|x| x.trim().eq_ignore_ascii_case(a))
         };
         let mut out = GetObjectAttributesOutput {
             last_modified: Some(timestamp(o.mtime_ms)),

@@ -264,7 +264,9 @@ pub(crate) fn combine(algorithm: &str, kind: &str, parts: &[(String, u64)]) -> S
         });
     }
     let v = acc.ok_or_else(|| s3_error!(MalformedXML, "no parts"))?;
-    Ok(b64(&v.to_be_bytes()[8 - width..]))
+    // Big-endian, `width` bytes, as S3 writes a CRC.
+    let bytes: Vec<u8> = (0..width).rev().map(|i| (v >> (8 * i)) as u8).collect();
+    Ok(b64(&bytes))
 }
 
 #[cfg(test)]

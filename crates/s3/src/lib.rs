@@ -130,6 +130,18 @@ impl Users {
 
 struct Auth(Arc<Users>);
 
+/// Lets unsigned requests reach the operations, each of which refuses them (`AccessDenied`)
+/// after saying whether the bucket exists (`NoSuchBucket`, as S3 answers anonymous callers).
+/// s3s's default check refuses them all with AccessDenied before the bucket is looked at.
+struct Access;
+
+#[async_trait::async_trait]
+impl s3s::access::S3Access for Access {
+    async fn check(&self, _cx: &mut s3s::access::S3AccessContext<'_>) -> S3Result<()> {
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl S3Auth for Auth {
     async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
@@ -261,6 +273,7 @@ impl Gateway {
         tokio::spawn(multipart::clean_uploads(gw.clone(), opts.upload_max_age));
         let mut builder = s3s::service::S3ServiceBuilder::new(gw);
         builder.set_auth(Auth(users));
+        builder.set_access(Access);
         let front = http::Front::new(builder.build());
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;

@@ -440,6 +440,14 @@ impl Cairn {
     }
 }
 
+/// Deletes with conditions are refused rather than done unconditionally.
+fn conditional_delete() -> S3Error {
+    s3_error!(
+        NotImplemented,
+        "conditional deletes (If-Match, If-Match-Last-Modified-Time, If-Match-Size) are not supported"
+    )
+}
+
 /// The bytes of part `n` (1-based) of an object, and its index. A single-part object is its
 /// own part 1. A part past the last is InvalidPart (400), as ceph/s3-tests holds S3 to.
 fn part_range(o: &ObjectMeta, n: i32) -> S3Result<(std::ops::Range<u64>, usize)> {
@@ -836,6 +844,13 @@ impl S3 for Cairn {
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
         let user = self.user_in(&req, &req.input.bucket).await?;
         check_key(&req.input.key)?;
+        let i = &req.input;
+        if i.if_match.is_some()
+            || i.if_match_last_modified_time.is_some()
+            || i.if_match_size.is_some()
+        {
+            return Err(conditional_delete());
+        }
         let op = ObjectOp::DeleteObject {
             user,
             bucket: req.input.bucket,
@@ -863,7 +878,10 @@ impl S3 for Cairn {
                 key: id.key.clone(),
             };
             async move {
+                let conditional =
+                    id.e_tag.is_some() || id.last_modified_time.is_some() || id.size.is_some();
                 let r = match check_key(&id.key) {
+                    Ok(()) if conditional => Err(conditional_delete()),
                     Ok(()) => change(&self.data.client, &op).await.map(|_| ()),
                     Err(e) => Err(e),
                 };

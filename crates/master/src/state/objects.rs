@@ -1088,7 +1088,7 @@ mod tests {
     }
 
     fn op(st: &mut State, op: ObjectOp) -> OpResult {
-        st.apply(&Command::Object(op)).unwrap().object.unwrap()
+        st.apply(&Command::Object(Box::new(op))).unwrap().object.unwrap()
     }
 
     fn file(st: &mut State, path: &str) {
@@ -1134,6 +1134,85 @@ mod tests {
 
     /// Overwrites free the old version (own files deleted, pack bytes counted dead); a retried
     /// PUT changes nothing; compaction's move is conditional; a pack named by an object is
+    /// Conditional PUTs: If-None-Match refuses an existing version (`*`) or the named one,
+    /// If-Match needs the named version (a missing key is NoSuchKey), and a retry of the PUT
+    /// that applied passes although the version it made no longer meets its condition.
+    #[test]
+    fn conditional_puts_check_the_current_version() {
+        let mut st = State::default();
+        op(
+            &mut st,
+            ObjectOp::CreateBucket {
+                user: "u".into(),
+                bucket: "bkt".into(),
+                now_ms: 1,
+            },
+        )
+        .unwrap();
+        let put = |st: &mut State, id: &str, etag: &str, c: Option<PutCondition>| {
+            let mut m = meta(id, Vec::new());
+            m.etag = etag.into();
+            op(
+                st,
+                ObjectOp::PutObject {
+                    user: "u".into(),
+                    bucket: "bkt".into(),
+                    key: "k".into(),
+                    meta: m,
+                    condition: c,
+                },
+            )
+            .map(|_| ())
+        };
+        let any = || Some(PutCondition::IfNoneMatch("*".into()));
+        assert_eq!(
+            put(&mut st, "p0", "e0", Some(PutCondition::IfMatch("*".into()))),
+            Err(ObjectError::NoSuchKey)
+        );
+        put(&mut st, "p1", "e1", any()).unwrap();
+        // The retry of p1 passes; another writer's If-None-Match: * does not.
+        put(&mut st, "p1", "e1", any()).unwrap();
+        assert_eq!(
+            put(&mut st, "p2", "e2", any()),
+            Err(ObjectError::PreconditionFailed)
+        );
+        assert_eq!(
+            put(
+                &mut st,
+                "p2",
+                "e2",
+                Some(PutCondition::IfNoneMatch("e1".into()))
+            ),
+            Err(ObjectError::PreconditionFailed)
+        );
+        put(
+            &mut st,
+            "p2",
+            "e2",
+            Some(PutCondition::IfNoneMatch("zz".into())),
+        )
+        .unwrap();
+        assert_eq!(
+            put(
+                &mut st,
+                "p3",
+                "e3",
+                Some(PutCondition::IfMatch("e1".into()))
+            ),
+            Err(ObjectError::PreconditionFailed)
+        );
+        put(
+            &mut st,
+            "p3",
+            "e3",
+            Some(PutCondition::IfMatch("e2".into())),
+        )
+        .unwrap();
+        put(&mut st, "p4", "e4", Some(PutCondition::IfMatch("*".into()))).unwrap();
+        let b = &st.objects.buckets["bkt"];
+        assert_eq!(b.objects["k"].put_id, "p4");
+    }
+
     /// never dropped.
     #[test]
     fn versions_free_their_data_and_packs_drop_only_when_dead() {
