@@ -181,7 +181,7 @@ fuzz_target!(|data: &[u8]| {
                             remove: convert::remove(&c.remove).ok()?,
                         }),
                         Op::Delete(d) => Some(Command::Delete { path: convert::path(&d.path).ok()? }),
-                        Op::Object(b) => Some(Command::Object(cairn_rpc::object::decode(b).ok()?)),
+                        Op::Object(b) => Some(Command::Object(Box::new(cairn_rpc::object::decode(b).ok()?))),
                     })
                     // An odd body: every command on behalf of a user who owns nothing (checked
                     // against the permission bits as it applies).

@@ -62,7 +62,7 @@ fn seeded() -> State {
         },
     ];
     for op in ops {
-        let r = st.apply(&Command::Object(op)).unwrap();
+        let r = st.apply(&Command::Object(Box::new(op))).unwrap();
         assert!(matches!(r.object, Some(Ok(_))));
     }
     st
@@ -76,7 +76,7 @@ fuzz_target!(|data: &[u8]| {
     if kind % 2 == 0 {
         if let Ok(op) = object::decode::<ObjectOp>(body) {
             let before = st.clone();
-            let r = st.apply(&Command::Object(op)).expect("object commands answer in the reply");
+            let r = st.apply(&Command::Object(Box::new(op))).expect("object commands answer in the reply");
             if matches!(r.object, Some(Err(_))) {
                 assert_eq!(format!("{before:?}"), format!("{st:?}"), "a refused change changed the state");
             }
