@@ -56,6 +56,15 @@ async fn policies_are_set_inherited_shown_and_refused_when_unplaceable() {
         stat_json(&masters, "/logs/app/b")["policy"],
         "replicas:3,then:ec:2+1"
     );
+    // An erasure-coded file shows its policy, and no replica count.
+    run_ok(&mut fs(&["create", "--policy", "ec:2+1", "/logs/app/e"]));
+    let e = stat_json(&masters, "/logs/app/e");
+    assert_eq!(
+        (e["policy"].as_str(), e["replicas"].as_u64()),
+        (Some("ec:2+1"), Some(0))
+    );
+    let text = run_ok(&mut fs(&["stat", "/logs/app/e"])).stdout;
+    assert!(String::from_utf8_lossy(&text).contains("ec:2+1"));
     // Outside the directory: the cluster default, and no directory default shown.
     run_ok(&mut fs(&["create", "/c"]));
     assert_eq!(stat_json(&masters, "/c")["policy"], "replicas:3");

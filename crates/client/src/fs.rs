@@ -173,6 +173,8 @@ pub struct FileStat {
     /// A file's policy; a directory's default for new files below it (its own or an
     /// ancestor's), if any.
     pub policy: Option<String>,
+    /// Copies of each chunk of a replicated file (of a `then:` policy's files, while written);
+    /// 0 for an erasure-coded file, whose `policy` says how it is stored.
     pub replicas: u32,
     pub min_copy: u32,
     pub ctime_ms: u64,
@@ -479,7 +481,10 @@ impl Client {
             chunks: f.chunks.len(),
             sealed: f.sealed,
             policy: f.policy.as_ref().map(|p| policy::from_pb(p).to_string()),
-            replicas: f.policy.map_or(0, |p| p.replicas),
+            replicas: f
+                .policy
+                .filter(|p| p.ec_data == 0 || p.then_ec)
+                .map_or(0, |p| p.replicas),
             min_copy: f.policy.map_or(0, |p| p.min_copy),
             ctime_ms: f.ctime_ms,
             mtime_ms: f.mtime_ms,

@@ -364,21 +364,24 @@ impl Registry {
         self.live.values().map(|l| l.orphans.len() as u64).sum()
     }
 
-    /// Replicas the namespace places on a server whose full report lacks them. Empty chunks
-    /// are not counted: a spare is created by its first append, and a chunk sealed empty
-    /// (a spare passed over, a chunk whose first append failed) holds nothing.
-    pub fn missing_replicas(&self, state: &State) -> u64 {
+    /// Replicas the namespace places on a server that is down (or has not reported since
+    /// this master led) or whose full report lacks them — the copies repair is to replace,
+    /// so this is non-zero exactly while repair counts chunks under-replicated for a missing
+    /// copy. Empty chunks are not counted: a spare is created by its first append, and a chunk
+    /// sealed empty (a spare passed over, a chunk whose first append failed) holds nothing.
+    pub fn missing_replicas(&self, state: &State, now: Instant) -> u64 {
         let mut n = 0;
         for c in state.chunks() {
             if c.length == 0 {
                 continue;
             }
             for s in &c.servers {
-                if let Some(Some(r)) = self.live.get(s).map(|l| l.reported.as_ref())
-                    && !r.contains_key(&c.id)
-                {
-                    n += 1;
-                }
+                let missing = match self.live.get(s) {
+                    None => true,
+                    Some(l) if now.duration_since(l.last) >= self.opts.down_after => true,
+                    Some(l) => l.reported.as_ref().is_some_and(|r| !r.contains_key(&c.id)),
+                };
+                n += u64::from(missing);
             }
         }
         n
@@ -601,6 +604,58 @@ mod tests {
             &keyed(),
             now,
         );
+    }
+
+    /// `missing_replicas` (status's totals) counts a copy on a server that is down or whose
+    /// report lacks it — what repair replaces — not only the latter.
+    #[test]
+    fn replicas_on_down_servers_are_missing() {
+        use crate::state::{ChunkUpdate, Command, Lease, Policy};
+        let mut st = keyed();
+        let lease = Lease {
+            holder: "w".into(),
+            expires_ms: u64::MAX,
+        };
+        st.apply(&Command::Create {
+            path: "/f".into(),
+            policy: Policy::default(),
+            parents: false,
+            now_ms: 1,
+            lease: Some(lease),
+            placements: vec![vec![1, 2, 3]],
+            groups: false,
+            mode: None,
+        })
+        .unwrap();
+        let chunk = st.chunks().next().expect("allocated").id;
+        st.apply(&Command::Commit {
+            path: "/f".into(),
+            holder: "w".into(),
+            now_ms: 2,
+            updates: vec![ChunkUpdate {
+                chunk_id: chunk,
+                length: 10,
+                sealed: true,
+            }],
+            trim: false,
+            release: true,
+            seal: true,
+            lease_until_ms: 0,
+            drops: vec![],
+            remove: vec![],
+        })
+        .unwrap();
+        let t0 = Instant::now();
+        let mut reg = Registry::new(RegistryOptions::default());
+        for id in 1..=3 {
+            reg.heartbeat(hb(id, true, vec![chunk], vec![]), &st, t0);
+        }
+        assert_eq!(reg.missing_replicas(&st, t0), 0);
+        // Server 3 falls silent past down_after; server 2 reports without the chunk.
+        let later = t0 + reg.opts.down_after + Duration::from_secs(1);
+        reg.heartbeat(hb(1, true, vec![chunk], vec![]), &st, later);
+        reg.heartbeat(hb(2, true, vec![], vec![]), &st, later);
+        assert_eq!(reg.missing_replicas(&st, later), 2);
     }
 
     #[test]

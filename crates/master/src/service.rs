@@ -655,7 +655,7 @@ impl MetaService {
                 dirs,
                 chunks,
                 logical_bytes,
-                missing_replicas: reg.missing_replicas(&a.state),
+                missing_replicas: reg.missing_replicas(&a.state, Instant::now()),
                 pending_deletes: reg.pending_deletes(),
                 under_replicated: reg.repairs.under_replicated,
                 under_replicated_bytes: reg.repairs.under_replicated_bytes,

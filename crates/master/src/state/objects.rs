@@ -1088,7 +1088,10 @@ mod tests {
     }
 
     fn op(st: &mut State, op: ObjectOp) -> OpResult {
-        st.apply(&Command::Object(Box::new(op))).unwrap().object.unwrap()
+        st.apply(&Command::Object(Box::new(op)))
+            .unwrap()
+            .object
+            .unwrap()
     }
 
     fn file(st: &mut State, path: &str) {
