@@ -198,7 +198,7 @@ async fn after(mut resp: Response, id: &str) -> Response {
     let Ok(body) = resp.body_mut().store_all_limited(ERROR_BODY_MAX).await else {
         return resp;
     };
-    let Some(with_id) = with_request_id(&body, id) else {
+    let Some(with_id) = completed_error(&body, id) else {
         return resp;
     };
     resp.headers_mut()
@@ -207,18 +207,86 @@ async fn after(mut resp: Response, id: &str) -> Response {
     resp
 }
 
-/// An `<Error>` document with `<RequestId>` added, if it has none.
-fn with_request_id(body: &[u8], id: &str) -> Option<Bytes> {
-    let text = std::str::from_utf8(body).ok()?;
-    if text.contains("<RequestId>") {
-        return None;
+/// An `<Error>` document with what it lacks added: a `<Message>` (S3's sentence for its code)
+/// and the `<RequestId>`. None if it lacks neither or is not one.
+fn completed_error(body: &[u8], id: &str) -> Option<Bytes> {
+    let mut text = std::str::from_utf8(body).ok()?.to_owned();
+    let end = text.rfind("</Error>")?;
+    let mut changed = false;
+    if !text.contains("<Message>")
+        && let Some(code_end) = text.find("</Code>")
+    {
+        let code_start = text.find("<Code>")? + "<Code>".len();
+        let message = default_message(&text[code_start..code_end]);
+        text.insert_str(
+            code_end + "</Code>".len(),
+            &format!("<Message>{message}</Message>"),
+        );
+        changed = true;
     }
-    let at = text.rfind("</Error>")?;
-    Some(Bytes::from(format!(
-        "{}<RequestId>{id}</RequestId>{}",
-        &text[..at],
-        &text[at..]
-    )))
+    if !text.contains("<RequestId>") {
+        let end = text.rfind("</Error>").unwrap_or(end);
+        text.insert_str(end, &format!("<RequestId>{id}</RequestId>"));
+        changed = true;
+    }
+    changed.then(|| Bytes::from(text))
+}
+
+/// S3's own sentence for an error code, for errors s3s answers without a message (its
+/// parsers and signature checks), so that no client shows "Unknown".
+fn default_message(code: &str) -> &'static str {
+    match code {
+        "AccessDenied" => "Access Denied.",
+        "BadDigest" => "The Content-MD5 or checksum you specified did not match what we received.",
+        "BucketAlreadyExists" => "The requested bucket name is not available.",
+        "BucketAlreadyOwnedByYou" => {
+            "The bucket you tried to create already exists, and you own it."
+        }
+        "BucketNotEmpty" => "The bucket you tried to delete is not empty.",
+        "EntityTooLarge" => "Your proposed upload exceeds the maximum allowed object size.",
+        "EntityTooSmall" => "Your proposed upload is smaller than the minimum allowed object size.",
+        "IncompleteBody" => {
+            "You did not provide the number of bytes specified by the Content-Length HTTP header."
+        }
+        "InternalError" => "We encountered an internal error. Please try again.",
+        "InvalidAccessKeyId" => "The AWS access key ID you provided does not exist in our records.",
+        "InvalidArgument" => "Invalid argument.",
+        "InvalidBucketName" => "The specified bucket is not valid.",
+        "InvalidDigest" => "The Content-MD5 or checksum you specified is not valid.",
+        "InvalidObjectName" => "The specified object name is not valid.",
+        "InvalidPart" => "One or more of the specified parts could not be found.",
+        "InvalidPartOrder" => "The list of parts was not in ascending order.",
+        "InvalidRange" => "The requested range cannot be satisfied.",
+        "InvalidRequest" => "The request is not valid.",
+        "InvalidURI" => "Couldn't parse the specified URI.",
+        "KeyTooLongError" => "Your key is too long.",
+        "MalformedXML" => {
+            "The XML you provided was not well-formed or did not validate against our published schema."
+        }
+        "MethodNotAllowed" => "The specified method is not allowed against this resource.",
+        "MissingContentLength" => "You must provide the Content-Length HTTP header.",
+        "MissingSecurityHeader" => "Your request is missing a required header.",
+        "NoSuchBucket" => "The specified bucket does not exist.",
+        "NoSuchKey" => "The specified key does not exist.",
+        "NoSuchUpload" => "The specified multipart upload does not exist.",
+        "NoSuchVersion" => "The specified version does not exist.",
+        "NotImplemented" => {
+            "A header or operation you provided implies functionality that is not implemented."
+        }
+        "PreconditionFailed" => "At least one of the preconditions you specified did not hold.",
+        "RequestTimeTooSkewed" => {
+            "The difference between the request time and the server's time is too large."
+        }
+        "ServiceUnavailable" => "Please reduce your request rate.",
+        "SignatureDoesNotMatch" => {
+            "The request signature we calculated does not match the signature you provided. Check your key and signing method."
+        }
+        "SlowDown" => "Please reduce your request rate.",
+        "XAmzContentSHA256Mismatch" => {
+            "The provided 'x-amz-content-sha256' header does not match what was computed."
+        }
+        _ => "The request failed.",
+    }
 }
 
 #[cfg(test)]
@@ -226,15 +294,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_error_gains_its_request_id_once() {
+    fn an_error_gains_its_message_and_request_id_once() {
         let body = b"<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code></Error>";
-        let out = with_request_id(body, "ABC").unwrap();
+        let out = completed_error(body, "ABC").unwrap();
         assert_eq!(
-            &out[..],
-            b"<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code><RequestId>ABC</RequestId></Error>"
+            std::str::from_utf8(&out).unwrap(),
+            "<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code><Message>The specified key \
+             does not exist.</Message><RequestId>ABC</RequestId></Error>"
         );
-        assert!(with_request_id(&out, "ABC").is_none());
-        assert!(with_request_id(b"<ListBucketResult/>", "ABC").is_none());
+        assert!(completed_error(&out, "ABC").is_none());
+        assert!(completed_error(b"<ListBucketResult/>", "ABC").is_none());
+        // A message of its own is kept.
+        let own = b"<Error><Code>InvalidArgument</Code><Message>why</Message></Error>";
+        let out = completed_error(own, "X").unwrap();
+        assert!(
+            std::str::from_utf8(&out)
+                .unwrap()
+                .contains("<Message>why</Message><RequestId>X")
+        );
     }
 
     #[test]

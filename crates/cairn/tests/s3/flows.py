@@ -127,6 +127,12 @@ expect_error("NoSuchKey", lambda: a.get_object(Bucket="photos", Key="bad"), "not
 r = a.put_object(Bucket="photos", Key="sha", Body=b"checked", ChecksumAlgorithm="SHA256")
 check(r.get("ChecksumSHA256") == base64.b64encode(hashlib.sha256(b"checked").digest()).decode(), "sha256 stored")
 expect_error("KeyTooLongError", lambda: a.put_object(Bucket="photos", Key="k" * 1025, Body=b"x"), "key over 1024 bytes")
+# Errors s3s answers itself (its parsers) carry a sentence too, not boto's "Unknown".
+try:
+    a.put_object(Bucket="photos", Key="k" * 1025, Body=b"x")
+except botocore.exceptions.ClientError as e:
+    msg = e.response["Error"].get("Message", "")
+    check(msg and msg != "Unknown", f"an s3s error's message: {msg!r}")
 
 # Listing: thousands of keys, delimiters, pages, v1 and v2, url encoding.
 keys = sorted(f"list/{d}/{i:05d}" for d in ("a", "b", "c") for i in range(800)) + ["list/top1", "list/top2"]
