@@ -13,6 +13,8 @@
 //!   decoded length) is read into memory, up to [`UNSIZED_BODY_MAX`], so that s3s can check
 //!   its signature's payload hash; the gateway holds at most [`UNSIZED_BODY_BUDGET`] of such
 //!   bodies at once. A longer one is refused with 411 MissingContentLength.
+//! - An error s3s wrote without a message gets S3's sentence for its code.
+//! - GetObjectAttributes' ETag loses the quotes s3s puts on every XML ETag (S3 sends it bare).
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
@@ -29,6 +31,8 @@ pub const UNSIZED_BODY_BUDGET: usize = 256 << 20;
 pub const MAX_EXPIRES_SECS: i64 = 7 * 24 * 3600;
 /// Error bodies longer than this are passed on as they are (s3s's are a few hundred bytes).
 const ERROR_BODY_MAX: usize = 64 << 10;
+/// A GetObjectAttributes answer lists at most 1 000 parts: well under this.
+const ATTRIBUTES_BODY_MAX: usize = 4 << 20;
 
 #[derive(Clone)]
 pub struct Front {
@@ -57,10 +61,20 @@ impl Front {
     ) -> Result<Response, s3s::HttpError> {
         let id = request_id();
         let req = req.map(Body::from);
+        let attributes = req.method() == Method::GET
+            && req
+                .uri()
+                .query()
+                .is_some_and(|q| query_value(q, "attributes").is_some());
         let resp = match self.before(req).await {
             // The permit (if any) is held until s3s has consumed the buffered body.
             Ok((req, _permit)) => self.s3.call(req).await?,
             Err(resp) => resp,
+        };
+        let resp = if attributes {
+            unquoted_etag(resp).await
+        } else {
+            resp
         };
         Ok(after(resp, &id).await)
     }
@@ -179,6 +193,27 @@ fn xml_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+/// GetObjectAttributes answers its ETag without quotes (S3), where s3s writes every XML ETag
+/// with them.
+async fn unquoted_etag(mut resp: Response) -> Response {
+    if resp.status() != StatusCode::OK {
+        return resp;
+    }
+    let Ok(body) = resp.body_mut().store_all_limited(ATTRIBUTES_BODY_MAX).await else {
+        return resp;
+    };
+    let Ok(text) = std::str::from_utf8(&body) else {
+        return resp;
+    };
+    let fixed = text
+        .replace("<ETag>\"", "<ETag>")
+        .replace("\"</ETag>", "</ETag>");
+    resp.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(fixed.len()));
+    *resp.body_mut() = Body::from(fixed);
+    resp
 }
 
 /// Puts the request id on the response, and into an error's XML.

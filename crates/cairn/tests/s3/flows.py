@@ -454,6 +454,8 @@ for alg, kind in (("SHA256", "COMPOSITE"), ("SHA1", "COMPOSITE"), ("CRC32", "COM
     check(h.get(f"Checksum{alg}") == parts[1][f"Checksum{alg}"] and h.get("ChecksumType") == kind, f"{alg} part 2's checksum")
     attrs = a.get_object_attributes(Bucket="photos", Key="mp-sum", ObjectAttributes=["Checksum", "ObjectSize", "ObjectParts"])
     check(attrs["ObjectSize"] == len(p1) + len(p2) and attrs["Checksum"][f"Checksum{alg}"] == got and attrs["ObjectParts"]["TotalPartsCount"] == 2, f"{alg} attributes: {attrs}")
+    check(attrs.get("ETag") is None, "attributes not asked for are not answered")
+check(a.get_object_attributes(Bucket="photos", Key="mp-sum", ObjectAttributes=["ETag"])["ETag"] == done["ETag"].strip('"'), "GetObjectAttributes answers the ETag bare")
 expect_error("NoSuchBucket", lambda: anon.delete_object(Bucket="no-such-bucket-here", Key="x"), "anonymous, a missing bucket")
 
 print(f"s3 flows: {passed} passed, 0 failed")
