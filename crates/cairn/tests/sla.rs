@@ -389,6 +389,13 @@ async fn a_down_servers_chunks_are_re_replicated_under_the_bandwidth_cap() {
     let started = loop {
         let s = cl.status().await.unwrap();
         if s.under_replicated > 0 || s.repairs_running > 0 {
+            // The totals agree with repair: the dead server's copies are missing replicas.
+            assert!(
+                s.missing_replicas > 0,
+                "{} chunks under-replicated, {} repairs running, but no missing replicas",
+                s.under_replicated,
+                s.repairs_running
+            );
             break Instant::now();
         }
         assert!(Instant::now() < deadline, "the loss was never noticed");
