@@ -40,6 +40,8 @@ fn seeded() -> State {
                 headers: Default::default(),
                 user_meta: Default::default(),
                 parts: Default::default(),
+                checksum_algorithm: None,
+                checksum_type: None,
             },
         },
         ObjectOp::CreateVolume { volume: volume("v", "00000000000000aa", None) },
