@@ -462,3 +462,53 @@ fn unreachable_and_frozen_masters_are_named_within_seconds() {
         assert!(took < std::time::Duration::from_secs(14), "{took:?}");
     }
 }
+
+/// `put` and `get` of a large file draw a progress bar on a terminal (script(1) gives the
+/// command one) and nothing when stderr is not a terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_transfers_show_progress_on_a_terminal_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let big = dir.path().join("big");
+    std::fs::write(&big, vec![b'p'; 64 << 20]).unwrap();
+    // Not a terminal: nothing on stderr.
+    let out = run_ok(fs(&cl, &["put"]).arg(&big).arg("/quiet"));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A terminal: the bar, with what it does and the sizes.
+    let proto = common::cairn();
+    let bin = proto.get_program().to_owned();
+    let line = format!(
+        "{} fs put {} /shown && {} fs get /shown {}",
+        bin.to_string_lossy(),
+        big.display(),
+        bin.to_string_lossy(),
+        dir.path().join("back").display()
+    );
+    let mut cmd = Command::new("script");
+    // The same environment the CLI gets in every test (credentials, …).
+    for (k, v) in proto.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let out = cmd
+        .args(["-qfec", &line, "/dev/null"])
+        .env("CAIRN_CLUSTER", cl.master_addrs().join(","))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("put") && shown.contains("get") && shown.contains("MiB"),
+        "{shown}"
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("back")).unwrap().len(),
+        64 << 20
+    );
+}
