@@ -94,6 +94,7 @@ pub struct ChunkserverArgs {
 
 pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.disks >= 1, "--disks must be at least 1");
+    cairn_rpc::private::close_data_dir(&a.data_dir);
     let set = DiskSet::open(&DiskSetOptions {
         paths: (0..a.disks)
             .map(|i| a.data_dir.join(format!("disk{i}.cairn")))

@@ -83,7 +83,20 @@ fn main() -> std::process::ExitCode {
     local::quiet_broken_pipe();
     // `--json` anywhere on the line: errors are JSON too.
     let json = std::env::args().skip(1).any(|a| a == "--json");
-    let r = match Cli::parse().command {
+    let cli = Cli::parse();
+    // What servers write (logs, the Raft log, stores, secrets) is for their user only; the
+    // CLI's downloads keep the user's umask.
+    if matches!(
+        cli.command,
+        Command::Up(_)
+            | Command::Master(_)
+            | Command::Chunkserver(_)
+            | Command::S3(_)
+            | Command::Nbd(_)
+    ) {
+        cairn_rpc::private::restrict_umask();
+    }
+    let r = match cli.command {
         Command::Bench(b) => bench::run(b),
         Command::Chunkserver(a) => chunkserver::run(a),
         Command::Up(a) => up::run(a),

@@ -42,6 +42,10 @@ pub struct MasterArgs {
     /// fsync share the next one (group commit under load; a lone write is not delayed).
     #[arg(long, env = "CAIRN_LOG_FLUSH_GAP_US", default_value_t = cairn_master::wal::DEFAULT_FLUSH_GAP.as_micros() as u64)]
     log_flush_gap_us: u64,
+    /// Raft log entries between snapshots of the state (after one, the log before it is
+    /// purged but for the last 1,000 entries).
+    #[arg(long, default_value_t = 10_000)]
+    snapshot_every: u64,
     /// A file holding the cluster secret (hex; `cairn up` makes DATA_DIR/cluster.secret):
     /// servers prove they hold it on every call between them, and every call is refused
     /// without a proof of a server or a user (docs/security.md). Required unless --insecure.
@@ -122,7 +126,7 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
                 down_after: Duration::from_millis(a.down_after_ms.max(a.suspect_after_ms)),
                 repair_after: Duration::from_millis(a.repair_after_ms),
             },
-            snapshot_every: 10_000,
+            snapshot_every: a.snapshot_every.max(1),
             log_flush_gap: Duration::from_micros(a.log_flush_gap_us),
             cluster_secret: cluster_secret(a.cluster_secret_file.as_deref(), a.insecure)?,
             tls_dir: a.tls_dir.clone(),

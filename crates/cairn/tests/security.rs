@@ -5,6 +5,9 @@
 //! capabilities is refused and changes nothing on disk.
 
 mod common;
+#[path = "../src/s3client.rs"]
+#[allow(dead_code)]
+mod s3client;
 
 use cairn_client::{CreateOptions, Policy};
 use cairn_proto::cap::{CAP_BYTES, Capability};
@@ -893,4 +896,164 @@ async fn tls_on_the_control_and_data_planes() {
     }
     cl.wait_fully_replicated(Duration::from_secs(60)).await;
     assert_eq!(c.read("/tls", 0, data.len()).await.unwrap(), data);
+}
+
+/// Every file and directory under `dir` with its mode, and whether its bytes contain any of
+/// `needles` (the first found).
+fn scan_tree(
+    dir: &std::path::Path,
+    needles: &[&str],
+) -> Vec<(std::path::PathBuf, u32, Option<String>)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        let mode = meta.permissions().mode() & 0o777;
+        if meta.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                todo.push(e.unwrap().path());
+            }
+            out.push((p, mode, None));
+        } else if meta.is_file() {
+            let bytes = std::fs::read(&p).unwrap();
+            let found = needles
+                .iter()
+                .find(|n| bytes.windows(n.len()).any(|w| w == n.as_bytes()))
+                .map(|n| n.to_string());
+            out.push((p, mode, found));
+        }
+    }
+    out
+}
+
+/// Section 2 of issue 38: after users are made, used, given new keys and their cluster
+/// snapshotted, no file under the servers' data directories holds a user's secret key, and
+/// every file and directory there is the servers' user's alone (0600 / 0700); a data directory
+/// left open by an older version is closed when its server starts.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_secret_at_rest_and_nothing_readable_by_others() {
+    let _shared = QUIET.read().await;
+    let dir = tempfile::tempdir().unwrap();
+    // Snapshots every 20 entries: the workload below is snapshotted (into master.redb) too.
+    let mut cl = Cluster::start_full(dir.path(), 3, 3, &["--snapshot-every", "20"], &[]).await;
+    let masters = cl.master_addrs();
+    let alice = common::create_user(&masters, "alice");
+    let bob_old = common::create_user(&masters, "bob");
+    let out = common::run_ok(common::cairn().args([
+        "user",
+        "rotate-key",
+        "bob",
+        "--json",
+        "--cluster",
+        &masters.join(","),
+    ]));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let bob = common::Keys {
+        access: v["access_key"].as_str().unwrap().to_owned(),
+        secret: v["secret_key"].as_str().unwrap().to_owned(),
+    };
+    let root = cl.client().await;
+    for (name, keys) in [("alice", &alice), ("bob", &bob)] {
+        root.mkdir(&format!("/home/{name}"), true).await.unwrap();
+        root.set_attr(&format!("/home/{name}"), None, Some(name))
+            .await
+            .unwrap();
+        let c = cairn_client::Client::with_options(
+            &masters,
+            cairn_client::ClientOptions {
+                credential: Some(cairn_rpc::auth::Credential::User {
+                    access_key: keys.access.clone(),
+                    secret_key: keys.secret.clone(),
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        for i in 0..15 {
+            let path = format!("/home/{name}/f{i}");
+            let mut w = c.create(&path, CreateOptions::default()).await.unwrap();
+            w.append(b"some data").await.unwrap();
+            w.close().await.unwrap();
+            assert_eq!(c.read(&path, 0, 9).await.unwrap(), b"some data");
+        }
+    }
+    // The S3 gateway checks SigV4 with the secret the masters open for it.
+    let gw = common::gateway(&masters, "127.0.0.1:0");
+    let s3 = s3client::S3Bucket::new(
+        &format!("http://{}", gw.addr),
+        "alices",
+        &alice.access,
+        &alice.secret,
+        2,
+    )
+    .unwrap();
+    s3.create_bucket().await.unwrap();
+    s3.put("k", bytes::Bytes::from_static(b"object"))
+        .await
+        .unwrap();
+    assert_eq!(&s3.get("k").await.unwrap()[..], b"object");
+    let forged = s3client::S3Bucket::new(
+        &format!("http://{}", gw.addr),
+        "alices",
+        &alice.access,
+        &bob.secret,
+        2,
+    )
+    .unwrap();
+    assert!(
+        forged.get("k").await.is_err(),
+        "a wrong secret was accepted"
+    );
+    drop(gw);
+    // Stopped, so that every write has reached its file.
+    for p in cl.masters.iter_mut().chain(cl.chunkservers.iter_mut()) {
+        p.stop();
+    }
+
+    let secrets = [
+        alice.secret.as_str(),
+        bob.secret.as_str(),
+        bob_old.secret.as_str(),
+    ];
+    let files = scan_tree(dir.path(), &secrets);
+    let mut open = Vec::new();
+    for (p, mode, found) in &files {
+        assert!(found.is_none(), "{} holds a user's secret key", p.display());
+        // The test's temporary directory itself is the test's.
+        if p != dir.path() && mode & 0o077 != 0 {
+            open.push(format!("{} {mode:o}", p.display()));
+        }
+    }
+    assert!(open.is_empty(), "readable by others: {open:?}");
+    // Canary: the scan reads the files the users are kept in (their access keys are not
+    // secret, and are there in plain text), the Raft log and the snapshots among them.
+    let access = [alice.access.as_str()];
+    let holding: Vec<_> = scan_tree(&dir.path().join("master-1"), &access)
+        .into_iter()
+        .filter(|(_, _, f)| f.is_some())
+        .map(|(p, _, _)| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        holding.iter().any(|f| f.ends_with(".wal")) && holding.iter().any(|f| f == "master.redb"),
+        "the scan did not find the users where they are kept: {holding:?}"
+    );
+
+    // A data directory an older version left open is closed on start.
+    use std::os::unix::fs::PermissionsExt;
+    let m1 = dir.path().join("master-1");
+    std::fs::set_permissions(&m1, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        m1.join("master.redb"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    cl.masters[0].start();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while mode(&m1) != 0o700 || mode(&m1.join("master.redb")) != 0o600 {
+        assert!(std::time::Instant::now() < deadline, "not closed on start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -70,6 +70,7 @@ pub async fn serve(
         return Err("master id must be at least 1".into());
     }
     std::fs::create_dir_all(&opts.data_dir)?;
+    cairn_rpc::private::close_data_dir(&opts.data_dir);
     let db = open_db(&opts.data_dir.join("master.redb"))?;
     let log = LogStore::open(&opts.data_dir, &db, opts.log_flush_gap)?;
     let log_open = log.open_handle();
@@ -131,6 +132,10 @@ pub async fn serve(
         recovered,
         auth: auth.clone(),
         led_term: std::sync::atomic::AtomicU64::new(0),
+        sealer: opts
+            .cluster_secret
+            .as_ref()
+            .map(cairn_rpc::seal::Sealer::new),
     });
     let scanner = {
         let meta = meta.clone();

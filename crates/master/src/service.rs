@@ -71,6 +71,9 @@ pub(crate) struct Inner {
     pub auth: Arc<cairn_rpc::auth::Verifier>,
     /// The last term this master led (`Registry::lead`).
     pub led_term: std::sync::atomic::AtomicU64,
+    /// Seals users' secret keys before they enter the log (cairn_rpc::seal); `None` on an
+    /// insecure master (no cluster secret to derive its key from).
+    pub sealer: Option<cairn_rpc::seal::Sealer>,
 }
 
 impl MetaService {
@@ -88,6 +91,7 @@ impl MetaService {
     /// One pass of the leader's conversion scan.
     pub(crate) async fn scan_conversions(&self) {
         self.inner.ensure_cap_key().await;
+        self.inner.seal_plain_secrets().await;
         self.inner.scan_conversions().await;
     }
 
@@ -360,9 +364,10 @@ impl Inner {
     fn who<T>(&self, req: &Request<T>, method: &str) -> Result<Principal, Status> {
         let r = self.auth.check(req.metadata(), method, now_ms(), |key| {
             let a = self.sm.lock();
-            a.state.objects().user(key).map(|u| UserKey {
+            let u = a.state.objects().user(key)?;
+            Some(UserKey {
                 name: u.name.clone(),
-                secret_key: u.secret_key.clone(),
+                secret_key: self.open_secret(u)?,
                 admin: u.admin,
             })
         });
@@ -405,6 +410,77 @@ impl Inner {
             s.sign_file(f, cap::WRITE, meta.writer_epoch);
         }
         Ok(r)
+    }
+
+    /// `u`'s secret key as the user holds it: opened when sealed; `None` (logged) when it
+    /// does not open — the state was altered, or came from another cluster.
+    fn open_secret(&self, u: &cairn_rpc::object::User) -> Option<String> {
+        match &self.sealer {
+            Some(s) => match s.open(&u.secret_key, &u.access_key) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    tracing::error!(user = %u.name, error = %e, "a user's secret key does not open");
+                    None
+                }
+            },
+            None if cairn_rpc::seal::Sealer::is_sealed(&u.secret_key) => {
+                tracing::error!(user = %u.name, "a sealed secret key, and no cluster secret to open it");
+                None
+            }
+            None => Some(u.secret_key.clone()),
+        }
+    }
+
+    /// Seals the secret key a change to the object index carries (a user's creation, new
+    /// keys), so that it enters the log sealed.
+    fn seal_op(&self, op: &mut cairn_rpc::object::ObjectOp) {
+        use cairn_rpc::object::ObjectOp as O;
+        let Some(s) = &self.sealer else { return };
+        match op {
+            O::CreateUser { user } => {
+                user.secret_key = s.seal(&user.secret_key, &user.access_key);
+            }
+            O::SetUserKeys {
+                access_key,
+                secret_key,
+                ..
+            } => *secret_key = s.seal(secret_key, access_key),
+            _ => {}
+        }
+    }
+
+    /// The leader seals users' secret keys stored in plain text by an older version, then
+    /// takes a snapshot so that the log entries holding them can be purged.
+    pub(crate) async fn seal_plain_secrets(&self) {
+        let Some(s) = &self.sealer else { return };
+        if self.leader_check().is_err() {
+            return;
+        }
+        let plain = self.sm.lock().state.objects().plain_secrets();
+        if plain.is_empty() {
+            return;
+        }
+        let sealed = plain
+            .into_iter()
+            .filter(|(_, secret)| !secret.is_empty())
+            .map(|(key, secret)| {
+                let sealed = s.seal(&secret, &key);
+                (key, sealed)
+            })
+            .collect::<Vec<_>>();
+        let n = sealed.len();
+        match self.write(Command::SealSecrets { sealed }).await {
+            Ok(_) => {
+                tracing::warn!(
+                    users = n,
+                    "sealed users' secret keys kept in plain text by an older version"
+                );
+                if let Err(e) = self.raft.trigger().snapshot().await {
+                    tracing::warn!(error = %e, "could not take a snapshot after sealing");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "sealing users' secret keys failed"),
+        }
     }
 
     /// The leader makes the first capability key when the state has none.
@@ -503,7 +579,10 @@ impl Inner {
                 Some(Op::Object(b)) => who
                     .require_admin("the object index (the S3 gateway's)")
                     .and_then(|()| cairn_rpc::object::decode(&b))
-                    .map(|op| (Command::Object(Box::new(op)), Answer::Object)),
+                    .map(|mut op| {
+                        self.seal_op(&mut op);
+                        (Command::Object(Box::new(op)), Answer::Object)
+                    }),
                 None => Err(MetaError::invalid("a batch operation without an operation")),
             };
             match prepared {
@@ -775,7 +854,16 @@ impl pb::meta_server::Meta for MetaService {
             who.require_admin("the object index (the S3 gateway's)")?;
             let q: cairn_rpc::object::ObjectQuery = cairn_rpc::object::decode(&r.body)?;
             self.inner.read_barrier().await?;
-            let result = self.inner.sm.lock().state.query_objects(&q);
+            let mut result = self.inner.sm.lock().state.query_objects(&q);
+            // The gateway checks SigV4 with the secret itself.
+            if let Ok(cairn_rpc::object::QueryReply::User(user)) = &mut result
+                && let Some(u) = user.as_mut()
+            {
+                match self.inner.open_secret(u) {
+                    Some(k) => u.secret_key = k,
+                    None => *user = None,
+                }
+            }
             Ok(pb::ObjectBytes {
                 body: cairn_rpc::object::encode(&result),
             })

@@ -500,6 +500,12 @@ pub enum Command {
     Batch(Vec<Command>),
     /// A change to the object index (the S3 gateway's); its answer is in [`Reply::object`].
     Object(Box<cairn_rpc::object::ObjectOp>),
+    /// Replaces users' plain secret keys (from before secrets were sealed) with their sealed
+    /// form (access key, sealed secret; cairn_rpc::seal). A user whose secret is sealed
+    /// already, or who is gone, is left alone.
+    SealSecrets {
+        sealed: Vec<(String, String)>,
+    },
 }
 
 impl fmt::Display for Command {
@@ -540,6 +546,7 @@ impl fmt::Display for Command {
             Command::Batch(cmds) => write!(f, "batch of {}", cmds.len()),
             // Never the op itself: a user's creation carries its secret.
             Command::Object(op) => write!(f, "object {}", object_op_name(op)),
+            Command::SealSecrets { sealed } => write!(f, "seal-secrets of {}", sealed.len()),
         }
     }
 }
@@ -1509,6 +1516,10 @@ impl State {
                 object: Some(self.apply_object(op)),
                 ..Reply::default()
             }),
+            Command::SealSecrets { sealed } => {
+                self.objects.seal_secrets(sealed);
+                Ok(Reply::default())
+            }
             Command::Batch(cmds) => Ok(Reply {
                 object: None,
                 inode: None,

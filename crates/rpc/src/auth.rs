@@ -113,6 +113,11 @@ impl ClusterSecret {
     fn key(&self) -> &[u8] {
         &self.0
     }
+
+    /// The secret's bytes, for deriving keys of other uses from it.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
 }
 
 /// The MAC of a call's proof: HMAC-SHA256 under `key` of the proof's kind, the call's name,

@@ -10,6 +10,8 @@ pub mod auth;
 mod error;
 pub mod object;
 mod path;
+pub mod private;
+pub mod seal;
 pub mod tls;
 
 pub use error::{ErrorKind, LEADER_METADATA, MetaError};

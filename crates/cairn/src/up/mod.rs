@@ -150,6 +150,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             down_flag(&dir)
         ),
     };
+    cairn_rpc::private::close_data_dir(&dir);
     let disk_size = match a.disk_size {
         Some(s) => s,
         None => store_size(free_bytes(&dir)?, a.chunkservers)?,

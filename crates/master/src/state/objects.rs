@@ -96,6 +96,28 @@ impl ObjectIndex {
         self.users.get(access_key)
     }
 
+    /// Access keys of users whose secret key is not sealed (from before secrets were), with
+    /// those secrets.
+    pub fn plain_secrets(&self) -> Vec<(String, String)> {
+        self.users
+            .values()
+            .filter(|u| !cairn_rpc::seal::Sealer::is_sealed(&u.secret_key))
+            .map(|u| (u.access_key.clone(), u.secret_key.clone()))
+            .collect()
+    }
+
+    /// [`crate::state::Command::SealSecrets`].
+    pub(super) fn seal_secrets(&mut self, sealed: &[(String, String)]) {
+        for (key, secret) in sealed {
+            if let Some(u) = self.users.get_mut(key)
+                && !cairn_rpc::seal::Sealer::is_sealed(&u.secret_key)
+                && cairn_rpc::seal::Sealer::is_sealed(secret)
+            {
+                u.secret_key.clone_from(secret);
+            }
+        }
+    }
+
     /// Answers a read.
     pub fn query(&self, q: &ObjectQuery) -> QueryResult {
         match q {
@@ -1021,6 +1043,39 @@ mod tests {
             p.prefixes,
             p.truncated,
         )
+    }
+
+    /// An older version's plain secrets are found, and sealing replaces only plain ones with
+    /// sealed ones (never a sealed one, never with a plain one).
+    #[test]
+    fn plain_secrets_are_sealed_once() {
+        let mut idx = ObjectIndex::default();
+        for (name, key, secret) in [("a", "CKA", "plain-a"), ("b", "CKB", "sealed1:00")] {
+            idx.users.insert(
+                key.into(),
+                User {
+                    name: name.into(),
+                    access_key: key.into(),
+                    secret_key: secret.into(),
+                    created_ms: 0,
+                    admin: false,
+                },
+            );
+        }
+        assert_eq!(
+            idx.plain_secrets(),
+            vec![("CKA".to_string(), "plain-a".to_string())]
+        );
+        idx.seal_secrets(&[
+            ("CKA".into(), "not-sealed".into()),
+            ("CKB".into(), "sealed1:11".into()),
+            ("CKGONE".into(), "sealed1:22".into()),
+        ]);
+        assert_eq!(idx.users["CKA"].secret_key, "plain-a");
+        assert_eq!(idx.users["CKB"].secret_key, "sealed1:00");
+        idx.seal_secrets(&[("CKA".into(), "sealed1:33".into())]);
+        assert_eq!(idx.users["CKA"].secret_key, "sealed1:33");
+        assert!(idx.plain_secrets().is_empty());
     }
 
     #[test]
