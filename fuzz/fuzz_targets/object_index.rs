@@ -19,6 +19,8 @@ fn volume(name: &str, id: &str, parent: Option<Parent>) -> Volume {
         snapshots: Vec::new(),
         parent,
         lineage: Vec::new(),
+        owner: "u".into(),
+        mode: 0o640,
     }
 }
 
@@ -26,7 +28,7 @@ fn seeded() -> State {
     let mut st = State::default();
     let ops = [
         ObjectOp::CreateUser {
-            user: User { name: "u".into(), access_key: "AK".into(), secret_key: "s".into(), created_ms: 0, admin: false },
+            user: User { name: "u".into(), access_key: "AK".into(), secret_key: "s".into(), created_ms: 0, admin: false, certs: vec!["ab".repeat(32)] },
         },
         ObjectOp::CreateBucket { user: "u".into(), bucket: "bkt".into(), now_ms: 1 },
         ObjectOp::CreateUpload {

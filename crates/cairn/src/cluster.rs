@@ -191,6 +191,11 @@ pub struct ServiceArgs {
 }
 
 impl ServiceArgs {
+    /// The TLS directory the service talks to the masters with, if any.
+    pub fn tls_dir(&self) -> Option<PathBuf> {
+        self.tls_dir.clone()
+    }
+
     /// The SDK options of this service, signing as `who`.
     ///
     /// # Errors

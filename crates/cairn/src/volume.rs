@@ -22,6 +22,37 @@ pub enum VolumeCommand {
         /// The redundancy of its data (`replicas:3`, `ec:4+2`, …); default: the cluster's.
         #[arg(long, default_value = "")]
         policy: String,
+        /// The user it belongs to (default: the cluster's — admins only).
+        #[arg(long, default_value = "")]
+        owner: String,
+        /// Its mode bits in octal, as files' (`r`: open it read-only, `rw`: read-write).
+        #[arg(long, default_value = "600", value_parser = parse_mode)]
+        mode: u16,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Change a volume's mode bits (its owner's and everyone else's `rw`; admins only).
+    Chmod {
+        /// The new bits, in octal (`600`, `640`, `644`).
+        #[arg(value_parser = parse_mode)]
+        mode: u16,
+        /// The volume.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Give a volume to a user (admins only).
+    Chown {
+        /// The new owner (a user's name).
+        owner: String,
+        /// The volume.
+        name: String,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -102,6 +133,14 @@ pub enum VolumeCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+}
+
+/// Octal mode bits of a volume.
+fn parse_mode(s: &str) -> Result<u16, String> {
+    u16::from_str_radix(s, 8)
+        .ok()
+        .filter(|b| *b <= 0o777)
+        .ok_or_else(|| format!("{s}: not an octal mode (as 600 or 0640)"))
 }
 
 fn now_ms() -> u64 {
@@ -190,7 +229,7 @@ fn print(v: &Volume, json: bool) -> anyhow::Result<()> {
             println!("{:<24} clone of {}@{}", v.name, p.volume, p.snapshot);
         }
         println!(
-            "{:<24} {:>14} B  block {:>6}  policy {:<10} id {}",
+            "{:<24} {:>14} B  block {:>6}  policy {:<10} {:04o} {:<12} id {}",
             v.name,
             v.size,
             v.block_size,
@@ -198,6 +237,12 @@ fn print(v: &Volume, json: bool) -> anyhow::Result<()> {
                 "default"
             } else {
                 &v.policy
+            },
+            v.mode,
+            if v.owner.is_empty() {
+                "(cluster)"
+            } else {
+                &v.owner
             },
             v.id
         );
@@ -216,6 +261,8 @@ pub fn run(c: VolumeCommand) -> anyhow::Result<()> {
                 size,
                 block_size,
                 policy,
+                owner,
+                mode,
                 json,
                 cluster,
             } => {
@@ -236,9 +283,39 @@ pub fn run(c: VolumeCommand) -> anyhow::Result<()> {
                     snapshots: Vec::new(),
                     parent: None,
                     lineage: Vec::new(),
+                    owner,
+                    mode,
                 };
                 let v = change(&client, ObjectOp::CreateVolume { volume }).await?;
                 print(&v, json)
+            }
+            VolumeCommand::Chmod {
+                mode,
+                name,
+                json,
+                cluster,
+            } => {
+                let client = crate::cluster::client(&cluster.masters()?).await?;
+                let op = ObjectOp::SetVolumeAttr {
+                    name,
+                    mode: Some(mode),
+                    owner: None,
+                };
+                print(&change(&client, op).await?, json)
+            }
+            VolumeCommand::Chown {
+                owner,
+                name,
+                json,
+                cluster,
+            } => {
+                let client = crate::cluster::client(&cluster.masters()?).await?;
+                let op = ObjectOp::SetVolumeAttr {
+                    name,
+                    mode: None,
+                    owner: Some(owner),
+                };
+                print(&change(&client, op).await?, json)
             }
             VolumeCommand::List { json, cluster } => {
                 let client = crate::cluster::client(&cluster.masters()?).await?;
@@ -406,6 +483,9 @@ pub fn run(c: VolumeCommand) -> anyhow::Result<()> {
                         snapshot_id: s.id.clone(),
                     }),
                     lineage: Vec::new(),
+                    // A clone is its snapshot's volume's owner's, with its mode.
+                    owner: pv.owner.clone(),
+                    mode: pv.mode,
                 };
                 // Its first index before its record: a clone is never seen empty.
                 cairn_block::volume::write_clone(&client, &pv.id, &s.id, &v.id)
@@ -468,6 +548,15 @@ pub struct NbdArgs {
     /// bound address).
     #[arg(long)]
     advertise: Option<String>,
+    /// The TLS directory NBD clients are served TLS with (its node.pem and node.key) and whose
+    /// ca.pem their client certificates must chain to (`cairn user cert`); default --tls-dir.
+    /// TLS is required unless --nbd-insecure.
+    #[arg(long, env = "CAIRN_NBD_TLS_DIR")]
+    nbd_tls_dir: Option<std::path::PathBuf>,
+    /// Serve plain NBD: no TLS, no client certificates, every client opens every volume.
+    /// Refused unless --listen is a loopback address.
+    #[arg(long)]
+    nbd_insecure: bool,
     /// Milliseconds between renewals of the volumes' writer leases (well under the masters'
     /// --lease-secs).
     #[arg(long, default_value_t = 5000)]
@@ -495,6 +584,29 @@ pub struct NbdArgs {
 }
 
 pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
+    let tls = if a.nbd_insecure {
+        anyhow::ensure!(
+            a.listen.ip().is_loopback(),
+            "--nbd-insecure serves every volume to anyone who reaches the port: refused on {} \
+             (a non-loopback address); serve TLS with --nbd-tls-dir",
+            a.listen
+        );
+        tracing::warn!("serving plain NBD (--nbd-insecure): every local client opens every volume");
+        None
+    } else {
+        let dir = a
+            .nbd_tls_dir
+            .clone()
+            .or_else(|| a.service.tls_dir())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "NBD is served over TLS with client certificates: pass --nbd-tls-dir (or \
+                 --tls-dir) with a directory `cairn tls init` made, or --nbd-insecure for plain \
+                 NBD on loopback"
+                )
+            })?;
+        Some(cairn_rpc::tls::data::client_auth_acceptor(&dir)?)
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("cairn-nbd")
@@ -531,6 +643,7 @@ pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
                     poll_every: std::time::Duration::from_millis(a.record_every_ms.max(10)),
                     ..Default::default()
                 },
+                tls,
                 ..Default::default()
             },
         );

@@ -115,6 +115,22 @@ pub struct User {
     /// May run `cairn admin`, manage users, and passes every permission check.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub admin: bool,
+    /// The client certificates issued to this user (`cairn user cert`), by fingerprint
+    /// ([`cert_fingerprint`]): the NBD server asks whose a certificate is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub certs: Vec<String>,
+}
+
+/// Most certificates one user may hold at once.
+pub const MAX_USER_CERTS: usize = 32;
+
+/// A certificate's fingerprint: the hex digits of SHA-256 of its DER bytes.
+pub fn cert_fingerprint(der: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(der)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 impl std::fmt::Debug for User {
@@ -144,6 +160,24 @@ pub enum ObjectOp {
     /// Removes a user (refused while it owns buckets); its keys stop working at once.
     DeleteUser {
         name: String,
+    },
+    /// Records a client certificate issued to a user (its fingerprint); at most
+    /// [`MAX_USER_CERTS`] per user.
+    AddUserCert {
+        name: String,
+        fingerprint: String,
+    },
+    /// Forgets every certificate issued to a user: they stop opening volumes at once (NBD
+    /// servers within 5 s).
+    RevokeUserCerts {
+        name: String,
+    },
+    /// Changes a volume's mode bits (`rwx` of its owner and of everyone else, as files') or
+    /// its owner.
+    SetVolumeAttr {
+        name: String,
+        mode: Option<u16>,
+        owner: Option<String>,
     },
     /// Gives a user new keys (made by the caller, so that every master applies the same);
     /// the old ones stop working at once.
@@ -314,9 +348,46 @@ pub struct Volume {
     /// the directory of `lineage[k - 1]` (docs/block.md).
     #[serde(default)]
     pub lineage: Vec<String>,
+    /// The user it belongs to; empty: the cluster's (admins only).
+    #[serde(default)]
+    pub owner: String,
+    /// `rwx` of its owner (0o700) and of everyone else (0o007), as files': `r` opens it for
+    /// reading and lists it, `w` for writing too. Group bits are kept and checked for no one.
+    #[serde(default = "default_volume_mode")]
+    pub mode: u16,
+}
+
+/// The mode of a volume made without one: its owner's alone.
+pub const fn default_volume_mode() -> u16 {
+    0o600
+}
+
+/// What a user may do with a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeAccess {
+    None,
+    Read,
+    ReadWrite,
 }
 
 impl Volume {
+    /// What `user` (an admin: `admin`) may do with this volume.
+    pub fn access(&self, user: &str, admin: bool) -> VolumeAccess {
+        let bits = if admin {
+            0o7
+        } else if !self.owner.is_empty() && self.owner == user {
+            (self.mode >> 6) & 0o7
+        } else {
+            self.mode & 0o7
+        };
+        match (bits & 0o4 != 0, bits & 0o2 != 0) {
+            (true, true) => VolumeAccess::ReadWrite,
+            (true, false) => VolumeAccess::Read,
+            // Write without read is not a way to use a block device.
+            _ => VolumeAccess::None,
+        }
+    }
+
     pub fn snapshot(&self, name: &str) -> Option<&Snapshot> {
         self.snapshots.iter().find(|s| s.name == name)
     }
@@ -369,6 +440,11 @@ pub enum ObjectQuery {
     /// The user with this access key (for signature checks).
     User {
         access_key: String,
+    },
+    /// The user a client certificate was issued to (by [`cert_fingerprint`]), without its
+    /// secret key.
+    CertUser {
+        fingerprint: String,
     },
     ListBuckets {
         user: String,
@@ -642,6 +718,7 @@ mod tests {
             secret_key: "very-secret".into(),
             created_ms: 0,
             admin: false,
+            certs: vec![],
         };
         assert!(!format!("{u:?}").contains("very-secret"));
     }

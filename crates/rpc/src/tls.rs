@@ -137,6 +137,42 @@ pub mod data {
         Ok(TlsAcceptor::from(Arc::new(config)))
     }
 
+    /// What the NBD server accepts TLS with (after NBD_OPT_STARTTLS): TLS 1.3 only, its
+    /// certificate and key from `dir`, and a client certificate signed by the CA in `dir`
+    /// required of every client (`cairn user cert` issues them; the server then asks the
+    /// masters whose it is).
+    ///
+    /// # Errors
+    /// A file is missing, unreadable or malformed.
+    pub fn client_auth_acceptor(dir: &Path) -> Result<TlsAcceptor, TlsError> {
+        use tokio_rustls::rustls;
+        let pem = read(dir, NODE_CERT)?;
+        let certs = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(dir, NODE_CERT, e))?;
+        let key = PrivateKeyDer::from_pem_slice(&read(dir, NODE_KEY)?)
+            .map_err(|e| bad(dir, NODE_KEY, e))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&read(dir, CA)?) {
+            let c = c.map_err(|e| bad(dir, CA, e))?;
+            roots.add(c).map_err(|e| bad(dir, CA, e))?;
+        }
+        let provider = provider();
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| bad(dir, CA, e))?;
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| bad(dir, NODE_CERT, e))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(certs, key)
+            .map_err(|e| bad(dir, NODE_KEY, e))?;
+        Ok(TlsAcceptor::from(Arc::new(config)))
+    }
+
     /// What a client (or a chunkserver repairing a peer) checks chunkservers with: the CA in
     /// `dir`. The name checked is the address dialled (chunkserver certificates carry their
     /// addresses as SANs, `cairn tls init --host`).

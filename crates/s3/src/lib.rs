@@ -90,6 +90,7 @@ pub fn new_user(name: &str, admin: bool) -> User {
         secret_key: random_id(40, SECRET),
         created_ms: now_ms(),
         admin,
+        certs: Vec::new(),
     }
 }
 

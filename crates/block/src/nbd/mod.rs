@@ -14,7 +14,7 @@ pub mod proto;
 use crate::volume::{Error as VolError, Volume, VolumeOptions};
 use bytes::Bytes;
 use cairn_client::Client;
-use cairn_rpc::object::{ObjectError, ObjectQuery, QueryReply, Volume as VolumeMeta};
+use cairn_rpc::object::{ObjectError, ObjectQuery, QueryReply, Volume as VolumeMeta, VolumeAccess};
 use proto::*;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,13 +24,29 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 
 /// How the server serves.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NbdOptions {
     /// The largest READ or WRITE (and the maximum block size announced).
     pub max_request: u32,
     /// Requests of one connection being served at once.
     pub max_in_flight: usize,
     pub volume: VolumeOptions,
+    /// TLS required of every client (NBD_OPT_STARTTLS, TLS 1.3, a client certificate from
+    /// the cluster CA: `cairn_rpc::tls::data::client_auth_acceptor`); the certificate's user
+    /// opens what the volumes' owners and modes let them. `None`: plain NBD, and every client
+    /// opens every volume (`cairn nbd --nbd-insecure`).
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl std::fmt::Debug for NbdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NbdOptions")
+            .field("max_request", &self.max_request)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("volume", &self.volume)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 impl Default for NbdOptions {
@@ -39,17 +55,102 @@ impl Default for NbdOptions {
             max_request: 32 << 20,
             max_in_flight: 64,
             volume: VolumeOptions::default(),
+            tls: None,
         }
     }
 }
 
-/// The transmission flags every export has.
-const TFLAGS: u16 = TFLAG_HAS_FLAGS
-    | TFLAG_SEND_FLUSH
-    | TFLAG_SEND_FUA
-    | TFLAG_SEND_TRIM
-    | TFLAG_SEND_WRITE_ZEROES
-    | TFLAG_CAN_MULTI_CONN;
+/// The transmission flags of an export (read-only for a user with read rights alone).
+fn tflags(read_only: bool) -> u16 {
+    let all = TFLAG_HAS_FLAGS
+        | TFLAG_SEND_FLUSH
+        | TFLAG_SEND_FUA
+        | TFLAG_SEND_TRIM
+        | TFLAG_SEND_WRITE_ZEROES
+        | TFLAG_CAN_MULTI_CONN;
+    if read_only {
+        all | TFLAG_READ_ONLY
+    } else {
+        all
+    }
+}
+
+/// A client has this long from connecting to opening a volume (its TLS handshake included);
+/// then it is closed.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the user a certificate belongs to is remembered (a revocation takes this long
+/// at most to reach this server).
+const CERT_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Who a connection acts for.
+#[derive(Debug, Clone)]
+enum Who {
+    /// Plain NBD on a server run without TLS: everything.
+    Anyone,
+    /// TLS required and not started yet.
+    Unproven,
+    /// The user a client certificate was issued to.
+    User { name: String, admin: bool },
+    /// A certificate that is no user's (revoked, deleted), or none.
+    Refused(String),
+}
+
+impl std::fmt::Display for Who {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Anyone => f.write_str("anyone (plain NBD)"),
+            Self::Unproven => f.write_str("a client without TLS"),
+            Self::User { name, .. } => write!(f, "user {name}"),
+            Self::Refused(_) => f.write_str("a refused certificate"),
+        }
+    }
+}
+
+impl Who {
+    fn access(&self, v: &VolumeMeta) -> VolumeAccess {
+        match self {
+            Self::Anyone => VolumeAccess::ReadWrite,
+            Self::User { name, admin } => v.access(name, *admin),
+            Self::Unproven | Self::Refused(_) => VolumeAccess::None,
+        }
+    }
+}
+
+/// What option haggling settled so far.
+struct Haggle {
+    no_zeroes: bool,
+    structured: bool,
+    /// TLS is on.
+    tls: bool,
+    who: Who,
+}
+
+/// How option haggling ended.
+enum Outcome {
+    Session(Session),
+    /// The client asked for TLS and was answered: the TLS handshake comes next.
+    StartTls,
+    Closed,
+}
+
+/// The server's greeting and the client's flags.
+async fn greet(
+    io: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    h: &mut Haggle,
+) -> std::io::Result<()> {
+    let mut hello = Vec::with_capacity(18);
+    hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    io.write_all(&hello).await?;
+    io.flush().await?;
+    let client_flags = io.read_u32().await?;
+    if client_flags & !u32::from(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES) != 0 {
+        return Err(invalid("unknown client flags"));
+    }
+    h.no_zeroes = client_flags & u32::from(FLAG_NO_ZEROES) != 0;
+    Ok(())
+}
 
 /// An NBD server of one cluster's volumes.
 pub struct NbdServer {
@@ -57,12 +158,18 @@ pub struct NbdServer {
     opts: NbdOptions,
     /// Volumes open here, with the connections using each.
     open: tokio::sync::Mutex<HashMap<String, (Arc<Volume>, usize)>>,
+    /// Whose client certificates are (by fingerprint), and since when this server knows.
+    certs: parking_lot::Mutex<HashMap<String, (Who, std::time::Instant)>>,
 }
 
 /// What the handshake settled.
 struct Session {
     volume: Arc<Volume>,
     structured: bool,
+    /// The user may read the volume, not write it: writes, trims and zeroings are refused.
+    read_only: bool,
+    /// Who opened it (for the log).
+    user: String,
 }
 
 impl NbdServer {
@@ -71,6 +178,7 @@ impl NbdServer {
             client,
             opts,
             open: tokio::sync::Mutex::new(HashMap::new()),
+            certs: parking_lot::Mutex::new(HashMap::new()),
         })
     }
 
@@ -143,25 +251,131 @@ impl NbdServer {
         }
     }
 
-    async fn connection(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+    async fn connection(self: Arc<Self>, mut stream: TcpStream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
-        let (rd, wr) = stream.into_split();
-        let mut rd = BufReader::with_capacity(256 << 10, rd);
-        let mut wr = BufWriter::with_capacity(256 << 10, wr);
-        let session = match self.handshake(&mut rd, &mut wr).await {
-            Ok(Some(s)) => s,
-            Ok(None) => return,
-            Err(e) => {
+        let mut h = Haggle {
+            no_zeroes: false,
+            structured: false,
+            tls: false,
+            who: if self.opts.tls.is_some() {
+                Who::Unproven
+            } else {
+                Who::Anyone
+            },
+        };
+        let started = async {
+            greet(&mut stream, &mut h).await?;
+            self.haggle(&mut stream, &mut h).await
+        };
+        let outcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, started).await {
+            Ok(Ok(o)) => o,
+            Ok(Err(e)) => {
                 tracing::info!(%peer, error = %e, "handshake ended");
                 return;
             }
+            Err(_) => {
+                tracing::info!(%peer, "handshake took too long: closed");
+                return;
+            }
         };
+        match outcome {
+            Outcome::Closed => {}
+            Outcome::Session(session) => {
+                let (rd, wr) = stream.into_split();
+                self.serve_session(session, rd, wr, peer).await;
+            }
+            Outcome::StartTls => {
+                let Some(acceptor) = self.opts.tls.clone() else {
+                    return;
+                };
+                let tls_and_options = async {
+                    let mut tls = acceptor.accept(stream).await?;
+                    h.tls = true;
+                    h.who = self.identify(&tls).await;
+                    if let Who::Refused(why) = &h.who {
+                        tracing::warn!(%peer, why = %why, "client certificate refused");
+                        metrics::counter!("cairn_nbd_refused_total", "why" => "certificate")
+                            .increment(1);
+                    }
+                    let o = self.haggle(&mut tls, &mut h).await?;
+                    Ok::<_, std::io::Error>((tls, o))
+                };
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls_and_options).await {
+                    Ok(Ok((tls, Outcome::Session(session)))) => {
+                        let (rd, wr) = tokio::io::split(tls);
+                        self.serve_session(session, rd, wr, peer).await;
+                    }
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        metrics::counter!("cairn_nbd_refused_total", "why" => "tls").increment(1);
+                        tracing::info!(%peer, error = %e, "TLS handshake or options ended");
+                    }
+                    Err(_) => tracing::info!(%peer, "TLS handshake took too long: closed"),
+                }
+            }
+        }
+    }
+
+    /// Serves an opened volume's requests on one connection until it ends.
+    async fn serve_session(
+        &self,
+        session: Session,
+        rd: impl AsyncRead + Unpin,
+        wr: impl AsyncWrite + Unpin + Send + 'static,
+        peer: SocketAddr,
+    ) {
+        let rd = BufReader::with_capacity(256 << 10, rd);
+        let wr = BufWriter::with_capacity(256 << 10, wr);
         let name = session.volume.meta().name.clone();
-        tracing::info!(%peer, volume = %name, structured = session.structured, "serving");
+        tracing::info!(
+            %peer,
+            volume = %name,
+            user = %session.user,
+            read_only = session.read_only,
+            structured = session.structured,
+            "serving"
+        );
         if let Err(e) = self.transmission(&session, rd, wr).await {
             tracing::info!(%peer, volume = %name, error = %e, "connection ended");
         }
         self.release(&name).await;
+    }
+
+    /// Who holds the client certificate a TLS connection presented: the user it was issued
+    /// to, asked of the masters (and kept for [`CERT_TTL`]).
+    async fn identify(&self, tls: &tokio_rustls::server::TlsStream<TcpStream>) -> Who {
+        let Some(cert) = tls.get_ref().1.peer_certificates().and_then(|c| c.first()) else {
+            return Who::Refused("no client certificate".into());
+        };
+        let fingerprint = cairn_rpc::object::cert_fingerprint(cert);
+        if let Some((who, at)) = self.certs.lock().get(&fingerprint)
+            && at.elapsed() < CERT_TTL
+        {
+            return who.clone();
+        }
+        let q = ObjectQuery::CertUser {
+            fingerprint: fingerprint.clone(),
+        };
+        let who = match self.client.masters().object_query(&q).await {
+            Ok(Ok(QueryReply::User(Some(u)))) => Who::User {
+                name: u.name,
+                admin: u.admin,
+            },
+            Ok(Ok(QueryReply::User(None))) => Who::Refused(format!(
+                "certificate {} is no user's (revoked?)",
+                &fingerprint[..16]
+            )),
+            other => {
+                // Not kept: the next connection asks again.
+                return Who::Refused(format!("asking the masters whose certificate: {other:?}"));
+            }
+        };
+        let mut certs = self.certs.lock();
+        if certs.len() > 10_000 {
+            certs.clear();
+        }
+        certs.insert(fingerprint, (who.clone(), std::time::Instant::now()));
+        who
     }
 
     /// The volume's record from the masters.
@@ -225,75 +439,107 @@ impl NbdServer {
         }
     }
 
-    async fn handshake(
+    /// Option haggling (after [`greet`]) until the client opens a volume, aborts, or — TLS
+    /// offered and not yet on — asks for STARTTLS.
+    async fn haggle(
         &self,
-        rd: &mut (impl AsyncRead + Unpin),
-        wr: &mut (impl AsyncWrite + Unpin),
-    ) -> std::io::Result<Option<Session>> {
-        let mut hello = Vec::with_capacity(18);
-        hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
-        hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
-        hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-        wr.write_all(&hello).await?;
-        wr.flush().await?;
-        let client_flags = rd.read_u32().await?;
-        if client_flags & !u32::from(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES) != 0 {
-            return Err(invalid("unknown client flags"));
-        }
-        let no_zeroes = client_flags & u32::from(FLAG_NO_ZEROES) != 0;
-        let mut structured = false;
+        io: &mut (impl AsyncRead + AsyncWrite + Unpin),
+        h: &mut Haggle,
+    ) -> std::io::Result<Outcome> {
+        let tls_required = self.opts.tls.is_some() && !h.tls;
         loop {
-            let mut h = [0u8; 16];
-            rd.read_exact(&mut h).await?;
-            let (opt, len) = option_header(&h).map_err(|e| invalid(&e.to_string()))?;
+            let mut head = [0u8; 16];
+            io.read_exact(&mut head).await?;
+            let (opt, len) = option_header(&head).map_err(|e| invalid(&e.to_string()))?;
             if len as usize > MAX_OPTION {
                 // Not read into memory: skipped, and refused.
-                let mut skip = (&mut *rd).take(u64::from(len));
+                let mut skip = (&mut *io).take(u64::from(len));
                 tokio::io::copy(&mut skip, &mut tokio::io::sink()).await?;
-                reply_err(wr, opt, REP_ERR_TOO_BIG, "option too long").await?;
+                reply_err(io, opt, REP_ERR_TOO_BIG, "option too long").await?;
                 continue;
             }
             let mut data = vec![0u8; len as usize];
-            rd.read_exact(&mut data).await?;
+            io.read_exact(&mut data).await?;
+            if tls_required {
+                match opt {
+                    OPT_STARTTLS if data.is_empty() => {
+                        io.write_all(&option_reply(opt, REP_ACK, &[])).await?;
+                        io.flush().await?;
+                        return Ok(Outcome::StartTls);
+                    }
+                    OPT_STARTTLS => {
+                        reply_err(io, opt, REP_ERR_INVALID, "STARTTLS takes no data").await?;
+                    }
+                    OPT_ABORT => {
+                        io.write_all(&option_reply(opt, REP_ACK, &[])).await?;
+                        io.flush().await?;
+                        return Ok(Outcome::Closed);
+                    }
+                    OPT_EXPORT_NAME => {
+                        // No error reply exists for it: the server closes.
+                        metrics::counter!("cairn_nbd_refused_total", "why" => "plain").increment(1);
+                        tracing::info!("EXPORT_NAME without TLS: closed (TLS is required)");
+                        return Ok(Outcome::Closed);
+                    }
+                    _ => {
+                        metrics::counter!("cairn_nbd_refused_total", "why" => "plain").increment(1);
+                        reply_err(
+                            io,
+                            opt,
+                            REP_ERR_TLS_REQD,
+                            "TLS is required: connect with TLS and a client certificate from \
+                             `cairn user cert` (nbds:// URIs)",
+                        )
+                        .await?;
+                    }
+                }
+                continue;
+            }
             match opt {
                 OPT_EXPORT_NAME => {
                     let name = String::from_utf8_lossy(&data).into_owned();
                     // The protocol has no error reply here: the server closes.
-                    let v = match self.acquire(&name).await {
-                        Ok(v) => v,
+                    let (v, read_only) = match self.open_for(&h.who, &name).await {
+                        Ok(x) => x,
                         Err((_, why)) => {
-                            tracing::warn!(volume = %name, error = %why, "export refused");
-                            return Ok(None);
+                            tracing::warn!(volume = %name, who = %h.who, error = %why, "export refused");
+                            return Ok(Outcome::Closed);
                         }
                     };
                     let mut out = Vec::with_capacity(134);
                     out.extend_from_slice(&v.size().to_be_bytes());
-                    out.extend_from_slice(&TFLAGS.to_be_bytes());
-                    if !no_zeroes {
+                    out.extend_from_slice(&tflags(read_only).to_be_bytes());
+                    if !h.no_zeroes {
                         out.extend_from_slice(&[0u8; 124]);
                     }
                     if let Err(e) = async {
-                        wr.write_all(&out).await?;
-                        wr.flush().await
+                        io.write_all(&out).await?;
+                        io.flush().await
                     }
                     .await
                     {
                         self.release(&name).await;
                         return Err(e);
                     }
-                    return Ok(Some(Session {
+                    return Ok(Outcome::Session(Session {
                         volume: v,
-                        structured,
+                        structured: h.structured,
+                        read_only,
+                        user: h.who.to_string(),
                     }));
                 }
                 OPT_ABORT => {
-                    wr.write_all(&option_reply(opt, REP_ACK, &[])).await?;
-                    wr.flush().await?;
-                    return Ok(None);
+                    io.write_all(&option_reply(opt, REP_ACK, &[])).await?;
+                    io.flush().await?;
+                    return Ok(Outcome::Closed);
                 }
                 OPT_LIST => {
                     if !data.is_empty() {
-                        reply_err(wr, opt, REP_ERR_INVALID, "LIST takes no data").await?;
+                        reply_err(io, opt, REP_ERR_INVALID, "LIST takes no data").await?;
+                        continue;
+                    }
+                    if let Who::Refused(why) = &h.who {
+                        reply_err(io, opt, REP_ERR_POLICY, why).await?;
                         continue;
                     }
                     match self
@@ -303,54 +549,55 @@ impl NbdServer {
                         .await
                     {
                         Ok(Ok(QueryReply::Volumes(vs))) => {
-                            for v in vs {
+                            // Only what this client may open.
+                            for v in vs.iter().filter(|v| h.who.access(v) != VolumeAccess::None) {
                                 let mut p = Vec::with_capacity(4 + v.name.len());
                                 p.extend_from_slice(&(v.name.len() as u32).to_be_bytes());
                                 p.extend_from_slice(v.name.as_bytes());
-                                wr.write_all(&option_reply(opt, REP_SERVER, &p)).await?;
+                                io.write_all(&option_reply(opt, REP_SERVER, &p)).await?;
                             }
-                            wr.write_all(&option_reply(opt, REP_ACK, &[])).await?;
+                            io.write_all(&option_reply(opt, REP_ACK, &[])).await?;
                         }
                         other => {
                             let why = format!("listing volumes: {other:?}");
-                            reply_err(wr, opt, REP_ERR_POLICY, &why).await?;
+                            reply_err(io, opt, REP_ERR_POLICY, &why).await?;
                         }
                     }
-                    wr.flush().await?;
+                    io.flush().await?;
                 }
                 OPT_STRUCTURED_REPLY => {
                     if !data.is_empty() {
-                        reply_err(wr, opt, REP_ERR_INVALID, "STRUCTURED_REPLY takes no data")
+                        reply_err(io, opt, REP_ERR_INVALID, "STRUCTURED_REPLY takes no data")
                             .await?;
                         continue;
                     }
-                    structured = true;
-                    wr.write_all(&option_reply(opt, REP_ACK, &[])).await?;
-                    wr.flush().await?;
+                    h.structured = true;
+                    io.write_all(&option_reply(opt, REP_ACK, &[])).await?;
+                    io.flush().await?;
                 }
                 OPT_INFO | OPT_GO => {
                     let (name, infos) = match info_request(&data) {
                         Ok(x) => x,
                         Err(e) => {
-                            reply_err(wr, opt, REP_ERR_INVALID, &e.to_string()).await?;
+                            reply_err(io, opt, REP_ERR_INVALID, &e.to_string()).await?;
                             continue;
                         }
                     };
                     // INFO describes the volume without opening it; GO opens it.
-                    let (size, bs, vol) = if opt == OPT_GO {
-                        match self.acquire(&name).await {
-                            Ok(v) => (v.size(), v.block_size() as u32, Some(v)),
+                    let (size, bs, read_only, vol) = if opt == OPT_GO {
+                        match self.open_for(&h.who, &name).await {
+                            Ok((v, ro)) => (v.size(), v.block_size() as u32, ro, Some(v)),
                             Err((code, why)) => {
-                                tracing::warn!(volume = %name, error = %why, "export refused");
-                                reply_err(wr, opt, code, &why).await?;
+                                tracing::warn!(volume = %name, who = %h.who, error = %why, "export refused");
+                                reply_err(io, opt, code, &why).await?;
                                 continue;
                             }
                         }
                     } else {
-                        match self.lookup(&name).await {
-                            Ok(m) => (m.size, m.block_size, None),
+                        match self.lookup_for(&h.who, &name).await {
+                            Ok((m, ro)) => (m.size, m.block_size, ro, None),
                             Err((code, why)) => {
-                                reply_err(wr, opt, code, &why).await?;
+                                reply_err(io, opt, code, &why).await?;
                                 continue;
                             }
                         }
@@ -359,26 +606,26 @@ impl NbdServer {
                         let mut p = Vec::with_capacity(12);
                         p.extend_from_slice(&INFO_EXPORT.to_be_bytes());
                         p.extend_from_slice(&size.to_be_bytes());
-                        p.extend_from_slice(&TFLAGS.to_be_bytes());
-                        wr.write_all(&option_reply(opt, REP_INFO, &p)).await?;
+                        p.extend_from_slice(&tflags(read_only).to_be_bytes());
+                        io.write_all(&option_reply(opt, REP_INFO, &p)).await?;
                         let mut p = Vec::with_capacity(14);
                         p.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
                         p.extend_from_slice(&bs.to_be_bytes());
                         p.extend_from_slice(&bs.max(4096).to_be_bytes());
                         p.extend_from_slice(&self.opts.max_request.to_be_bytes());
-                        wr.write_all(&option_reply(opt, REP_INFO, &p)).await?;
+                        io.write_all(&option_reply(opt, REP_INFO, &p)).await?;
                         if infos.contains(&INFO_NAME) {
                             let mut p = INFO_NAME.to_be_bytes().to_vec();
                             p.extend_from_slice(name.as_bytes());
-                            wr.write_all(&option_reply(opt, REP_INFO, &p)).await?;
+                            io.write_all(&option_reply(opt, REP_INFO, &p)).await?;
                         }
                         if infos.contains(&INFO_DESCRIPTION) {
                             let mut p = INFO_DESCRIPTION.to_be_bytes().to_vec();
                             p.extend_from_slice(b"cairn volume");
-                            wr.write_all(&option_reply(opt, REP_INFO, &p)).await?;
+                            io.write_all(&option_reply(opt, REP_INFO, &p)).await?;
                         }
-                        wr.write_all(&option_reply(opt, REP_ACK, &[])).await?;
-                        wr.flush().await
+                        io.write_all(&option_reply(opt, REP_ACK, &[])).await?;
+                        io.flush().await
                     }
                     .await;
                     if let Err(e) = r {
@@ -388,17 +635,51 @@ impl NbdServer {
                         return Err(e);
                     }
                     if let Some(volume) = vol {
-                        return Ok(Some(Session { volume, structured }));
+                        return Ok(Outcome::Session(Session {
+                            volume,
+                            structured: h.structured,
+                            read_only,
+                            user: h.who.to_string(),
+                        }));
                     }
                 }
+                OPT_STARTTLS if h.tls => {
+                    reply_err(io, opt, REP_ERR_INVALID, "TLS is already on").await?;
+                }
                 OPT_STARTTLS => {
-                    reply_err(wr, opt, REP_ERR_POLICY, "TLS is not offered on NBD").await?;
+                    reply_err(io, opt, REP_ERR_POLICY, "TLS is not offered on this server").await?;
                 }
                 _ => {
-                    reply_err(wr, opt, REP_ERR_UNSUP, "unknown option").await?;
+                    reply_err(io, opt, REP_ERR_UNSUP, "unknown option").await?;
                 }
             }
         }
+    }
+
+    /// The record of volume `name` if `who` may open it, and whether only for reading.
+    async fn lookup_for(&self, who: &Who, name: &str) -> Result<(VolumeMeta, bool), (u32, String)> {
+        if let Who::Refused(why) = who {
+            return Err((REP_ERR_POLICY, why.clone()));
+        }
+        let meta = self.lookup(name).await?;
+        match who.access(&meta) {
+            VolumeAccess::ReadWrite => Ok((meta, false)),
+            VolumeAccess::Read => Ok((meta, true)),
+            VolumeAccess::None => {
+                metrics::counter!("cairn_nbd_refused_total", "why" => "permission").increment(1);
+                Err((
+                    REP_ERR_POLICY,
+                    format!("{who} may not open volume {name:?}"),
+                ))
+            }
+        }
+    }
+
+    /// Volume `name` opened for `who` (shared with the other connections to it), and whether
+    /// only for reading.
+    async fn open_for(&self, who: &Who, name: &str) -> Result<(Arc<Volume>, bool), (u32, String)> {
+        let (_, read_only) = self.lookup_for(who, name).await?;
+        Ok((self.acquire(name).await?, read_only))
     }
 
     async fn transmission(
@@ -447,6 +728,15 @@ impl NbdServer {
             let past_end = end.is_none_or(|e| e > size);
             let too_big = req.length > self.opts.max_request;
             let fua = req.flags & CMD_FLAG_FUA != 0;
+            let writes = matches!(req.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+            if writes && s.read_only {
+                if req.kind == CMD_WRITE {
+                    let mut skip = (&mut rd).take(u64::from(req.length));
+                    tokio::io::copy(&mut skip, &mut tokio::io::sink()).await?;
+                }
+                reply.error(&req, EPERM, "the volume is open read-only for this user");
+                continue;
+            }
             match req.kind {
                 CMD_WRITE => {
                     if too_big {

@@ -48,6 +48,11 @@ pub struct UpArgs {
     /// in cluster.toml across restarts).
     #[arg(long)]
     nbd_port: Option<u16>,
+    /// Serve plain NBD (no TLS, no client certificates: every local client opens every
+    /// volume). By default NBD needs TLS and a certificate (`cairn user cert`; the admin's is
+    /// made in DATA_DIR/nbd-admin).
+    #[arg(long)]
+    nbd_insecure: bool,
     /// The control plane over TLS: makes DATA_DIR/tls (a cluster CA and a certificate for
     /// 127.0.0.1) on the first start, and every process and the CLI use it.
     #[arg(long)]
@@ -165,7 +170,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let secret = secret.display().to_string();
     let tls_dir = dir.join("tls");
     let tls = a.tls || a.data_tls;
-    if tls && !tls_dir.join(cairn_rpc::tls::CA).exists() {
+    // The CA is made always: NBD is served over TLS with client certificates it signs.
+    if !tls_dir.join(cairn_rpc::tls::CA).exists() {
         crate::tls::init(&tls_dir, &["127.0.0.1".into(), "localhost".into()])?;
     }
     // Every process is given the directory: its flag, and for the supervisor's own clients.
@@ -359,6 +365,11 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             .into_iter()
             .chain(tls_args.iter().cloned())
             .chain(a.data_tls.then(|| "--data-tls".to_string()))
+            .chain(if a.nbd_insecure {
+                vec!["--nbd-insecure".to_string()]
+            } else {
+                vec!["--nbd-tls-dir".to_string(), tls_dir.display().to_string()]
+            })
             .collect(),
             child: None,
             started: Instant::now(),
@@ -541,16 +552,15 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                         Err(e) => eprintln!("cairn up: no admin credentials: {e:#}"),
                     }
                     if let Some(p) = file.nbd_procs.first() {
-                        println!(
-                            "cairn up: block volumes over NBD at nbd://{}/VOLUME\n\
-                             try: {} volume create vol1 --size 1g; \
-                             qemu-img convert -n -O raw disk.img nbd://{}/vol1; \
-                             nbdinfo nbd://{}/vol1",
-                            p.addr,
-                            cli_name(),
-                            p.addr,
-                            p.addr
-                        );
+                        print_nbd(&p.addr, a.nbd_insecure, || {
+                            admin_nbd_cert(
+                                &dir,
+                                &masters_list,
+                                Path::new(&secret),
+                                client_tls.clone(),
+                                &tls_dir,
+                            )
+                        });
                     }
                 }
                 Readiness::Slow { up, why } => println!(
@@ -727,6 +737,84 @@ fn admin_credentials(
     cairn_rpc::auth::write_private(&tmp, body.as_bytes())?;
     std::fs::rename(&tmp, &path)?;
     Ok((user.access_key, user.secret_key))
+}
+
+/// Where `cairn up` keeps the admin's NBD client certificate.
+pub const ADMIN_NBD_CERT: &str = "nbd-admin";
+
+/// The admin's client certificate for NBD over TLS (`DATA_DIR/nbd-admin`: the layout qemu and
+/// libnbd read), issued and recorded on the first start; its directory.
+fn admin_nbd_cert(
+    dir: &Path,
+    masters: &str,
+    secret: &Path,
+    tls: Option<cairn_rpc::tls::ClientTlsConfig>,
+    tls_dir: &Path,
+) -> anyhow::Result<std::path::PathBuf> {
+    let out = dir.join(ADMIN_NBD_CERT);
+    if out.join(crate::tls::CLIENT_CERT).exists() {
+        return Ok(out);
+    }
+    let tmp = dir.join(format!("{ADMIN_NBD_CERT}.tmp"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let fingerprint = crate::tls::issue_client_cert(tls_dir, "admin", 3650, &tmp)?;
+    let masters: Vec<String> = masters.split(',').map(str::to_owned).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let m = cairn_rpc::Masters::new(&masters)?
+            .credential(Some(cairn_rpc::auth::Credential::Server {
+                secret: cairn_rpc::auth::ClusterSecret::read(secret)?,
+                who: "cairn-up".into(),
+            }))
+            .tls(tls);
+        let op = cairn_rpc::object::ObjectOp::AddUserCert {
+            name: "admin".into(),
+            fingerprint,
+        };
+        m.object_op(&op).await?.map_err(|e| anyhow::anyhow!("{e}"))
+    })?;
+    // Whole or not at all: the directory appears with its three files.
+    std::fs::rename(&tmp, &out)?;
+    Ok(out)
+}
+
+/// The tour's lines about NBD.
+fn print_nbd(
+    addr: &str,
+    insecure: bool,
+    cert: impl FnOnce() -> anyhow::Result<std::path::PathBuf>,
+) {
+    let cli = cli_name();
+    if insecure {
+        println!(
+            "cairn up: block volumes over plain NBD (--nbd-insecure) at nbd://{addr}/VOLUME\n\
+             try: {cli} volume create vol1 --size 1g; \
+             qemu-img convert -n -O raw disk.img nbd://{addr}/vol1; nbdinfo nbd://{addr}/vol1"
+        );
+        return;
+    }
+    match cert() {
+        Ok(c) => {
+            let c = c
+                .strip_prefix(std::env::current_dir().unwrap_or_default())
+                .unwrap_or(&c)
+                .display()
+                .to_string();
+            println!(
+                "cairn up: block volumes over NBD with TLS at nbds://{addr}/VOLUME; the admin's \
+                 client certificate is in {c} (`{cli} user cert NAME --dir DIR` makes others)\n\
+                 try: {cli} volume create vol1 --size 1g; \
+                 nbdcopy disk.img 'nbds://{addr}/vol1?tls-certificates={c}'; \
+                 nbdinfo 'nbds://{addr}/vol1?tls-certificates={c}'"
+            );
+        }
+        Err(e) => eprintln!(
+            "cairn up: no NBD client certificate for the admin ({e:#}); NBD is served over TLS \
+             at nbds://{addr}/VOLUME",
+        ),
+    }
 }
 
 /// How a person at this shell runs this binary: `cairn` when that is it on PATH, else its

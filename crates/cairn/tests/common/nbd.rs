@@ -10,9 +10,17 @@ use std::time::Duration;
 
 use super::Proc;
 
-/// A `cairn nbd` process serving the cluster of `masters` (leases renewed every second),
-/// started.
+/// A `cairn nbd` process serving the cluster of `masters` in plain NBD on loopback
+/// (`--nbd-insecure`; leases renewed every second), started.
 pub fn server(masters: &[String], extra: &[&str]) -> Proc {
+    let mut args = vec!["--nbd-insecure"];
+    args.extend_from_slice(extra);
+    server_with(masters, &args)
+}
+
+/// A `cairn nbd` process with only `extra` besides its listen address, masters and lease
+/// renewal (TLS unless `extra` says `--nbd-insecure`), started.
+pub fn server_with(masters: &[String], extra: &[&str]) -> Proc {
     let mut p = Proc {
         name: "nbd".into(),
         args: [

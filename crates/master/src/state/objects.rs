@@ -234,6 +234,15 @@ impl ObjectIndex {
                         .collect(),
                 ))
             }
+            ObjectQuery::CertUser { fingerprint } => Ok(QueryReply::User(
+                self.users
+                    .values()
+                    .find(|u| u.certs.iter().any(|c| c == fingerprint))
+                    .map(|u| User {
+                        secret_key: String::new(),
+                        ..u.clone()
+                    }),
+            )),
             ObjectQuery::Users => Ok(QueryReply::Users(
                 self.users
                     .values()
@@ -433,6 +442,44 @@ impl State {
                     )));
                 }
                 idx.users.remove(&key);
+                Ok(OpReply::Done)
+            }
+            ObjectOp::AddUserCert { name, fingerprint } => {
+                let valid = fingerprint.len() == 64
+                    && fingerprint
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+                if !valid {
+                    return Err(ObjectError::InvalidArgument(
+                        "a certificate's fingerprint is 64 lower-case hex digits".into(),
+                    ));
+                }
+                if idx.users.values().any(|u| u.certs.contains(fingerprint)) {
+                    return Err(ObjectError::InvalidArgument(
+                        "that certificate is already issued".into(),
+                    ));
+                }
+                let u = idx
+                    .users
+                    .values_mut()
+                    .find(|u| u.name == *name)
+                    .ok_or_else(|| ObjectError::InvalidArgument(format!("no user {name}")))?;
+                if u.certs.len() >= cairn_rpc::object::MAX_USER_CERTS {
+                    return Err(ObjectError::InvalidArgument(format!(
+                        "user {name} holds {} certificates already; revoke them first",
+                        u.certs.len()
+                    )));
+                }
+                u.certs.push(fingerprint.clone());
+                Ok(OpReply::Done)
+            }
+            ObjectOp::RevokeUserCerts { name } => {
+                let u = idx
+                    .users
+                    .values_mut()
+                    .find(|u| u.name == *name)
+                    .ok_or_else(|| ObjectError::InvalidArgument(format!("no user {name}")))?;
+                u.certs.clear();
                 Ok(OpReply::Done)
             }
             ObjectOp::SetUserKeys {
@@ -718,6 +765,27 @@ impl State {
                 }
                 idx.volumes.insert(v.name.clone(), v.clone());
                 Ok(OpReply::Volume(v))
+            }
+            ObjectOp::SetVolumeAttr { name, mode, owner } => {
+                if mode.is_some_and(|m| m > 0o777) {
+                    return Err(ObjectError::InvalidArgument(
+                        "a volume's mode is 0..=0o777".into(),
+                    ));
+                }
+                if let Some(o) = owner
+                    && !o.is_empty()
+                    && !idx.users.values().any(|u| u.name == *o)
+                {
+                    return Err(ObjectError::InvalidArgument(format!("no user {o}")));
+                }
+                let v = idx.volumes.get_mut(name).ok_or(ObjectError::NoSuchVolume)?;
+                if let Some(m) = mode {
+                    v.mode = *m;
+                }
+                if let Some(o) = owner {
+                    v.owner.clone_from(o);
+                }
+                Ok(OpReply::Volume(v.clone()))
             }
             ObjectOp::ResizeVolume { name, size } => {
                 let v = idx.volumes.get_mut(name).ok_or(ObjectError::NoSuchVolume)?;
@@ -1059,6 +1127,7 @@ mod tests {
                     secret_key: secret.into(),
                     created_ms: 0,
                     admin: false,
+                    certs: vec![],
                 },
             );
         }
@@ -1420,6 +1489,8 @@ mod tests {
             snapshots: Vec::new(),
             parent: None,
             lineage: Vec::new(),
+            owner: String::new(),
+            mode: 0o600,
         }
     }
 
