@@ -12,7 +12,12 @@ VOL=bench-$$
 SIZE=${SIZE:-1g}
 "$CAIRN" volume create "$VOL" --size "$SIZE" >/dev/null
 trap '"$CAIRN" volume delete "$VOL" >/dev/null 2>&1 || true' EXIT
-URI="nbd://$NBD/$VOL"
+# `cairn up` serves NBD over TLS and makes the admin a client certificate in cairn-data/nbd-admin.
+if [ -d cairn-data/nbd-admin ]; then
+    URI="nbds://$NBD/$VOL?tls-certificates=$PWD/cairn-data/nbd-admin"
+else
+    URI="nbd://$NBD/$VOL"
+fi
 fio_iops() { # rw bs depth extra... -> "iops MiB/s"
     local rw=$1 bs=$2 depth=$3; shift 3
     fio --name=b --ioengine=nbd --uri="$URI" --rw="$rw" --bs="$bs" --iodepth="$depth" \

@@ -78,7 +78,11 @@ echo "ceph $(ceph-osd --version | cut -d' ' -f3): 1 mon, 3 BlueStore OSDs on fil
 rados "${C[@]}" -p bench bench "$SECS" write -b 4096 -t 32 --no-cleanup >/dev/null 2>&1
 VOL=bench-ceph-$$
 "$CAIRN" volume create "$VOL" --size 1g >/dev/null
-URI="nbd://$NBD/$VOL"
+if [ -d cairn-data/nbd-admin ]; then
+    URI="nbds://$NBD/$VOL?tls-certificates=$PWD/cairn-data/nbd-admin"
+else
+    URI="nbd://$NBD/$VOL"
+fi
 fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1m --iodepth=8 --size=1g >/dev/null 2>&1
 echo "round,ceph_rados_rand_4k_t32_ops_per_sec,cairn_nbd_randread_4k_d32_ops_per_sec,ratio"
 for r in $(seq 1 "$ROUNDS"); do

@@ -18,7 +18,7 @@ MASTERS=$(python3 -c 'import re,sys; t=open(sys.argv[1]).read(); print(",".join(
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 MPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$CAIRN" volume create "$VOL" --size "$SIZE" ${POLICY:+--policy "$POLICY"} >/dev/null
-"$CAIRN" nbd --listen "127.0.0.1:$PORT" --masters "$MASTERS" --cluster-secret-file "$DATA/cluster.secret" \
+"$CAIRN" nbd --listen "127.0.0.1:$PORT" --nbd-insecure --masters "$MASTERS" --cluster-secret-file "$DATA/cluster.secret" \
     --metrics-listen "127.0.0.1:$MPORT" --gc-every-ms 2000 --gc-live-pct "$GC_PCT" --gc-rate 256m \
     --segment-bytes "${SEGMENT:-128m}" >/tmp/bench-gc-nbd.$$ 2>&1 &
 NBD_PID=$!
