@@ -109,8 +109,6 @@ pub enum UserCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
-    /// Give a user new keys; prints them (shown once). The old keys stop working at once
-    /// (S3 gateways within 5 s). Admins only.
     /// Issue a user a client certificate signed by the cluster CA (for NBD over TLS): writes
     /// `ca-cert.pem`, `client-cert.pem` and `client-key.pem` into DIR, the layout qemu's
     /// `tls-creds-x509` and libnbd's `tls-certificates=` read, and records it with the masters.
@@ -145,6 +143,8 @@ pub enum UserCommand {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+    /// Give a user new keys; prints them (shown once). The old keys stop working at once
+    /// (S3 gateways within 5 s). Admins only.
     RotateKey {
         /// The user.
         name: String,

@@ -639,6 +639,86 @@ async fn the_scrubber_finds_a_flipped_bit_and_repair_replaces_the_copy() {
     assert!(c.read("/s", 0, pattern.len()).await.unwrap() == pattern);
 }
 
+/// Issue 38 §5: a read that meets a flipped bit in one copy marks that copy bad at once (no
+/// scrubber: its passes are an hour apart here), the masters repair it from a good copy, and
+/// the repaired copy reads right alone. The file reads right all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_meets_a_flipped_bit_gets_the_copy_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = common::Cluster::start(dir.path(), 1, 3).await;
+    let c = cl.client().await;
+    let pattern: Vec<u8> = (0..300_000u32)
+        .flat_map(|i| format!("rot-canary-{i:08}|").into_bytes())
+        .take(1 << 20)
+        .collect();
+    let mut w = c.create("/r", CreateOptions::default()).await.unwrap();
+    w.append(&pattern).await.unwrap();
+    w.seal().await.unwrap();
+    let chunk = common::chunks(&c, "/r").await[0].clone();
+    assert_eq!(chunk.servers.len(), 3);
+    let store = cl.dir.join("cs-1/disk0.cairn");
+    let at = find(&store, b"rot-canary-00020000|").expect("the copy's bytes in the store file") + 4;
+    {
+        // Behind the server's back, past its page cache: O_DIRECT, a whole aligned block.
+        use std::os::unix::fs::{FileExt, OpenOptionsExt};
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&store)
+            .unwrap();
+        let base = at & !4095;
+        let layout = std::alloc::Layout::from_size_align(4096, 4096).unwrap();
+        // SAFETY: a fresh 4096-byte allocation aligned to 4096, freed below.
+        let p = unsafe { std::alloc::alloc(layout) };
+        let block = unsafe { std::slice::from_raw_parts_mut(p, 4096) };
+        f.read_exact_at(block, base).unwrap();
+        block[(at - base) as usize] ^= 0x10;
+        f.write_all_at(block, base).unwrap();
+        f.sync_data().unwrap();
+        unsafe { std::alloc::dealloc(p, layout) };
+    }
+    let bad_server = cl.server_id(0).await;
+    let before = cl.status().await.unwrap().repairs_done;
+
+    // The bad copy refuses to serve the bytes; the file reads right.
+    let conn = cl.replica_conn(0, &[chunk.id]).await;
+    let err = conn.read(chunk.id, 0, pattern.len()).await;
+    assert!(err.is_err(), "the flipped copy served its bytes");
+    for _ in 0..3 {
+        assert!(c.read("/r", 0, pattern.len()).await.unwrap() == pattern);
+    }
+    // Marked at once, repaired.
+    let t0 = Instant::now();
+    let mut marked = false;
+    loop {
+        let s = cl.status().await.unwrap();
+        let me = s.servers.iter().find(|x| x.id == bad_server).unwrap();
+        marked |= me.corrupt_now >= 1;
+        if s.repairs_done > before
+            && me.corrupt_now == 0
+            && s.under_replicated == 0
+            && s.repairs_running == 0
+        {
+            eprintln!("marked {marked}, repaired in {:?}", t0.elapsed());
+            assert!(me.scrub_passes <= 1, "the scrubber ran meanwhile");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "after 30 s: marked {marked}, corrupt now {}, under-replicated {}, repairs {} running {}",
+            me.corrupt_now,
+            s.under_replicated,
+            s.repairs_done,
+            s.repairs_running
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let conn = cl.replica_conn(0, &[chunk.id]).await;
+    let got = conn.read(chunk.id, 0, pattern.len()).await.unwrap();
+    assert!(got == pattern, "the repaired copy differs");
+}
+
 /// Where `needle` first occurs in the file at `path`.
 fn find(path: &std::path::Path, needle: &[u8]) -> Option<u64> {
     use std::io::Read;

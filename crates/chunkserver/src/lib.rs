@@ -663,8 +663,23 @@ impl Chunkserver {
                     .with_payload_crc(data.len(), data.crc32c());
                 (rep, Body::Read(data))
             }
-            Ok(Err(e)) => bytes(store_error_reply(&h, &e)),
+            Ok(Err(e)) => {
+                if let StoreError::Corruption { .. } = e {
+                    self.found_corrupt(id, &e);
+                }
+                bytes(store_error_reply(&h, &e))
+            }
             Err(_) => bytes(error_reply(&h, Status::Io, "read task failed".into())),
+        }
+    }
+
+    /// A read met a copy whose bytes fail their CRC: it is marked bad at once (as the
+    /// scrubber would), so the next heartbeat tells the masters and they repair it from a good
+    /// copy; the client reads another copy meanwhile.
+    fn found_corrupt(&self, id: u64, e: &StoreError) {
+        if self.corrupt.lock().insert(id) {
+            tracing::error!(chunk = id, error = %e, "a read found a bad copy: marked for repair");
+            metrics::counter!("cairn_chunkserver_read_corrupt_total").increment(1);
         }
     }
 
