@@ -59,6 +59,16 @@ pub struct ServerOptions {
     /// Serve frames over TLS only, and dial peers (repair, conversion) over TLS
     /// (`--data-tls`; docs/security.md).
     pub data_tls: Option<cairn_rpc::tls::data::ServerTls>,
+    /// With capabilities required, a connection is *unproven* until one of its frames
+    /// carries a valid capability; unproven connections have slots of their own — this many
+    /// in all and `max_unproven_per_peer` from one address — and are closed
+    /// `proof_timeout` after they were accepted (their TLS handshake included) unless they
+    /// prove themselves. Then they take a slot among `max_connections`. So a flood of
+    /// connections that hold no capability never takes a client's slot, and is gone within
+    /// `proof_timeout`.
+    pub max_unproven: usize,
+    pub max_unproven_per_peer: usize,
+    pub proof_timeout: std::time::Duration,
 }
 
 impl Default for ServerOptions {
@@ -75,12 +85,51 @@ impl Default for ServerOptions {
             idle_timeout: std::time::Duration::from_secs(300),
             frame_timeout: std::time::Duration::from_secs(30),
             data_tls: None,
+            max_unproven: 512,
+            max_unproven_per_peer: 32,
+            proof_timeout: std::time::Duration::from_secs(2),
+        }
+    }
+}
+
+/// Warnings about refused connections: at most [`LogBudget::LINES`] each
+/// [`LogBudget::WINDOW`], then one line saying how many were left out (a flood of strangers
+/// must not fill the log).
+#[derive(Default)]
+struct LogBudget {
+    inner: parking_lot::Mutex<(Option<std::time::Instant>, u32, u64)>,
+}
+
+impl LogBudget {
+    const LINES: u32 = 10;
+    const WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Whether one more line may be written now.
+    fn allow(&self) -> bool {
+        let mut g = self.inner.lock();
+        let (since, used, dropped) = &mut *g;
+        let now = std::time::Instant::now();
+        if since.is_none_or(|t| now.duration_since(t) >= Self::WINDOW) {
+            if *dropped > 0 {
+                tracing::warn!(left_out = *dropped, "refused connections not logged one by one in the last window");
+            }
+            *g = (Some(now), 1, 0);
+            return true;
+        }
+        if *used < Self::LINES {
+            *used += 1;
+            true
+        } else {
+            *dropped += 1;
+            false
         }
     }
 }
 
 /// A chunkserver: its disks and its connection limits.
 pub struct Chunkserver {
+    /// Rate of the warnings about refused connections.
+    refusals: LogBudget,
     disks: DiskSet,
     opts: ServerOptions,
     /// Requests being served right now (reported to the masters as load).
@@ -107,27 +156,70 @@ pub struct Chunkserver {
 
 #[derive(Default)]
 struct Conns {
+    /// Proven connections (or every connection when capabilities are not required).
     total: usize,
     by_peer: std::collections::HashMap<std::net::IpAddr, usize>,
+    /// Connections that have not shown a valid capability yet.
+    unproven: usize,
+    unproven_by_peer: std::collections::HashMap<std::net::IpAddr, usize>,
+}
+
+fn take_one(m: &mut std::collections::HashMap<std::net::IpAddr, usize>, peer: std::net::IpAddr) {
+    if let std::collections::hash_map::Entry::Occupied(mut e) = m.entry(peer) {
+        *e.get_mut() -= 1;
+        if *e.get() == 0 {
+            e.remove();
+        }
+    }
 }
 
 /// A connection's place in [`Conns`], given back when it closes.
 struct ConnSlot {
     cs: Arc<Chunkserver>,
     peer: std::net::IpAddr,
+    /// Among the proven connections; else the unproven, until `deadline`.
+    proven: bool,
+    deadline: std::time::Instant,
+}
+
+impl ConnSlot {
+    /// Moves this connection among the proven ones (it showed a valid capability); `false`
+    /// when they are all taken (the caller closes it).
+    fn prove(&mut self) -> bool {
+        if self.proven {
+            return true;
+        }
+        let opts = &self.cs.opts;
+        let mut c = self.cs.conns.lock();
+        let from_peer = c.by_peer.get(&self.peer).copied().unwrap_or(0);
+        if c.total >= opts.max_connections || from_peer >= opts.max_connections_per_peer {
+            metrics::counter!("cairn_chunkserver_connections_refused_total", "limit" => "server")
+                .increment(1);
+            return false;
+        }
+        c.unproven -= 1;
+        take_one(&mut c.unproven_by_peer, self.peer);
+        c.total += 1;
+        *c.by_peer.entry(self.peer).or_default() += 1;
+        self.proven = true;
+        metrics::gauge!("cairn_chunkserver_connections").set(c.total as f64);
+        metrics::gauge!("cairn_chunkserver_connections_unproven").set(c.unproven as f64);
+        true
+    }
 }
 
 impl Drop for ConnSlot {
     fn drop(&mut self) {
         let mut c = self.cs.conns.lock();
-        c.total -= 1;
-        if let std::collections::hash_map::Entry::Occupied(mut e) = c.by_peer.entry(self.peer) {
-            *e.get_mut() -= 1;
-            if *e.get() == 0 {
-                e.remove();
-            }
+        if self.proven {
+            c.total -= 1;
+            take_one(&mut c.by_peer, self.peer);
+        } else {
+            c.unproven -= 1;
+            take_one(&mut c.unproven_by_peer, self.peer);
         }
         metrics::gauge!("cairn_chunkserver_connections").set(c.total as f64);
+        metrics::gauge!("cairn_chunkserver_connections_unproven").set(c.unproven as f64);
     }
 }
 
@@ -270,6 +362,7 @@ struct Reply {
 impl Chunkserver {
     pub fn new(disks: DiskSet, opts: ServerOptions) -> Arc<Self> {
         Arc::new(Self {
+            refusals: LogBudget::default(),
             disks,
             load: std::sync::atomic::AtomicU32::new(0),
             faults: tokio::sync::watch::Sender::new(FaultSpec::default()),
@@ -377,8 +470,7 @@ impl Chunkserver {
                         };
                         let (this, tls) = (self.clone(), tls.clone());
                         tokio::spawn(async move {
-                            this.accepted(stream, peer, tls.as_ref()).await;
-                            drop(slot);
+                            this.accepted(stream, peer, tls.as_ref(), slot).await;
                         });
                     }
                     Err(e) => {
@@ -392,24 +484,49 @@ impl Chunkserver {
 
     /// Takes a connection slot for `peer`, or refuses it (the caller drops the stream).
     fn admit(self: &Arc<Self>, peer: SocketAddr) -> Option<ConnSlot> {
+        let opts = &self.opts;
         let mut c = self.conns.lock();
-        let from_peer = c.by_peer.get(&peer.ip()).copied().unwrap_or(0);
-        let why = if c.total >= self.opts.max_connections {
-            "server"
-        } else if from_peer >= self.opts.max_connections_per_peer {
-            "peer"
+        let proven = !self.require_caps.load(std::sync::atomic::Ordering::Relaxed);
+        let (open, from_peer, why) = if proven {
+            let from_peer = c.by_peer.get(&peer.ip()).copied().unwrap_or(0);
+            let why = if c.total >= opts.max_connections {
+                "server"
+            } else if from_peer >= opts.max_connections_per_peer {
+                "peer"
+            } else {
+                c.total += 1;
+                *c.by_peer.entry(peer.ip()).or_default() += 1;
+                ""
+            };
+            (c.total, from_peer, why)
         } else {
-            c.total += 1;
-            *c.by_peer.entry(peer.ip()).or_default() += 1;
+            let from_peer = c.unproven_by_peer.get(&peer.ip()).copied().unwrap_or(0);
+            let why = if c.unproven >= opts.max_unproven {
+                "unproven"
+            } else if from_peer >= opts.max_unproven_per_peer {
+                "unproven_peer"
+            } else {
+                c.unproven += 1;
+                *c.unproven_by_peer.entry(peer.ip()).or_default() += 1;
+                ""
+            };
+            (c.unproven, from_peer, why)
+        };
+        if why.is_empty() {
             metrics::gauge!("cairn_chunkserver_connections").set(c.total as f64);
+            metrics::gauge!("cairn_chunkserver_connections_unproven").set(c.unproven as f64);
             return Some(ConnSlot {
                 cs: self.clone(),
                 peer: peer.ip(),
+                proven,
+                deadline: std::time::Instant::now() + opts.proof_timeout,
             });
-        };
+        }
         metrics::counter!("cairn_chunkserver_connections_refused_total", "limit" => why)
             .increment(1);
-        tracing::warn!(%peer, limit = why, open = c.total, from_peer, "connection refused: too many connections");
+        if self.refusals.allow() {
+            tracing::warn!(%peer, limit = why, open, from_peer, "connection refused: too many connections");
+        }
         None
     }
 
@@ -420,22 +537,30 @@ impl Chunkserver {
         stream: TcpStream,
         peer: SocketAddr,
         tls: Option<&cairn_rpc::tls::data::TlsAcceptor>,
+        slot: ConnSlot,
     ) {
         let _ = stream.set_nodelay(true);
         let Some(tls) = tls else {
             let (rd, wr) = stream.into_split();
-            return self.connection(rd, wr, peer).await;
+            return self.connection(rd, wr, peer, slot).await;
         };
         // A TLS connection opens with a handshake record (content type 22); anything else is
         // a client that was not told this server speaks TLS.
         let mut first = [0u8; 1];
-        let t = self.opts.frame_timeout;
+        // An unproven connection's handshake is within its time to prove itself.
+        let t = if slot.proven {
+            self.opts.frame_timeout
+        } else {
+            slot.deadline.saturating_duration_since(std::time::Instant::now())
+        };
         match tokio::time::timeout(t, stream.peek(&mut first)).await {
             Ok(Ok(1)) if first[0] == 22 => {}
             Ok(Ok(1)) => {
                 metrics::counter!("cairn_chunkserver_tls_refused_total", "why" => "plain")
                     .increment(1);
-                tracing::warn!(%peer, "plain-text connection refused: this chunkserver serves its data plane over TLS (clients need --data-tls)");
+                if self.refusals.allow() {
+                    tracing::warn!(%peer, "plain-text connection refused: this chunkserver serves its data plane over TLS (clients need --data-tls)");
+                }
                 return;
             }
             _ => return,
@@ -448,16 +573,20 @@ impl Chunkserver {
             Ok(Err(e)) => {
                 metrics::counter!("cairn_chunkserver_tls_refused_total", "why" => "handshake")
                     .increment(1);
-                tracing::warn!(%peer, error = %e, "TLS handshake failed");
+                if self.refusals.allow() {
+                    tracing::warn!(%peer, error = %e, "TLS handshake failed");
+                }
                 return;
             }
             Err(_) => {
-                tracing::warn!(%peer, "TLS handshake timed out");
+                if self.refusals.allow() {
+                    tracing::warn!(%peer, "TLS handshake timed out");
+                }
                 return;
             }
         };
         let (rd, wr) = tokio::io::split(stream);
-        self.connection(rd, wr, peer).await
+        self.connection(rd, wr, peer, slot).await
     }
 
     async fn connection(
@@ -465,6 +594,7 @@ impl Chunkserver {
         rd: impl AsyncRead + Unpin + Send,
         wr: impl AsyncWrite + Unpin + Send + 'static,
         peer: SocketAddr,
+        mut slot: ConnSlot,
     ) {
         // Frames are read through a buffer: one read takes a small request's header and
         // payload (and whatever follows them) in one system call. Payloads longer than the
@@ -487,7 +617,7 @@ impl Chunkserver {
         });
         let count = Arc::new(Semaphore::new(self.opts.max_in_flight));
         let bytes = Arc::new(Semaphore::new(self.opts.max_in_flight_bytes));
-        if let Err(e) = self.read_loop(&mut rd, &tx, &count, &bytes).await {
+        if let Err(e) = self.read_loop(&mut rd, &tx, &count, &bytes, &mut slot).await {
             tracing::info!(%peer, error = %e, "closing connection");
         }
         drop(tx);
@@ -500,13 +630,24 @@ impl Chunkserver {
         tx: &mpsc::UnboundedSender<Reply>,
         count: &Arc<Semaphore>,
         bytes: &Arc<Semaphore>,
+        slot: &mut ConnSlot,
     ) -> Result<(), ConnError> {
         let (idle, frame) = (self.opts.idle_timeout, self.opts.frame_timeout);
         let timed =
             |what: &'static str, d: std::time::Duration| move |_| ConnError::Timeout(what, d);
         loop {
             let mut hb = [0u8; HEADER_BYTES];
-            match tokio::time::timeout(idle, rd.read_exact(&mut hb[..1])).await {
+            // Unproven: only until its deadline, whatever it sends meanwhile.
+            let wait = if slot.proven {
+                idle
+            } else {
+                slot.deadline
+                    .saturating_duration_since(std::time::Instant::now())
+                    .min(idle)
+            };
+            let unproven = ConnError::Timeout("a valid capability", self.opts.proof_timeout);
+            match tokio::time::timeout(wait, rd.read_exact(&mut hb[..1])).await {
+                Err(_) if !slot.proven => return Err(unproven),
                 Err(_) => return Err(ConnError::Timeout("no request", idle)),
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
@@ -534,7 +675,20 @@ impl Chunkserver {
                 self.require_caps.load(std::sync::atomic::Ordering::Relaxed),
             );
             let cap = match checked {
-                Ok(cap) => cap,
+                Ok(Some(cap)) => {
+                    if !slot.prove() {
+                        return Err(ConnError::Protocol(
+                            "every slot for proven connections is taken",
+                        ));
+                    }
+                    Some(cap)
+                }
+                Ok(None) => {
+                    if !slot.proven && std::time::Instant::now() >= slot.deadline {
+                        return Err(unproven);
+                    }
+                    None
+                }
                 Err(e) => {
                     let mut skip = (&mut *rd).take(u64::from(h.length));
                     tokio::time::timeout(frame, tokio::io::copy(&mut skip, &mut tokio::io::sink()))
