@@ -80,6 +80,16 @@ pub struct ChunkserverArgs {
     /// Seconds a connection may start no request before it is closed.
     #[arg(long, default_value_t = 300)]
     idle_timeout_secs: u64,
+    /// Milliseconds a connection has, from its accept, to show a valid capability; until then
+    /// it holds one of the few slots for unproven connections (docs/security.md).
+    #[arg(long, default_value_t = 2000)]
+    proof_timeout_ms: u64,
+    /// Unproven connections at once, in all.
+    #[arg(long, default_value_t = 512)]
+    max_unproven: usize,
+    /// Unproven connections at once from one address.
+    #[arg(long, default_value_t = 32)]
+    max_unproven_per_peer: usize,
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -123,6 +133,9 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
             max_connections: a.max_connections,
             max_connections_per_peer: a.max_connections_per_peer,
             idle_timeout: std::time::Duration::from_secs(a.idle_timeout_secs.max(1)),
+            proof_timeout: std::time::Duration::from_millis(a.proof_timeout_ms.max(100)),
+            max_unproven: a.max_unproven.max(1),
+            max_unproven_per_peer: a.max_unproven_per_peer.max(1),
             data_tls: match (&a.tls_dir, a.data_tls) {
                 (Some(d), true) => Some(cairn_rpc::tls::data::server_tls(d)?),
                 _ => None,

@@ -75,7 +75,8 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+                // rustls warns of every libnbd client that sends an IP address as SNI.
+                .unwrap_or_else(|_| "warn,rustls=error".into()),
         )
         .with_ansi(ansi)
         .with_writer(std::io::stderr)

@@ -1057,3 +1057,88 @@ async fn no_secret_at_rest_and_nothing_readable_by_others() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A TCP connection to `addr` from the local address `from` (127.0.0.x).
+async fn connect_from(from: &str, addr: &str) -> TcpStream {
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    s.connect(addr.parse().unwrap()).await.unwrap()
+}
+
+/// Whether the server closed `s` within `within` (a read returns nothing or fails).
+async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    let mut b = [0u8; 64];
+    matches!(
+        tokio::time::timeout(within, s.read(&mut b)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// Issue 38 §3: connections that never show a valid capability have a small budget per
+/// address and are cut a short time after they were accepted (PINGs or not), while a real
+/// client's reads and writes go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn unproven_connections_are_budgeted_and_cut() {
+    let _shared = QUIET.read().await;
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--proof-timeout-ms", "1000", "--max-unproven-per-peer", "4"];
+    let cl = Cluster::start_with(dir.path(), 1, 3, &flags).await;
+    let c = cl.client().await;
+    let addr = cl.status().await.unwrap().servers[0].addr.clone();
+
+    // Four from 127.0.0.2 are let in; a fifth is closed at once.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(connect_from("127.0.0.2", &addr).await);
+    }
+    let mut fifth = connect_from("127.0.0.2", &addr).await;
+    assert!(
+        closed_within(&mut fifth, Duration::from_millis(500)).await,
+        "past the budget"
+    );
+    // Another address has a budget of its own.
+    let mut other = connect_from("127.0.0.3", &addr).await;
+    // One of them pings all along: a PING proves nothing.
+    let mut pinger = held.pop().unwrap();
+    let t0 = std::time::Instant::now();
+    let ping = Header::request(Opcode::Ping, 0, 0);
+    let mut pinged = 0;
+    loop {
+        if pinger.write_all(&ping.encode()).await.is_err() {
+            break;
+        }
+        let mut r = [0u8; HEADER_BYTES];
+        match tokio::time::timeout(Duration::from_millis(300), pinger.read_exact(&mut r)).await {
+            Ok(Ok(_)) => pinged += 1,
+            _ => break,
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "a pinging stranger was kept"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(pinged >= 1, "no PING was answered");
+    // The rest, idle, are cut at the proof deadline — not at the 300 s idle timeout.
+    for s in held.iter_mut().chain([&mut other]) {
+        assert!(
+            closed_within(s, Duration::from_secs(3)).await,
+            "an unproven connection was kept"
+        );
+    }
+    // Meanwhile and after, a client with capabilities reads and writes; its connections
+    // outlive the proof deadline.
+    let data = common::bytes(3, 0, 300_000);
+    let mut w = c.create("/busy", CreateOptions::default()).await.unwrap();
+    w.append(&data).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    w.append(&data).await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(c.read("/busy", 0, data.len()).await.unwrap(), data);
+    // The budget is free again.
+    let mut again = connect_from("127.0.0.2", &addr).await;
+    assert!(
+        !closed_within(&mut again, Duration::from_millis(300)).await,
+        "the budget was not given back"
+    );
+}

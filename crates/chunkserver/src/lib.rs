@@ -111,7 +111,10 @@ impl LogBudget {
         let now = std::time::Instant::now();
         if since.is_none_or(|t| now.duration_since(t) >= Self::WINDOW) {
             if *dropped > 0 {
-                tracing::warn!(left_out = *dropped, "refused connections not logged one by one in the last window");
+                tracing::warn!(
+                    left_out = *dropped,
+                    "refused connections not logged one by one in the last window"
+                );
             }
             *g = (Some(now), 1, 0);
             return true;
@@ -551,7 +554,8 @@ impl Chunkserver {
         let t = if slot.proven {
             self.opts.frame_timeout
         } else {
-            slot.deadline.saturating_duration_since(std::time::Instant::now())
+            slot.deadline
+                .saturating_duration_since(std::time::Instant::now())
         };
         match tokio::time::timeout(t, stream.peek(&mut first)).await {
             Ok(Ok(1)) if first[0] == 22 => {}
@@ -617,7 +621,10 @@ impl Chunkserver {
         });
         let count = Arc::new(Semaphore::new(self.opts.max_in_flight));
         let bytes = Arc::new(Semaphore::new(self.opts.max_in_flight_bytes));
-        if let Err(e) = self.read_loop(&mut rd, &tx, &count, &bytes, &mut slot).await {
+        if let Err(e) = self
+            .read_loop(&mut rd, &tx, &count, &bytes, &mut slot)
+            .await
+        {
             tracing::info!(%peer, error = %e, "closing connection");
         }
         drop(tx);
