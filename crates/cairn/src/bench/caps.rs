@@ -104,7 +104,10 @@ async fn measure(a: &Args, path: &std::path::Path) -> anyhow::Result<Report> {
     let cs = Chunkserver::new(
         set,
         ServerOptions {
-            require_capabilities: true,
+            // Off while the connection without capabilities is made: a connection made with
+            // the checks on must prove itself within the proof deadline, and that one never
+            // carries a capability.
+            require_capabilities: false,
             ..ServerOptions::default()
         },
     );
@@ -144,8 +147,10 @@ async fn measure(a: &Args, path: &std::path::Path) -> anyhow::Result<Report> {
         caps.remember(&c.encode());
     }
     let timeout = Duration::from_secs(30);
-    let with = Arc::new(DataConn::connect_with(addr, timeout, Some(caps), None).await?);
     let without = Arc::new(DataConn::connect(addr, timeout).await?);
+    without.ping().await?;
+    cs.set_require_capabilities(true);
+    let with = Arc::new(DataConn::connect_with(addr, timeout, Some(caps), None).await?);
     let data = bytes::Bytes::from(vec![0x5a; a.size as usize]);
     // Per chunk: its length so far (each mode appends to its own chunks).
     let mut lengths = vec![0u64; 2 * n + 1];
