@@ -63,6 +63,10 @@ struct ServeArgs {
     /// bound address).
     #[arg(long)]
     advertise: Option<String>,
+    /// Milliseconds a request body may send nothing while the gateway waits for it; then the
+    /// request fails and its connection closes.
+    #[arg(long, default_value_t = cairn_s3::BODY_IDLE.as_millis() as u64)]
+    body_idle_ms: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -389,6 +393,7 @@ async fn serve(s: ServeArgs) -> anyhow::Result<()> {
         upload_max_age: std::time::Duration::from_secs(s.upload_max_age_hours * 3600),
         region: s.region,
         advertise: s.advertise,
+        body_idle: std::time::Duration::from_millis(s.body_idle_ms.max(100)),
         pack_bytes: s.pack_bytes,
         compact: cairn_s3::compact::CompactOptions {
             live_pct: s.compact_live_pct.min(100),

@@ -257,3 +257,98 @@ async fn s3_compaction_reclaims_mostly_dead_packs() {
     }
     run("verify");
 }
+
+/// Issue 38 §3: a signed PUT that declares 100 bytes and sends 50 holds its connection only
+/// for the gateway's body idle time (`--body-idle-ms`), and the object is not made; a client
+/// that sends the whole body is served meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_body_is_cut_after_the_idle_time() {
+    use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
+    use std::io::{Read, Write};
+    use std::time::Instant;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cluster.master_addrs();
+    let gw = gateway_with(&masters, "127.0.0.1:0", &["--body-idle-ms", "1500"]);
+    let alice = create_user(&masters, "alice");
+    let endpoint = format!("http://{}", gw.addr);
+    let bucket = Bucket::new(
+        endpoint.parse().unwrap(),
+        UrlStyle::Path,
+        "stall".to_string(),
+        "us-east-1",
+    )
+    .unwrap();
+    let creds = Credentials::new(&alice.access, &alice.secret);
+    let http = raw_http(
+        &gw.addr,
+        "PUT",
+        &bucket.create_bucket(&creds).sign(Duration::from_secs(60)),
+        b"",
+    );
+    assert!(http.starts_with("HTTP/1.1 200"), "{http}");
+
+    let url = bucket
+        .put_object(Some(&creds), "half")
+        .sign(Duration::from_secs(60));
+    let mut s = std::net::TcpStream::connect(&gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let target = &url.as_str()[url.as_str().find(url.path()).unwrap()..];
+    write!(
+        s,
+        "PUT {target} HTTP/1.1\r\nHost: {}\r\nContent-Length: 100\r\n\r\n",
+        gw.addr
+    )
+    .unwrap();
+    s.write_all(&[b'x'; 50]).unwrap();
+    let t0 = Instant::now();
+    // A whole PUT on another connection is served meanwhile.
+    let ok = raw_http(
+        &gw.addr,
+        "PUT",
+        &bucket
+            .put_object(Some(&creds), "whole")
+            .sign(Duration::from_secs(60)),
+        b"all of it",
+    );
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "the stalled PUT held its connection {took:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(1000),
+        "cut before the idle time: {took:?}"
+    );
+    // Nothing was made of half a body.
+    let head = raw_http(
+        &gw.addr,
+        "GET",
+        &bucket
+            .get_object(Some(&creds), "half")
+            .sign(Duration::from_secs(60)),
+        b"",
+    );
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+}
+
+/// One request on a fresh connection (`Connection: close`); the response as text.
+fn raw_http(addr: &str, method: &str, url: &url::Url, body: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let target = &url.as_str()[url.as_str().find(url.path()).unwrap()..];
+    write!(
+        s,
+        "{method} {target} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}

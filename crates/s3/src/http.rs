@@ -15,6 +15,10 @@
 //!   bodies at once. A longer one is refused with 411 MissingContentLength.
 //! - An error s3s wrote without a message gets S3's sentence for its code.
 //! - GetObjectAttributes' ETag loses the quotes s3s puts on every XML ETag (S3 sends it bare).
+//! - A request body from which no byte arrives for [`BODY_IDLE`] while the gateway waits for
+//!   one fails (the request ends with an error and its connection closes): a client that
+//!   declared a length and stopped sending holds nothing for long. Headers are bounded by
+//!   hyper's header read timeout ([`HEADER_READ_TIMEOUT`], set where connections are served).
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
@@ -22,6 +26,65 @@ use s3s::Body;
 use s3s::service::S3Service;
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// How long a request body may send nothing while the gateway waits for its bytes (the
+/// default of `Options::body_idle`).
+pub const BODY_IDLE: std::time::Duration = std::time::Duration::from_secs(20);
+/// How long a client has to send a request's headers once it started them.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A request body that fails when no frame arrives for `idle` while it is being read. The
+/// clock runs only while the gateway waits for bytes (not while it looks up the user or
+/// writes what it read).
+struct IdleBody {
+    inner: hyper::body::Incoming,
+    idle: std::time::Duration,
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl http_body::Body for IdleBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(r) => {
+                this.timer = None;
+                Poll::Ready(r.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                let idle = this.idle;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        metrics::counter!("cairn_s3_body_timeouts_total").increment(1);
+                        Poll::Ready(Some(Err(Box::new(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no bytes of the request body for {idle:?}"),
+                        )))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// The longest body accepted without a declared length.
 pub const UNSIZED_BODY_MAX: usize = 64 << 20;
@@ -39,15 +102,17 @@ pub struct Front {
     s3: S3Service,
     /// Bytes of [`UNSIZED_BODY_BUDGET`], one permit per byte (a permit per MiB would round).
     unsized_bytes: Arc<Semaphore>,
+    body_idle: std::time::Duration,
 }
 
 type Response = http::Response<Body>;
 
 impl Front {
-    pub fn new(s3: S3Service) -> Self {
+    pub fn new(s3: S3Service, body_idle: std::time::Duration) -> Self {
         Self {
             s3,
             unsized_bytes: Arc::new(Semaphore::new(UNSIZED_BODY_BUDGET)),
+            body_idle,
         }
     }
 
@@ -60,7 +125,13 @@ impl Front {
         req: http::Request<hyper::body::Incoming>,
     ) -> Result<Response, s3s::HttpError> {
         let id = request_id();
-        let req = req.map(Body::from);
+        let req = req.map(|inner| {
+            Body::http_body_unsync(IdleBody {
+                inner,
+                idle: self.body_idle,
+                timer: None,
+            })
+        });
         let attributes = req.method() == Method::GET
             && req
                 .uri()

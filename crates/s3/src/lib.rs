@@ -11,6 +11,7 @@ mod checksum;
 pub mod compact;
 pub mod data;
 mod http;
+pub use http::{BODY_IDLE, HEADER_READ_TIMEOUT};
 mod multipart;
 mod ops;
 pub mod pack;
@@ -46,6 +47,8 @@ pub struct Options {
     pub advertise: Option<String>,
     /// Pack compaction.
     pub compact: compact::CompactOptions,
+    /// A request body that sends nothing this long while the gateway waits for it fails.
+    pub body_idle: Duration,
 }
 
 impl Default for Options {
@@ -58,6 +61,7 @@ impl Default for Options {
             region: "us-east-1".into(),
             advertise: None,
             compact: compact::CompactOptions::default(),
+            body_idle: http::BODY_IDLE,
         }
     }
 }
@@ -275,7 +279,7 @@ impl Gateway {
         let mut builder = s3s::service::S3ServiceBuilder::new(gw);
         builder.set_auth(Auth(users));
         builder.set_access(Access);
-        let front = http::Front::new(builder.build());
+        let front = http::Front::new(builder.build(), opts.body_idle);
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let endpoint = format!(
@@ -284,8 +288,12 @@ impl Gateway {
         );
         tokio::spawn(heartbeat(client.clone(), endpoint));
         let task = tokio::spawn(async move {
-            let http =
+            let mut http =
                 hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            // Headers started and not finished within the timeout close the connection.
+            http.http1()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(http::HEADER_READ_TIMEOUT);
             loop {
                 let (socket, _) = match listener.accept().await {
                     Ok(s) => s,
