@@ -8,7 +8,7 @@
 //! ciphertext and its 16-byte tag. The additional data is the user's access key, so a sealed
 //! secret moved to another user does not open.
 
-use crate::auth::ClusterSecret;
+use crate::auth::{ClusterSecret, hex, unhex};
 use hmac::{Hmac, KeyInit, Mac};
 use ring::aead;
 use sha2::Sha256;
@@ -39,20 +39,6 @@ impl std::fmt::Debug for Sealer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Sealer(..)")
     }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || !s.is_ascii() {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect()
 }
 
 impl Sealer {

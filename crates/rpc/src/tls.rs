@@ -92,6 +92,29 @@ pub mod data {
         Arc::new(p)
     }
 
+    /// This node's certificate chain and key from `dir`.
+    fn node_identity(
+        dir: &Path,
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsError> {
+        let pem = read(dir, NODE_CERT)?;
+        let certs = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(dir, NODE_CERT, e))?;
+        let key = PrivateKeyDer::from_pem_slice(&read(dir, NODE_KEY)?)
+            .map_err(|e| bad(dir, NODE_KEY, e))?;
+        Ok((certs, key))
+    }
+
+    /// The cluster CA of `dir` as the only root.
+    fn ca_roots(dir: &Path) -> Result<tokio_rustls::rustls::RootCertStore, TlsError> {
+        let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&read(dir, CA)?) {
+            let c = c.map_err(|e| bad(dir, CA, e))?;
+            roots.add(c).map_err(|e| bad(dir, CA, e))?;
+        }
+        Ok(roots)
+    }
+
     /// A chunkserver's data-plane TLS: what it accepts connections with and what it dials
     /// its peers with (repair and conversion).
     #[derive(Clone)]
@@ -122,12 +145,7 @@ pub mod data {
     /// # Errors
     /// A file is missing, unreadable or malformed.
     pub fn acceptor(dir: &Path) -> Result<TlsAcceptor, TlsError> {
-        let pem = read(dir, NODE_CERT)?;
-        let certs = CertificateDer::pem_slice_iter(&pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| bad(dir, NODE_CERT, e))?;
-        let key = PrivateKeyDer::from_pem_slice(&read(dir, NODE_KEY)?)
-            .map_err(|e| bad(dir, NODE_KEY, e))?;
+        let (certs, key) = node_identity(dir)?;
         let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| bad(dir, NODE_CERT, e))?
@@ -146,17 +164,8 @@ pub mod data {
     /// A file is missing, unreadable or malformed.
     pub fn client_auth_acceptor(dir: &Path) -> Result<TlsAcceptor, TlsError> {
         use tokio_rustls::rustls;
-        let pem = read(dir, NODE_CERT)?;
-        let certs = CertificateDer::pem_slice_iter(&pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| bad(dir, NODE_CERT, e))?;
-        let key = PrivateKeyDer::from_pem_slice(&read(dir, NODE_KEY)?)
-            .map_err(|e| bad(dir, NODE_KEY, e))?;
-        let mut roots = rustls::RootCertStore::empty();
-        for c in CertificateDer::pem_slice_iter(&read(dir, CA)?) {
-            let c = c.map_err(|e| bad(dir, CA, e))?;
-            roots.add(c).map_err(|e| bad(dir, CA, e))?;
-        }
+        let (certs, key) = node_identity(dir)?;
+        let roots = ca_roots(dir)?;
         let provider = provider();
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
             Arc::new(roots),
@@ -180,11 +189,7 @@ pub mod data {
     /// # Errors
     /// `ca.pem` is missing, unreadable or malformed.
     pub fn connector(dir: &Path) -> Result<TlsConnector, TlsError> {
-        let mut roots = tokio_rustls::rustls::RootCertStore::empty();
-        for c in CertificateDer::pem_slice_iter(&read(dir, CA)?) {
-            let c = c.map_err(|e| bad(dir, CA, e))?;
-            roots.add(c).map_err(|e| bad(dir, CA, e))?;
-        }
+        let roots = ca_roots(dir)?;
         let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| bad(dir, CA, e))?
