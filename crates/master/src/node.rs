@@ -132,6 +132,7 @@ pub async fn serve(
         recovered,
         auth: auth.clone(),
         led_term: std::sync::atomic::AtomicU64::new(0),
+        sealed_term: std::sync::atomic::AtomicU64::new(0),
         sealer: opts
             .cluster_secret
             .as_ref()

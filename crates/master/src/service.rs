@@ -74,6 +74,9 @@ pub(crate) struct Inner {
     /// Seals users' secret keys before they enter the log (cairn_rpc::seal); `None` on an
     /// insecure master (no cluster secret to derive its key from).
     pub sealer: Option<cairn_rpc::seal::Sealer>,
+    /// The term in which this master, leading, found no plain secret left: new secrets enter
+    /// the log sealed, so one pass per term suffices.
+    pub sealed_term: std::sync::atomic::AtomicU64,
 }
 
 impl MetaService {
@@ -456,8 +459,14 @@ impl Inner {
         if self.leader_check().is_err() {
             return;
         }
+        use std::sync::atomic::Ordering;
+        let term = self.raft.metrics().borrow_watched().current_term;
+        if self.sealed_term.load(Ordering::Acquire) == term {
+            return;
+        }
         let plain = self.sm.lock().state.objects().plain_secrets();
         if plain.is_empty() {
+            self.sealed_term.store(term, Ordering::Release);
             return;
         }
         let sealed = plain
