@@ -93,13 +93,14 @@ pub struct ChunkserverArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
-    /// The scrubber's read rate: every chunk is read and CRC-checked in the
-    /// background at most this fast, behind foreground requests (0: no scrubbing).
-    #[arg(long, default_value = "8m", value_parser = crate::bench::parse_size)]
-    scrub_bytes_per_sec: u64,
-    /// Seconds between the end of a scrub pass and the start of the next.
-    #[arg(long, default_value_t = 3600)]
-    scrub_every_secs: u64,
+    /// The scrubber reads and CRC-checks every copy on this server once in this many seconds
+    /// (default a week), at the rate the used bytes need, within the background bandwidth
+    /// and behind foreground requests (0: no scrubbing).
+    #[arg(long, default_value_t = 7 * 24 * 3600)]
+    scrub_period_secs: u64,
+    /// A fixed scrub rate (bytes/s, e.g. 64m) instead of the one the period sets.
+    #[arg(long, value_parser = crate::bench::parse_size)]
+    scrub_bytes_per_sec: Option<u64>,
 }
 
 pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
@@ -166,8 +167,8 @@ pub fn run(a: ChunkserverArgs) -> anyhow::Result<()> {
                     rack: a.rack.clone(),
                     interval: std::time::Duration::from_millis(a.heartbeat_ms.max(10)),
                     scrub: cairn_chunkserver::scrub::ScrubOptions {
-                        bytes_per_sec: a.scrub_bytes_per_sec,
-                        every: std::time::Duration::from_secs(a.scrub_every_secs),
+                        period: std::time::Duration::from_secs(a.scrub_period_secs),
+                        bytes_per_sec: a.scrub_bytes_per_sec.unwrap_or(0),
                     },
                     cluster_secret: crate::master::cluster_secret(
                         a.cluster_secret_file.as_deref(),

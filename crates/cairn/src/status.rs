@@ -128,7 +128,10 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
                 "pid": c.pid, "capacity_bytes": c.capacity_bytes, "used_bytes": c.used_bytes,
                 "chunks": c.chunk_count, "load": c.load,
                 "reported_by_clients": c.reported_by, "avoided": c.avoided,
-                "scrub": {"bytes": c.scrub_bytes, "passes": c.scrub_passes, "corrupt_found": c.scrub_corrupt, "corrupt_now": c.corrupt_now},
+                "scrub": {"bytes": c.scrub_bytes, "passes": c.scrub_passes, "corrupt_found": c.scrub_corrupt, "corrupt_now": c.corrupt_now,
+                    "pass": {"done_bytes": c.scrub_pass_done, "total_bytes": c.scrub_pass_total,
+                             "due_unix_ms": (c.scrub_pass_due_ms > 0).then_some(c.scrub_pass_due_ms),
+                             "rate_bytes_per_sec": c.scrub_rate, "behind": c.scrub_behind}},
                 "last_heartbeat_ms_ago": if c.last_heartbeat_ms_ago == u64::MAX { None } else { Some(c.last_heartbeat_ms_ago) },
             })).collect::<Vec<_>>(),
             "files": s.files, "dirs": s.dirs, "chunks": s.chunks, "logical_bytes": s.logical_bytes,
@@ -266,6 +269,9 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
         s.servers.iter().map(|c| c.scrub_corrupt).sum::<u64>(),
         s.servers.iter().map(|c| c.corrupt_now).sum::<u64>(),
     );
+    for c in s.servers.iter().filter(|c| c.scrub_pass_due_ms > 0) {
+        println!("  {:>16}  {}", c.id, scrub_pass(c, now));
+    }
     println!(
         "repair: {} chunks ({}) under-replicated, {} lost; {} running, {} done, {} failed, \
          {} copied; rate {}/s of a {}/s cap",
@@ -332,4 +338,33 @@ impl Traffic {
 /// `a / b`, 0 when nothing was counted.
 fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+/// A chunkserver's scrub pass in words: how far, when due, how fast.
+fn scrub_pass(c: &pb::ServerStatus, now_ms: u64) -> String {
+    let pct = if c.scrub_pass_total == 0 {
+        100.0
+    } else {
+        (c.scrub_pass_done as f64 * 100.0 / c.scrub_pass_total as f64).min(100.0)
+    };
+    let due = c.scrub_pass_due_ms.saturating_sub(now_ms) / 1000;
+    let running = c.scrub_pass_done < c.scrub_pass_total;
+    format!(
+        "scrub pass {pct:.0} % of {}, {} in {}d {}h {}m{}{}",
+        human(c.scrub_pass_total),
+        if running { "due" } else { "next" },
+        due / 86_400,
+        due % 86_400 / 3600,
+        due % 3600 / 60,
+        if running {
+            format!(", reading {}/s", human(c.scrub_rate))
+        } else {
+            String::new()
+        },
+        if c.scrub_behind {
+            " — behind: needs more than the background bandwidth"
+        } else {
+            ""
+        }
+    )
 }

@@ -44,7 +44,10 @@ async fn settled_growth(cl: &Cluster, base: u64, at_least: u64) -> u64 {
             return u - base;
         }
         last = Some(u);
-        assert!(began.elapsed() < Duration::from_secs(30), "no steady growth seen");
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "no steady growth seen"
+        );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

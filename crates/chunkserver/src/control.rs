@@ -158,6 +158,7 @@ pub async fn run(
                 )
             };
             let traffic = repairer.traffic();
+            let progress = scrubber.stats.progress();
             let req = pb::HeartbeatRequest {
                 server_id: opts.server_id,
                 capacity_bytes: capacity,
@@ -178,6 +179,11 @@ pub async fn run(
                 scrub_bytes: scrubber.stats.bytes.load(Ordering::Relaxed),
                 scrub_passes: scrubber.stats.passes.load(Ordering::Relaxed),
                 scrub_corrupt: scrubber.stats.corrupt.load(Ordering::Relaxed),
+                scrub_pass_done: progress.done,
+                scrub_pass_total: progress.total,
+                scrub_pass_due_ms: progress.due_ms,
+                scrub_rate: progress.rate,
+                scrub_behind: progress.behind,
                 convert_user_bytes: traffic[crate::repair::TRAFFIC_CONVERT_USER],
                 convert_network_bytes: traffic[crate::repair::TRAFFIC_CONVERT_NETWORK],
                 convert_device_bytes: traffic[crate::repair::TRAFFIC_CONVERT_DEVICE],

@@ -267,6 +267,13 @@ pub fn heartbeat(r: &pb::HeartbeatRequest) -> Result<Heartbeat, MetaError> {
         repairing: r.repairing.clone(),
         corrupt: r.corrupt.iter().copied().take(MAX_UPDATES).collect(),
         scrub: [r.scrub_bytes, r.scrub_passes, r.scrub_corrupt],
+        scrub_pass: crate::registry::ScrubPass {
+            done: r.scrub_pass_done,
+            total: r.scrub_pass_total,
+            due_ms: r.scrub_pass_due_ms,
+            rate: r.scrub_rate,
+            behind: r.scrub_behind,
+        },
         traffic: [
             r.convert_user_bytes,
             r.convert_network_bytes,

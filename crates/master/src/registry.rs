@@ -84,6 +84,20 @@ impl ServerState {
     }
 }
 
+/// A chunkserver's scrub pass, as its last heartbeat told it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScrubPass {
+    /// Bytes read of `total` the pass set out to read.
+    pub done: u64,
+    pub total: u64,
+    /// When it must end, ms since the Unix epoch.
+    pub due_ms: u64,
+    /// Its rate now, bytes/s.
+    pub rate: u64,
+    /// It needs more than the background bandwidth to end in time.
+    pub behind: bool,
+}
+
 /// What the last heartbeat said.
 #[derive(Debug, Clone)]
 pub struct Live {
@@ -108,6 +122,7 @@ pub struct Live {
     pub corrupt: HashSet<ChunkId>,
     /// Its scrubber's bytes, passes and findings since it started.
     pub scrub: [u64; 3],
+    pub scrub_pass: ScrubPass,
     /// Background traffic: conversion user, network, device bytes; repair network, device.
     pub traffic: [u64; 5],
 }
@@ -150,6 +165,8 @@ pub struct Heartbeat {
     pub corrupt: Vec<ChunkId>,
     /// Its scrubber's bytes, passes and findings since it started.
     pub scrub: [u64; 3],
+    /// Its scrubber's pass now.
+    pub scrub_pass: ScrubPass,
     /// As in [`Heartbeat::traffic`].
     pub traffic: [u64; 5],
 }
@@ -256,6 +273,7 @@ impl Registry {
             orphans: HashMap::new(),
             corrupt: HashSet::new(),
             scrub: [0; 3],
+            scrub_pass: ScrubPass::default(),
             traffic: [0; 5],
         });
         live.last = now;
@@ -263,6 +281,7 @@ impl Registry {
         live.has_keys = !state.cap_keys().is_empty();
         live.corrupt = hb.corrupt.iter().copied().collect();
         live.scrub = hb.scrub;
+        live.scrub_pass = hb.scrub_pass;
         live.traffic = hb.traffic;
         live.capacity = hb.capacity;
         live.used = hb.used;
@@ -579,6 +598,7 @@ mod tests {
             repaired: vec![],
             corrupt: vec![],
             scrub: [0; 3],
+            scrub_pass: ScrubPass::default(),
             traffic: [0; 5],
             repairing: vec![],
         }
