@@ -1205,24 +1205,42 @@ impl pb::meta_server::Meta for MetaService {
     }
 
     async fn report(&self, req: Request<pb::ClientReport>) -> Rpc<pb::Empty> {
-        self.inner.who(&req, "Report")?;
+        let who = self.inner.who(&req, "Report")?;
         let r = req.into_inner();
         ok(async {
             self.inner.leader_check()?;
-            if r.client_id.is_empty() {
-                return Err(MetaError::invalid("a report needs a client id"));
+            if r.client_id.is_empty() || r.client_id.len() > 128 {
+                return Err(MetaError::invalid(
+                    "a report needs a client id of 1 to 128 bytes",
+                ));
             }
-            let listed = r
-                .servers
-                .iter()
-                .filter(|s| s.failed || s.slow)
-                .map(|s| s.server_id)
-                .collect();
+            // Only servers the cluster has, each once.
+            let listed: Vec<_> = {
+                let a = self.inner.sm.lock();
+                let servers = a.state.servers();
+                let set: std::collections::BTreeSet<_> = r
+                    .servers
+                    .iter()
+                    .filter(|s| (s.failed || s.slow) && servers.contains_key(&s.server_id))
+                    .map(|s| s.server_id)
+                    .collect();
+                set.into_iter().collect()
+            };
+            let voter = crate::reports::voter(&who, &r.client_id);
             self.inner
                 .registry
                 .lock()
                 .reports
-                .record(r.client_id, listed, Instant::now());
+                .record(voter, listed, Instant::now())
+                .map_err(|_| {
+                    MetaError::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "{} clients report already; this one's report is not counted",
+                            crate::reports::MAX_VOTERS
+                        ),
+                    )
+                })?;
             Ok(pb::Empty {})
         }
         .await)
