@@ -62,6 +62,16 @@ pub struct MasterArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Where the audit log goes (one JSON line per mutating call and per refusal, a file per
+    /// day; docs/security.md "Audit"). Default: DATA_DIR/audit.
+    #[arg(long)]
+    audit_dir: Option<PathBuf>,
+    /// Days of audit log kept.
+    #[arg(long, default_value_t = 30)]
+    audit_keep_days: usize,
+    /// Write no audit log.
+    #[arg(long)]
+    no_audit: bool,
 }
 
 /// The secret in `path`; none only when the server runs `--insecure`.
@@ -130,6 +140,17 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
             log_flush_gap: Duration::from_micros(a.log_flush_gap_us),
             cluster_secret: cluster_secret(a.cluster_secret_file.as_deref(), a.insecure)?,
             tls_dir: a.tls_dir.clone(),
+            audit: if a.no_audit {
+                cairn_rpc::audit::Audit::off()
+            } else {
+                let dir = a
+                    .audit_dir
+                    .clone()
+                    .unwrap_or_else(|| a.data_dir.join("audit"));
+                cairn_rpc::audit::Audit::open(&dir, "master", a.audit_keep_days).map_err(|e| {
+                    anyhow::anyhow!("cannot open the audit log in {}: {e}", dir.display())
+                })?
+            },
         };
         if let Some(m) = a.metrics_listen {
             crate::metrics::serve(m, "master").await?;

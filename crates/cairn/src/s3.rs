@@ -67,6 +67,13 @@ struct ServeArgs {
     /// request fails and its connection closes.
     #[arg(long, default_value_t = cairn_s3::BODY_IDLE.as_millis() as u64)]
     body_idle_ms: u64,
+    /// Write an access log here: one JSON line per request (user, bucket, key, status,
+    /// bytes, time), a file per day (docs/security.md "Audit"). `cairn up` sets it.
+    #[arg(long)]
+    access_log_dir: Option<std::path::PathBuf>,
+    /// Days of access log kept.
+    #[arg(long, default_value_t = 30)]
+    access_log_keep_days: usize,
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -394,6 +401,13 @@ async fn serve(s: ServeArgs) -> anyhow::Result<()> {
         region: s.region,
         advertise: s.advertise,
         body_idle: std::time::Duration::from_millis(s.body_idle_ms.max(100)),
+        access_log: match &s.access_log_dir {
+            Some(d) => cairn_rpc::audit::Audit::open(d, "s3-access", s.access_log_keep_days)
+                .map_err(|e| {
+                    anyhow::anyhow!("cannot open the access log in {}: {e}", d.display())
+                })?,
+            None => cairn_rpc::audit::Audit::off(),
+        },
         pack_bytes: s.pack_bytes,
         compact: cairn_s3::compact::CompactOptions {
             live_pct: s.compact_live_pct.min(100),

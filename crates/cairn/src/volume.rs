@@ -581,6 +581,13 @@ pub struct NbdArgs {
     /// Bytes per second garbage collection copies at most.
     #[arg(long, default_value = "64m", value_parser = crate::bench::parse_size)]
     gc_rate: u64,
+    /// Write an audit log here: one JSON line per connect, refusal, open and close (user,
+    /// volume, address), a file per day (docs/security.md "Audit"). `cairn up` sets it.
+    #[arg(long)]
+    audit_dir: Option<std::path::PathBuf>,
+    /// Days of audit log kept.
+    #[arg(long, default_value_t = 30)]
+    audit_keep_days: usize,
 }
 
 pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
@@ -644,6 +651,14 @@ pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
                     ..Default::default()
                 },
                 tls,
+                audit: match &a.audit_dir {
+                    Some(d) => {
+                        cairn_rpc::audit::Audit::open(d, "nbd", a.audit_keep_days).map_err(|e| {
+                            anyhow::anyhow!("cannot open the audit log in {}: {e}", d.display())
+                        })?
+                    }
+                    None => cairn_rpc::audit::Audit::off(),
+                },
                 ..Default::default()
             },
         );

@@ -979,7 +979,16 @@ async fn nbd_over_tls_opens_only_what_a_users_certificate_may() {
     common::run_ok(common::cairn().args(["tls", "init"]).arg(&tls));
     let cl = Cluster::start(d, 1, 3).await;
     let masters = cl.master_addrs();
-    let nbd = common::nbd::server_with(&masters, &["--nbd-tls-dir", tls.to_str().unwrap()]);
+    let audit = d.join("nbd-audit");
+    let nbd = common::nbd::server_with(
+        &masters,
+        &[
+            "--nbd-tls-dir",
+            tls.to_str().unwrap(),
+            "--audit-dir",
+            audit.to_str().unwrap(),
+        ],
+    );
     common::create_user(&masters, "alice");
     common::create_user(&masters, "bob");
     let (alice, bob) = (d.join("alice"), d.join("bob"));
@@ -1108,6 +1117,74 @@ async fn nbd_over_tls_opens_only_what_a_users_certificate_may() {
     assert!(
         !r.status.success(),
         "a certificate of another CA opened a volume"
+    );
+
+    // The audit log (issue 38 §6) saw it all: connects, refusals, opens and closes.
+    use serde_json::json;
+    let checks: [(&str, Vec<(&str, serde_json::Value)>); 6] = [
+        (
+            "alice connected",
+            vec![
+                ("event", json!("connect")),
+                ("user", json!("alice")),
+                ("result", json!("ok")),
+            ],
+        ),
+        (
+            "alice opened avol read-write",
+            vec![
+                ("event", json!("open")),
+                ("user", json!("alice")),
+                ("volume", json!("avol")),
+                ("mode", json!("read-write")),
+            ],
+        ),
+        (
+            "alice closed avol",
+            vec![
+                ("event", json!("close")),
+                ("user", json!("alice")),
+                ("volume", json!("avol")),
+            ],
+        ),
+        (
+            "plain NBD refused",
+            vec![
+                ("event", json!("connect")),
+                ("result", json!("refused")),
+                ("error", json!("NBD without TLS")),
+            ],
+        ),
+        (
+            "bob refused avol",
+            vec![
+                ("event", json!("open")),
+                ("user", json!("bob")),
+                ("volume", json!("avol")),
+                ("result", json!("refused")),
+            ],
+        ),
+        (
+            "bob opened avol read-only",
+            vec![
+                ("event", json!("open")),
+                ("user", json!("bob")),
+                ("mode", json!("read-only")),
+            ],
+        ),
+    ];
+    for (what, fields) in &checks {
+        common::audit_until(&audit, what, |l| common::has(l, fields));
+    }
+    let lines = common::audit_until(&audit, "at all", |l| !l.is_empty());
+    for l in &lines {
+        eprintln!("AUDIT {l}");
+    }
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["service"] == "nbd" && l["time"].is_string() && l["addr"].is_string()),
+        "{lines:#?}"
     );
 
     // Revoked (alice's certificates) and deleted (bob) users: refused within the servers'

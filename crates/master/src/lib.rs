@@ -1,6 +1,7 @@
 //! The Cairn master: a Raft group (openraft) whose replicated state machine holds the
 //! namespace, the stream meta (file → chunks) and the chunkserver registry.
 
+mod audit;
 pub mod caps;
 pub mod conversion;
 pub mod convert;

@@ -38,6 +38,8 @@ pub struct MasterOptions {
     /// A TLS directory (cairn_rpc::tls): serve TLS with its certificate, and talk TLS to the
     /// other masters checking them with its CA. `None`: plain TCP.
     pub tls_dir: Option<PathBuf>,
+    /// Where accepted mutating calls and refusals are recorded (docs/security.md "Audit").
+    pub audit: cairn_rpc::audit::Audit,
 }
 
 impl MasterOptions {
@@ -53,6 +55,7 @@ impl MasterOptions {
             log_flush_gap: crate::wal::DEFAULT_FLUSH_GAP,
             cluster_secret: None,
             tls_dir: None,
+            audit: cairn_rpc::audit::Audit::off(),
         }
     }
 }
@@ -137,6 +140,7 @@ pub async fn serve(
             .cluster_secret
             .as_ref()
             .map(cairn_rpc::seal::Sealer::new),
+        audit: opts.audit.clone(),
     });
     let scanner = {
         let meta = meta.clone();

@@ -77,7 +77,11 @@ pub(crate) struct Inner {
     /// The term in which this master, leading, found no plain secret left: new secrets enter
     /// the log sealed, so one pass per term suffices.
     pub sealed_term: std::sync::atomic::AtomicU64,
+    /// The audit log: accepted mutating calls and refusals.
+    pub audit: cairn_rpc::audit::Audit,
 }
+
+use crate::audit::{Call, principal_name};
 
 impl MetaService {
     pub(crate) fn new(inner: Inner) -> Self {
@@ -383,8 +387,54 @@ impl Inner {
             metrics::counter!("cairn_master_calls_refused_total", "method" => method.to_owned())
                 .increment(1);
             tracing::warn!(error = %e, "call refused");
+            self.audit.record(serde_json::json!({
+                "service": "master",
+                // Unproven: who it claimed to be.
+                "claimed": cairn_rpc::auth::claimed(req.metadata()),
+                "addr": req.remote_addr().map(|a| a.to_string()),
+                "call": method,
+                "result": "refused",
+                "error": e.to_string(),
+            }));
             Status::from(e)
         })
+    }
+
+    /// [`Inner::who`] for a call the audit log records when it ends ([`Inner::audited`]).
+    fn call<T>(&self, req: &Request<T>, method: &'static str) -> Result<(Principal, Call), Status> {
+        let who = self.who(req, method)?;
+        let call = Call {
+            principal: principal_name(&who),
+            addr: req.remote_addr(),
+            method,
+        };
+        Ok((who, call))
+    }
+
+    /// Records how `call` on `target` ended — unless it only sent the caller to the leader —
+    /// and answers with `r`.
+    fn audited<T>(
+        &self,
+        call: &Call,
+        target: serde_json::Value,
+        r: Result<T, MetaError>,
+    ) -> Rpc<T> {
+        let redirect = matches!(&r, Err(e) if e.kind == ErrorKind::NotLeader);
+        if self.audit.is_on() && !redirect {
+            self.audit.record(serde_json::json!({
+                "service": "master",
+                "principal": call.principal,
+                "addr": call.addr.map(|a| a.to_string()),
+                "call": call.method,
+                "target": target,
+                "result": match &r {
+                    Ok(_) => "ok",
+                    Err(e) => e.kind.name(),
+                },
+                "error": r.as_ref().err().map(|e| e.message.clone()),
+            }));
+        }
+        ok(r)
     }
 
     /// Applies `cmd` for `who` and answers with the node at `path` it touched.
@@ -776,64 +826,80 @@ impl MetaService {
 #[tonic::async_trait]
 impl pb::meta_server::Meta for MetaService {
     async fn mkdir(&self, req: Request<pb::MkdirRequest>) -> Rpc<pb::NodeReply> {
-        let who = self.inner.who(&req, "Mkdir")?;
+        let (who, call) = self.inner.call(&req, "Mkdir")?;
         let r = req.into_inner();
-        ok(async {
-            let path = convert::path(&r.path)?;
-            let cmd = Command::Mkdir {
-                path: path.clone(),
-                parents: r.parents,
-                now_ms: now_ms(),
-                policy: r
-                    .policy
-                    .as_ref()
-                    .map(|p| convert::policy(Some(p)))
-                    .transpose()?,
-                mode: convert::mode(r.mode)?,
-            };
-            self.inner.node_write(&who, cmd, &path).await
-        }
-        .await)
+        let target = serde_json::json!(r.path);
+        self.inner.audited(
+            &call,
+            target,
+            async {
+                let path = convert::path(&r.path)?;
+                let cmd = Command::Mkdir {
+                    path: path.clone(),
+                    parents: r.parents,
+                    now_ms: now_ms(),
+                    policy: r
+                        .policy
+                        .as_ref()
+                        .map(|p| convert::policy(Some(p)))
+                        .transpose()?,
+                    mode: convert::mode(r.mode)?,
+                };
+                self.inner.node_write(&who, cmd, &path).await
+            }
+            .await,
+        )
     }
 
     async fn create(&self, req: Request<pb::CreateRequest>) -> Rpc<pb::FileReply> {
-        let who = self.inner.who(&req, "Create")?;
-        ok(async {
-            let cmd = self.inner.create_command(req.into_inner())?;
-            let reply = self.inner.write(as_user(&who, cmd)).await?;
-            self.inner.file_reply(reply.inode)
-        }
-        .await)
+        let (who, call) = self.inner.call(&req, "Create")?;
+        let target = serde_json::json!(req.get_ref().path);
+        self.inner.audited(
+            &call,
+            target,
+            async {
+                let cmd = self.inner.create_command(req.into_inner())?;
+                let reply = self.inner.write(as_user(&who, cmd)).await?;
+                self.inner.file_reply(reply.inode)
+            }
+            .await,
+        )
     }
 
     async fn open_write(&self, req: Request<pb::OpenWriteRequest>) -> Rpc<pb::FileReply> {
-        let who = self.inner.who(&req, "OpenWrite")?;
+        let (who, call) = self.inner.call(&req, "OpenWrite")?;
         let r = req.into_inner();
-        ok(async {
-            let path = convert::path(&r.path)?;
-            let holder = convert::client_id(&r.client_id)?;
-            let count = convert::chunk_count(r.chunks)?;
-            self.inner.read_barrier().await?;
-            let policy = self.inner.policy_of(&path)?;
-            let (placements, groups) = self.inner.place(&policy, false, count, &BTreeSet::new())?;
-            let now = now_ms();
-            let cmd = Command::OpenWrite {
-                path,
-                now_ms: now,
-                lease: Lease {
-                    holder,
-                    expires_ms: self.inner.lease_until(now),
-                },
-                placements,
-                groups,
-                continue_below: r.continue_below,
-            };
-            let reply = self.inner.write(as_user(&who, cmd)).await?;
-            let mut r = self.inner.file_reply(reply.inode)?;
-            r.continued_chunk = reply.chunk.unwrap_or(0);
-            Ok(r)
-        }
-        .await)
+        let target = serde_json::json!(r.path);
+        self.inner.audited(
+            &call,
+            target,
+            async {
+                let path = convert::path(&r.path)?;
+                let holder = convert::client_id(&r.client_id)?;
+                let count = convert::chunk_count(r.chunks)?;
+                self.inner.read_barrier().await?;
+                let policy = self.inner.policy_of(&path)?;
+                let (placements, groups) =
+                    self.inner.place(&policy, false, count, &BTreeSet::new())?;
+                let now = now_ms();
+                let cmd = Command::OpenWrite {
+                    path,
+                    now_ms: now,
+                    lease: Lease {
+                        holder,
+                        expires_ms: self.inner.lease_until(now),
+                    },
+                    placements,
+                    groups,
+                    continue_below: r.continue_below,
+                };
+                let reply = self.inner.write(as_user(&who, cmd)).await?;
+                let mut r = self.inner.file_reply(reply.inode)?;
+                r.continued_chunk = reply.chunk.unwrap_or(0);
+                Ok(r)
+            }
+            .await,
+        )
     }
 
     async fn stat(&self, req: Request<pb::PathRequest>) -> Rpc<pb::NodeReply> {
@@ -907,85 +973,113 @@ impl pb::meta_server::Meta for MetaService {
     }
 
     async fn rename(&self, req: Request<pb::RenameRequest>) -> Rpc<pb::Empty> {
-        let who = self.inner.who(&req, "Rename")?;
+        let (who, call) = self.inner.call(&req, "Rename")?;
         let r = req.into_inner();
-        ok(async {
-            let from = convert::path(&r.from)?;
-            let to = convert::path(&r.to)?;
-            let cmd = Command::Rename {
-                from,
-                to,
-                now_ms: now_ms(),
-            };
-            self.inner.write(as_user(&who, cmd)).await?;
-            Ok(pb::Empty {})
-        }
-        .await)
+        let target = serde_json::json!({"from": r.from, "to": r.to});
+        self.inner.audited(
+            &call,
+            target,
+            async {
+                let from = convert::path(&r.from)?;
+                let to = convert::path(&r.to)?;
+                let cmd = Command::Rename {
+                    from,
+                    to,
+                    now_ms: now_ms(),
+                };
+                self.inner.write(as_user(&who, cmd)).await?;
+                Ok(pb::Empty {})
+            }
+            .await,
+        )
     }
 
     async fn delete(&self, req: Request<pb::PathRequest>) -> Rpc<pb::Empty> {
-        let who = self.inner.who(&req, "Delete")?;
-        ok(async {
-            let cmd = delete_command(&req.into_inner())?;
-            self.inner.write(as_user(&who, cmd)).await?;
-            Ok(pb::Empty {})
-        }
-        .await)
+        let (who, call) = self.inner.call(&req, "Delete")?;
+        let target = serde_json::json!(req.get_ref().path);
+        self.inner.audited(
+            &call,
+            target,
+            async {
+                let cmd = delete_command(&req.into_inner())?;
+                self.inner.write(as_user(&who, cmd)).await?;
+                Ok(pb::Empty {})
+            }
+            .await,
+        )
     }
 
     async fn set_attr(&self, req: Request<pb::SetAttrRequest>) -> Rpc<pb::NodeReply> {
-        let who = self.inner.who(&req, "SetAttr")?;
+        let (who, call) = self.inner.call(&req, "SetAttr")?;
         let r = req.into_inner();
-        ok(async {
-            let path = convert::path(&r.path)?;
-            let cmd = Command::SetAttr {
-                path: path.clone(),
-                mode: convert::mode(r.mode)?,
-                owner: r.owner,
-            };
-            self.inner.node_write(&who, cmd, &path).await
-        }
-        .await)
+        let target = serde_json::json!({"path": r.path, "mode": r.mode, "owner": r.owner});
+        self.inner.audited(
+            &call,
+            target,
+            async {
+                let path = convert::path(&r.path)?;
+                let cmd = Command::SetAttr {
+                    path: path.clone(),
+                    mode: convert::mode(r.mode)?,
+                    owner: r.owner,
+                };
+                self.inner.node_write(&who, cmd, &path).await
+            }
+            .await,
+        )
     }
 
     async fn allocate_chunks(&self, req: Request<pb::AllocateRequest>) -> Rpc<pb::FileReply> {
-        let who = self.inner.who(&req, "AllocateChunks")?;
+        let (who, call) = self.inner.call(&req, "AllocateChunks")?;
         let r = req.into_inner();
-        ok(async {
-            let path = convert::path(&r.path)?;
-            let holder = convert::client_id(&r.client_id)?;
-            let count = convert::chunk_count(r.chunks)?;
-            let exclude = convert::exclude(&r.exclude)?;
-            self.inner.read_barrier().await?;
-            let policy = self.inner.policy_of(&path)?;
-            let (placements, groups) = self.inner.place(&policy, r.tail, count, &exclude)?;
-            let cmd = Command::Allocate {
-                path,
-                holder,
-                now_ms: now_ms(),
-                placements,
-                groups,
-            };
-            let reply = self.inner.write(as_user(&who, cmd)).await?;
-            self.inner.file_reply(reply.inode)
-        }
-        .await)
+        let target = serde_json::json!(r.path);
+        self.inner.audited(
+            &call,
+            target,
+            async {
+                let path = convert::path(&r.path)?;
+                let holder = convert::client_id(&r.client_id)?;
+                let count = convert::chunk_count(r.chunks)?;
+                let exclude = convert::exclude(&r.exclude)?;
+                self.inner.read_barrier().await?;
+                let policy = self.inner.policy_of(&path)?;
+                let (placements, groups) = self.inner.place(&policy, r.tail, count, &exclude)?;
+                let cmd = Command::Allocate {
+                    path,
+                    holder,
+                    now_ms: now_ms(),
+                    placements,
+                    groups,
+                };
+                let reply = self.inner.write(as_user(&who, cmd)).await?;
+                self.inner.file_reply(reply.inode)
+            }
+            .await,
+        )
     }
 
     async fn commit(&self, req: Request<pb::CommitRequest>) -> Rpc<pb::FileReply> {
-        let who = self.inner.who(&req, "Commit")?;
-        ok(async {
-            let cmd = self.inner.commit_command(&req.into_inner())?;
-            let reply = self.inner.write(as_user(&who, cmd)).await?;
-            self.inner.file_reply(reply.inode)
-        }
-        .await)
+        let (who, call) = self.inner.call(&req, "Commit")?;
+        let target = serde_json::json!({"path": req.get_ref().path, "seal": req.get_ref().seal, "release": req.get_ref().release});
+        self.inner.audited(
+            &call,
+            target,
+            async {
+                let cmd = self.inner.commit_command(&req.into_inner())?;
+                let reply = self.inner.write(as_user(&who, cmd)).await?;
+                self.inner.file_reply(reply.inode)
+            }
+            .await,
+        )
     }
 
     async fn batch(&self, req: Request<pb::BatchRequest>) -> Rpc<pb::BatchReply> {
-        let who = self.inner.who(&req, "Batch")?;
+        let (who, call) = self.inner.call(&req, "Batch")?;
         let r = req.into_inner();
-        ok(self.inner.batch(r.ops, &who).await)
+        let ops: Vec<_> = r.ops.iter().map(crate::audit::describe_op).collect();
+        let result = self.inner.batch(r.ops, &who).await;
+        crate::audit::batch(&self.inner.audit, &call, &ops, &result);
+        ok(result)
     }
 
     async fn locate(&self, req: Request<pb::LocateRequest>) -> Rpc<pb::LocateReply> {
@@ -1019,22 +1113,27 @@ impl pb::meta_server::Meta for MetaService {
     }
 
     async fn register(&self, req: Request<pb::RegisterRequest>) -> Rpc<pb::RegisterReply> {
-        self.inner
-            .who(&req, "Register")?
-            .require_server("Register")?;
+        let (who, call) = self.inner.call(&req, "Register")?;
         let r = req.into_inner();
-        ok(async {
-            let rec = convert::server_record(&r)?;
-            self.inner.read_barrier().await?;
-            let known = self.inner.sm.lock().state.servers().get(&rec.id).cloned();
-            let same = known
-                .is_some_and(|k| k.addr == rec.addr && k.host == rec.host && k.rack == rec.rack);
-            if !same {
-                self.inner.write(Command::Register { server: rec }).await?;
+        let target = serde_json::json!({"server_id": r.server_id, "addr": r.addr, "host": r.host, "rack": r.rack});
+        self.inner.audited(
+            &call,
+            target,
+            async {
+                who.require_server("Register")?;
+                let rec = convert::server_record(&r)?;
+                self.inner.read_barrier().await?;
+                let known = self.inner.sm.lock().state.servers().get(&rec.id).cloned();
+                let same = known.is_some_and(|k| {
+                    k.addr == rec.addr && k.host == rec.host && k.rack == rec.rack
+                });
+                if !same {
+                    self.inner.write(Command::Register { server: rec }).await?;
+                }
+                Ok(pb::RegisterReply {})
             }
-            Ok(pb::RegisterReply {})
-        }
-        .await)
+            .await,
+        )
     }
 
     async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Rpc<pb::HeartbeatReply> {
@@ -1128,11 +1227,16 @@ impl pb::meta_server::Meta for MetaService {
     }
 
     async fn change_membership(&self, req: Request<pb::MembershipRequest>) -> Rpc<pb::StatusReply> {
-        self.inner
-            .who(&req, "ChangeMembership")?
-            .require_admin("changing the masters")?;
+        let (who, call) = self.inner.call(&req, "ChangeMembership")?;
         let r = req.into_inner();
+        let target = serde_json::json!(
+            r.masters
+                .iter()
+                .map(|m| format!("{}={}", m.id, m.addr))
+                .collect::<Vec<_>>()
+        );
         let res: Result<(), MetaError> = async {
+            who.require_admin("changing the masters")?;
             if r.masters.is_empty() {
                 return Err(MetaError::invalid("a group needs at least one master"));
             }
@@ -1172,36 +1276,38 @@ impl pb::meta_server::Meta for MetaService {
             Ok(())
         }
         .await;
-        if let Err(e) = res {
-            return Err(e.into());
-        }
+        self.inner.audited(&call, target, res)?;
         self.status_reply().await
     }
 
     async fn set_server_state(&self, req: Request<pb::ServerStateRequest>) -> Rpc<pb::Empty> {
-        self.inner
-            .who(&req, "SetServerState")?
-            .require_admin("draining a chunkserver")?;
+        let (who, call) = self.inner.call(&req, "SetServerState")?;
         let r = req.into_inner();
-        ok(async {
-            let draining = match r.state.as_str() {
-                "draining" => true,
-                "up" => false,
-                s => {
-                    return Err(MetaError::invalid(format!(
-                        "state must be up or draining, not {s:?}"
-                    )));
-                }
-            };
-            self.inner
-                .write(Command::SetDraining {
-                    server_id: r.server_id,
-                    draining,
-                })
-                .await?;
-            Ok(pb::Empty {})
-        }
-        .await)
+        let target = serde_json::json!({"server_id": r.server_id, "state": r.state});
+        self.inner.audited(
+            &call,
+            target,
+            async {
+                who.require_admin("draining a chunkserver")?;
+                let draining = match r.state.as_str() {
+                    "draining" => true,
+                    "up" => false,
+                    s => {
+                        return Err(MetaError::invalid(format!(
+                            "state must be up or draining, not {s:?}"
+                        )));
+                    }
+                };
+                self.inner
+                    .write(Command::SetDraining {
+                        server_id: r.server_id,
+                        draining,
+                    })
+                    .await?;
+                Ok(pb::Empty {})
+            }
+            .await,
+        )
     }
 
     async fn report(&self, req: Request<pb::ClientReport>) -> Rpc<pb::Empty> {
@@ -1247,72 +1353,80 @@ impl pb::meta_server::Meta for MetaService {
     }
 
     async fn rotate_key(&self, req: Request<pb::Empty>) -> Rpc<pb::RotateKeyReply> {
-        self.inner
-            .who(&req, "RotateKey")?
-            .require_admin("rotating the capability key")?;
-        ok(async {
-            self.inner.read_barrier().await?;
-            let before: Vec<u32> = {
-                let a = self.inner.sm.lock();
-                let keys = a.state.cap_keys();
-                let now = now_ms();
-                if let Some(last) = keys.last()
-                    && now < last.created_ms + crate::caps::KEY_ACTIVATION_MS
-                {
-                    // Not retried by clients: a second rotation now would drop the key that
-                    // signs today before its successor has reached every chunkserver.
-                    return Err(MetaError::new(
-                        ErrorKind::InvalidArgument,
-                        format!(
-                            "key {} was made {} ms ago and is still reaching the chunkservers; \
+        let (who, call) = self.inner.call(&req, "RotateKey")?;
+        let target = serde_json::Value::Null;
+        self.inner.audited(
+            &call,
+            target,
+            async {
+                who.require_admin("rotating the capability key")?;
+                self.inner.read_barrier().await?;
+                let before: Vec<u32> = {
+                    let a = self.inner.sm.lock();
+                    let keys = a.state.cap_keys();
+                    let now = now_ms();
+                    if let Some(last) = keys.last()
+                        && now < last.created_ms + crate::caps::KEY_ACTIVATION_MS
+                    {
+                        // Not retried by clients: a second rotation now would drop the key that
+                        // signs today before its successor has reached every chunkserver.
+                        return Err(MetaError::new(
+                            ErrorKind::InvalidArgument,
+                            format!(
+                                "key {} was made {} ms ago and is still reaching the chunkservers; \
                              rotate again in {} ms",
-                            last.id,
-                            now - last.created_ms,
-                            last.created_ms + crate::caps::KEY_ACTIVATION_MS - now
-                        ),
-                    ));
-                }
-                keys.iter().map(|k| k.id).collect()
-            };
-            self.inner
-                .write(Command::RotateKey {
-                    secret: crate::caps::new_secret(),
-                    now_ms: now_ms(),
+                                last.id,
+                                now - last.created_ms,
+                                last.created_ms + crate::caps::KEY_ACTIVATION_MS - now
+                            ),
+                        ));
+                    }
+                    keys.iter().map(|k| k.id).collect()
+                };
+                self.inner
+                    .write(Command::RotateKey {
+                        secret: crate::caps::new_secret(),
+                        now_ms: now_ms(),
+                    })
+                    .await?;
+                let valid: Vec<u32> = self
+                    .inner
+                    .sm
+                    .lock()
+                    .state
+                    .cap_keys()
+                    .iter()
+                    .map(|k| k.id)
+                    .collect();
+                tracing::warn!(?valid, "capability key rotated");
+                Ok(pb::RotateKeyReply {
+                    key_id: valid.last().copied().unwrap_or(0),
+                    dropped: before
+                        .into_iter()
+                        .find(|id| !valid.contains(id))
+                        .unwrap_or(0),
+                    valid,
                 })
-                .await?;
-            let valid: Vec<u32> = self
-                .inner
-                .sm
-                .lock()
-                .state
-                .cap_keys()
-                .iter()
-                .map(|k| k.id)
-                .collect();
-            tracing::warn!(?valid, "capability key rotated");
-            Ok(pb::RotateKeyReply {
-                key_id: valid.last().copied().unwrap_or(0),
-                dropped: before
-                    .into_iter()
-                    .find(|id| !valid.contains(id))
-                    .unwrap_or(0),
-                valid,
-            })
-        }
-        .await)
+            }
+            .await,
+        )
     }
 
     async fn set_config(&self, req: Request<pb::ConfigRequest>) -> Rpc<pb::Empty> {
-        self.inner
-            .who(&req, "SetConfig")?
-            .require_admin("changing cluster settings")?;
+        let (who, call) = self.inner.call(&req, "SetConfig")?;
         let r = req.into_inner();
-        ok(async {
-            self.inner.read_barrier().await?;
-            let config = convert::config(&r, self.inner.sm.lock().state.config())?;
-            self.inner.write(Command::SetConfig { config }).await?;
-            Ok(pb::Empty {})
-        }
-        .await)
+        let target = serde_json::json!({"repair_bytes_per_sec": r.repair_bytes_per_sec, "convert_after_secs": r.convert_after_secs, "background_bytes_per_sec": r.background_bytes_per_sec});
+        self.inner.audited(
+            &call,
+            target,
+            async {
+                who.require_admin("changing cluster settings")?;
+                self.inner.read_barrier().await?;
+                let config = convert::config(&r, self.inner.sm.lock().state.config())?;
+                self.inner.write(Command::SetConfig { config }).await?;
+                Ok(pb::Empty {})
+            }
+            .await,
+        )
     }
 }

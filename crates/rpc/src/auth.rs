@@ -137,6 +137,21 @@ fn proof(key: &[u8], kind: &str, method: &str, who: &str, at_ms: u64, nonce: u64
     format!("{who}.{at_ms}.{nonce:016x}.{}", hex(&tag))
 }
 
+/// Who a call's metadata claims to be, proven or not (`server:NAME` or `user:ACCESS_KEY`,
+/// at most 64 characters of it): for audit records of refused calls.
+pub fn claimed(meta: &tonic::metadata::MetadataMap) -> Option<String> {
+    [(AUTH_METADATA, "server"), (USER_AUTH_METADATA, "user")]
+        .into_iter()
+        .find_map(|(key, kind)| {
+            let v = meta.get(key)?.to_str().ok()?;
+            let who = Proof::parse(v)?.who;
+            Some(format!(
+                "{kind}:{}",
+                who.chars().take(64).collect::<String>()
+            ))
+        })
+}
+
 /// A proof taken apart (not yet checked).
 struct Proof<'a> {
     who: &'a str,

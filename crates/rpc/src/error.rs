@@ -96,7 +96,7 @@ impl ErrorKind {
         (ErrorKind::Internal, "internal", Code::Internal),
     ];
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         Self::ALL
             .iter()
             .find(|e| e.0 == self)

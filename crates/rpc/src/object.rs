@@ -296,6 +296,86 @@ pub enum ObjectOp {
     },
 }
 
+impl ObjectOp {
+    /// For audit records: the change's name, what it touches, and the user a gateway acts
+    /// for (never a secret).
+    pub fn audit(&self) -> (&'static str, String, Option<&str>) {
+        match self {
+            Self::CreateUser { user } => ("CreateUser", user.name.clone(), None),
+            Self::DeleteUser { name } => ("DeleteUser", name.clone(), None),
+            Self::AddUserCert { name, fingerprint } => {
+                ("AddUserCert", format!("{name} {fingerprint}"), None)
+            }
+            Self::RevokeUserCerts { name } => ("RevokeUserCerts", name.clone(), None),
+            Self::SetVolumeAttr { name, mode, owner } => (
+                "SetVolumeAttr",
+                format!(
+                    "{name}{}{}",
+                    mode.map(|m| format!(" mode {m:o}")).unwrap_or_default(),
+                    owner
+                        .as_ref()
+                        .map(|o| format!(" owner {o}"))
+                        .unwrap_or_default()
+                ),
+                None,
+            ),
+            Self::SetUserKeys { name, .. } => ("SetUserKeys", name.clone(), None),
+            Self::CreateBucket { user, bucket, .. } => {
+                ("CreateBucket", bucket.clone(), Some(user.as_str()))
+            }
+            Self::DeleteBucket { user, bucket } => {
+                ("DeleteBucket", bucket.clone(), Some(user.as_str()))
+            }
+            Self::PutObject {
+                user, bucket, key, ..
+            } => ("PutObject", format!("{bucket}/{key}"), Some(user.as_str())),
+            Self::DeleteObject { user, bucket, key } => (
+                "DeleteObject",
+                format!("{bucket}/{key}"),
+                Some(user.as_str()),
+            ),
+            Self::CreateUpload { user, upload } => (
+                "CreateUpload",
+                format!("{}/{} {}", upload.bucket, upload.key, upload.id),
+                Some(user.as_str()),
+            ),
+            Self::PutPart {
+                user,
+                upload_id,
+                part,
+            } => (
+                "PutPart",
+                format!("{upload_id} part {}", part.number),
+                Some(user.as_str()),
+            ),
+            Self::CompleteUpload {
+                user, upload_id, ..
+            } => ("CompleteUpload", upload_id.clone(), Some(user.as_str())),
+            Self::AbortUpload { user, upload_id } => {
+                ("AbortUpload", upload_id.clone(), Some(user.as_str()))
+            }
+            Self::GatewaySeen { gateway } => ("GatewaySeen", gateway.endpoint.clone(), None),
+            Self::MoveExtent { bucket, key, .. } => ("MoveExtent", format!("{bucket}/{key}"), None),
+            Self::DropPack { path, .. } => ("DropPack", path.clone(), None),
+            Self::EmptyTrash { paths } => ("EmptyTrash", format!("{} files", paths.len()), None),
+            Self::CreateVolume { volume } => ("CreateVolume", volume.name.clone(), None),
+            Self::ResizeVolume { name, size } => ("ResizeVolume", format!("{name} {size}"), None),
+            Self::DeleteVolume { name } => ("DeleteVolume", name.clone(), None),
+            Self::CreateSnapshot { volume, snapshot } => (
+                "CreateSnapshot",
+                format!("{volume}@{}", snapshot.name),
+                None,
+            ),
+            Self::SnapshotReady { volume, snapshot } => {
+                ("SnapshotReady", format!("{volume}@{snapshot}"), None)
+            }
+            Self::DeleteSnapshot { volume, snapshot } => {
+                ("DeleteSnapshot", format!("{volume}@{snapshot}"), None)
+            }
+        }
+    }
+}
+
 /// A snapshot of a volume: the index as one FLUSH left it, kept as the sealed checkpoint
 /// `snap-ID` in the volume's directory; the segments it names are never collected.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

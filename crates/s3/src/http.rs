@@ -40,6 +40,8 @@ struct IdleBody {
     inner: hyper::body::Incoming,
     idle: std::time::Duration,
     timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// Bytes of body received (for the access log).
+    received: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl http_body::Body for IdleBody {
@@ -56,6 +58,12 @@ impl http_body::Body for IdleBody {
         match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(r) => {
                 this.timer = None;
+                if let Some(Ok(f)) = &r
+                    && let Some(d) = f.data_ref()
+                {
+                    this.received
+                        .fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                }
                 Poll::Ready(r.map(|f| f.map_err(Into::into)))
             }
             Poll::Pending => {
@@ -103,16 +111,29 @@ pub struct Front {
     /// Bytes of [`UNSIZED_BODY_BUDGET`], one permit per byte (a permit per MiB would round).
     unsized_bytes: Arc<Semaphore>,
     body_idle: std::time::Duration,
+    access_log: cairn_rpc::audit::Audit,
+    /// The user of an access key, if known (for the access log).
+    names: Names,
 }
+
+/// The user an access key belongs to, if the gateway knows it.
+pub type Names = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 type Response = http::Response<Body>;
 
 impl Front {
-    pub fn new(s3: S3Service, body_idle: std::time::Duration) -> Self {
+    pub fn new(
+        s3: S3Service,
+        body_idle: std::time::Duration,
+        access_log: cairn_rpc::audit::Audit,
+        names: Names,
+    ) -> Self {
         Self {
             s3,
             unsized_bytes: Arc::new(Semaphore::new(UNSIZED_BODY_BUDGET)),
             body_idle,
+            access_log,
+            names,
         }
     }
 
@@ -123,13 +144,20 @@ impl Front {
     pub async fn serve(
         self,
         req: http::Request<hyper::body::Incoming>,
+        peer: Option<std::net::SocketAddr>,
     ) -> Result<Response, s3s::HttpError> {
         let id = request_id();
+        let seen = self
+            .access_log
+            .is_on()
+            .then(|| crate::access::Seen::of(&req, peer));
+        let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let req = req.map(|inner| {
             Body::http_body_unsync(IdleBody {
                 inner,
                 idle: self.body_idle,
                 timer: None,
+                received: received.clone(),
             })
         });
         let attributes = req.method() == Method::GET
@@ -147,7 +175,24 @@ impl Front {
         } else {
             resp
         };
-        Ok(after(resp, &id).await)
+        let resp = after(resp, &id).await;
+        if let Some(seen) = seen {
+            let code = resp
+                .body()
+                .bytes()
+                .filter(|_| resp.status().is_client_error() || resp.status().is_server_error())
+                .and_then(|b| crate::access::error_code(&b));
+            let user = seen.access_key.as_deref().and_then(|k| (self.names)(k));
+            self.access_log.record(seen.record(
+                user,
+                resp.status(),
+                code,
+                received.load(std::sync::atomic::Ordering::Relaxed),
+                resp.headers(),
+                &id,
+            ));
+        }
+        Ok(resp)
     }
 
     /// What is answered here, or the request as s3s should see it.

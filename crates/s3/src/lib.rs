@@ -6,6 +6,7 @@
 //! keeps no state a restart would lose: every acknowledged PUT is durable in the cluster, so
 //! any number of gateways may serve one cluster.
 
+mod access;
 mod attributes;
 mod checksum;
 pub mod compact;
@@ -49,6 +50,8 @@ pub struct Options {
     pub compact: compact::CompactOptions,
     /// A request body that sends nothing this long while the gateway waits for it fails.
     pub body_idle: Duration,
+    /// Where each request is recorded (crate::access); off by default.
+    pub access_log: cairn_rpc::audit::Audit,
 }
 
 impl Default for Options {
@@ -62,6 +65,7 @@ impl Default for Options {
             advertise: None,
             compact: compact::CompactOptions::default(),
             body_idle: http::BODY_IDLE,
+            access_log: cairn_rpc::audit::Audit::off(),
         }
     }
 }
@@ -107,6 +111,14 @@ struct Users {
 const USER_TTL: Duration = Duration::from_secs(5);
 
 impl Users {
+    /// The name of the user with `access_key`, if this gateway knows it (for its access log).
+    fn cached_name(&self, access_key: &str) -> Option<String> {
+        self.cache
+            .lock()
+            .get(access_key)
+            .and_then(|(u, _)| u.as_ref().map(|u| u.name.clone()))
+    }
+
     async fn get(&self, access_key: &str) -> S3Result<Option<User>> {
         if let Some((u, at)) = self.cache.lock().get(access_key)
             && at.elapsed() < USER_TTL
@@ -277,9 +289,13 @@ impl Gateway {
         };
         tokio::spawn(multipart::clean_uploads(gw.clone(), opts.upload_max_age));
         let mut builder = s3s::service::S3ServiceBuilder::new(gw);
-        builder.set_auth(Auth(users));
+        builder.set_auth(Auth(users.clone()));
         builder.set_access(Access);
-        let front = http::Front::new(builder.build(), opts.body_idle);
+        let names = {
+            let users = users.clone();
+            Arc::new(move |key: &str| users.cached_name(key))
+        };
+        let front = http::Front::new(builder.build(), opts.body_idle, opts.access_log, names);
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let endpoint = format!(
@@ -295,7 +311,7 @@ impl Gateway {
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(http::HEADER_READ_TIMEOUT);
             loop {
-                let (socket, _) = match listener.accept().await {
+                let (socket, peer) = match listener.accept().await {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
@@ -308,7 +324,8 @@ impl Gateway {
                 let http = http.clone();
                 tokio::spawn(async move {
                     let io = hyper_util::rt::TokioIo::new(socket);
-                    let service = hyper::service::service_fn(move |req| front.clone().serve(req));
+                    let service =
+                        hyper::service::service_fn(move |req| front.clone().serve(req, Some(peer)));
                     if let Err(e) = http.serve_connection(io, service).await {
                         tracing::debug!(error = %e, "connection ended");
                     }

@@ -36,6 +36,8 @@ pub struct NbdOptions {
     /// opens what the volumes' owners and modes let them. `None`: plain NBD, and every client
     /// opens every volume (`cairn nbd --nbd-insecure`).
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Connects, refusals, opens and closes are recorded here (docs/security.md "Audit").
+    pub audit: cairn_rpc::audit::Audit,
 }
 
 impl std::fmt::Debug for NbdOptions {
@@ -45,6 +47,7 @@ impl std::fmt::Debug for NbdOptions {
             .field("max_in_flight", &self.max_in_flight)
             .field("volume", &self.volume)
             .field("tls", &self.tls.is_some())
+            .field("audit", &self.audit)
             .finish()
     }
 }
@@ -56,6 +59,7 @@ impl Default for NbdOptions {
             max_in_flight: 64,
             volume: VolumeOptions::default(),
             tls: None,
+            audit: cairn_rpc::audit::Audit::off(),
         }
     }
 }
@@ -107,6 +111,16 @@ impl std::fmt::Display for Who {
 }
 
 impl Who {
+    /// The user's name (`anyone` on plain NBD), for logs and the audit log.
+    fn name(&self) -> String {
+        match self {
+            Self::Anyone => "anyone".into(),
+            Self::Unproven => "unproven".into(),
+            Self::User { name, .. } => name.clone(),
+            Self::Refused(_) => "refused".into(),
+        }
+    }
+
     fn access(&self, v: &VolumeMeta) -> VolumeAccess {
         match self {
             Self::Anyone => VolumeAccess::ReadWrite,
@@ -123,6 +137,9 @@ struct Haggle {
     /// TLS is on.
     tls: bool,
     who: Who,
+    peer: SocketAddr,
+    /// A plain option was refused and recorded (once per connection).
+    plain_recorded: bool,
 }
 
 /// How option haggling ended.
@@ -262,6 +279,8 @@ impl NbdServer {
             } else {
                 Who::Anyone
             },
+            peer,
+            plain_recorded: false,
         };
         let started = async {
             greet(&mut stream, &mut h).await?;
@@ -296,6 +315,9 @@ impl NbdServer {
                         tracing::warn!(%peer, why = %why, "client certificate refused");
                         metrics::counter!("cairn_nbd_refused_total", "why" => "certificate")
                             .increment(1);
+                        self.record(peer, "connect", None, None, Err(why));
+                    } else {
+                        self.record(peer, "connect", Some(&h.who), None, Ok(""));
                     }
                     let o = self.haggle(&mut tls, &mut h).await?;
                     Ok::<_, std::io::Error>((tls, o))
@@ -309,6 +331,9 @@ impl NbdServer {
                     Ok(Err(e)) => {
                         metrics::counter!("cairn_nbd_refused_total", "why" => "tls").increment(1);
                         tracing::info!(%peer, error = %e, "TLS handshake or options ended");
+                        if !h.tls {
+                            self.record(peer, "connect", None, None, Err(&e.to_string()));
+                        }
                     }
                     Err(_) => tracing::info!(%peer, "TLS handshake took too long: closed"),
                 }
@@ -335,9 +360,19 @@ impl NbdServer {
             structured = session.structured,
             "serving"
         );
-        if let Err(e) = self.transmission(&session, rd, wr).await {
+        let r = self.transmission(&session, rd, wr).await;
+        if let Err(e) = &r {
             tracing::info!(%peer, volume = %name, error = %e, "connection ended");
         }
+        self.opts.audit.record(serde_json::json!({
+            "service": "nbd",
+            "event": "close",
+            "addr": peer.to_string(),
+            "user": session.user,
+            "volume": name,
+            "result": if r.is_ok() { "ok" } else { "error" },
+            "error": r.err().map(|e| e.to_string()),
+        }));
         self.release(&name).await;
     }
 
@@ -478,11 +513,16 @@ impl NbdServer {
                     OPT_EXPORT_NAME => {
                         // No error reply exists for it: the server closes.
                         metrics::counter!("cairn_nbd_refused_total", "why" => "plain").increment(1);
+                        self.record(h.peer, "connect", None, None, Err("NBD without TLS"));
                         tracing::info!("EXPORT_NAME without TLS: closed (TLS is required)");
                         return Ok(Outcome::Closed);
                     }
                     _ => {
                         metrics::counter!("cairn_nbd_refused_total", "why" => "plain").increment(1);
+                        if !h.plain_recorded {
+                            h.plain_recorded = true;
+                            self.record(h.peer, "connect", None, None, Err("NBD without TLS"));
+                        }
                         reply_err(
                             io,
                             opt,
@@ -503,9 +543,17 @@ impl NbdServer {
                         Ok(x) => x,
                         Err((_, why)) => {
                             tracing::warn!(volume = %name, who = %h.who, error = %why, "export refused");
+                            self.record(h.peer, "open", Some(&h.who), Some(&name), Err(&why));
                             return Ok(Outcome::Closed);
                         }
                     };
+                    self.record(
+                        h.peer,
+                        "open",
+                        Some(&h.who),
+                        Some(&name),
+                        Ok(if read_only { "read-only" } else { "read-write" }),
+                    );
                     let mut out = Vec::with_capacity(134);
                     out.extend_from_slice(&v.size().to_be_bytes());
                     out.extend_from_slice(&tflags(read_only).to_be_bytes());
@@ -525,7 +573,7 @@ impl NbdServer {
                         volume: v,
                         structured: h.structured,
                         read_only,
-                        user: h.who.to_string(),
+                        user: h.who.name(),
                     }));
                 }
                 OPT_ABORT => {
@@ -586,9 +634,19 @@ impl NbdServer {
                     // INFO describes the volume without opening it; GO opens it.
                     let (size, bs, read_only, vol) = if opt == OPT_GO {
                         match self.open_for(&h.who, &name).await {
-                            Ok((v, ro)) => (v.size(), v.block_size() as u32, ro, Some(v)),
+                            Ok((v, ro)) => {
+                                self.record(
+                                    h.peer,
+                                    "open",
+                                    Some(&h.who),
+                                    Some(&name),
+                                    Ok(if ro { "read-only" } else { "read-write" }),
+                                );
+                                (v.size(), v.block_size() as u32, ro, Some(v))
+                            }
                             Err((code, why)) => {
                                 tracing::warn!(volume = %name, who = %h.who, error = %why, "export refused");
+                                self.record(h.peer, "open", Some(&h.who), Some(&name), Err(&why));
                                 reply_err(io, opt, code, &why).await?;
                                 continue;
                             }
@@ -639,7 +697,7 @@ impl NbdServer {
                             volume,
                             structured: h.structured,
                             read_only,
-                            user: h.who.to_string(),
+                            user: h.who.name(),
                         }));
                     }
                 }
@@ -654,6 +712,28 @@ impl NbdServer {
                 }
             }
         }
+    }
+
+    /// An audit record: a connection's `event` (connect, open) for `who` on `volume`, and
+    /// how it ended (`Ok(detail)` or `Err(why)`).
+    fn record(
+        &self,
+        peer: SocketAddr,
+        event: &str,
+        who: Option<&Who>,
+        volume: Option<&str>,
+        result: Result<&str, &str>,
+    ) {
+        self.opts.audit.record(serde_json::json!({
+            "service": "nbd",
+            "event": event,
+            "addr": peer.to_string(),
+            "user": who.map(Who::name),
+            "volume": volume,
+            "result": if result.is_ok() { "ok" } else { "refused" },
+            "mode": result.ok().filter(|d| !d.is_empty()),
+            "error": result.err(),
+        }));
     }
 
     /// The record of volume `name` if `who` may open it, and whether only for reading.

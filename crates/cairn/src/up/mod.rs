@@ -264,6 +264,11 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 p.metrics.clone(),
                 "--cluster-secret-file".into(),
                 secret.clone(),
+                "--audit-dir".into(),
+                dir.join("audit")
+                    .join(format!("master-{}", p.id))
+                    .display()
+                    .to_string(),
             ]
             .into_iter()
             .chain(tls_args.iter().cloned())
@@ -331,6 +336,11 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 p.metrics.clone(),
                 "--cluster-secret-file".into(),
                 secret.clone(),
+                "--access-log-dir".into(),
+                dir.join("audit")
+                    .join(format!("s3-{}", p.id))
+                    .display()
+                    .to_string(),
             ]
             .into_iter()
             .chain(tls_args.iter().cloned())
@@ -361,6 +371,11 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 p.metrics.clone(),
                 "--cluster-secret-file".into(),
                 secret.clone(),
+                "--audit-dir".into(),
+                dir.join("audit")
+                    .join(format!("nbd-{}", p.id))
+                    .display()
+                    .to_string(),
             ]
             .into_iter()
             .chain(tls_args.iter().cloned())

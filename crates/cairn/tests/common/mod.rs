@@ -477,3 +477,40 @@ pub fn byte(seed: u64, pos: u64) -> u8 {
 pub fn bytes(seed: u64, from: u64, len: usize) -> Vec<u8> {
     (from..from + len as u64).map(|p| byte(seed, p)).collect()
 }
+
+/// The audit records (JSON lines) in the `*.jsonl` files under `dir`, once `want` holds of
+/// them (they are written within milliseconds, by a thread of their own); fails after 10 s.
+pub fn audit_until(
+    dir: &Path,
+    what: &str,
+    want: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut lines = Vec::new();
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "jsonl") {
+                for l in std::fs::read_to_string(&p).unwrap().lines() {
+                    lines.push(serde_json::from_str(l).expect("an audit line is JSON"));
+                }
+            }
+        }
+        if want(&lines) {
+            return lines;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no audit record {what} in {}: {lines:#?}",
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Whether some record has every `(field, value)` of `fields`.
+pub fn has(lines: &[serde_json::Value], fields: &[(&str, serde_json::Value)]) -> bool {
+    lines
+        .iter()
+        .any(|l| fields.iter().all(|(k, v)| &l[*k] == v))
+}

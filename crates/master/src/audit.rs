@@ -1,0 +1,102 @@
+//! The masters' audit log (docs/security.md "Audit"): one JSON line per accepted mutating call
+//! and per refused call — time, principal, address, call, target, result. Calls that only
+//! send the caller to the leader are not recorded (the leader records the call). A batch
+//! (the S3 gateway's and the SDK's grouped calls) is recorded op by op, each with its own
+//! result.
+
+use cairn_rpc::auth::Principal;
+use cairn_rpc::pb;
+use serde_json::{Value, json};
+
+/// A call the audit log records when it ends: who sent it, from where, which method.
+pub(crate) struct Call {
+    pub principal: String,
+    pub addr: Option<std::net::SocketAddr>,
+    pub method: &'static str,
+}
+
+/// How the audit log names a principal.
+pub(crate) fn principal_name(p: &Principal) -> String {
+    match p {
+        Principal::User { name, .. } => format!("user:{name}"),
+        Principal::Server(who) => format!("server:{who}"),
+        Principal::Open => "open".into(),
+    }
+}
+
+/// One operation of a batch: its name, its target and the user a gateway acts for.
+pub(crate) struct Op {
+    name: &'static str,
+    target: Value,
+    on_behalf: Option<String>,
+}
+
+pub(crate) fn describe_op(op: &pb::BatchOp) -> Op {
+    use pb::batch_op::Op as O;
+    let (name, target, on_behalf) = match &op.op {
+        Some(O::Create(r)) => ("Create", json!(r.path), None),
+        Some(O::Commit(r)) => (
+            "Commit",
+            json!({"path": r.path, "seal": r.seal, "release": r.release}),
+            None,
+        ),
+        Some(O::Delete(r)) => ("Delete", json!(r.path), None),
+        Some(O::Object(b)) => match cairn_rpc::object::decode::<cairn_rpc::object::ObjectOp>(b) {
+            Ok(o) => {
+                let (name, target, user) = o.audit();
+                (name, json!(target), user.map(str::to_owned))
+            }
+            Err(_) => ("Object", Value::Null, None),
+        },
+        None => ("Empty", Value::Null, None),
+    };
+    Op {
+        name,
+        target,
+        on_behalf,
+    }
+}
+
+/// Records each op of a batch with its own result (or the batch's error).
+pub(crate) fn batch(
+    audit: &cairn_rpc::audit::Audit,
+    call: &Call,
+    ops: &[Op],
+    result: &Result<pb::BatchReply, cairn_rpc::MetaError>,
+) {
+    use pb::batch_result::Result as Outcome;
+    if !audit.is_on() {
+        return;
+    }
+    if let Err(e) = result
+        && e.kind == cairn_rpc::ErrorKind::NotLeader
+    {
+        return;
+    }
+    for (i, op) in ops.iter().enumerate() {
+        let (result, error) = match result {
+            Err(e) => (e.kind.name().to_owned(), Some(e.message.clone())),
+            Ok(r) => match r.results.get(i).and_then(|r| r.result.as_ref()) {
+                Some(Outcome::Error(f)) => (f.kind.clone(), Some(f.message.clone())),
+                Some(Outcome::Object(b)) => {
+                    match cairn_rpc::object::decode::<cairn_rpc::object::OpResult>(b) {
+                        Ok(Err(e)) => ("refused".to_owned(), Some(e.to_string())),
+                        _ => ("ok".to_owned(), None),
+                    }
+                }
+                _ => ("ok".to_owned(), None),
+            },
+        };
+        audit.record(json!({
+            "service": "master",
+            "principal": call.principal,
+            "on_behalf": op.on_behalf,
+            "addr": call.addr.map(|a| a.to_string()),
+            "call": op.name,
+            "via": call.method,
+            "target": op.target,
+            "result": result,
+            "error": error,
+        }));
+    }
+}
