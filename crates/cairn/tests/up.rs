@@ -10,7 +10,9 @@ use common::run_ok;
 fn cairn(dir: &std::path::Path) -> std::process::Command {
     let mut c = common::cairn();
     c.env_remove("CAIRN_CLUSTER_SECRET_FILE")
-        .env("CAIRN_CREDENTIALS", dir.join("admin.credentials"));
+        .env("CAIRN_CREDENTIALS", dir.join("admin.credentials"))
+        // The control plane is TLS by default: the CLI, run elsewhere, needs the CA.
+        .env("CAIRN_TLS_DIR", dir.join("tls"));
     c
 }
 use std::process::Stdio;

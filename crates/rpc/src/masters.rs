@@ -319,7 +319,19 @@ impl Shared {
                     *self.leader.lock() = Some(target);
                     return Ok(r.into_inner());
                 }
-                Err(s) => MetaError::from_status(&s),
+                Err(s) => {
+                    let mut e = MetaError::from_status(&s);
+                    if s.message().contains("h2 protocol error") && self.tls.lock().is_none() {
+                        // A TLS server answers a plain HTTP/2 preface with bytes h2 cannot read.
+                        e.message = format!(
+                            "{target} does not speak gRPC over plain TCP ({}): it may serve \
+                             TLS — give the cluster's TLS directory (--tls-dir or CAIRN_TLS_DIR; \
+                             `cairn up` keeps it in DATA_DIR/tls)",
+                            s.message()
+                        );
+                    }
+                    e
+                }
             };
             let retry = match err.kind {
                 ErrorKind::NotLeader | ErrorKind::Unavailable => true,

@@ -53,11 +53,15 @@ pub struct UpArgs {
     /// made in DATA_DIR/nbd-admin).
     #[arg(long)]
     nbd_insecure: bool,
-    /// The control plane over TLS: makes DATA_DIR/tls (a cluster CA and a certificate for
-    /// 127.0.0.1) on the first start, and every process and the CLI use it.
-    #[arg(long)]
+    /// The control plane in plain TCP. By default it runs over TLS: DATA_DIR/tls (a cluster
+    /// CA and a certificate for 127.0.0.1, made on the first start) serves every master and
+    /// the CLI checks them with it.
+    #[arg(long, conflicts_with = "data_tls")]
+    no_tls: bool,
+    /// The control plane over TLS: the default (kept for scripts that pass it).
+    #[arg(long, hide = true)]
     tls: bool,
-    /// The data plane (chunkserver frames) over TLS too; implies --tls.
+    /// The data plane (chunkserver frames) over TLS too (measured cost: BENCHMARKS.md).
     #[arg(long)]
     data_tls: bool,
     /// Port of the S3 gateway on 127.0.0.1 (default: 9000 if free, else any free port; kept
@@ -169,7 +173,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     }
     let secret = secret.display().to_string();
     let tls_dir = dir.join("tls");
-    let tls = a.tls || a.data_tls;
+    let tls = !a.no_tls || a.data_tls;
     // The CA is made always: NBD is served over TLS with client certificates it signs.
     if !tls_dir.join(cairn_rpc::tls::CA).exists() {
         crate::tls::init(&tls_dir, &["127.0.0.1".into(), "localhost".into()])?;

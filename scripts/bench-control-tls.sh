@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The control plane over TLS against plain TCP (issue 38 §4 target: creates/s ≥ 0.95 of plain;
+# BENCHMARKS.md "Control plane over TLS"). Each round starts a fresh `cairn up` twice in
+# scratch directories — once with the default (masters serve TLS, every client checks them
+# with the cluster CA), once with --no-tls — and runs `cairn bench create` at DEPTH for SECONDS
+# after a 2 s warm-up. CPU per create is summed over the cluster's processes (their
+# /proc/PID/stat utime+stime) and the bench client (/usr/bin/time). Prints CSV rows and the
+# median ratio TLS / plain. Each cluster is stopped and its directory deleted after its run.
+# Usage: scripts/bench-control-tls.sh [ROUNDS]   (CAIRN=path/to/release/cairn)
+set -euo pipefail
+ROUNDS=${1:-3}
+CAIRN=$(readlink -f "${CAIRN:-target/release/cairn}")
+DEPTH=${DEPTH:-16}
+SECONDS_RUN=${SECONDS_RUN:-6}
+SCRATCH=${SCRATCH:-/tmp/bench-control-tls.$$}
+mkdir -p "$SCRATCH"
+UP_PID=
+trap '[ -n "$UP_PID" ] && kill "$UP_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$SCRATCH"' EXIT
+TICK=$(getconf CLK_TCK)
+
+cluster_cpu() { # seconds of CPU of the children of $UP_PID
+    local t=0
+    for p in $(pgrep -P "$UP_PID"); do
+        t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    python3 -c "print($t / $TICK)"
+}
+
+run() { # flags -> "creates_per_sec cpu_us_per_create"
+    local dir="$SCRATCH/c" out
+    rm -rf "$dir"; mkdir -p "$dir"
+    (cd "$dir" && exec "$CAIRN" up --chunkservers 3 --disk-size 2g --no-s3 --no-nbd "$@" \
+        >"$SCRATCH/up.log" 2>&1) &
+    UP_PID=$!
+    for _ in $(seq 1 300); do
+        grep -q "ready" "$SCRATCH/up.log" 2>/dev/null && break
+        sleep 0.2
+    done
+    grep -q "ready" "$SCRATCH/up.log" || { cat "$SCRATCH/up.log" >&2; exit 1; }
+    (cd "$dir" && "$CAIRN" bench create --depth "$DEPTH" --seconds 2 --json >/dev/null)
+    local c0 c1
+    c0=$(cluster_cpu)
+    out=$(cd "$dir" && /usr/bin/time -f "CPU %U %S" "$CAIRN" bench create --depth "$DEPTH" \
+        --seconds "$SECONDS_RUN" --json 2>&1)
+    c1=$(cluster_cpu)
+    kill "$UP_PID"; wait "$UP_PID" 2>/dev/null || true; UP_PID=
+    echo "$out" | python3 -c "
+import json, sys
+lines = sys.stdin.read().splitlines()
+r = json.loads([l for l in lines if l.startswith('{')][-1])
+u, s = [float(x) for x in [l for l in lines if l.startswith('CPU ')][-1].split()[1:]]
+n = r['ops']
+cpu = $c1 - $c0 + u + s
+print(round(r['ops_per_s']), round(cpu / max(n, 1) * 1e6))"
+}
+
+echo "round,tls_creates_per_sec,tls_cpu_us_per_create,plain_creates_per_sec,plain_cpu_us_per_create,ratio_creates,ratio_cpu"
+rows=()
+for r in $(seq 1 "$ROUNDS"); do
+    t=$(run); p=$(run --no-tls)
+    row="$r,${t% *},${t#* },${p% *},${p#* },$(python3 -c "print(round(${t% *}/max(${p% *},1),3), round(${t#* }/max(${p#* },1),3), sep=',')")"
+    echo "$row"; rows+=("$row")
+done
+printf '%s\n' "${rows[@]}" | python3 -c '
+import sys, statistics
+f = [l.strip().split(",") for l in sys.stdin]
+print(f"median ratio TLS/plain creates/s: {statistics.median(float(x[5]) for x in f):.3f}, CPU per create: {statistics.median(float(x[6]) for x in f):.3f} over {len(f)} rounds")'
