@@ -1187,6 +1187,35 @@ async fn nbd_over_tls_opens_only_what_a_users_certificate_may() {
         "{lines:#?}"
     );
 
+    // Alice holds a session open (qemu-io: a read, a pause, a read); her certificates are
+    // revoked meanwhile: the open session is cut, not only new connections refused.
+    let opens_before = lines
+        .iter()
+        .filter(|l| l["event"] == "open" && l["user"] == "alice")
+        .count();
+    let held = tool("qemu-io")
+        .args([
+            "--object",
+            &qemu_obj(&alice),
+            "--image-opts",
+            &qemu_target,
+            "-c",
+            "read 0 4k",
+            "-c",
+            "sleep 7000",
+            "-c",
+            "read 0 4k",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::audit_until(&audit, "of alice's held session", |l| {
+        l.iter()
+            .filter(|l| l["event"] == "open" && l["user"] == "alice")
+            .count()
+            > opens_before
+    });
     // Revoked (alice's certificates) and deleted (bob) users: refused within the servers'
     // 5 s memory.
     common::run_ok(common::cairn().args([
@@ -1196,6 +1225,24 @@ async fn nbd_over_tls_opens_only_what_a_users_certificate_may() {
         "--cluster",
         &masters.join(","),
     ]));
+    let out = held.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        said.matches("read 4096/4096 bytes").count(),
+        1,
+        "the held session read on after the revocation: {said}"
+    );
+    common::audit_until(&audit, "of the cut session", |l| {
+        l.iter().any(|l| {
+            l["event"] == "close"
+                && l["user"] == "alice"
+                && l["error"].as_str().is_some_and(|e| e.contains("revoked"))
+        })
+    });
     common::run_ok(common::cairn().args([
         "user",
         "delete",

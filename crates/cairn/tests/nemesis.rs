@@ -1060,10 +1060,23 @@ async fn nemesis() {
     // Replays scenarios from this index on (a failure's index, with its seed).
     let first = env("CAIRN_NEMESIS_FIRST", 0);
     let dir = tempfile::tempdir().unwrap();
-    let mut cl = Cluster::start(dir.path(), 3, 4).await;
+    // CAIRN_NEMESIS_TLS=1: the control plane and the data plane over TLS (run the test alone,
+    // `--exact nemesis`: every process this test binary starts then serves TLS).
+    let tls = env("CAIRN_NEMESIS_TLS", 0) == 1;
+    let tls_dir = dir.path().join("tls");
+    let tls_dir_arg = tls_dir.display().to_string();
+    let (master_extra, cs_extra): (Vec<&str>, Vec<&str>) = if tls {
+        common::run_ok(common::cairn().args(["tls", "init"]).arg(&tls_dir));
+        common::TLS_DIR.set(tls_dir.clone()).unwrap();
+        (vec!["--tls-dir", &tls_dir_arg], vec!["--data-tls"])
+    } else {
+        (vec![], vec![])
+    };
+    eprintln!("nemesis with TLS: {tls}");
+    let mut cl = Cluster::start_full(dir.path(), 3, 4, &master_extra, &cs_extra).await;
     let masters = cl.master_addrs();
     // Sealed chunks of `then:ec` files convert as soon as they are sealed.
-    common::masters(&masters)
+    cl.masters()
         .send(
             cairn_rpc::pb::ConfigRequest {
                 convert_after_secs: Some(0),

@@ -85,6 +85,8 @@ const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10
 /// How long the user a certificate belongs to is remembered (a revocation takes this long
 /// at most to reach this server).
 const CERT_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often an open TLS session's rights are checked again with the masters.
+const REVALIDATE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Who a connection acts for.
 #[derive(Debug, Clone)]
@@ -140,6 +142,8 @@ struct Haggle {
     peer: SocketAddr,
     /// A plain option was refused and recorded (once per connection).
     plain_recorded: bool,
+    /// The client certificate's fingerprint, once TLS is on.
+    fingerprint: Option<String>,
 }
 
 /// How option haggling ended.
@@ -187,6 +191,10 @@ struct Session {
     read_only: bool,
     /// Who opened it (for the log).
     user: String,
+    /// The SHA-256 of the client certificate that proved the user (TLS sessions): its
+    /// revocation, the user's deletion or a change of the volume's owner or mode that takes
+    /// the user's rights away cuts the session (see [`NbdServer::revoked`]).
+    fingerprint: Option<String>,
 }
 
 impl NbdServer {
@@ -281,6 +289,7 @@ impl NbdServer {
             },
             peer,
             plain_recorded: false,
+            fingerprint: None,
         };
         let started = async {
             greet(&mut stream, &mut h).await?;
@@ -310,6 +319,12 @@ impl NbdServer {
                 let tls_and_options = async {
                     let mut tls = acceptor.accept(stream).await?;
                     h.tls = true;
+                    h.fingerprint = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .map(|c| cairn_rpc::object::cert_fingerprint(c));
                     h.who = self.identify(&tls).await;
                     if let Who::Refused(why) = &h.who {
                         tracing::warn!(%peer, why = %why, "client certificate refused");
@@ -388,22 +403,9 @@ impl NbdServer {
         {
             return who.clone();
         }
-        let q = ObjectQuery::CertUser {
-            fingerprint: fingerprint.clone(),
-        };
-        let who = match self.client.masters().object_query(&q).await {
-            Ok(Ok(QueryReply::User(Some(u)))) => Who::User {
-                name: u.name,
-                admin: u.admin,
-            },
-            Ok(Ok(QueryReply::User(None))) => Who::Refused(format!(
-                "certificate {} is no user's (revoked?)",
-                &fingerprint[..16]
-            )),
-            other => {
-                // Not kept: the next connection asks again.
-                return Who::Refused(format!("asking the masters whose certificate: {other:?}"));
-            }
+        let Some(who) = self.cert_user(&fingerprint).await else {
+            // Not kept: the next connection asks again.
+            return Who::Refused("the masters could not say whose certificate this is".into());
         };
         let mut certs = self.certs.lock();
         if certs.len() > 10_000 {
@@ -411,6 +413,58 @@ impl NbdServer {
         }
         certs.insert(fingerprint, (who.clone(), std::time::Instant::now()));
         who
+    }
+
+    /// Whose certificate `fingerprint` is, asked of the masters now (`None`: they could not
+    /// answer).
+    async fn cert_user(&self, fingerprint: &str) -> Option<Who> {
+        let q = ObjectQuery::CertUser {
+            fingerprint: fingerprint.to_owned(),
+        };
+        match self.client.masters().object_query(&q).await {
+            Ok(Ok(QueryReply::User(Some(u)))) => Some(Who::User {
+                name: u.name,
+                admin: u.admin,
+            }),
+            Ok(Ok(QueryReply::User(None))) => Some(Who::Refused(format!(
+                "certificate {} is no user's (revoked?)",
+                &fingerprint[..16.min(fingerprint.len())]
+            ))),
+            other => {
+                tracing::warn!(answer = ?other, "asking the masters whose certificate");
+                None
+            }
+        }
+    }
+
+    /// Resolves once the session's user may no longer use it as opened — the certificate
+    /// revoked, the user deleted, the volume's owner or mode changed against them — with why.
+    /// Checked every [`REVALIDATE`] with the masters (never from the cache); a master that
+    /// cannot answer cuts nothing. Plain NBD sessions are never cut.
+    async fn revoked(&self, s: &Session) -> String {
+        let Some(fp) = &s.fingerprint else {
+            return std::future::pending().await;
+        };
+        let name = s.volume.meta().name.clone();
+        loop {
+            tokio::time::sleep(REVALIDATE).await;
+            let Some(who) = self.cert_user(fp).await else {
+                continue;
+            };
+            if let Who::Refused(why) = &who {
+                return why.clone();
+            }
+            let Ok(meta) = self.lookup(&name).await else {
+                continue;
+            };
+            match (who.access(&meta), s.read_only) {
+                (VolumeAccess::None, _) => return format!("{who} may no longer open {name:?}"),
+                (VolumeAccess::Read, false) => {
+                    return format!("{who} may only read {name:?} now");
+                }
+                _ => {}
+            }
+        }
     }
 
     /// The volume's record from the masters.
@@ -574,6 +628,7 @@ impl NbdServer {
                         structured: h.structured,
                         read_only,
                         user: h.who.name(),
+                        fingerprint: h.fingerprint.clone(),
                     }));
                 }
                 OPT_ABORT => {
@@ -698,6 +753,7 @@ impl NbdServer {
                             structured: h.structured,
                             read_only,
                             user: h.who.name(),
+                            fingerprint: h.fingerprint.clone(),
                         }));
                     }
                 }
@@ -790,9 +846,20 @@ impl NbdServer {
             tx,
             structured: s.structured,
         };
+        let revoked = self.revoked(s);
+        tokio::pin!(revoked);
         let r = loop {
             let mut h = [0u8; REQUEST_BYTES];
-            match rd.read_exact(&mut h).await {
+            // A header half read when rights are lost is dropped with the connection.
+            let read = tokio::select! {
+                why = &mut revoked => {
+                    metrics::counter!("cairn_nbd_refused_total", "why" => "revoked").increment(1);
+                    tracing::warn!(volume = %s.volume.meta().name, user = %s.user, %why, "session cut");
+                    break Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why));
+                }
+                r = rd.read_exact(&mut h) => r,
+            };
+            match read {
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
                 Err(e) => break Err(e),

@@ -48,8 +48,15 @@ pub fn cairn() -> Command {
     let bin = std::env::var("CAIRN_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cairn").into());
     let mut c = Command::new(bin);
     c.env("CAIRN_CLUSTER_SECRET_FILE", secret_file());
+    if let Some(d) = TLS_DIR.get() {
+        c.env("CAIRN_TLS_DIR", d);
+    }
     c
 }
+
+/// Set by a test that runs every process with TLS (the nemesis with `CAIRN_NEMESIS_TLS=1`):
+/// [`cairn`] gives every command `CAIRN_TLS_DIR`, which servers serve and clients check with.
+pub static TLS_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 /// Runs `cmd` to its end and returns its output, failing the test (with its stderr) unless it
 /// succeeded.
