@@ -140,8 +140,6 @@ struct Haggle {
     tls: bool,
     who: Who,
     peer: SocketAddr,
-    /// A plain option was refused and recorded (once per connection).
-    plain_recorded: bool,
     /// The client certificate's fingerprint, once TLS is on.
     fingerprint: Option<String>,
 }
@@ -171,6 +169,95 @@ async fn greet(
     }
     h.no_zeroes = client_flags & u32::from(FLAG_NO_ZEROES) != 0;
     Ok(())
+}
+
+/// Reads one option (header and data); one longer than [`MAX_OPTION`] is skipped unread and
+/// answered `ERR_TOO_BIG` (`None`).
+async fn read_option(
+    io: &mut (impl AsyncRead + AsyncWrite + Unpin),
+) -> std::io::Result<Option<(u32, Vec<u8>)>> {
+    let mut head = [0u8; 16];
+    io.read_exact(&mut head).await?;
+    let (opt, len) = option_header(&head).map_err(|e| invalid(&e.to_string()))?;
+    if len as usize > MAX_OPTION {
+        let mut skip = (&mut *io).take(u64::from(len));
+        tokio::io::copy(&mut skip, &mut tokio::io::sink()).await?;
+        reply_err(io, opt, REP_ERR_TOO_BIG, "option too long").await?;
+        return Ok(None);
+    }
+    let mut data = vec![0u8; len as usize];
+    io.read_exact(&mut data).await?;
+    Ok(Some((opt, data)))
+}
+
+/// Options on a server that requires TLS, before the client asked for it: `STARTTLS` (no
+/// data) is acknowledged and the TLS handshake comes next; `ABORT` ends; `EXPORT_NAME` closes
+/// the connection (it has no error reply); every other option is answered `ERR_TLS_REQD`.
+/// `refused(exported)` is called for each option refused for want of TLS.
+async fn until_starttls(
+    io: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    mut refused: impl FnMut(bool),
+) -> std::io::Result<Outcome> {
+    loop {
+        let Some((opt, data)) = read_option(io).await? else {
+            continue;
+        };
+        match opt {
+            OPT_STARTTLS if data.is_empty() => {
+                io.write_all(&option_reply(opt, REP_ACK, &[])).await?;
+                io.flush().await?;
+                return Ok(Outcome::StartTls);
+            }
+            OPT_STARTTLS => {
+                reply_err(io, opt, REP_ERR_INVALID, "STARTTLS takes no data").await?;
+            }
+            OPT_ABORT => {
+                io.write_all(&option_reply(opt, REP_ACK, &[])).await?;
+                io.flush().await?;
+                return Ok(Outcome::Closed);
+            }
+            OPT_EXPORT_NAME => {
+                refused(true);
+                return Ok(Outcome::Closed);
+            }
+            _ => {
+                refused(false);
+                reply_err(
+                    io,
+                    opt,
+                    REP_ERR_TLS_REQD,
+                    "TLS is required: connect with TLS and a client certificate from `cairn \
+                     user cert` (nbds:// URIs)",
+                )
+                .await?;
+            }
+        }
+    }
+}
+
+/// The handshake of a server that requires TLS, up to the TLS handshake, for the fuzzer
+/// (`fuzz/fuzz_targets/nbd_starttls.rs`): the greeting, the client's flags, then options
+/// until STARTTLS. `Ok(true)`: STARTTLS was acknowledged.
+///
+/// # Errors
+/// What the client sent broke the protocol, or the stream ended.
+#[doc(hidden)]
+pub async fn starttls_handshake(
+    io: &mut (impl AsyncRead + AsyncWrite + Unpin),
+) -> std::io::Result<bool> {
+    let mut h = Haggle {
+        no_zeroes: false,
+        structured: false,
+        tls: false,
+        who: Who::Unproven,
+        peer: SocketAddr::from(([127, 0, 0, 1], 0)),
+        fingerprint: None,
+    };
+    greet(io, &mut h).await?;
+    Ok(matches!(
+        until_starttls(io, |_| {}).await?,
+        Outcome::StartTls
+    ))
 }
 
 /// An NBD server of one cluster's volumes.
@@ -288,7 +375,6 @@ impl NbdServer {
                 Who::Anyone
             },
             peer,
-            plain_recorded: false,
             fingerprint: None,
         };
         let started = async {
@@ -535,60 +621,26 @@ impl NbdServer {
         io: &mut (impl AsyncRead + AsyncWrite + Unpin),
         h: &mut Haggle,
     ) -> std::io::Result<Outcome> {
-        let tls_required = self.opts.tls.is_some() && !h.tls;
-        loop {
-            let mut head = [0u8; 16];
-            io.read_exact(&mut head).await?;
-            let (opt, len) = option_header(&head).map_err(|e| invalid(&e.to_string()))?;
-            if len as usize > MAX_OPTION {
-                // Not read into memory: skipped, and refused.
-                let mut skip = (&mut *io).take(u64::from(len));
-                tokio::io::copy(&mut skip, &mut tokio::io::sink()).await?;
-                reply_err(io, opt, REP_ERR_TOO_BIG, "option too long").await?;
-                continue;
-            }
-            let mut data = vec![0u8; len as usize];
-            io.read_exact(&mut data).await?;
-            if tls_required {
-                match opt {
-                    OPT_STARTTLS if data.is_empty() => {
-                        io.write_all(&option_reply(opt, REP_ACK, &[])).await?;
-                        io.flush().await?;
-                        return Ok(Outcome::StartTls);
-                    }
-                    OPT_STARTTLS => {
-                        reply_err(io, opt, REP_ERR_INVALID, "STARTTLS takes no data").await?;
-                    }
-                    OPT_ABORT => {
-                        io.write_all(&option_reply(opt, REP_ACK, &[])).await?;
-                        io.flush().await?;
-                        return Ok(Outcome::Closed);
-                    }
-                    OPT_EXPORT_NAME => {
-                        // No error reply exists for it: the server closes.
-                        metrics::counter!("cairn_nbd_refused_total", "why" => "plain").increment(1);
-                        self.record(h.peer, "connect", None, None, Err("NBD without TLS"));
-                        tracing::info!("EXPORT_NAME without TLS: closed (TLS is required)");
-                        return Ok(Outcome::Closed);
-                    }
-                    _ => {
-                        metrics::counter!("cairn_nbd_refused_total", "why" => "plain").increment(1);
-                        if !h.plain_recorded {
-                            h.plain_recorded = true;
-                            self.record(h.peer, "connect", None, None, Err("NBD without TLS"));
-                        }
-                        reply_err(
-                            io,
-                            opt,
-                            REP_ERR_TLS_REQD,
-                            "TLS is required: connect with TLS and a client certificate from \
-                             `cairn user cert` (nbds:// URIs)",
-                        )
-                        .await?;
-                    }
+        if self.opts.tls.is_some() && !h.tls {
+            let mut refused = false;
+            let o = until_starttls(io, |exported| {
+                metrics::counter!("cairn_nbd_refused_total", "why" => "plain").increment(1);
+                if exported {
+                    tracing::info!("EXPORT_NAME without TLS: closed (TLS is required)");
                 }
-                continue;
+                refused = true;
+            })
+            .await;
+            if refused {
+                // Once per connection, however many options it tried.
+                self.record(h.peer, "connect", None, None, Err("NBD without TLS"));
             }
+            return o;
+        }
+        loop {
+            let Some((opt, data)) = read_option(io).await? else {
+                continue;
+            };
             match opt {
                 OPT_EXPORT_NAME => {
                     let name = String::from_utf8_lossy(&data).into_owned();
