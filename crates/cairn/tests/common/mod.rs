@@ -401,9 +401,11 @@ impl Cluster {
 
     /// Injects faults into chunkserver `i` (0-based).
     pub async fn fault(&self, i: usize, spec: cairn_client::FaultSpec) {
-        let c = cairn_client::DataConn::connect(
+        let c = cairn_client::DataConn::connect_with(
             self.chunkservers[i].addr.parse().unwrap(),
             Duration::from_secs(5),
+            None,
+            self.data_tls().as_ref(),
         )
         .await
         .unwrap();
