@@ -49,13 +49,14 @@ pub fn cairn() -> Command {
     let mut c = Command::new(bin);
     c.env("CAIRN_CLUSTER_SECRET_FILE", secret_file());
     if let Some(d) = TLS_DIR.get() {
-        c.env("CAIRN_TLS_DIR", d);
+        c.env("CAIRN_TLS_DIR", d).env("CAIRN_DATA_TLS", "true");
     }
     c
 }
 
 /// Set by a test that runs every process with TLS (the nemesis with `CAIRN_NEMESIS_TLS=1`):
-/// [`cairn`] gives every command `CAIRN_TLS_DIR`, which servers serve and clients check with.
+/// [`cairn`] gives every command `CAIRN_TLS_DIR`, which servers serve and clients check with,
+/// and `CAIRN_DATA_TLS` (the gateway's and NBD server's connections to chunkservers).
 pub static TLS_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 /// Runs `cmd` to its end and returns its output, failing the test (with its stderr) unless it
