@@ -8,6 +8,46 @@ use cairn_rpc::auth::Principal;
 use cairn_rpc::pb;
 use serde_json::{Value, json};
 
+/// Refused calls recorded (in the audit log and as warnings) at most [`RefusalBudget::LINES`]
+/// each [`RefusalBudget::WINDOW`]; then one record says how many were left out — a flood of
+/// bad proofs must not fill the disk. (`cairn_master_calls_refused_total` counts them all.)
+#[derive(Default)]
+pub(crate) struct RefusalBudget {
+    inner: parking_lot::Mutex<(Option<std::time::Instant>, u32, u64)>,
+}
+
+impl RefusalBudget {
+    pub const LINES: u32 = 100;
+    pub const WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// Whether one more refusal may be recorded now.
+    pub fn allow(&self, audit: &cairn_rpc::audit::Audit) -> bool {
+        let mut g = self.inner.lock();
+        let (since, used, dropped) = &mut *g;
+        let now = std::time::Instant::now();
+        if since.is_none_or(|t| now.duration_since(t) >= Self::WINDOW) {
+            if *dropped > 0 {
+                tracing::warn!(left_out = *dropped, "refused calls not recorded one by one");
+                audit.record(json!({
+                    "service": "master",
+                    "call": "*",
+                    "result": "refused",
+                    "left_out": *dropped,
+                }));
+            }
+            *g = (Some(now), 1, 0);
+            return true;
+        }
+        if *used < Self::LINES {
+            *used += 1;
+            true
+        } else {
+            *dropped += 1;
+            false
+        }
+    }
+}
+
 /// A call the audit log records when it ends: who sent it, from where, which method.
 pub(crate) struct Call {
     pub principal: String,
@@ -98,5 +138,19 @@ pub(crate) fn batch(
             "result": result,
             "error": error,
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_of_refusals_is_recorded_up_to_the_budget() {
+        let b = RefusalBudget::default();
+        let off = cairn_rpc::audit::Audit::off();
+        let allowed = (0..1000).filter(|_| b.allow(&off)).count();
+        assert_eq!(allowed, RefusalBudget::LINES as usize);
+        assert_eq!(b.inner.lock().2, 1000 - u64::from(RefusalBudget::LINES));
     }
 }

@@ -141,6 +141,7 @@ pub async fn serve(
             .as_ref()
             .map(cairn_rpc::seal::Sealer::new),
         audit: opts.audit.clone(),
+        refusals: Default::default(),
     });
     let scanner = {
         let meta = meta.clone();

@@ -79,6 +79,8 @@ pub(crate) struct Inner {
     pub sealed_term: std::sync::atomic::AtomicU64,
     /// The audit log: accepted mutating calls and refusals.
     pub audit: cairn_rpc::audit::Audit,
+    /// How many refusals are recorded one by one.
+    pub refusals: crate::audit::RefusalBudget,
 }
 
 use crate::audit::{Call, principal_name};
@@ -386,6 +388,9 @@ impl Inner {
             }
             metrics::counter!("cairn_master_calls_refused_total", "method" => method.to_owned())
                 .increment(1);
+            if !self.refusals.allow(&self.audit) {
+                return Status::from(e);
+            }
             tracing::warn!(error = %e, "call refused");
             self.audit.record(serde_json::json!({
                 "service": "master",
