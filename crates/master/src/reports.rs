@@ -24,10 +24,10 @@ pub const MAX_VOTERS: usize = 10_000;
 /// Who a report's vote belongs to: the authenticated user, or a trusted process's client.
 pub fn voter(who: &cairn_rpc::auth::Principal, client_id: &str) -> String {
     use cairn_rpc::auth::Principal;
+    let name = crate::audit::principal_name(who);
     match who {
-        Principal::User { name, .. } => format!("user:{name}"),
-        Principal::Server(name) => format!("server:{name}/{client_id}"),
-        Principal::Open => format!("open:{client_id}"),
+        Principal::User { .. } => name,
+        Principal::Server(_) | Principal::Open => format!("{name}/{client_id}"),
     }
 }
 
