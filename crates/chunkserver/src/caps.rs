@@ -8,11 +8,21 @@
 //! capability with a newer epoch raises the chunk's fence, so a writer whose lease was taken
 //! over is refused from the new writer's first request on. The fence is kept in memory: after
 //! a restart the seal the new writer puts on the chunk is what stops the old one.
+//!
+//! The first step also refuses a revoked capability: the masters' heartbeat replies name the
+//! revocations a `chmod`, a `chown` or a user's deletion made ([`Revoked`]); the server holds
+//! them in memory, sends back the number of the last one it has, and after a restart learns
+//! them all again in its first heartbeat.
 
-use cairn_proto::cap::{CapError, CapKey, Capability, needed};
+use cairn_proto::cap::{
+    CapError, CapKey, Capability, REVOCATION_KEEP, Revocation, Revoked, needed,
+};
 use cairn_proto::frame::Header;
+use cairn_rpc::pb;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 /// Chunks whose writer epoch is remembered at most; past it the table starts over.
 const MAX_FENCES: usize = 1 << 20;
@@ -21,6 +31,9 @@ const MAX_FENCES: usize = 1 << 20;
 pub(crate) struct Checker {
     keys: RwLock<Vec<CapKey>>,
     epochs: Mutex<HashMap<u64, u32>>,
+    revoked: RwLock<Revoked>,
+    /// The number of the last revocation held (`HeartbeatRequest.revocations_seen`).
+    revocations_seen: AtomicU64,
 }
 
 fn now_secs() -> u64 {
@@ -40,6 +53,7 @@ fn refused(e: &CapError) {
         CapError::WrongVersion { .. } => "wrong_version",
         CapError::Rights { .. } => "rights",
         CapError::StaleEpoch { .. } => "stale_epoch",
+        CapError::Revoked { .. } => "revoked",
         _ => "other",
     };
     metrics::counter!("cairn_chunkserver_capabilities_refused_total", "reason" => reason)
@@ -61,6 +75,54 @@ impl Checker {
         }
     }
 
+    /// The number of the last revocation held, for the next heartbeat.
+    pub(crate) fn revocations_seen(&self) -> u64 {
+        self.revocations_seen.load(Ordering::Relaxed)
+    }
+
+    /// Takes a heartbeat reply's revocations (those after the number sent) and the number
+    /// of the last one; drops those every capability they revoke has outlived.
+    pub(crate) fn add_revocations(&self, list: &[pb::Revocation], upto: u64) {
+        use pb::revocation::Kind;
+        let now = Instant::now();
+        let mut r = self.revoked.write();
+        for x in list {
+            let Ok(kind) = Kind::try_from(x.kind) else {
+                tracing::warn!(kind = x.kind, "a revocation of an unknown kind: ignored");
+                continue;
+            };
+            let one = match kind {
+                Kind::Chunk => Revocation::Chunk {
+                    chunk_id: x.chunk_id,
+                    generation: x.generation,
+                    except: x.except,
+                },
+                Kind::Holder => Revocation::Holder {
+                    holder: x.holder,
+                    generation: x.generation,
+                },
+                Kind::All => Revocation::All {
+                    generation: x.generation,
+                },
+            };
+            r.add(one, now);
+        }
+        r.prune(now, REVOCATION_KEEP);
+        metrics::gauge!("cairn_chunkserver_revocations").set(r.len() as f64);
+        if !list.is_empty() {
+            tracing::info!(
+                new = list.len(),
+                held = r.len(),
+                upto,
+                "capability revocations learned"
+            );
+        }
+        drop(r);
+        if upto != 0 {
+            self.revocations_seen.store(upto, Ordering::Relaxed);
+        }
+    }
+
     /// The first step: `Ok(Some(cap))` for a request whose capability holds so far,
     /// `Ok(None)` for one that needs none (PING, FAULT, an unknown opcode) or when checks are
     /// off (`require` false).
@@ -79,6 +141,7 @@ impl Checker {
         let r = (|| {
             let cap = Capability::decode(cap.ok_or(CapError::Missing)?)?;
             cap.verify(&self.keys.read(), h.chunk_id, rights, now_secs())?;
+            self.revoked.read().check(&cap.claims)?;
             Ok(cap)
         })();
         match r {
@@ -122,7 +185,7 @@ mod tests {
         }
     }
 
-    fn cap(rights: u8, epoch: u32) -> [u8; 64] {
+    fn cap(rights: u8, epoch: u32) -> [u8; cairn_proto::cap::CAP_BYTES] {
         Capability::sign(
             &key(),
             Claims {
@@ -131,6 +194,8 @@ mod tests {
                 chunk_version: 1,
                 epoch,
                 expires_secs: (now_secs() + 60) as u32,
+                generation: 3,
+                holder: 11,
             },
         )
         .encode()
@@ -152,6 +217,31 @@ mod tests {
             c.check_frame(&h, Some(&cap(READ, 0)), true),
             Err(CapError::Rights { .. })
         ));
+        // Revoked: refused; a revocation of an older generation changes nothing.
+        c.add_revocations(
+            &[pb::Revocation {
+                kind: pb::revocation::Kind::Holder.into(),
+                generation: 3,
+                holder: 11,
+                ..Default::default()
+            }],
+            4,
+        );
+        assert!(c.check_frame(&h, Some(&cap(APPEND, 1)), true).is_ok());
+        assert_eq!(c.revocations_seen(), 4);
+        c.add_revocations(
+            &[pb::Revocation {
+                kind: pb::revocation::Kind::Chunk.into(),
+                generation: 4,
+                chunk_id: 9,
+                ..Default::default()
+            }],
+            5,
+        );
+        assert_eq!(
+            c.check_frame(&h, Some(&cap(APPEND, 1)), true),
+            Err(CapError::Revoked { cap: 3, revoked: 4 })
+        );
         // Checks off: nothing is asked.
         assert_eq!(c.check_frame(&h, None, false), Ok(None));
         // A ping needs none.

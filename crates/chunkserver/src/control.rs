@@ -189,6 +189,7 @@ pub async fn run(
                 convert_device_bytes: traffic[crate::repair::TRAFFIC_CONVERT_DEVICE],
                 repair_network_bytes: traffic[crate::repair::TRAFFIC_REPAIR_NETWORK],
                 repair_device_bytes: traffic[crate::repair::TRAFFIC_REPAIR_DEVICE],
+                revocations_seen: cs.revocations_seen(),
             };
             let repaired = req.repaired.clone();
             let reply = match masters
@@ -215,6 +216,7 @@ pub async fn run(
                     })
                     .collect(),
             );
+            cs.add_revocations(&reply.revocations, reply.revocations_upto);
             repairer.log_slow();
             for task in reply.repairs {
                 repairer.start(task);

@@ -398,6 +398,16 @@ impl Chunkserver {
         self.caps.set_keys(keys);
     }
 
+    /// The number of the last capability revocation held (caps.rs).
+    pub fn revocations_seen(&self) -> u64 {
+        self.caps.revocations_seen()
+    }
+
+    /// A heartbeat reply's capability revocations (caps.rs).
+    pub fn add_revocations(&self, list: &[cairn_rpc::pb::Revocation], upto: u64) {
+        self.caps.add_revocations(list, upto);
+    }
+
     /// The background bandwidth now, bytes/s.
     pub fn background_rate(&self) -> u64 {
         self.background.rate()

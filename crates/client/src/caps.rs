@@ -114,6 +114,8 @@ mod tests {
                 chunk_version: version,
                 epoch,
                 expires_secs: exp,
+                generation: 0,
+                holder: 0,
             },
         )
         .encode()

@@ -10,20 +10,31 @@
 
 use crate::state::{KeyRecord, State};
 use cairn_proto::cap::{CapKey, Capability, Claims};
+use cairn_rpc::auth::Principal;
 use cairn_rpc::pb;
 
-/// How long a capability is valid. Writers get fresh ones with every commit; readers with
-/// every lookup (a refused read looks its chunk up again).
-pub const CAP_LIFETIME_SECS: u64 = 3600;
+pub use cairn_proto::cap::CAP_LIFETIME_SECS;
 
 /// How long a new key waits before it signs: several heartbeats, so every chunkserver up
 /// holds it first.
 pub const KEY_ACTIVATION_MS: u64 = 5_000;
 
-/// The key that signs now, with the expiry it gives.
+/// The key that signs now, with the expiry and permission generation it gives, for one
+/// holder.
 pub struct Signer {
     key: CapKey,
     expires_secs: u32,
+    generation: u64,
+    holder: u64,
+}
+
+/// The holder a principal's capabilities name: a user's [`cairn_proto::cap::holder_of`]
+/// name; 0 for servers and open clusters (never revoked).
+pub fn holder(who: &Principal) -> u64 {
+    match who {
+        Principal::User { name, .. } => cairn_proto::cap::holder_of(name),
+        Principal::Server(_) | Principal::Open => 0,
+    }
 }
 
 fn cap_key(k: &KeyRecord) -> CapKey {
@@ -35,8 +46,11 @@ fn cap_key(k: &KeyRecord) -> CapKey {
 
 impl Signer {
     /// The newest key older than [`KEY_ACTIVATION_MS`], else the oldest one (a lone new key
-    /// signs at once: there is no other); `None` while the state has no key.
-    pub fn of(state: &State, now_ms: u64) -> Option<Self> {
+    /// signs at once: there is no other), signing for `who` at the state's permission
+    /// generation; `None` while the state has no key. Take it under the same lock as the
+    /// permission check its capabilities follow from: a change applied after that check
+    /// revokes them.
+    pub fn of(state: &State, now_ms: u64, who: &Principal) -> Option<Self> {
         let keys = state.cap_keys();
         let k = keys
             .iter()
@@ -47,6 +61,8 @@ impl Signer {
         Some(Self {
             key: cap_key(k),
             expires_secs: u32::try_from(expires).unwrap_or(u32::MAX),
+            generation: state.revocations().generation(),
+            holder: holder(who),
         })
     }
 
@@ -61,6 +77,8 @@ impl Signer {
                 chunk_version: version,
                 epoch,
                 expires_secs: self.expires_secs,
+                generation: self.generation,
+                holder: self.holder,
             },
         )
         .encode()
@@ -93,4 +111,57 @@ pub fn new_secret() -> [u8; cairn_proto::cap::KEY_BYTES] {
     let mut s = [0u8; cairn_proto::cap::KEY_BYTES];
     rand::fill(&mut s);
     s
+}
+
+/// Revocations bounded per heartbeat reply, in chunks named: a server far behind catches up
+/// over several heartbeats.
+pub const MAX_REVOKED_CHUNKS_PER_REPLY: usize = 50_000;
+
+/// The revocations after `seen` for a heartbeat reply, each file's expanded into its chunks
+/// (whole records only, at least one, at most [`MAX_REVOKED_CHUNKS_PER_REPLY`] chunks
+/// beyond the first), and the number of the last one included (the last one the state has
+/// when none is new).
+pub fn revocations_pb(state: &State, seen: u64) -> (Vec<pb::Revocation>, u64) {
+    use crate::state::revoke::Record;
+    use pb::revocation::Kind;
+    let mut out = Vec::new();
+    let mut upto = state.revocations().last_seq();
+    for (seq, r) in state.revocations().after(seen) {
+        let before = out.len();
+        match *r {
+            Record::File {
+                inode,
+                generation,
+                except,
+            } => {
+                let chunks = state.inode(inode).and_then(|i| i.file());
+                for c in chunks.into_iter().flat_map(|f| &f.chunks) {
+                    out.push(pb::Revocation {
+                        kind: Kind::Chunk.into(),
+                        generation,
+                        chunk_id: c.id,
+                        holder: 0,
+                        except,
+                    });
+                }
+            }
+            Record::Holder { holder, generation } => out.push(pb::Revocation {
+                kind: Kind::Holder.into(),
+                generation,
+                holder,
+                ..Default::default()
+            }),
+            Record::All { generation } => out.push(pb::Revocation {
+                kind: Kind::All.into(),
+                generation,
+                ..Default::default()
+            }),
+        }
+        if before > 0 && out.len() > MAX_REVOKED_CHUNKS_PER_REPLY {
+            out.truncate(before);
+            break;
+        }
+        upto = seq;
+    }
+    (out, upto)
 }

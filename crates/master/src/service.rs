@@ -101,6 +101,7 @@ impl MetaService {
     pub(crate) async fn scan_conversions(&self) {
         self.inner.ensure_cap_key().await;
         self.inner.seal_plain_secrets().await;
+        self.inner.prune_revocations().await;
         self.inner.scan_conversions().await;
     }
 
@@ -315,6 +316,25 @@ impl Inner {
 
     /// One leader pass of the conversion scan (crate::conversion): abandons conversions no
     /// task runs, begins new ones and hands them out.
+    /// The leader drops the capability revocations every capability they revoked has
+    /// outlived (state/revoke.rs).
+    async fn prune_revocations(&self) {
+        if self.leader_check().is_err() {
+            return;
+        }
+        let upto = self
+            .sm
+            .lock()
+            .state
+            .revocations()
+            .prunable(Instant::now(), cairn_proto::cap::REVOCATION_KEEP);
+        if let Some(upto) = upto
+            && let Err(e) = self.write(Command::PruneRevocations { upto }).await
+        {
+            tracing::warn!(error = %e, "pruning capability revocations failed");
+        }
+    }
+
     pub(crate) async fn scan_conversions(&self) {
         if self.leader_check().is_err() {
             return;
@@ -456,11 +476,11 @@ impl Inner {
 
     /// The reply to a writer's call: its chunks signed for writing, with the file's writer
     /// epoch.
-    fn file_reply(&self, ino: Option<Inode>) -> Result<pb::FileReply, MetaError> {
+    fn file_reply(&self, ino: Option<Inode>, who: &Principal) -> Result<pb::FileReply, MetaError> {
         let ino = ino.ok_or_else(|| MetaError::internal("command returned no inode"))?;
         let (mut r, signer) = {
             let a = self.sm.lock();
-            let signer = crate::caps::Signer::of(&a.state, now_ms());
+            let signer = crate::caps::Signer::of(&a.state, now_ms(), who);
             (convert::file_reply(&a.state, &ino), signer)
         };
         // Signed outside the state's lock: one HMAC per chunk of the file.
@@ -668,7 +688,7 @@ impl Inner {
             }
             for ((i, answer), r) in at.into_iter().zip(reply.batch) {
                 let out = r.and_then(|reply| match answer {
-                    Answer::File => self.file_reply(reply.inode).map(Outcome::File),
+                    Answer::File => self.file_reply(reply.inode, who).map(Outcome::File),
                     Answer::Done => Ok(Outcome::Done(pb::Empty {})),
                     Answer::Object => match reply.object {
                         Some(o) => Ok(Outcome::Object(cairn_rpc::object::encode(&o))),
@@ -865,7 +885,7 @@ impl pb::meta_server::Meta for MetaService {
             async {
                 let cmd = self.inner.create_command(req.into_inner())?;
                 let reply = self.inner.write(as_user(&who, cmd)).await?;
-                self.inner.file_reply(reply.inode)
+                self.inner.file_reply(reply.inode, &who)
             }
             .await,
         )
@@ -899,7 +919,7 @@ impl pb::meta_server::Meta for MetaService {
                     continue_below: r.continue_below,
                 };
                 let reply = self.inner.write(as_user(&who, cmd)).await?;
-                let mut r = self.inner.file_reply(reply.inode)?;
+                let mut r = self.inner.file_reply(reply.inode, &who)?;
                 r.continued_chunk = reply.chunk.unwrap_or(0);
                 Ok(r)
             }
@@ -920,7 +940,7 @@ impl pb::meta_server::Meta for MetaService {
                 // directory's needs only the way to it.
                 let want = if ino.file().is_some() { perm::READ } else { 0 };
                 check_read(&a.state, &who, ino, want)?;
-                let signer = crate::caps::Signer::of(&a.state, now_ms());
+                let signer = crate::caps::Signer::of(&a.state, now_ms(), &who);
                 (convert::node_reply(&a.state, &path, ino), signer)
             };
             if let (Some(s), Some(f)) = (signer, r.file.as_mut()) {
@@ -1057,7 +1077,7 @@ impl pb::meta_server::Meta for MetaService {
                     groups,
                 };
                 let reply = self.inner.write(as_user(&who, cmd)).await?;
-                self.inner.file_reply(reply.inode)
+                self.inner.file_reply(reply.inode, &who)
             }
             .await,
         )
@@ -1072,7 +1092,7 @@ impl pb::meta_server::Meta for MetaService {
             async {
                 let cmd = self.inner.commit_command(&req.into_inner())?;
                 let reply = self.inner.write(as_user(&who, cmd)).await?;
-                self.inner.file_reply(reply.inode)
+                self.inner.file_reply(reply.inode, &who)
             }
             .await,
         )
@@ -1105,7 +1125,11 @@ impl pb::meta_server::Meta for MetaService {
                         })
                         .collect::<Result<_, MetaError>>()?;
                 let servers = convert::server_addrs(&a.state, &chunks);
-                (chunks, servers, crate::caps::Signer::of(&a.state, now_ms()))
+                (
+                    chunks,
+                    servers,
+                    crate::caps::Signer::of(&a.state, now_ms(), &who),
+                )
             };
             if let Some(s) = signer {
                 for c in chunks.iter_mut().filter(|c| c.id != 0) {
@@ -1148,6 +1172,7 @@ impl pb::meta_server::Meta for MetaService {
         let r = req.into_inner();
         ok(async {
             let hb = convert::heartbeat(&r)?;
+            let revocations_seen = r.revocations_seen;
             // Not only "this master thinks it leads": one just resumed from a pause (or cut
             // off) may not have heard of the next term yet, and its answer names chunks to
             // delete from an older state. Its lease has run out, so the barrier refuses.
@@ -1201,17 +1226,18 @@ impl pb::meta_server::Meta for MetaService {
                 });
                 let _ = record.await;
             }
-            let (cap_keys, repairs) = {
+            let (cap_keys, repairs, (revocations, revocations_upto)) = {
                 let a = self.inner.sm.lock();
                 let mut repairs = answer.repairs;
-                if let Some(s) = crate::caps::Signer::of(&a.state, now_ms()) {
+                if let Some(s) = crate::caps::Signer::of(&a.state, now_ms(), &Principal::Open) {
                     // A repair reads the source or the group's members; a rebuild or a
                     // conversion writes the group's members.
                     for t in &mut repairs {
                         t.caps = vec![s.sign(t.chunk_id, t.version, cap::WRITE, 0)];
                     }
                 }
-                (crate::caps::keys_pb(&a.state), repairs)
+                let revoked = crate::caps::revocations_pb(&a.state, revocations_seen);
+                (crate::caps::keys_pb(&a.state), repairs, revoked)
             };
             Ok(pb::HeartbeatReply {
                 send_full_report: answer.send_full_report,
@@ -1221,6 +1247,8 @@ impl pb::meta_server::Meta for MetaService {
                 repairs,
                 repair_bytes_per_sec: answer.repair_bytes_per_sec,
                 background_bytes_per_sec: answer.background_bytes_per_sec,
+                revocations,
+                revocations_upto,
             })
         }
         .await)

@@ -202,7 +202,7 @@ pub enum FrameError {
     Flags(u16),
     #[error("non-zero reserved bytes")]
     Reserved,
-    #[error("capability of {0} bytes; a frame carries none or 64")]
+    #[error("capability of {0} bytes; a frame carries none or 80")]
     Capability(u16),
     #[error("payload of {0} bytes is larger than the maximum {MAX_PAYLOAD}")]
     TooLarge(u32),
@@ -370,7 +370,7 @@ impl Header {
 }
 
 /// The capability's size is fixed by the header's `cap_len` (docs/formats/wire.md).
-const _: () = assert!(crate::cap::CAP_BYTES == 64);
+const _: () = assert!(crate::cap::CAP_BYTES == 80);
 
 #[cfg(test)]
 mod tests {

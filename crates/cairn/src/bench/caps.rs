@@ -2,7 +2,8 @@
 //!
 //! One in-process chunkserver on a real O_DIRECT store file, one loopback client. The run
 //! alternates short slices: **on** — the server checks every frame's capability and the client
-//! sends one (64 bytes more per frame, an HMAC-SHA256 and a fence lookup per request); **off** —
+//! sends one (80 bytes more per frame, an HMAC-SHA256, a fence lookup and the revocation
+//! lookups per request; `--revoked N` fills the revocation table first); **off** —
 //! the server checks nothing and the client sends none (the floor: the same server, store,
 //! disk state and connection kind a moment apart). Each slice runs 4 KiB appends at `--depth`
 //! (one chunk per slot, each slot appending in turn) and then at depth 1; the report gives the
@@ -38,6 +39,11 @@ pub struct Args {
     /// Size of the store file.
     #[arg(long, default_value = "4g", value_parser = super::parse_size)]
     disk_size: u64,
+    /// Chunk revocations the server holds during the run (docs/security.md, "Revocation"):
+    /// the bench's own chunks (excepting its holder, so that every check passes through the
+    /// whole table), then others, and as many deleted users.
+    #[arg(long, default_value_t = 0)]
+    revoked: u64,
 }
 
 #[derive(Serialize, Default, Clone)]
@@ -62,6 +68,10 @@ struct Report {
     errors: u64,
     /// An append without a capability, checks on, was refused: the "on" slices checked.
     canary_refused: bool,
+    /// Revocations the server held (chunks and users).
+    revoked_held: u64,
+    /// With revocations held: an append with a capability of a revoked user was refused.
+    revoked_canary_refused: Option<bool>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -142,10 +152,13 @@ async fn measure(a: &Args, path: &std::path::Path) -> anyhow::Result<Report> {
                 chunk_version: 1,
                 epoch: 0,
                 expires_secs: expires,
+                generation: 1,
+                holder: HOLDER,
             },
         );
         caps.remember(&c.encode());
     }
+    let revoked_held = revoke(&cs, a.revoked, 2 * n as u64);
     let timeout = Duration::from_secs(30);
     let without = Arc::new(DataConn::connect(addr, timeout).await?);
     without.ping().await?;
@@ -198,6 +211,33 @@ async fn measure(a: &Args, path: &std::path::Path) -> anyhow::Result<Report> {
             ..
         })
     );
+    // Canary of the revocations: a revoked user's capability on a chunk of the run.
+    let revoked_canary_refused = if a.revoked > 0 {
+        let c = Capability::sign(
+            &key,
+            Claims {
+                rights: cap::WRITE,
+                chunk_id: 1,
+                chunk_version: 1,
+                epoch: 0,
+                expires_secs: expires,
+                generation: 1,
+                holder: 1,
+            },
+        );
+        let revoked_caps = Arc::new(Caps::default());
+        revoked_caps.remember(&c.encode());
+        let conn = DataConn::connect_with(addr, timeout, Some(revoked_caps), None).await?;
+        Some(matches!(
+            conn.append(1, lengths[1], data.clone()).await,
+            Err(cairn_client::DataError::Status {
+                status: cairn_proto::frame::Status::Unauthorized,
+                ..
+            })
+        ))
+    } else {
+        None
+    };
     let _ = stop_tx.send(());
     let _ = server.await;
     let med = |v: &[Slice]| Slice {
@@ -217,7 +257,39 @@ async fn measure(a: &Args, path: &std::path::Path) -> anyhow::Result<Report> {
         off,
         errors,
         canary_refused,
+        revoked_held,
+        revoked_canary_refused,
     })
+}
+
+/// The holder the bench's capabilities name.
+const HOLDER: u64 = 0xbe_4c;
+
+/// Fills the server's revocation table with `n` chunk revocations (the bench's chunks
+/// 1..=`own` first, excepting its holder; then chunks no one uses) and `n` deleted users
+/// (holders 1..=n, none the bench's). Returns the entries held.
+fn revoke(cs: &Chunkserver, n: u64, own: u64) -> u64 {
+    use cairn_rpc::pb::{Revocation, revocation::Kind};
+    if n == 0 {
+        return 0;
+    }
+    let mut list: Vec<Revocation> = (1..=n)
+        .map(|i| Revocation {
+            kind: Kind::Chunk.into(),
+            generation: 2,
+            chunk_id: if i <= own { i } else { (1 << 40) + i },
+            except: HOLDER,
+            ..Default::default()
+        })
+        .collect();
+    list.extend((1..=n).map(|holder| Revocation {
+        kind: Kind::Holder.into(),
+        generation: 2,
+        holder,
+        ..Default::default()
+    }));
+    cs.add_revocations(&list, 1);
+    2 * n
 }
 
 /// The first chunk id of the depth-1 writers.

@@ -442,6 +442,12 @@ impl State {
                     )));
                 }
                 idx.users.remove(&key);
+                // Capabilities handed to the user stop working (revoke.rs).
+                let generation = self.revocations.next_generation();
+                self.revocations.add(super::revoke::Record::Holder {
+                    holder: cairn_proto::cap::holder_of(name),
+                    generation,
+                });
                 Ok(OpReply::Done)
             }
             ObjectOp::AddUserCert { name, fingerprint } => {

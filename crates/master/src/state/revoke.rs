@@ -1,0 +1,181 @@
+//! Revoking capabilities when rights are taken away (docs/security.md, "Revocation").
+//!
+//! The state counts the permission changes that can take rights away — a `chmod` that
+//! clears bits, a `chown`, a user's deletion — as its permission generation, and every
+//! capability carries the generation it was signed from. Each such change adds a record:
+//! capabilities of an older generation stop working on the file's chunks (except its new
+//! owner's), or everywhere for a deleted user. Chunkservers learn the records from heartbeat
+//! replies (`caps::revocations_pb`) and check each capability against them, so what a
+//! change took away stops working at the next heartbeat, not when the capability expires.
+//!
+//! The records are replicated (every master sends the same ones after a failover) and
+//! numbered; a chunkserver sends back the number of the last one it holds. The leader
+//! proposes [`super::Command::PruneRevocations`] for records older than every capability
+//! they revoke ([`cairn_proto::cap::REVOCATION_KEEP`], by its own clock since it applied
+//! them). Past [`MAX_RECORDS`] the records are replaced by one that revokes every user's
+//! capabilities: the clients look their chunks up again, and the table stays bounded.
+
+use super::InodeId;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// Records held at most; past it they collapse into one for every user.
+pub const MAX_RECORDS: usize = 10_000;
+
+/// What one record revokes: capabilities of a generation below `generation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Record {
+    /// On every chunk of a file, except those of the holder `except` (0: no one).
+    File {
+        inode: InodeId,
+        generation: u64,
+        except: u64,
+    },
+    /// A deleted user's, everywhere.
+    Holder { holder: u64, generation: u64 },
+    /// Every user's, everywhere.
+    All { generation: u64 },
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Revocations {
+    /// Permission changes applied: signed into every capability.
+    generation: u64,
+    /// Sequence number of the last record added (records are numbered from 1).
+    last_seq: u64,
+    records: BTreeMap<u64, Record>,
+    /// When this master applied each record (its own clock; a snapshot loaded counts as
+    /// now): what the leader prunes by.
+    #[serde(skip)]
+    applied: BTreeMap<u64, Instant>,
+}
+
+impl PartialEq for Revocations {
+    fn eq(&self, o: &Self) -> bool {
+        (self.generation, self.last_seq, &self.records) == (o.generation, o.last_seq, &o.records)
+    }
+}
+
+impl Revocations {
+    pub fn is_empty(&self) -> bool {
+        self.generation == 0 && self.records.is_empty()
+    }
+
+    /// The generation capabilities are signed with now.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Starts a change: the generation its records revoke below.
+    pub fn next_generation(&mut self) -> u64 {
+        self.generation += 1;
+        self.generation
+    }
+
+    /// Adds `r` (of the generation [`Revocations::next_generation`] gave).
+    pub fn add(&mut self, r: Record) {
+        if self.records.len() >= MAX_RECORDS {
+            self.records.clear();
+            self.applied.clear();
+            // The current generation: it revokes everything `r` would.
+            let generation = self.generation;
+            self.push(Record::All { generation });
+            return;
+        }
+        self.push(r);
+    }
+
+    fn push(&mut self, r: Record) {
+        self.last_seq += 1;
+        self.records.insert(self.last_seq, r);
+        self.applied.insert(self.last_seq, Instant::now());
+    }
+
+    /// The records after `seen`, in order (all of them if `seen` is past the last: the
+    /// server held another cluster's, or this one's from before a restore).
+    pub fn after(&self, seen: u64) -> impl Iterator<Item = (u64, &Record)> {
+        let from = if seen > self.last_seq { 0 } else { seen };
+        self.records.range(from + 1..).map(|(seq, r)| (*seq, r))
+    }
+
+    /// The last record applied at least `keep` before `now`: every record up to it can go.
+    pub fn prunable(&self, now: Instant, keep: std::time::Duration) -> Option<u64> {
+        self.records
+            .keys()
+            .take_while(|seq| {
+                self.applied
+                    .get(seq)
+                    .is_some_and(|t| now.saturating_duration_since(*t) > keep)
+            })
+            .last()
+            .copied()
+    }
+
+    /// Drops the records up to `upto`.
+    pub fn prune(&mut self, upto: u64) {
+        self.records.retain(|seq, _| *seq > upto);
+        self.applied.retain(|seq, _| *seq > upto);
+    }
+
+    /// After a snapshot is loaded: every record counts as applied now.
+    pub fn rebuild(&mut self) {
+        let now = Instant::now();
+        self.applied = self.records.keys().map(|seq| (*seq, now)).collect();
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_numbered_bounded_and_pruned_by_age() {
+        let mut r = Revocations::default();
+        let g = r.next_generation();
+        r.add(Record::File {
+            inode: 5,
+            generation: g,
+            except: 9,
+        });
+        let g = r.next_generation();
+        r.add(Record::Holder {
+            holder: 3,
+            generation: g,
+        });
+        assert_eq!(r.after(0).map(|(s, _)| s).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(r.after(1).map(|(s, _)| s).collect::<Vec<_>>(), [2]);
+        assert_eq!(r.after(2).count(), 0);
+        // A server that holds a later number than the cluster has gets everything.
+        assert_eq!(r.after(7).count(), 2);
+        // Nothing is prunable before its time; all of it after.
+        let keep = std::time::Duration::from_secs(60);
+        assert_eq!(r.prunable(Instant::now(), keep), None);
+        let later = Instant::now() + keep * 2;
+        assert_eq!(r.prunable(later, keep), Some(2));
+        r.prune(1);
+        assert_eq!(r.after(0).map(|(s, _)| s).collect::<Vec<_>>(), [2]);
+        // Past the bound, one record for every user replaces them.
+        for i in 0..MAX_RECORDS as u64 + 5 {
+            let generation = r.next_generation();
+            r.add(Record::File {
+                inode: i,
+                generation,
+                except: 0,
+            });
+        }
+        assert!(r.len() <= MAX_RECORDS);
+        assert!(
+            r.after(0)
+                .any(|(_, rec)| matches!(rec, Record::All { generation } if *generation > 10_000))
+        );
+    }
+}
