@@ -752,6 +752,21 @@ async fn users_are_authenticated_and_permission_bits_hold() {
         .insert(cairn_rpc::auth::USER_AUTH_METADATA, header);
     let e = raw.delete(other).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+    // A call changed in flight (same method, same proof, another body: as an attacker in
+    // the path without TLS would) is refused; the body signed goes through.
+    let set = |mode: u32| pb::SetAttrRequest {
+        path: "/home/alice/notes".into(),
+        mode: Some(mode),
+        owner: None,
+    };
+    let signed = as_user(&alice_keys).sign(set(0o640), "SetAttr");
+    let mut changed = tonic::Request::new(set(0o666));
+    *changed.metadata_mut() = signed.metadata().clone();
+    let e = raw.set_attr(changed).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+    assert!(e.message().contains("body changed"), "{e}");
+    raw.set_attr(signed).await.unwrap();
+    assert_eq!(alice.stat("/home/alice/notes").await.unwrap().mode, 0o640);
     // Everything alice wrote is there.
     assert_eq!(
         root.read("/home/alice/notes", 0, data.len()).await.unwrap(),

@@ -161,7 +161,9 @@ pub async fn serve(
     if let Some((server_tls, _)) = tls {
         builder = builder.tls_config(server_tls)?;
     }
+    // Every call's body is read and digested first: proofs sign it (cairn_rpc::auth).
     let result = builder
+        .layer(cairn_rpc::auth::DigestLayer)
         .add_service(MetaServer::new(meta))
         .add_service(RaftServer::new(RaftService {
             raft: raft.clone(),

@@ -391,15 +391,18 @@ impl Inner {
 
     /// Who sent a call of `method` (cairn_rpc::auth), as a gRPC status when no one valid.
     fn who<T>(&self, req: &Request<T>, method: &str) -> Result<Principal, Status> {
-        let r = self.auth.check(req.metadata(), method, now_ms(), |key| {
-            let a = self.sm.lock();
-            let u = a.state.objects().user(key)?;
-            Some(UserKey {
-                name: u.name.clone(),
-                secret_key: self.open_secret(u)?,
-                admin: u.admin,
-            })
-        });
+        let body = req.extensions().get::<cairn_rpc::auth::BodyDigest>();
+        let r = self
+            .auth
+            .check(req.metadata(), (method, body), now_ms(), |key| {
+                let a = self.sm.lock();
+                let u = a.state.objects().user(key)?;
+                Some(UserKey {
+                    name: u.name.clone(),
+                    secret_key: self.open_secret(u)?,
+                    admin: u.admin,
+                })
+            });
         r.map_err(|e| {
             // A follower may not know a user created a moment ago: send the caller to the
             // leader rather than refuse it.

@@ -5,13 +5,17 @@
 //! and a secret key (the same keys the S3 gateway checks), kept by the masters. Each call
 //! carries gRPC metadata — [`AUTH_METADATA`] for servers, [`USER_AUTH_METADATA`] for users —
 //! `WHO.TIME_MS.NONCE.MAC`: who it is, when it sent the call, a random nonce, and
-//! HMAC-SHA256 under the secret of the call's name, who, when and the nonce. A master with a
-//! secret refuses a call without a valid proof, one sent more than [`MAX_SKEW_MS`] from its own
-//! clock, or one it accepted before (a replay), with `Unauthenticated`. Secrets never cross the
-//! network.
+//! HMAC-SHA256 under the secret of the call's name, who, when, the nonce and the SHA-256 of
+//! the call's body (its gRPC frame as sent: [`body_digest`]). A master with a secret refuses a
+//! call without a valid proof, one sent more than [`MAX_SKEW_MS`] from its own clock, one
+//! whose body is not the one signed, or one it accepted before (a replay), with
+//! `Unauthenticated`. Secrets never cross the network.
 //!
-//! What it does not do: hide the traffic or bind the call's body to the proof — an attacker
-//! who can change packets in flight can change a call; TLS is the answer to that.
+//! The client's [`Signed`] channel reads each call's body before it sends it, to sign it; the
+//! masters' [`DigestLayer`] reads it before the call is decoded and leaves its digest in the
+//! request's extensions ([`BodyDigest`]), at most [`MAX_BODY`] bytes.
+//!
+//! What it does not do: hide the traffic — TLS is the answer to that.
 
 use crate::{ErrorKind, MetaError};
 use hmac::{Hmac, KeyInit, Mac};
@@ -26,6 +30,28 @@ pub const USER_AUTH_METADATA: &str = "cairn-user-auth";
 pub const MAX_SKEW_MS: u64 = 120_000;
 /// Bytes of a cluster secret.
 pub const SECRET_BYTES: usize = 32;
+/// The largest call body the masters read (tonic's default largest message, 4 MiB, and its
+/// frame prefix): a larger one is refused before it is buffered further.
+pub const MAX_BODY: usize = (4 << 20) + 5;
+
+/// The SHA-256 of a call's body as sent (a request extension the masters' [`DigestLayer`]
+/// sets; [`Verifier::check`] binds the proof to it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyDigest(pub [u8; 32]);
+
+/// The digest of the body tonic sends for `msg` in a unary call: one uncompressed gRPC
+/// frame, a zero flag byte, the length as a big-endian u32, the protobuf encoding.
+pub fn body_digest<T: prost::Message>(msg: &T) -> BodyDigest {
+    use sha2::Digest;
+    let bytes = msg.encode_to_vec();
+    let mut h = Sha256::new();
+    h.update([0u8]);
+    // gRPC's frame prefix is big-endian (the one place Cairn writes one).
+    #[allow(clippy::big_endian_bytes)]
+    h.update(u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
+    h.update(&bytes);
+    BodyDigest(h.finalize().into())
+}
 
 /// The cluster secret. `Debug` never prints it.
 #[derive(Clone, PartialEq, Eq)]
@@ -120,18 +146,32 @@ impl ClusterSecret {
     }
 }
 
+/// What a proof signs besides its key: the call's name and body.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    method: &'a str,
+    body: &'a BodyDigest,
+}
+
 /// The MAC of a call's proof: HMAC-SHA256 under `key` of the proof's kind, the call's name,
-/// who sends it, when and its nonce.
-fn mac(key: &[u8], kind: &str, method: &str, who: &str, at_ms: u64, nonce: u64) -> Hmac<Sha256> {
+/// who sends it, when, its nonce and its body's digest.
+fn mac(key: &[u8], kind: &str, call: Call<'_>, who: &str, at_ms: u64, nonce: u64) -> Hmac<Sha256> {
     let mut m =
         <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes keys of any length");
-    m.update(format!("cairn-auth v2\n{kind}\n{method}\n{who}\n{at_ms}\n{nonce:016x}").as_bytes());
+    m.update(
+        format!(
+            "cairn-auth v3\n{kind}\n{}\n{who}\n{at_ms}\n{nonce:016x}\n{}",
+            call.method,
+            hex(&call.body.0)
+        )
+        .as_bytes(),
+    );
     m
 }
 
 /// A proof: `WHO.TIME_MS.NONCE.MAC`, NONCE 16 and MAC 64 hex digits.
-fn proof(key: &[u8], kind: &str, method: &str, who: &str, at_ms: u64, nonce: u64) -> String {
-    let tag = mac(key, kind, method, who, at_ms, nonce)
+fn proof(key: &[u8], kind: &str, call: Call<'_>, who: &str, at_ms: u64, nonce: u64) -> String {
+    let tag = mac(key, kind, call, who, at_ms, nonce)
         .finalize()
         .into_bytes();
     format!("{who}.{at_ms}.{nonce:016x}.{}", hex(&tag))
@@ -178,8 +218,8 @@ impl<'a> Proof<'a> {
         })
     }
 
-    fn verify(&self, key: &[u8], kind: &str, method: &str) -> bool {
-        mac(key, kind, method, self.who, self.at_ms, self.nonce)
+    fn verify(&self, key: &[u8], kind: &str, call: Call<'_>) -> bool {
+        mac(key, kind, call, self.who, self.at_ms, self.nonce)
             .verify_slice(&self.tag)
             .is_ok()
     }
@@ -208,13 +248,15 @@ impl std::fmt::Debug for Credential {
 }
 
 impl Credential {
-    /// The metadata entry proving this credential for a call of `method` now.
-    pub fn header(&self, method: &str) -> (&'static str, String) {
+    /// The metadata entry proving this credential for a call of `method` with a body of
+    /// digest `body`, now.
+    pub fn header(&self, method: &str, body: &BodyDigest) -> (&'static str, String) {
         let nonce = rand::random::<u64>();
+        let call = Call { method, body };
         match self {
             Self::Server { secret, who } => (
                 AUTH_METADATA,
-                proof(secret.key(), "server", method, who, now_ms(), nonce),
+                proof(secret.key(), "server", call, who, now_ms(), nonce),
             ),
             Self::User {
                 access_key,
@@ -224,7 +266,7 @@ impl Credential {
                 proof(
                     secret_key.as_bytes(),
                     "user",
-                    method,
+                    call,
                     access_key,
                     now_ms(),
                     nonce,
@@ -233,10 +275,10 @@ impl Credential {
         }
     }
 
-    /// `req` with this credential's proof for `method`.
-    pub fn sign<T>(&self, req: T, method: &str) -> tonic::Request<T> {
+    /// `req` with this credential's proof for `method` (and `req` as its body).
+    pub fn sign<T: prost::Message>(&self, req: T, method: &str) -> tonic::Request<T> {
+        let (k, v) = self.header(method, &body_digest(&req));
         let mut r = tonic::Request::new(req);
-        let (k, v) = self.header(method);
         r.metadata_mut()
             .insert(k, v.parse().expect("a proof is ASCII without spaces"));
         r
@@ -337,8 +379,81 @@ type HttpRequest = http::Request<tonic::body::Body>;
 
 impl tower_service::Service<HttpRequest> for Signed {
     type Response = <tonic::transport::Channel as tower_service::Service<HttpRequest>>::Response;
-    type Error = <tonic::transport::Channel as tower_service::Service<HttpRequest>>::Error;
-    type Future = <tonic::transport::Channel as tower_service::Service<HttpRequest>>::Future;
+    type Error = tonic::codegen::StdError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: HttpRequest) -> Self::Future {
+        // The channel made ready is the one that sends; a clone takes its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let Some(c) = self.cred.clone() else {
+            return Box::pin(async move { inner.call(req).await.map_err(Into::into) });
+        };
+        Box::pin(async move {
+            use http_body_util::BodyExt;
+            let (mut parts, body) = req.into_parts();
+            let bytes = body.collect().await?.to_bytes();
+            let method = parts.uri.path().rsplit('/').next().unwrap_or_default();
+            let (k, v) = c.header(method, &digest(&bytes));
+            parts.headers.insert(k, http::HeaderValue::from_str(&v)?);
+            let req = HttpRequest::from_parts(parts, tonic::body::Body::new(full(bytes)));
+            inner.call(req).await.map_err(Into::into)
+        })
+    }
+}
+
+fn digest(bytes: &[u8]) -> BodyDigest {
+    use sha2::Digest;
+    BodyDigest(Sha256::digest(bytes).into())
+}
+
+fn full(
+    bytes: bytes::Bytes,
+) -> http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, tonic::Status> {
+    use http_body_util::BodyExt;
+    http_body_util::Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// The masters' side of [`Signed`]: reads each call's body (at most [`MAX_BODY`] bytes; a
+/// larger one is refused with `RESOURCE_EXHAUSTED`), and leaves its [`BodyDigest`] in the
+/// request's extensions for [`Verifier::check`].
+#[derive(Clone, Copy, Default)]
+pub struct DigestLayer;
+
+impl<S> tower_layer::Layer<S> for DigestLayer {
+    type Service = Digested<S>;
+    fn layer(&self, inner: S) -> Digested<S> {
+        Digested { inner }
+    }
+}
+
+#[derive(Clone)]
+pub struct Digested<S> {
+    inner: S,
+}
+
+type HttpResponse = http::Response<tonic::body::Body>;
+
+impl<S> tower_service::Service<HttpRequest> for Digested<S>
+where
+    S: tower_service::Service<HttpRequest, Response = HttpResponse> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = HttpResponse;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<HttpResponse, S::Error>> + Send>>;
 
     fn poll_ready(
         &mut self,
@@ -347,15 +462,33 @@ impl tower_service::Service<HttpRequest> for Signed {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: HttpRequest) -> Self::Future {
-        if let Some(c) = &self.cred {
-            let method = req.uri().path().rsplit('/').next().unwrap_or_default();
-            let (k, v) = c.header(method);
-            if let Ok(v) = http::HeaderValue::from_str(&v) {
-                req.headers_mut().insert(k, v);
-            }
-        }
-        self.inner.call(req)
+    fn call(&mut self, req: HttpRequest) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            use http_body_util::BodyExt;
+            let (mut parts, body) = req.into_parts();
+            let bytes = match http_body_util::Limited::new(body, MAX_BODY).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => {
+                    let status = if e.is::<http_body_util::LengthLimitError>() {
+                        tonic::Status::resource_exhausted(format!(
+                            "a call body over {MAX_BODY} bytes"
+                        ))
+                    } else {
+                        tonic::Status::cancelled(format!("reading the call's body: {e}"))
+                    };
+                    return Ok(status.into_http());
+                }
+            };
+            parts.extensions.insert(digest(&bytes));
+            inner
+                .call(HttpRequest::from_parts(
+                    parts,
+                    tonic::body::Body::new(full(bytes)),
+                ))
+                .await
+        })
     }
 }
 
@@ -465,23 +598,28 @@ impl Verifier {
         self.secret.as_ref()
     }
 
-    /// Who sent a call of `method` with `meta`; `user` finds a user by access key.
+    /// Who sent a call of `method` with `meta` and a body of digest `body` (the
+    /// [`DigestLayer`]'s; `None`: it did not run); `user` finds a user by access key.
     ///
     /// # Errors
-    /// `Unauthenticated`: no proof, a malformed or wrong one, an unknown access key, a time
-    /// more than [`MAX_SKEW_MS`] from `now_ms`, or a proof seen before.
+    /// `Unauthenticated`: no proof, a malformed or wrong one (another body than the one
+    /// signed among the reasons), an unknown access key, a time more than [`MAX_SKEW_MS`] from
+    /// `now_ms`, or a proof seen before.
     pub fn check(
         &self,
         meta: &tonic::metadata::MetadataMap,
-        method: &str,
+        call: (&str, Option<&BodyDigest>),
         now_ms: u64,
         user: impl FnOnce(&str) -> Option<UserKey>,
     ) -> Result<Principal, MetaError> {
         let Some(secret) = &self.secret else {
             return Ok(Principal::Open);
         };
+        let (method, body) = call;
         let refuse =
             |why: &str| MetaError::new(ErrorKind::Unauthenticated, format!("{method}: {why}"));
+        let body = body.ok_or_else(|| refuse("the call's body was not read (no digest layer)"))?;
+        let call = Call { method, body };
         let get = |k: &str| -> Result<Option<&str>, MetaError> {
             meta.get(k)
                 .map(|v| v.to_str().map_err(|_| refuse("a malformed proof")))
@@ -489,17 +627,19 @@ impl Verifier {
         };
         let (principal, p) = if let Some(v) = get(AUTH_METADATA)? {
             let p = Proof::parse(v).ok_or_else(|| refuse("a malformed proof"))?;
-            if !p.verify(secret.key(), "server", method) {
+            if !p.verify(secret.key(), "server", call) {
                 return Err(refuse(
-                    "a wrong proof of the cluster secret: another cluster's secret, or none",
+                    "a wrong proof of the cluster secret: another cluster's secret or none, or a body changed on the way",
                 ));
             }
             (Principal::Server(p.who.to_owned()), p)
         } else if let Some(v) = get(USER_AUTH_METADATA)? {
             let p = Proof::parse(v).ok_or_else(|| refuse("a malformed proof"))?;
             let u = user(p.who).ok_or_else(|| refuse("an unknown access key"))?;
-            if !p.verify(u.secret_key.as_bytes(), "user", method) {
-                return Err(refuse("a wrong signature: check the secret key"));
+            if !p.verify(u.secret_key.as_bytes(), "user", call) {
+                return Err(refuse(
+                    "a wrong signature: check the secret key (or a body changed on the way)",
+                ));
             }
             (
                 Principal::User {
@@ -534,7 +674,8 @@ impl Verifier {
         req: &tonic::Request<T>,
         method: &str,
     ) -> Result<Principal, MetaError> {
-        let p = self.check(req.metadata(), method, now_ms(), |_| None)?;
+        let body = req.extensions().get::<BodyDigest>();
+        let p = self.check(req.metadata(), (method, body), now_ms(), |_| None)?;
         p.require_server(method)?;
         Ok(p)
     }
@@ -571,7 +712,7 @@ mod tests {
         let s = ClusterSecret::generate();
         let v = Verifier::new(Some(s.clone()));
         let check = |v: &Verifier, r: &tonic::Request<()>, m: &str, at: u64| {
-            v.check(r.metadata(), m, at, users)
+            v.check(r.metadata(), (m, Some(&body_digest(&()))), at, users)
         };
         let kind = |r: Result<Principal, MetaError>| r.unwrap_err().kind;
         let r = server(&s).sign((), "Heartbeat");
@@ -636,6 +777,30 @@ mod tests {
             kind(check(&v, &renamed, "Heartbeat", now_ms())),
             ErrorKind::Unauthenticated
         );
+        // The body is covered: another body, or none read, is refused.
+        let r = server(&s).sign(7u32, "Heartbeat");
+        let e = v
+            .check(
+                r.metadata(),
+                ("Heartbeat", Some(&body_digest(&8u32))),
+                now_ms(),
+                users,
+            )
+            .unwrap_err();
+        assert!(e.message.contains("body changed"), "{e}");
+        assert_eq!(
+            kind(v.check(r.metadata(), ("Heartbeat", None), now_ms(), users)),
+            ErrorKind::Unauthenticated
+        );
+        assert!(
+            v.check(
+                r.metadata(),
+                ("Heartbeat", Some(&body_digest(&7u32))),
+                now_ms(),
+                users
+            )
+            .is_ok()
+        );
         assert_eq!(format!("{s:?}"), "ClusterSecret(..)");
         // Without a secret the master is open.
         assert_eq!(
@@ -648,7 +813,14 @@ mod tests {
     fn users_prove_their_secret_key() {
         let v = Verifier::new(Some(ClusterSecret::generate()));
         let r = alice().sign((), "Stat");
-        let p = v.check(r.metadata(), "Stat", now_ms(), users).unwrap();
+        let p = v
+            .check(
+                r.metadata(),
+                ("Stat", Some(&body_digest(&()))),
+                now_ms(),
+                users,
+            )
+            .unwrap();
         assert_eq!(
             p,
             Principal::User {
@@ -678,9 +850,14 @@ mod tests {
         ] {
             let r = c.sign((), "Stat");
             assert_eq!(
-                v.check(r.metadata(), "Stat", now_ms(), users)
-                    .unwrap_err()
-                    .kind,
+                v.check(
+                    r.metadata(),
+                    ("Stat", Some(&body_digest(&()))),
+                    now_ms(),
+                    users
+                )
+                .unwrap_err()
+                .kind,
                 ErrorKind::Unauthenticated
             );
         }
@@ -690,9 +867,14 @@ mod tests {
         let mut as_server = tonic::Request::new(());
         as_server.metadata_mut().insert(AUTH_METADATA, proof);
         assert_eq!(
-            v.check(as_server.metadata(), "Heartbeat", now_ms(), users)
-                .unwrap_err()
-                .kind,
+            v.check(
+                as_server.metadata(),
+                ("Heartbeat", Some(&body_digest(&()))),
+                now_ms(),
+                users
+            )
+            .unwrap_err()
+            .kind,
             ErrorKind::Unauthenticated
         );
     }

@@ -222,7 +222,7 @@ async fn measure(a: &Args, path: &std::path::Path) -> anyhow::Result<Report> {
                 epoch: 0,
                 expires_secs: expires,
                 generation: 1,
-                holder: 1,
+                holder: REVOKED_HOLDER,
             },
         );
         let revoked_caps = Arc::new(Caps::default());
@@ -264,10 +264,12 @@ async fn measure(a: &Args, path: &std::path::Path) -> anyhow::Result<Report> {
 
 /// The holder the bench's capabilities name.
 const HOLDER: u64 = 0xbe_4c;
+/// A deleted user's holder (the canary's).
+const REVOKED_HOLDER: u64 = 1;
 
 /// Fills the server's revocation table with `n` chunk revocations (the bench's chunks
 /// 1..=`own` first, excepting its holder; then chunks no one uses) and `n` deleted users
-/// (holders 1..=n, none the bench's). Returns the entries held.
+/// (the canary's [`REVOKED_HOLDER`] and others, none the bench's). Returns the entries held.
 fn revoke(cs: &Chunkserver, n: u64, own: u64) -> u64 {
     use cairn_rpc::pb::{Revocation, revocation::Kind};
     if n == 0 {
@@ -282,10 +284,14 @@ fn revoke(cs: &Chunkserver, n: u64, own: u64) -> u64 {
             ..Default::default()
         })
         .collect();
-    list.extend((1..=n).map(|holder| Revocation {
+    list.extend((1..=n).map(|i| Revocation {
         kind: Kind::Holder.into(),
         generation: 2,
-        holder,
+        holder: if i == 1 {
+            REVOKED_HOLDER
+        } else {
+            (1 << 40) + i
+        },
         ..Default::default()
     }));
     cs.add_revocations(&list, 1);
