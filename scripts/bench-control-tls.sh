@@ -7,9 +7,13 @@
 # /proc/PID/stat utime+stime) and the bench client (/usr/bin/time). Prints CSV rows and the
 # median ratio TLS / plain. Each cluster is stopped and its directory deleted after its run.
 # Usage: scripts/bench-control-tls.sh [ROUNDS]   (CAIRN=path/to/release/cairn)
+# With CAIRN_B=path/to/another/cairn the A/B is two builds instead, both on their default
+# (TLS): A = CAIRN (reported in the "tls" columns), B = CAIRN_B (in the "plain" columns).
 set -euo pipefail
 ROUNDS=${1:-3}
 CAIRN=$(readlink -f "${CAIRN:-target/release/cairn}")
+CAIRN_B=${CAIRN_B:+$(readlink -f "$CAIRN_B")}
+BIN=$CAIRN
 DEPTH=${DEPTH:-16}
 SECONDS_RUN=${SECONDS_RUN:-6}
 SCRATCH=${SCRATCH:-/tmp/bench-control-tls.$$}
@@ -29,7 +33,7 @@ cluster_cpu() { # seconds of CPU of the children of $UP_PID
 run() { # flags -> "creates_per_sec cpu_us_per_create"
     local dir="$SCRATCH/c" out
     rm -rf "$dir"; mkdir -p "$dir"
-    (cd "$dir" && exec "$CAIRN" up --chunkservers 3 --disk-size 2g --no-s3 --no-nbd "$@" \
+    (cd "$dir" && exec "$BIN" up --chunkservers 3 --disk-size 2g --no-s3 --no-nbd "$@" \
         >"$SCRATCH/up.log" 2>&1) &
     UP_PID=$!
     for _ in $(seq 1 300); do
@@ -37,10 +41,10 @@ run() { # flags -> "creates_per_sec cpu_us_per_create"
         sleep 0.2
     done
     grep -q "ready" "$SCRATCH/up.log" || { cat "$SCRATCH/up.log" >&2; exit 1; }
-    (cd "$dir" && "$CAIRN" bench create --depth "$DEPTH" --seconds 2 --json >/dev/null)
+    (cd "$dir" && "$BIN" bench create --depth "$DEPTH" --seconds 2 --json >/dev/null)
     local c0 c1
     c0=$(cluster_cpu)
-    out=$(cd "$dir" && /usr/bin/time -f "CPU %U %S" "$CAIRN" bench create --depth "$DEPTH" \
+    out=$(cd "$dir" && /usr/bin/time -f "CPU %U %S" "$BIN" bench create --depth "$DEPTH" \
         --seconds "$SECONDS_RUN" --json 2>&1)
     c1=$(cluster_cpu)
     kill "$UP_PID"; wait "$UP_PID" 2>/dev/null || true; UP_PID=
@@ -57,11 +61,12 @@ print(round(r['ops_per_s']), round(cpu / max(n, 1) * 1e6))"
 echo "round,tls_creates_per_sec,tls_cpu_us_per_create,plain_creates_per_sec,plain_cpu_us_per_create,ratio_creates,ratio_cpu"
 rows=()
 for r in $(seq 1 "$ROUNDS"); do
-    t=$(run); p=$(run --no-tls)
+    BIN=$CAIRN; t=$(run)
+    if [ -n "$CAIRN_B" ]; then BIN=$CAIRN_B; p=$(run); else p=$(run --no-tls); fi
     row="$r,${t% *},${t#* },${p% *},${p#* },$(python3 -c "print(round(${t% *}/max(${p% *},1),3), round(${t#* }/max(${p#* },1),3), sep=',')")"
     echo "$row"; rows+=("$row")
 done
 printf '%s\n' "${rows[@]}" | python3 -c '
 import sys, statistics
 f = [l.strip().split(",") for l in sys.stdin]
-print(f"median ratio TLS/plain creates/s: {statistics.median(float(x[5]) for x in f):.3f}, CPU per create: {statistics.median(float(x[6]) for x in f):.3f} over {len(f)} rounds")'
+print(f"median ratio A/B (TLS/plain, or CAIRN/CAIRN_B) creates/s: {statistics.median(float(x[5]) for x in f):.3f}, CPU per create: {statistics.median(float(x[6]) for x in f):.3f} over {len(f)} rounds")'
