@@ -1,9 +1,12 @@
 //! The masters' check of a call's proof (`cairn_rpc::auth::Verifier::check`) on arbitrary
 //! metadata values, as a server's and as a user's: never panics, never accepts a proof that
 //! was not made with the secret (a forged MAC is 2^-256), and a proof the fuzzer makes valid
-//! (the input's tail signed for real) is accepted once and refused as a replay.
+//! (the input's tail signed for real, as the call's name and its body) is refused with another
+//! body, accepted once with its own and then refused as a replay.
 #![no_main]
-use cairn_rpc::auth::{AUTH_METADATA, ClusterSecret, Credential, USER_AUTH_METADATA, UserKey, Verifier};
+use cairn_rpc::auth::{
+    AUTH_METADATA, ClusterSecret, Credential, USER_AUTH_METADATA, UserKey, Verifier, body_digest,
+};
 use libfuzzer_sys::fuzz_target;
 
 fn users(k: &str) -> Option<UserKey> {
@@ -22,7 +25,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(value) = text.parse() {
         let mut meta = tonic::metadata::MetadataMap::new();
         meta.insert(key, value);
-        assert!(v.check(&meta, "Stat", now, users).is_err(), "a proof from nowhere was accepted");
+        let body = body_digest(&text.to_string());
+        assert!(
+            v.check(&meta, ("Stat", Some(&body)), now, users).is_err(),
+            "a proof from nowhere was accepted"
+        );
     }
     // A real proof of a call named by the input: accepted once, then a replay.
     let method: String = text.chars().filter(char::is_ascii_alphanumeric).take(32).collect();
@@ -31,11 +38,15 @@ fuzz_target!(|data: &[u8]| {
     } else {
         Credential::User { access_key: "CKFUZZ".into(), secret_key: "fuzz-secret".into() }
     };
-    let r = cred.sign((), &method);
+    let body = text.to_string();
+    let r = cred.sign(body.clone(), &method);
+    let (signed, other) = (body_digest(&body), body_digest(&format!("{body}!")));
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
-    assert!(v.check(r.metadata(), &method, now, users).is_ok(), "a real proof was refused");
-    assert!(v.check(r.metadata(), &method, now, users).is_err(), "a replay was accepted");
+    let call = |d| (method.as_str(), Some(d));
+    assert!(v.check(r.metadata(), call(&other), now, users).is_err(), "another body was accepted");
+    assert!(v.check(r.metadata(), call(&signed), now, users).is_ok(), "a real proof was refused");
+    assert!(v.check(r.metadata(), call(&signed), now, users).is_err(), "a replay was accepted");
 });

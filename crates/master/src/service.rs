@@ -314,8 +314,6 @@ impl Inner {
         ))
     }
 
-    /// One leader pass of the conversion scan (crate::conversion): abandons conversions no
-    /// task runs, begins new ones and hands them out.
     /// The leader drops the capability revocations every capability they revoked has
     /// outlived (state/revoke.rs).
     async fn prune_revocations(&self) {
@@ -335,6 +333,8 @@ impl Inner {
         }
     }
 
+    /// One leader pass of the conversion scan (crate::conversion): abandons conversions no
+    /// task runs, begins new ones and hands them out.
     pub(crate) async fn scan_conversions(&self) {
         if self.leader_check().is_err() {
             return;
