@@ -15,7 +15,7 @@
 //! them). Past [`MAX_RECORDS`] the records are replaced by one that revokes every user's
 //! capabilities: the clients look their chunks up again, and the table stays bounded.
 
-use super::InodeId;
+use super::{InodeId, State};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -133,9 +133,56 @@ impl Revocations {
     }
 }
 
+impl State {
+    /// Revokes what a change to `id`'s mode or owner took away: capabilities of other
+    /// holders than its owner on a file's chunks; of every holder on the files below a
+    /// directory (its bits gate the way to them).
+    pub(super) fn revoke_below(&mut self, id: InodeId) {
+        let generation = self.revocations.next_generation();
+        let Some(ino) = self.inodes.get(&id) else {
+            return;
+        };
+        if ino.file().is_some() {
+            let except = if ino.owner.is_empty() {
+                0
+            } else {
+                cairn_proto::cap::holder_of(&ino.owner)
+            };
+            self.revocations.add(Record::File {
+                inode: id,
+                generation,
+                except,
+            });
+            return;
+        }
+        let mut dirs = vec![id];
+        while let Some(dir) = dirs.pop() {
+            let children: Vec<InodeId> = self
+                .dentries
+                .range((dir, String::new())..)
+                .take_while(|((p, _), _)| *p == dir)
+                .map(|(_, c)| *c)
+                .collect();
+            for c in children {
+                if self.inodes.get(&c).is_some_and(|i| i.file().is_some()) {
+                    self.revocations.add(Record::File {
+                        inode: c,
+                        generation,
+                        except: 0,
+                    });
+                } else {
+                    dirs.push(c);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::Command;
+    use crate::state::tests::create;
 
     #[test]
     fn records_are_numbered_bounded_and_pruned_by_age() {
@@ -177,5 +224,111 @@ mod tests {
             r.after(0)
                 .any(|(_, rec)| matches!(rec, Record::All { generation } if *generation > 10_000))
         );
+    }
+
+    /// A chmod that clears bits, a chown, a directory's chmod and a user's deletion add
+    /// revocations (revoke.rs) of the generation they start; a widening chmod adds none; the
+    /// records survive a snapshot and are pruned by number.
+    #[test]
+    fn narrowing_changes_revoke_and_widening_ones_do_not() {
+        let mut s = State::default();
+        s.apply(&Command::Mkdir {
+            path: "/d/e".into(),
+            mode: None,
+            parents: true,
+            now_ms: 1,
+            policy: None,
+        })
+        .unwrap();
+        create(&mut s, "/d/f", None, 1).unwrap();
+        create(&mut s, "/d/e/g", None, 1).unwrap();
+        let id = |s: &State, p: &str| s.lookup(p).unwrap().id;
+        let set = |s: &mut State, path: &str, mode: Option<u16>, owner: Option<&str>| {
+            s.apply(&Command::SetAttr {
+                path: path.into(),
+                mode,
+                owner: owner.map(Into::into),
+            })
+            .unwrap();
+        };
+        assert_eq!(s.revocations().generation(), 0);
+        set(&mut s, "/d/f", Some(0o755), None);
+        set(&mut s, "/d/f", Some(0o777), None);
+        assert_eq!(s.revocations().len(), 0, "nothing cleared");
+        set(&mut s, "/d/f", Some(0o700), None);
+        let f = id(&s, "/d/f");
+        let recs = |s: &State| {
+            s.revocations()
+                .after(0)
+                .map(|(_, r)| *r)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            recs(&s),
+            [Record::File {
+                inode: f,
+                generation: 1,
+                except: 0
+            }]
+        );
+        set(&mut s, "/d/f", None, Some("alice"));
+        assert_eq!(
+            recs(&s)[1],
+            Record::File {
+                inode: f,
+                generation: 2,
+                except: cairn_proto::cap::holder_of("alice")
+            }
+        );
+        // A directory: every file below, at any depth, no one excepted.
+        set(&mut s, "/d", Some(0o700), None);
+        let mut below: Vec<InodeId> = recs(&s)[2..]
+            .iter()
+            .map(|r| match *r {
+                Record::File {
+                    inode,
+                    generation: 3,
+                    except: 0,
+                } => inode,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        below.sort_unstable();
+        let mut want = vec![f, id(&s, "/d/e/g")];
+        want.sort_unstable();
+        assert_eq!(below, want);
+        // A deleted user: one record for the holder.
+        let user = cairn_rpc::object::User {
+            name: "bob".into(),
+            access_key: "CKBOB".into(),
+            secret_key: "s".into(),
+            created_ms: 1,
+            admin: false,
+            certs: Vec::new(),
+        };
+        s.apply(&Command::Object(Box::new(
+            cairn_rpc::object::ObjectOp::CreateUser { user },
+        )))
+        .unwrap();
+        s.apply(&Command::Object(Box::new(
+            cairn_rpc::object::ObjectOp::DeleteUser { name: "bob".into() },
+        )))
+        .unwrap();
+        assert_eq!(
+            recs(&s).last(),
+            Some(&Record::Holder {
+                holder: cairn_proto::cap::holder_of("bob"),
+                generation: 4
+            })
+        );
+        // A snapshot keeps them; pruning drops them by number.
+        let mut back: State = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+        back.rebuild();
+        assert_eq!(back.revocations(), s.revocations());
+        let last = s.revocations().last_seq();
+        s.apply(&Command::PruneRevocations { upto: last - 1 })
+            .unwrap();
+        assert_eq!(s.revocations().len(), 1);
+        assert_eq!(s.revocations().generation(), 4);
     }
 }
