@@ -9,6 +9,7 @@ mod bench;
 mod chunkserver;
 mod cluster;
 mod fs;
+mod limits;
 mod local;
 mod master;
 mod metrics;

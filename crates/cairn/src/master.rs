@@ -72,6 +72,8 @@ pub struct MasterArgs {
     /// Write no audit log.
     #[arg(long)]
     no_audit: bool,
+    #[command(flatten)]
+    connections: crate::limits::ConnectionArgs,
 }
 
 /// The secret in `path`; none only when the server runs `--insecure`.
@@ -151,6 +153,9 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
                     anyhow::anyhow!("cannot open the audit log in {}: {e}", dir.display())
                 })?
             },
+            connections: a
+                .connections
+                .apply(cairn_master::node::default_connection_limits()),
         };
         if let Some(m) = a.metrics_listen {
             crate::metrics::serve(m, "master").await?;

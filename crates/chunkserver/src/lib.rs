@@ -23,6 +23,7 @@ use cairn_proto::fault::FaultSpec;
 use cairn_proto::frame::{
     FLAG_SEAL_AT, FLAG_SEALED, FrameError, HEADER_BYTES, Header, Opcode, Status,
 };
+use cairn_rpc::admission::{Admission, LogBudget, Slot};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
@@ -92,46 +93,9 @@ impl Default for ServerOptions {
     }
 }
 
-/// Warnings about refused connections: at most [`LogBudget::LINES`] each
-/// [`LogBudget::WINDOW`], then one line saying how many were left out (a flood of strangers
-/// must not fill the log).
-#[derive(Default)]
-struct LogBudget {
-    inner: parking_lot::Mutex<(Option<std::time::Instant>, u32, u64)>,
-}
-
-impl LogBudget {
-    const LINES: u32 = 10;
-    const WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
-
-    /// Whether one more line may be written now.
-    fn allow(&self) -> bool {
-        let mut g = self.inner.lock();
-        let (since, used, dropped) = &mut *g;
-        let now = std::time::Instant::now();
-        if since.is_none_or(|t| now.duration_since(t) >= Self::WINDOW) {
-            if *dropped > 0 {
-                tracing::warn!(
-                    left_out = *dropped,
-                    "refused connections not logged one by one in the last window"
-                );
-            }
-            *g = (Some(now), 1, 0);
-            return true;
-        }
-        if *used < Self::LINES {
-            *used += 1;
-            true
-        } else {
-            *dropped += 1;
-            false
-        }
-    }
-}
-
 /// A chunkserver: its disks and its connection limits.
 pub struct Chunkserver {
-    /// Rate of the warnings about refused connections.
+    /// Rate of the warnings about refused TLS handshakes.
     refusals: LogBudget,
     disks: DiskSet,
     opts: ServerOptions,
@@ -148,82 +112,13 @@ pub struct Chunkserver {
     background: repair::Bucket,
     /// The keys capabilities are checked with, and the newest writer epoch seen per chunk.
     caps: caps::Checker,
-    /// Connections open now, in all and by peer address.
-    conns: parking_lot::Mutex<Conns>,
+    /// Connection slots, proven and unproven (docs/security.md "Resource limits").
+    conns: Arc<Admission>,
     /// Payload bytes held by all connections (`max_server_bytes`).
     server_bytes: Arc<Semaphore>,
     /// Whether capabilities are checked: `opts.require_capabilities`, switchable in process
     /// (`cairn bench caps` measures the checks A/B in one run; nothing on the network can).
     require_caps: std::sync::atomic::AtomicBool,
-}
-
-#[derive(Default)]
-struct Conns {
-    /// Proven connections (or every connection when capabilities are not required).
-    total: usize,
-    by_peer: std::collections::HashMap<std::net::IpAddr, usize>,
-    /// Connections that have not shown a valid capability yet.
-    unproven: usize,
-    unproven_by_peer: std::collections::HashMap<std::net::IpAddr, usize>,
-}
-
-fn take_one(m: &mut std::collections::HashMap<std::net::IpAddr, usize>, peer: std::net::IpAddr) {
-    if let std::collections::hash_map::Entry::Occupied(mut e) = m.entry(peer) {
-        *e.get_mut() -= 1;
-        if *e.get() == 0 {
-            e.remove();
-        }
-    }
-}
-
-/// A connection's place in [`Conns`], given back when it closes.
-struct ConnSlot {
-    cs: Arc<Chunkserver>,
-    peer: std::net::IpAddr,
-    /// Among the proven connections; else the unproven, until `deadline`.
-    proven: bool,
-    deadline: std::time::Instant,
-}
-
-impl ConnSlot {
-    /// Moves this connection among the proven ones (it showed a valid capability); `false`
-    /// when they are all taken (the caller closes it).
-    fn prove(&mut self) -> bool {
-        if self.proven {
-            return true;
-        }
-        let opts = &self.cs.opts;
-        let mut c = self.cs.conns.lock();
-        let from_peer = c.by_peer.get(&self.peer).copied().unwrap_or(0);
-        if c.total >= opts.max_connections || from_peer >= opts.max_connections_per_peer {
-            metrics::counter!("cairn_chunkserver_connections_refused_total", "limit" => "server")
-                .increment(1);
-            return false;
-        }
-        c.unproven -= 1;
-        take_one(&mut c.unproven_by_peer, self.peer);
-        c.total += 1;
-        *c.by_peer.entry(self.peer).or_default() += 1;
-        self.proven = true;
-        metrics::gauge!("cairn_chunkserver_connections").set(c.total as f64);
-        metrics::gauge!("cairn_chunkserver_connections_unproven").set(c.unproven as f64);
-        true
-    }
-}
-
-impl Drop for ConnSlot {
-    fn drop(&mut self) {
-        let mut c = self.cs.conns.lock();
-        if self.proven {
-            c.total -= 1;
-            take_one(&mut c.by_peer, self.peer);
-        } else {
-            c.unproven -= 1;
-            take_one(&mut c.unproven_by_peer, self.peer);
-        }
-        metrics::gauge!("cairn_chunkserver_connections").set(c.total as f64);
-        metrics::gauge!("cairn_chunkserver_connections_unproven").set(c.unproven as f64);
-    }
 }
 
 /// Background bandwidth until the masters set one (theirs is the same by default).
@@ -373,7 +268,22 @@ impl Chunkserver {
             corrupt: Default::default(),
             background: repair::Bucket::new(DEFAULT_BACKGROUND_BYTES_PER_SEC),
             caps: caps::Checker::default(),
-            conns: Default::default(),
+            conns: Admission::new(
+                cairn_rpc::admission::Limits {
+                    max_connections: opts.max_connections,
+                    max_connections_per_peer: opts.max_connections_per_peer,
+                    max_unproven: opts.max_unproven,
+                    max_unproven_per_peer: opts.max_unproven_per_peer,
+                    proof_timeout: opts.proof_timeout,
+                    // The frames watch their own sizes; Guarded is not used here.
+                    max_unproven_bytes: u64::MAX,
+                },
+                cairn_rpc::admission::Names {
+                    open: "cairn_chunkserver_connections",
+                    unproven: "cairn_chunkserver_connections_unproven",
+                    refused: "cairn_chunkserver_connections_refused_total",
+                },
+            ),
             server_bytes: Arc::new(Semaphore::new(opts.max_server_bytes)),
             require_caps: std::sync::atomic::AtomicBool::new(opts.require_capabilities),
             opts,
@@ -496,51 +406,9 @@ impl Chunkserver {
     }
 
     /// Takes a connection slot for `peer`, or refuses it (the caller drops the stream).
-    fn admit(self: &Arc<Self>, peer: SocketAddr) -> Option<ConnSlot> {
-        let opts = &self.opts;
-        let mut c = self.conns.lock();
+    fn admit(self: &Arc<Self>, peer: SocketAddr) -> Option<Slot> {
         let proven = !self.require_caps.load(std::sync::atomic::Ordering::Relaxed);
-        let (open, from_peer, why) = if proven {
-            let from_peer = c.by_peer.get(&peer.ip()).copied().unwrap_or(0);
-            let why = if c.total >= opts.max_connections {
-                "server"
-            } else if from_peer >= opts.max_connections_per_peer {
-                "peer"
-            } else {
-                c.total += 1;
-                *c.by_peer.entry(peer.ip()).or_default() += 1;
-                ""
-            };
-            (c.total, from_peer, why)
-        } else {
-            let from_peer = c.unproven_by_peer.get(&peer.ip()).copied().unwrap_or(0);
-            let why = if c.unproven >= opts.max_unproven {
-                "unproven"
-            } else if from_peer >= opts.max_unproven_per_peer {
-                "unproven_peer"
-            } else {
-                c.unproven += 1;
-                *c.unproven_by_peer.entry(peer.ip()).or_default() += 1;
-                ""
-            };
-            (c.unproven, from_peer, why)
-        };
-        if why.is_empty() {
-            metrics::gauge!("cairn_chunkserver_connections").set(c.total as f64);
-            metrics::gauge!("cairn_chunkserver_connections_unproven").set(c.unproven as f64);
-            return Some(ConnSlot {
-                cs: self.clone(),
-                peer: peer.ip(),
-                proven,
-                deadline: std::time::Instant::now() + opts.proof_timeout,
-            });
-        }
-        metrics::counter!("cairn_chunkserver_connections_refused_total", "limit" => why)
-            .increment(1);
-        if self.refusals.allow() {
-            tracing::warn!(%peer, limit = why, open, from_peer, "connection refused: too many connections");
-        }
-        None
+        self.conns.admit(peer, proven)
     }
 
     /// Serves an accepted connection: over TLS once its handshake completes when `tls` is
@@ -550,7 +418,7 @@ impl Chunkserver {
         stream: TcpStream,
         peer: SocketAddr,
         tls: Option<&cairn_rpc::tls::data::TlsAcceptor>,
-        slot: ConnSlot,
+        slot: Slot,
     ) {
         let _ = stream.set_nodelay(true);
         let Some(tls) = tls else {
@@ -561,11 +429,10 @@ impl Chunkserver {
         // a client that was not told this server speaks TLS.
         let mut first = [0u8; 1];
         // An unproven connection's handshake is within its time to prove itself.
-        let t = if slot.proven {
+        let t = if slot.is_proven() {
             self.opts.frame_timeout
         } else {
-            slot.deadline
-                .saturating_duration_since(std::time::Instant::now())
+            slot.time_left()
         };
         match tokio::time::timeout(t, stream.peek(&mut first)).await {
             Ok(Ok(1)) if first[0] == 22 => {}
@@ -608,7 +475,7 @@ impl Chunkserver {
         rd: impl AsyncRead + Unpin + Send,
         wr: impl AsyncWrite + Unpin + Send + 'static,
         peer: SocketAddr,
-        mut slot: ConnSlot,
+        mut slot: Slot,
     ) {
         // Frames are read through a buffer: one read takes a small request's header and
         // payload (and whatever follows them) in one system call. Payloads longer than the
@@ -647,7 +514,7 @@ impl Chunkserver {
         tx: &mpsc::UnboundedSender<Reply>,
         count: &Arc<Semaphore>,
         bytes: &Arc<Semaphore>,
-        slot: &mut ConnSlot,
+        slot: &mut Slot,
     ) -> Result<(), ConnError> {
         let (idle, frame) = (self.opts.idle_timeout, self.opts.frame_timeout);
         let timed =
@@ -655,16 +522,14 @@ impl Chunkserver {
         loop {
             let mut hb = [0u8; HEADER_BYTES];
             // Unproven: only until its deadline, whatever it sends meanwhile.
-            let wait = if slot.proven {
+            let wait = if slot.is_proven() {
                 idle
             } else {
-                slot.deadline
-                    .saturating_duration_since(std::time::Instant::now())
-                    .min(idle)
+                slot.time_left().min(idle)
             };
             let unproven = ConnError::Timeout("a valid capability", self.opts.proof_timeout);
             match tokio::time::timeout(wait, rd.read_exact(&mut hb[..1])).await {
-                Err(_) if !slot.proven => return Err(unproven),
+                Err(_) if !slot.is_proven() => return Err(unproven),
                 Err(_) => return Err(ConnError::Timeout("no request", idle)),
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
@@ -701,7 +566,7 @@ impl Chunkserver {
                     Some(cap)
                 }
                 Ok(None) => {
-                    if !slot.proven && std::time::Instant::now() >= slot.deadline {
+                    if !slot.is_proven() && std::time::Instant::now() >= slot.deadline() {
                         return Err(unproven);
                     }
                     None

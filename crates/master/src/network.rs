@@ -152,6 +152,8 @@ pub struct RaftService {
     /// Only masters that prove they hold the cluster secret may append, vote or install a
     /// snapshot.
     pub auth: Arc<cairn_rpc::auth::Verifier>,
+    /// Rate of the warnings about refused messages (a flood must not fill the log).
+    pub refusals: cairn_rpc::admission::LogBudget,
 }
 
 fn answer<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> Result<Vec<u8>, tonic::Status> {
@@ -170,9 +172,13 @@ impl pb::raft_server::Raft for RaftService {
         req: tonic::Request<pb::RaftMessage>,
     ) -> Result<tonic::Response<pb::RaftMessage>, tonic::Status> {
         if let Err(e) = self.auth.check_server(&req, "raft") {
-            tracing::warn!(error = %e, "raft message refused");
+            metrics::counter!("cairn_master_calls_refused_total", "method" => "Raft").increment(1);
+            if self.refusals.allow() {
+                tracing::warn!(error = %e, "raft message refused");
+            }
             return Err(tonic::Status::unauthenticated(e.message));
         }
+        crate::service::prove_connection(&req)?;
         let m = req.into_inner();
         let body = match m.kind {
             APPEND => answer(self.raft.append_entries(parse(&m.body)?).await)?,

@@ -40,7 +40,28 @@ pub struct MasterOptions {
     pub tls_dir: Option<PathBuf>,
     /// Where accepted mutating calls and refusals are recorded (docs/security.md "Audit").
     pub audit: cairn_rpc::audit::Audit,
+    /// Connection slots (docs/security.md "Resource limits"): a connection is proven by its
+    /// first call whose proof checks.
+    pub connections: cairn_rpc::admission::Limits,
 }
+
+/// The masters' connection limits by default: a first call may carry the largest body
+/// (`cairn_rpc::auth::MAX_BODY`) before its proof is checked, hence the byte budget.
+pub fn default_connection_limits() -> cairn_rpc::admission::Limits {
+    cairn_rpc::admission::Limits {
+        max_unproven: 256,
+        max_unproven_per_peer: 32,
+        max_unproven_bytes: 6 << 20,
+        ..Default::default()
+    }
+}
+
+/// The metric names of the masters' connection slots.
+const CONNECTION_METRICS: cairn_rpc::admission::Names = cairn_rpc::admission::Names {
+    open: "cairn_master_connections",
+    unproven: "cairn_master_connections_unproven",
+    refused: "cairn_master_connections_refused_total",
+};
 
 impl MasterOptions {
     pub fn single(data_dir: PathBuf, advertise: String) -> Self {
@@ -56,6 +77,7 @@ impl MasterOptions {
             cluster_secret: None,
             tls_dir: None,
             audit: cairn_rpc::audit::Audit::off(),
+            connections: default_connection_limits(),
         }
     }
 }
@@ -156,7 +178,11 @@ pub async fn serve(
             }
         })
     };
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    // Strangers get a small pool of slots and a short time (cairn_rpc::admission).
+    let incoming = cairn_rpc::admission::incoming(
+        listener,
+        cairn_rpc::admission::Admission::new(opts.connections.clone(), CONNECTION_METRICS),
+    );
     let mut builder = tonic::transport::Server::builder();
     if let Some((server_tls, _)) = tls {
         builder = builder.tls_config(server_tls)?;
@@ -168,6 +194,7 @@ pub async fn serve(
         .add_service(RaftServer::new(RaftService {
             raft: raft.clone(),
             auth,
+            refusals: Default::default(),
         }))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;

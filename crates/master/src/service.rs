@@ -389,8 +389,15 @@ impl Inner {
         self.registry.lock().scan_repairs(&a.state, Instant::now());
     }
 
-    /// Who sent a call of `method` (cairn_rpc::auth), as a gRPC status when no one valid.
+    /// Who sent a call of `method` (cairn_rpc::auth), as a gRPC status when no one valid. A
+    /// valid call proves its connection (cairn_rpc::admission).
     fn who<T>(&self, req: &Request<T>, method: &str) -> Result<Principal, Status> {
+        let who = self.who_unproven(req, method)?;
+        prove_connection(req)?;
+        Ok(who)
+    }
+
+    fn who_unproven<T>(&self, req: &Request<T>, method: &str) -> Result<Principal, Status> {
         let body = req.extensions().get::<cairn_rpc::auth::BodyDigest>();
         let r = self
             .auth
@@ -419,7 +426,7 @@ impl Inner {
                 "service": "master",
                 // Unproven: who it claimed to be.
                 "claimed": cairn_rpc::auth::claimed(req.metadata()),
-                "addr": req.remote_addr().map(|a| a.to_string()),
+                "addr": cairn_rpc::admission::remote_addr(req).map(|a| a.to_string()),
                 "call": method,
                 "result": "refused",
                 "error": e.to_string(),
@@ -433,7 +440,7 @@ impl Inner {
         let who = self.who(req, method)?;
         let call = Call {
             principal: principal_name(&who),
-            addr: req.remote_addr(),
+            addr: cairn_rpc::admission::remote_addr(req),
             method,
         };
         Ok((who, call))
@@ -1464,5 +1471,16 @@ impl pb::meta_server::Meta for MetaService {
             }
             .await,
         )
+    }
+}
+
+/// Moves the connection `req` came on among the proven ones (docs/security.md "Resource
+/// limits"): it made a call whose proof checked. Refused when those slots are all taken.
+pub(crate) fn prove_connection<T>(req: &Request<T>) -> Result<(), Status> {
+    match cairn_rpc::admission::peer_of(req) {
+        Some(p) if !p.slot.prove() => Err(Status::resource_exhausted(
+            "every connection slot of this master is taken",
+        )),
+        _ => Ok(()),
     }
 }

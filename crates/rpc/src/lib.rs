@@ -6,6 +6,7 @@ pub mod pb {
     tonic::include_proto!("cairn.meta.v1");
 }
 
+pub mod admission;
 pub mod audit;
 pub mod auth;
 mod error;
