@@ -13,7 +13,7 @@ pub struct S3Args {
 #[derive(clap::Subcommand)]
 enum S3Command {
     /// Serve S3 for the cluster (one gateway process; run as many as you like).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Users of the cluster and its object service (as `cairn user`).
     #[command(subcommand)]
     User(UserCommand),
@@ -74,6 +74,8 @@ struct ServeArgs {
     /// Days of access log kept.
     #[arg(long, default_value_t = 30)]
     access_log_keep_days: usize,
+    #[command(flatten)]
+    connections: crate::limits::ConnectionArgs,
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: any free port).
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -380,7 +382,7 @@ pub fn run(a: S3Args) -> anyhow::Result<()> {
         .thread_name("cairn-s3")
         .build()?;
     match a.command {
-        S3Command::Serve(s) => rt.block_on(serve(s)),
+        S3Command::Serve(s) => rt.block_on(serve(*s)),
         S3Command::User(c) => {
             drop(rt);
             user(c)
@@ -409,6 +411,9 @@ async fn serve(s: ServeArgs) -> anyhow::Result<()> {
             None => cairn_rpc::audit::Audit::off(),
         },
         pack_bytes: s.pack_bytes,
+        connections: s
+            .connections
+            .apply(cairn_s3::default_connection_limits()),
         compact: cairn_s3::compact::CompactOptions {
             live_pct: s.compact_live_pct.min(100),
             every: std::time::Duration::from_secs_f64(s.compact_every_secs.max(0.05)),

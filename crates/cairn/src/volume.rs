@@ -588,6 +588,8 @@ pub struct NbdArgs {
     /// Days of audit log kept.
     #[arg(long, default_value_t = 30)]
     audit_keep_days: usize,
+    #[command(flatten)]
+    connections: crate::limits::ConnectionArgs,
 }
 
 pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
@@ -659,6 +661,9 @@ pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
                     }
                     None => cairn_rpc::audit::Audit::off(),
                 },
+                connections: a
+                    .connections
+                    .apply(cairn_block::nbd::default_connection_limits()),
                 ..Default::default()
             },
         );

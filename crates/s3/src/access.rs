@@ -74,7 +74,7 @@ fn bucket_key(path: &str) -> (Option<String>, Option<String>) {
 }
 
 /// The access key a request is signed with (SigV4 header or presigned query), unchecked.
-fn access_key(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
+pub(crate) fn access_key(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
     let from_header = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

@@ -114,7 +114,21 @@ pub struct Front {
     access_log: cairn_rpc::audit::Audit,
     /// The user of an access key, if known (for the access log).
     names: Names,
+    /// Whether an access key is a user's, asked of the masters if need be.
+    known: Known,
 }
+
+/// Whether an access key is a user's (the gateway's cache, else the masters).
+pub type Known = Arc<
+    dyn Fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// The connection slot a request came on (cairn_rpc::admission), in its extensions: a
+/// request whose signature checks proves it (`Access`, lib.rs).
+#[derive(Clone)]
+pub struct ConnSlot(pub Arc<cairn_rpc::admission::Slot>);
 
 /// The user an access key belongs to, if the gateway knows it.
 pub type Names = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
@@ -127,6 +141,7 @@ impl Front {
         body_idle: std::time::Duration,
         access_log: cairn_rpc::audit::Audit,
         names: Names,
+        known: Known,
     ) -> Self {
         Self {
             s3,
@@ -134,6 +149,7 @@ impl Front {
             body_idle,
             access_log,
             names,
+            known,
         }
     }
 
@@ -143,10 +159,14 @@ impl Front {
     /// Only what s3s itself cannot answer (hyper then drops the connection).
     pub async fn serve(
         self,
-        req: http::Request<hyper::body::Incoming>,
+        mut req: http::Request<hyper::body::Incoming>,
         peer: Option<std::net::SocketAddr>,
+        slot: Option<Arc<cairn_rpc::admission::Slot>>,
     ) -> Result<Response, s3s::HttpError> {
         let id = request_id();
+        if let Some(slot) = &slot {
+            req.extensions_mut().insert(ConnSlot(slot.clone()));
+        }
         let seen = self
             .access_log
             .is_on()
@@ -165,7 +185,7 @@ impl Front {
                 .uri()
                 .query()
                 .is_some_and(|q| query_value(q, "attributes").is_some());
-        let resp = match self.before(req).await {
+        let resp = match self.before(req, slot.as_deref()).await {
             // The permit (if any) is held until s3s has consumed the buffered body.
             Ok((req, _permit)) => self.s3.call(req).await?,
             Err(resp) => resp,
@@ -199,6 +219,7 @@ impl Front {
     async fn before(
         &self,
         mut req: http::Request<Body>,
+        slot: Option<&cairn_rpc::admission::Slot>,
     ) -> Result<(http::Request<Body>, Option<OwnedSemaphorePermit>), Response> {
         if req.method() == Method::OPTIONS {
             return Err(if req.headers().contains_key(header::ORIGIN) {
@@ -231,6 +252,30 @@ impl Front {
         }
         if !unsized_body(&req) {
             return Ok((req, None));
+        }
+        // The body is read before s3s checks the signature: on a connection that has not
+        // proven itself yet, only for a user's access key (a stranger's connection would be
+        // cut at its deadline or byte budget anyway, mid-body).
+        if let Some(slot) = slot.filter(|s| !s.is_proven()) {
+            let key = crate::access::access_key(req.headers(), req.uri().query());
+            let known = match key {
+                Some(k) => (self.known)(k).await,
+                None => false,
+            };
+            if !known {
+                return Err(error(
+                    StatusCode::FORBIDDEN,
+                    "AccessDenied",
+                    "a body without Content-Length needs a user's access key",
+                ));
+            }
+            if !slot.prove() {
+                return Err(error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "SlowDown",
+                    "every connection slot of this gateway is taken",
+                ));
+            }
         }
         let Ok(permit) = self
             .unsized_bytes

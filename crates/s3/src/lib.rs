@@ -52,7 +52,26 @@ pub struct Options {
     pub body_idle: Duration,
     /// Where each request is recorded (crate::access); off by default.
     pub access_log: cairn_rpc::audit::Audit,
+    /// Connection slots (docs/security.md "Resource limits"): a connection is proven by a
+    /// request whose signature checks.
+    pub connections: cairn_rpc::admission::Limits,
 }
+
+/// The gateway's connection limits by default: strangers send headers only before they
+/// prove themselves (1 MiB).
+pub fn default_connection_limits() -> cairn_rpc::admission::Limits {
+    cairn_rpc::admission::Limits {
+        max_unproven: 256,
+        max_unproven_per_peer: 32,
+        ..Default::default()
+    }
+}
+
+const CONNECTION_METRICS: cairn_rpc::admission::Names = cairn_rpc::admission::Names {
+    open: "cairn_s3_connections",
+    unproven: "cairn_s3_connections_unproven",
+    refused: "cairn_s3_connections_refused_total",
+};
 
 impl Default for Options {
     fn default() -> Self {
@@ -66,6 +85,7 @@ impl Default for Options {
             compact: compact::CompactOptions::default(),
             body_idle: http::BODY_IDLE,
             access_log: cairn_rpc::audit::Audit::off(),
+            connections: default_connection_limits(),
         }
     }
 }
@@ -154,7 +174,18 @@ struct Access;
 
 #[async_trait::async_trait]
 impl s3s::access::S3Access for Access {
-    async fn check(&self, _cx: &mut s3s::access::S3AccessContext<'_>) -> S3Result<()> {
+    async fn check(&self, cx: &mut s3s::access::S3AccessContext<'_>) -> S3Result<()> {
+        // Called once the signature has checked (credentials present): that proves the
+        // connection (cairn_rpc::admission).
+        if cx.credentials().is_some()
+            && let Some(http::ConnSlot(slot)) = cx.extensions_mut().get::<http::ConnSlot>()
+            && !slot.prove()
+        {
+            return Err(s3_error!(
+                SlowDown,
+                "every connection slot of this gateway is taken"
+            ));
+        }
         Ok(())
     }
 }
@@ -295,7 +326,21 @@ impl Gateway {
             let users = users.clone();
             Arc::new(move |key: &str| users.cached_name(key))
         };
-        let front = http::Front::new(builder.build(), opts.body_idle, opts.access_log, names);
+        let known: http::Known = {
+            let users = users.clone();
+            Arc::new(move |key: String| {
+                let users = users.clone();
+                Box::pin(async move { matches!(users.get(&key).await, Ok(Some(_))) })
+            })
+        };
+        let front = http::Front::new(
+            builder.build(),
+            opts.body_idle,
+            opts.access_log,
+            names,
+            known,
+        );
+        let conns = cairn_rpc::admission::Admission::new(opts.connections.clone(), CONNECTION_METRICS);
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let endpoint = format!(
@@ -319,13 +364,20 @@ impl Gateway {
                         continue;
                     }
                 };
+                // Strangers get a small pool of slots and a short time (cairn_rpc::admission).
+                let Some(slot) = conns.admit(peer, false) else {
+                    continue;
+                };
                 let _ = socket.set_nodelay(true);
                 let front = front.clone();
                 let http = http.clone();
                 tokio::spawn(async move {
+                    let socket = cairn_rpc::admission::Guarded::new(socket, slot);
+                    let slot = socket.slot().clone();
                     let io = hyper_util::rt::TokioIo::new(socket);
-                    let service =
-                        hyper::service::service_fn(move |req| front.clone().serve(req, Some(peer)));
+                    let service = hyper::service::service_fn(move |req| {
+                        front.clone().serve(req, Some(peer), Some(slot.clone()))
+                    });
                     if let Err(e) = http.serve_connection(io, service).await {
                         tracing::debug!(error = %e, "connection ended");
                     }

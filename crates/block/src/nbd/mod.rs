@@ -40,7 +40,29 @@ pub struct NbdOptions {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// Connects, refusals, opens and closes are recorded here (docs/security.md "Audit").
     pub audit: cairn_rpc::audit::Audit,
+    /// Connection slots (docs/security.md "Resource limits"): a connection is proven by a
+    /// user's certificate (TLS) or, on plain NBD, by opening a volume; until then it holds
+    /// an unproven slot for at most `proof_timeout` (its greeting, TLS handshake and the
+    /// masters' answer about the certificate included).
+    pub connections: cairn_rpc::admission::Limits,
 }
+
+/// The NBD server's connection limits by default: proof within 3 s (a TLS handshake and a
+/// round trip to the masters); strangers send little before they prove themselves.
+pub fn default_connection_limits() -> cairn_rpc::admission::Limits {
+    cairn_rpc::admission::Limits {
+        max_unproven: 256,
+        max_unproven_per_peer: 16,
+        proof_timeout: std::time::Duration::from_secs(3),
+        ..Default::default()
+    }
+}
+
+const CONNECTION_METRICS: cairn_rpc::admission::Names = cairn_rpc::admission::Names {
+    open: "cairn_nbd_connections",
+    unproven: "cairn_nbd_connections_unproven",
+    refused: "cairn_nbd_connections_refused_total",
+};
 
 impl std::fmt::Debug for NbdOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -50,6 +72,7 @@ impl std::fmt::Debug for NbdOptions {
             .field("volume", &self.volume)
             .field("tls", &self.tls.is_some())
             .field("audit", &self.audit)
+            .field("connections", &self.connections)
             .finish()
     }
 }
@@ -62,6 +85,7 @@ impl Default for NbdOptions {
             volume: VolumeOptions::default(),
             tls: None,
             audit: cairn_rpc::audit::Audit::off(),
+            connections: default_connection_limits(),
         }
     }
 }
@@ -81,8 +105,8 @@ fn tflags(read_only: bool) -> u16 {
     }
 }
 
-/// A client has this long from connecting to opening a volume (its TLS handshake included);
-/// then it is closed.
+/// A client that proved its user has this long from then to opening a volume; then it is
+/// closed. (Before that, its slot's `proof_timeout`.)
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What option haggling settled so far.
@@ -221,6 +245,7 @@ pub struct NbdServer {
     open: tokio::sync::Mutex<HashMap<String, (Arc<Volume>, usize)>>,
     /// Whose client certificates are (by fingerprint), and since when this server knows.
     certs: parking_lot::Mutex<HashMap<String, (Who, std::time::Instant)>>,
+    conns: Arc<cairn_rpc::admission::Admission>,
 }
 
 /// What the handshake settled.
@@ -241,9 +266,13 @@ impl NbdServer {
     pub fn new(client: Client, opts: NbdOptions) -> Arc<Self> {
         Arc::new(Self {
             client,
-            opts,
             open: tokio::sync::Mutex::new(HashMap::new()),
             certs: parking_lot::Mutex::new(HashMap::new()),
+            conns: cairn_rpc::admission::Admission::new(
+                opts.connections.clone(),
+                CONNECTION_METRICS,
+            ),
+            opts,
         })
     }
 
@@ -298,8 +327,11 @@ impl NbdServer {
                 _ = &mut shutdown => break,
                 r = listener.accept() => match r {
                     Ok((stream, peer)) => {
+                        let Some(slot) = self.conns.admit(peer, false) else {
+                            continue;
+                        };
                         let this = self.clone();
-                        tokio::spawn(async move { this.connection(stream, peer).await });
+                        tokio::spawn(async move { this.connection(stream, peer, slot).await });
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
@@ -316,7 +348,12 @@ impl NbdServer {
         }
     }
 
-    async fn connection(self: Arc<Self>, mut stream: TcpStream, peer: SocketAddr) {
+    async fn connection(
+        self: Arc<Self>,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        slot: cairn_rpc::admission::Slot,
+    ) {
         let _ = stream.set_nodelay(true);
         let mut h = Haggle {
             no_zeroes: false,
@@ -334,20 +371,25 @@ impl NbdServer {
             greet(&mut stream, &mut h).await?;
             self.haggle(&mut stream, &mut h).await
         };
-        let outcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, started).await {
+        // Until it proves itself, a connection has its slot's time; then the handshake's.
+        let outcome = match tokio::time::timeout(slot.time_left(), started).await {
             Ok(Ok(o)) => o,
             Ok(Err(e)) => {
                 tracing::info!(%peer, error = %e, "handshake ended");
                 return;
             }
             Err(_) => {
-                tracing::info!(%peer, "handshake took too long: closed");
+                self.unproven_cut(peer);
                 return;
             }
         };
         match outcome {
             Outcome::Closed => {}
             Outcome::Session(session) => {
+                // Plain NBD: opening a volume is the proof.
+                if !slot.prove() {
+                    return;
+                }
                 let (rd, wr) = stream.into_split();
                 self.serve_session(session, rd, wr, peer).await;
             }
@@ -355,8 +397,8 @@ impl NbdServer {
                 let Some(acceptor) = self.opts.tls.clone() else {
                     return;
                 };
-                let tls_and_options = async {
-                    let mut tls = acceptor.accept(stream).await?;
+                let handshake = async {
+                    let tls = acceptor.accept(stream).await?;
                     h.tls = true;
                     h.fingerprint = tls
                         .get_ref()
@@ -365,33 +407,62 @@ impl NbdServer {
                         .and_then(|c| c.first())
                         .map(|c| cairn_rpc::object::cert_fingerprint(c));
                     h.who = self.identify(&tls).await;
-                    if let Who::Refused(why) = &h.who {
-                        tracing::warn!(%peer, why = %why, "client certificate refused");
-                        metrics::counter!("cairn_nbd_refused_total", "why" => "certificate")
-                            .increment(1);
-                        self.record(peer, "connect", None, None, Err(why));
-                    } else {
-                        self.record(peer, "connect", Some(&h.who), None, Ok(""));
-                    }
-                    let o = self.haggle(&mut tls, &mut h).await?;
-                    Ok::<_, std::io::Error>((tls, o))
+                    Ok::<_, std::io::Error>(tls)
                 };
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls_and_options).await {
-                    Ok(Ok((tls, Outcome::Session(session)))) => {
+                let mut tls = match tokio::time::timeout(slot.time_left(), handshake).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        metrics::counter!("cairn_nbd_refused_total", "why" => "tls").increment(1);
+                        if self.conns.may_log() {
+                            tracing::info!(%peer, error = %e, "TLS handshake failed");
+                        }
+                        self.record(peer, "connect", None, None, Err(&e.to_string()));
+                        return;
+                    }
+                    Err(_) => {
+                        self.unproven_cut(peer);
+                        return;
+                    }
+                };
+                if let Who::Refused(why) = &h.who {
+                    tracing::warn!(%peer, why = %why, "client certificate refused");
+                    metrics::counter!("cairn_nbd_refused_total", "why" => "certificate")
+                        .increment(1);
+                    self.record(peer, "connect", None, None, Err(why));
+                } else {
+                    self.record(peer, "connect", Some(&h.who), None, Ok(""));
+                    // A user's certificate is the proof.
+                    if !slot.prove() {
+                        return;
+                    }
+                }
+                // A refused certificate is still answered (ERR_POLICY to its options), within
+                // its unproven time.
+                let limit = if slot.is_proven() {
+                    HANDSHAKE_TIMEOUT
+                } else {
+                    slot.time_left()
+                };
+                match tokio::time::timeout(limit, self.haggle(&mut tls, &mut h)).await {
+                    Ok(Ok(Outcome::Session(session))) => {
                         let (rd, wr) = tokio::io::split(tls);
                         self.serve_session(session, rd, wr, peer).await;
                     }
                     Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        metrics::counter!("cairn_nbd_refused_total", "why" => "tls").increment(1);
-                        tracing::info!(%peer, error = %e, "TLS handshake or options ended");
-                        if !h.tls {
-                            self.record(peer, "connect", None, None, Err(&e.to_string()));
-                        }
-                    }
-                    Err(_) => tracing::info!(%peer, "TLS handshake took too long: closed"),
+                    Ok(Err(e)) => tracing::info!(%peer, error = %e, "options ended"),
+                    Err(_) => tracing::info!(%peer, "option haggling took too long: closed"),
                 }
             }
+        }
+    }
+
+    /// A connection that did not prove itself in time is closed (counted, logged within the
+    /// log budget).
+    fn unproven_cut(&self, peer: SocketAddr) {
+        metrics::counter!("cairn_nbd_connections_refused_total", "limit" => "deadline")
+            .increment(1);
+        if self.conns.may_log() {
+            tracing::info!(%peer, "no proof in time: closed");
         }
     }
 
