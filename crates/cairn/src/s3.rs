@@ -411,9 +411,7 @@ async fn serve(s: ServeArgs) -> anyhow::Result<()> {
             None => cairn_rpc::audit::Audit::off(),
         },
         pack_bytes: s.pack_bytes,
-        connections: s
-            .connections
-            .apply(cairn_s3::default_connection_limits()),
+        connections: s.connections.apply(cairn_s3::default_connection_limits()),
         compact: cairn_s3::compact::CompactOptions {
             live_pct: s.compact_live_pct.min(100),
             every: std::time::Duration::from_secs_f64(s.compact_every_secs.max(0.05)),

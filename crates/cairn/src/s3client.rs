@@ -84,6 +84,11 @@ impl S3Bucket {
         self.send("PUT", url, Bytes::new()).await.map(|_| ())
     }
 
+    pub async fn delete_bucket(&self) -> anyhow::Result<()> {
+        let url = self.bucket.delete_bucket(&self.creds).sign(SIGN_FOR);
+        self.send("DELETE", url, Bytes::new()).await.map(|_| ())
+    }
+
     pub async fn put(&self, key: &str, body: Bytes) -> anyhow::Result<()> {
         let url = self
             .bucket

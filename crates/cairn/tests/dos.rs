@@ -3,6 +3,9 @@
 //! cannot mark a server avoided.
 
 mod common;
+#[path = "../src/s3client.rs"]
+#[allow(dead_code)]
+mod s3client;
 
 use cairn_client::CreateOptions;
 use cairn_proto::frame::{HEADER_BYTES, Header, Opcode};
@@ -27,6 +30,132 @@ async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
         tokio::time::timeout(within, s.read(&mut b)).await,
         Ok(Ok(0) | Err(_))
     )
+}
+
+/// Whether the server closed `s` within `within`, whatever it sent before (a greeting,
+/// answers).
+async fn cut_within(s: &mut TcpStream, within: Duration) -> bool {
+    let mut b = [0u8; 4096];
+    tokio::time::timeout(within, async {
+        loop {
+            match s.read(&mut b).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// Issue 38 §3 at the masters (gRPC), the S3 gateway and the NBD server: as at the
+/// chunkservers, connections that prove nothing have a small budget per address and are cut
+/// soon after they were accepted — idle or chatting — while users' calls go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn strangers_are_budgeted_and_cut_at_the_masters_the_gateway_and_the_nbd_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = ["--proof-timeout-ms", "1000", "--max-unproven-per-peer", "4"];
+    let cl = Cluster::start_full(dir.path(), 1, 3, &limits, &[]).await;
+    let addrs = cl.master_addrs();
+    let alice = common::create_user(&addrs, "alice");
+    let gw = common::gateway_with(&addrs, "127.0.0.1:0", &limits);
+    let nbd = common::nbd::server(&addrs, &limits);
+    common::run_ok(common::cairn().args([
+        "volume",
+        "create",
+        "vol",
+        "--size",
+        "16m",
+        "--cluster",
+        &addrs.join(","),
+    ]));
+    let s3 = s3client::S3Bucket::new(
+        &format!("http://{}", gw.addr),
+        "alices",
+        &alice.access,
+        &alice.secret,
+        1,
+    )
+    .unwrap();
+    s3.create_bucket().await.unwrap();
+    let c = cl.client().await;
+    for (what, addr) in [
+        ("master", addrs[0].as_str()),
+        ("gateway", gw.addr.as_str()),
+        ("nbd", nbd.addr.as_str()),
+    ] {
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(connect_from("127.0.0.2", addr).await);
+        }
+        let mut fifth = connect_from("127.0.0.2", addr).await;
+        assert!(
+            cut_within(&mut fifth, Duration::from_millis(500)).await,
+            "{what}: past the budget"
+        );
+        let other = connect_from("127.0.0.3", addr).await;
+        held.push(other);
+        let t0 = std::time::Instant::now();
+        // Users are served meanwhile, on connections that outlive the deadline.
+        s3.put("k", bytes::Bytes::from_static(b"twelve bytes"))
+            .await
+            .unwrap();
+        c.mkdir(&format!("/{what}"), false).await.unwrap();
+        for s in &mut held {
+            assert!(
+                cut_within(s, Duration::from_secs(3)).await,
+                "{what}: an unproven connection was kept"
+            );
+        }
+        assert!(t0.elapsed() < Duration::from_secs(3), "{what}: cut late");
+        // The budget is free again.
+        let mut again = connect_from("127.0.0.2", addr).await;
+        assert!(
+            !closed_within(&mut again, Duration::from_millis(200)).await,
+            "{what}: the budget was not given back"
+        );
+    }
+    // A stranger chatting with the gateway (unsigned requests, each answered) is cut all
+    // the same.
+    let mut chatty = connect_from("127.0.0.4", &gw.addr).await;
+    let t0 = std::time::Instant::now();
+    let mut answered = 0;
+    loop {
+        let req = "GET /alices/k HTTP/1.1\r\nHost: x\r\n\r\n";
+        if chatty.write_all(req.as_bytes()).await.is_err() {
+            break;
+        }
+        let mut b = [0u8; 4096];
+        match tokio::time::timeout(Duration::from_millis(500), chatty.read(&mut b)).await {
+            Ok(Ok(n)) if n > 0 => {
+                assert!(
+                    b[..n].starts_with(b"HTTP/1.1 403"),
+                    "{}",
+                    String::from_utf8_lossy(&b[..n])
+                );
+                answered += 1;
+            }
+            _ => break,
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "a chatting stranger was kept"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answered >= 1, "no unsigned request was answered");
+    // Alice's connection, proven long ago, still serves; so does an NBD client that opened a
+    // volume (plain NBD: the open is the proof) past the deadline.
+    assert_eq!(&s3.get("k").await.unwrap()[..], b"twelve bytes");
+    let nbd_addr = nbd.addr.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut v = common::nbd::Raw::open(&nbd_addr, "vol").unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let (err, data) = v.call(common::nbd::READ, 0, 0, 4096, &[]).unwrap();
+        assert_eq!((err, data.len()), (0, 4096));
+    })
+    .await
+    .unwrap();
 }
 
 /// Issue 38 §3: connections that never show a valid capability have a small budget per

@@ -394,7 +394,9 @@ pub fn peer_of<T>(req: &tonic::Request<T>) -> Option<&Peer> {
 
 /// The peer address of a tonic request, whether or not it came through [`Guarded`].
 pub fn remote_addr<T>(req: &tonic::Request<T>) -> Option<SocketAddr> {
-    peer_of(req).and_then(|p| p.addr).or_else(|| req.remote_addr())
+    peer_of(req)
+        .and_then(|p| p.addr)
+        .or_else(|| req.remote_addr())
 }
 
 /// Accepts from `listener`, giving each connection a slot of `adm` (refused ones are closed at

@@ -340,7 +340,8 @@ impl Gateway {
             names,
             known,
         );
-        let conns = cairn_rpc::admission::Admission::new(opts.connections.clone(), CONNECTION_METRICS);
+        let conns =
+            cairn_rpc::admission::Admission::new(opts.connections.clone(), CONNECTION_METRICS);
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let endpoint = format!(

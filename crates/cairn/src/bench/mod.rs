@@ -7,6 +7,7 @@ mod chunkstore;
 mod cluster;
 mod codec;
 mod convert;
+mod flood;
 mod floor;
 mod recovery;
 mod repair;
@@ -46,6 +47,9 @@ pub enum BenchCommand {
     /// What TLS costs the data plane: one chunkserver served on a TLS and a plain listener,
     /// 1 MiB appends and reads alternating between them.
     Tls(tls::Args),
+    /// A user's 4 KiB appends, reads and S3 GETs while strangers flood every server of a
+    /// local cluster with connections: flooded p99 over quiet p99, same run.
+    Flood(flood::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -61,6 +65,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Codec(a) => codec::run(a),
         BenchCommand::Convert(a) => convert::run(a),
         BenchCommand::Tls(a) => tls::run(a),
+        BenchCommand::Flood(a) => flood::run(a),
     }
 }
 
