@@ -100,6 +100,28 @@ fn free_port() -> anyhow::Result<String> {
     Ok(l.local_addr()?.to_string())
 }
 
+/// Free ports for the processes of one `cairn up`, none handed out twice and none that the
+/// cluster file already gives a process: a port is free only until someone binds it, so two
+/// picks (or a pick and a process that has not started yet) could otherwise meet — a
+/// chunkserver once got another's data port as its metrics port and could not start.
+struct Ports(std::cell::RefCell<std::collections::HashSet<String>>);
+
+impl Ports {
+    fn new(taken: impl IntoIterator<Item = String>) -> Self {
+        Self(std::cell::RefCell::new(taken.into_iter().collect()))
+    }
+
+    fn pick(&self) -> anyhow::Result<String> {
+        for _ in 0..100 {
+            let p = free_port()?;
+            if self.0.borrow_mut().insert(p.clone()) {
+                return Ok(p);
+            }
+        }
+        anyhow::bail!("no free port that no process of this cluster has")
+    }
+}
+
 fn spawn(exe: &Path, m: &Managed, logs: &Path) -> anyhow::Result<Child> {
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -193,6 +215,18 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     // The same directory brings back the same cluster: same ports, same data.
     let old = ClusterFile::load(&dir)?.unwrap_or_default();
     // Same ids keep their ports from cluster.toml; new ones get a free port.
+    let ports = Ports::new(
+        [
+            &old.master_procs,
+            &old.chunkserver_procs,
+            &old.s3_procs,
+            &old.nbd_procs,
+        ]
+        .into_iter()
+        .flatten()
+        .flat_map(|p| [p.addr.clone(), p.metrics.clone()]),
+    );
+    let free_port = || ports.pick();
     let procs_of = |n: usize, old: &[Proc], name: &str| -> anyhow::Result<Vec<Proc>> {
         (1..=n as u64)
             .map(|id| {
