@@ -15,6 +15,20 @@ pub struct AdminArgs {
 
 #[derive(clap::Subcommand)]
 pub enum AdminCommand {
+    /// Write the key of the S3 gateway's (`s3`) or the NBD server's (`block`) service to a
+    /// new file (mode 0600): the service proves it instead of the cluster secret and may
+    /// work only in its namespace (docs/security.md "Service credentials"). Run where the
+    /// cluster secret is; no master is asked.
+    ServiceKey {
+        /// `s3` or `block`.
+        service: String,
+        /// The key file to write (never overwritten).
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// The cluster secret (default ./cairn-data/cluster.secret).
+        #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
+        cluster_secret_file: Option<std::path::PathBuf>,
+    },
     /// Make these masters the voting group (`1=HOST:PORT,2=HOST:PORT,…`); new ones are added
     /// as learners first and caught up. Start a new master with the same --peers list.
     Masters {
@@ -120,6 +134,14 @@ pub async fn inject(m: &Masters, server: u64, spec: &FaultSpec) -> anyhow::Resul
 }
 
 pub fn run(a: AdminArgs) -> anyhow::Result<()> {
+    if let AdminCommand::ServiceKey {
+        service,
+        out,
+        cluster_secret_file,
+    } = &a.command
+    {
+        return service_key(service, out, cluster_secret_file.as_deref());
+    }
     let masters = a.cluster.masters()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -213,6 +235,7 @@ pub fn run(a: AdminArgs) -> anyhow::Result<()> {
                     );
                 }
             }
+            AdminCommand::ServiceKey { .. } => unreachable!("answered without the masters"),
             AdminCommand::Fault(f) => {
                 let spec = f.spec()?;
                 inject(&m, f.server, &spec).await?;
@@ -225,4 +248,23 @@ pub fn run(a: AdminArgs) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })
+}
+
+/// `cairn admin service-key`.
+fn service_key(
+    service: &str,
+    out: &std::path::Path,
+    secret: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    use cairn_rpc::auth::{ClusterSecret, Service, ServiceKey};
+    let service = Service::from_name(service)
+        .ok_or_else(|| anyhow::anyhow!("{service:?}: the services are `s3` and `block`"))?;
+    let default = std::path::Path::new("./cairn-data").join(crate::up::CLUSTER_SECRET);
+    let secret = ClusterSecret::read(secret.unwrap_or(&default))?;
+    ServiceKey::derive(&secret, service).write_new(service, out)?;
+    println!(
+        "{}: the {service} service's key (give it to the service with --service-key-file)",
+        out.display()
+    );
+    Ok(())
 }

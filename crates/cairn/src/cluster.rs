@@ -173,8 +173,14 @@ pub fn data_tls() -> anyhow::Result<Option<cairn_rpc::tls::data::TlsConnector>> 
 /// server with the cluster secret, and may talk TLS to the masters and the chunkservers.
 #[derive(clap::Args, Clone)]
 pub struct ServiceArgs {
-    /// The cluster secret: the service is a server of the cluster. Required unless
-    /// --insecure.
+    /// The service's own key (`cairn service-key s3|block --out FILE`; `cairn up` writes
+    /// s3.key and nbd.key): the masters let it work in its namespace only
+    /// (docs/security.md "Service credentials"). Used when given, else --cluster-secret-file;
+    /// one of them unless --insecure.
+    #[arg(long, env = "CAIRN_SERVICE_KEY_FILE")]
+    service_key_file: Option<PathBuf>,
+    /// The cluster secret instead of a service key: the service may then do anything a
+    /// server may (not recommended).
     #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<PathBuf>,
     /// For masters run --insecure.
@@ -196,16 +202,45 @@ impl ServiceArgs {
         self.tls_dir.clone()
     }
 
-    /// The SDK options of this service, signing as `who`.
+    /// The SDK options of this service, signing as `service` with its key (or as the server
+    /// `who` with the cluster secret).
     ///
     /// # Errors
-    /// The secret or a TLS file is missing or unreadable.
-    pub fn options(&self, who: String) -> anyhow::Result<cairn_client::ClientOptions> {
-        let secret =
-            crate::master::cluster_secret(self.cluster_secret_file.as_deref(), self.insecure)?;
+    /// The key, the secret or a TLS file is missing or unreadable; a key of another service.
+    pub fn options(
+        &self,
+        service: cairn_rpc::auth::Service,
+        who: String,
+    ) -> anyhow::Result<cairn_client::ClientOptions> {
+        let credential = match (&self.service_key_file, self.insecure) {
+            (Some(p), false) => {
+                let (of, key) = cairn_rpc::auth::ServiceKey::read(p)?;
+                anyhow::ensure!(
+                    of == service,
+                    "{}: a key of the {of} service, not of the {service} service",
+                    p.display()
+                );
+                Some(cairn_rpc::auth::Credential::Service { service, key })
+            }
+            _ => {
+                let secret = crate::master::cluster_secret(
+                    self.cluster_secret_file.as_deref(),
+                    self.insecure,
+                )
+                .map_err(|e| {
+                    anyhow::anyhow!("{e} (or --service-key-file, the {service} service's key)")
+                })?;
+                if secret.is_some() {
+                    tracing::warn!(
+                        "running with the cluster secret: this {service} service may do anything a server may; give it --service-key-file instead"
+                    );
+                }
+                secret.map(|secret| cairn_rpc::auth::Credential::Server { secret, who })
+            }
+        };
         let tls_dir = self.tls_dir.as_deref();
         Ok(cairn_client::ClientOptions {
-            credential: secret.map(|secret| cairn_rpc::auth::Credential::Server { secret, who }),
+            credential,
             tls: tls_dir.map(cairn_rpc::tls::client_config).transpose()?,
             data_tls: match (tls_dir, self.data_tls) {
                 (Some(d), true) => Some(cairn_rpc::tls::data::connector(d)?),

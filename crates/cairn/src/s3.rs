@@ -392,7 +392,10 @@ pub fn run(a: S3Args) -> anyhow::Result<()> {
 
 async fn serve(s: ServeArgs) -> anyhow::Result<()> {
     let masters: Vec<String> = s.masters.split(',').map(|m| m.trim().to_owned()).collect();
-    let opts = s.service.options(format!("s3-gateway@{}", s.listen))?;
+    let opts = s.service.options(
+        cairn_rpc::auth::Service::S3,
+        format!("s3-gateway@{}", s.listen),
+    )?;
     let client = Client::with_options(&masters, opts).await?;
     if let Some(m) = s.metrics_listen {
         crate::metrics::serve(m, "s3").await?;

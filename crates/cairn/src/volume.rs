@@ -622,7 +622,9 @@ pub fn nbd(a: NbdArgs) -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async {
         let masters: Vec<String> = a.masters.split(',').map(|m| m.trim().to_owned()).collect();
-        let opts = a.service.options(format!("nbd@{}", a.listen))?;
+        let opts = a
+            .service
+            .options(cairn_rpc::auth::Service::Block, format!("nbd@{}", a.listen))?;
         let client = cairn_client::Client::with_options(
             &masters,
             cairn_client::ClientOptions {

@@ -60,6 +60,7 @@ pub(crate) fn principal_name(p: &Principal) -> String {
     match p {
         Principal::User { name, .. } => format!("user:{name}"),
         Principal::Server(who) => format!("server:{who}"),
+        Principal::Service(s) => format!("service:{s}"),
         Principal::Open => "open".into(),
     }
 }

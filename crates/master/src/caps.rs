@@ -29,11 +29,13 @@ pub struct Signer {
 }
 
 /// The holder a principal's capabilities name: a user's [`cairn_proto::cap::holder_of`]
-/// name; 0 for servers and open clusters (never revoked).
+/// name; 0 for servers, services and open clusters (never revoked).
 pub fn holder(who: &Principal) -> u64 {
     match who {
         Principal::User { name, .. } => cairn_proto::cap::holder_of(name),
-        Principal::Server(_) | Principal::Open => 0,
+        // A service's rights come from its namespace, which no chmod changes: like servers',
+        // its capabilities are never revoked.
+        Principal::Server(_) | Principal::Service(_) | Principal::Open => 0,
     }
 }
 

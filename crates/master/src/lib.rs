@@ -3,6 +3,7 @@
 
 mod audit;
 pub mod caps;
+pub mod confine;
 pub mod conversion;
 pub mod convert;
 pub mod network;

@@ -26,7 +26,7 @@ pub fn voter(who: &cairn_rpc::auth::Principal, client_id: &str) -> String {
     use cairn_rpc::auth::Principal;
     let name = crate::audit::principal_name(who);
     match who {
-        Principal::User { .. } => name,
+        Principal::User { .. } | Principal::Service(_) => name,
         Principal::Server(_) | Principal::Open => format!("{name}/{client_id}"),
     }
 }

@@ -479,7 +479,7 @@ impl Inner {
         cmd: Command,
         path: &str,
     ) -> Result<pb::NodeReply, MetaError> {
-        let reply = self.write(as_user(who, cmd)).await?;
+        let reply = self.write(as_user(who, cmd)?).await?;
         let ino = reply.inode.ok_or_else(|| MetaError::internal("no inode"))?;
         Ok(convert::node_reply(&self.sm.lock().state, path, &ino))
     }
@@ -665,14 +665,15 @@ impl Inner {
             let prepared = match op.op {
                 Some(Op::Create(r)) => self
                     .create_command(r)
-                    .map(|c| (as_user(who, c), Answer::File)),
+                    .and_then(|c| Ok((as_user(who, c)?, Answer::File))),
                 Some(Op::Commit(r)) => self
                     .commit_command(&r)
-                    .map(|c| (as_user(who, c), Answer::File)),
-                Some(Op::Delete(r)) => delete_command(&r).map(|c| (as_user(who, c), Answer::Done)),
-                Some(Op::Object(b)) => who
-                    .require_admin("the object index (the S3 gateway's)")
-                    .and_then(|()| cairn_rpc::object::decode(&b))
+                    .and_then(|c| Ok((as_user(who, c)?, Answer::File))),
+                Some(Op::Delete(r)) => {
+                    delete_command(&r).and_then(|c| Ok((as_user(who, c)?, Answer::Done)))
+                }
+                Some(Op::Object(b)) => cairn_rpc::object::decode(&b)
+                    .and_then(|op| crate::confine::object_op(who, &op).map(|()| op))
                     .map(|mut op| {
                         self.seal_op(&mut op);
                         (Command::Object(Box::new(op)), Answer::Object)
@@ -726,9 +727,13 @@ impl Inner {
 }
 
 /// `cmd` on behalf of `who` when a user sent it (checked against permission bits as it
-/// applies); servers' commands as they are.
-fn as_user(who: &Principal, cmd: Command) -> Command {
-    match who {
+/// applies); a service's within its namespace (checked here: [`crate::confine`]); servers'
+/// commands as they are.
+///
+/// # Errors
+/// `PermissionDenied`: a service's command outside its namespace.
+fn as_user(who: &Principal, cmd: Command) -> Result<Command, MetaError> {
+    Ok(match who {
         Principal::User { name, admin } => Command::As {
             actor: Actor {
                 user: name.clone(),
@@ -736,8 +741,12 @@ fn as_user(who: &Principal, cmd: Command) -> Command {
             },
             cmd: Box::new(cmd),
         },
+        Principal::Service(s) => {
+            crate::confine::command(*s, &cmd)?;
+            cmd
+        }
         Principal::Server(_) | Principal::Open => cmd,
-    }
+    })
 }
 
 /// Checks a read of `ino` by `who`: `want` on it and search on the way.
@@ -747,8 +756,9 @@ fn check_read(
     ino: &Inode,
     want: u16,
 ) -> Result<(), MetaError> {
-    match who.user() {
-        Some(user) if !who.is_superuser() => st.check_inode(ino.id, user, want),
+    match who {
+        Principal::User { name, admin: false } => st.check_inode(ino.id, name, want),
+        Principal::Service(s) => crate::confine::path(*s, &st.path_of(ino.id)),
         _ => Ok(()),
     }
 }
@@ -894,7 +904,7 @@ impl pb::meta_server::Meta for MetaService {
             target,
             async {
                 let cmd = self.inner.create_command(req.into_inner())?;
-                let reply = self.inner.write(as_user(&who, cmd)).await?;
+                let reply = self.inner.write(as_user(&who, cmd)?).await?;
                 self.inner.file_reply(reply.inode, &who)
             }
             .await,
@@ -928,7 +938,7 @@ impl pb::meta_server::Meta for MetaService {
                     groups,
                     continue_below: r.continue_below,
                 };
-                let reply = self.inner.write(as_user(&who, cmd)).await?;
+                let reply = self.inner.write(as_user(&who, cmd)?).await?;
                 let mut r = self.inner.file_reply(reply.inode, &who)?;
                 r.continued_chunk = reply.chunk.unwrap_or(0);
                 Ok(r)
@@ -965,9 +975,10 @@ impl pb::meta_server::Meta for MetaService {
         let who = self.inner.who(&req, "ObjectRead")?;
         let r = req.into_inner();
         ok(async {
-            // The index holds users' secret keys: gateways (servers) and admins only.
-            who.require_admin("the object index (the S3 gateway's)")?;
+            // The index holds users' secret keys: servers, admins, and each service for its
+            // own part (crate::confine).
             let q: cairn_rpc::object::ObjectQuery = cairn_rpc::object::decode(&r.body)?;
+            crate::confine::object_query(&who, &q)?;
             self.inner.read_barrier().await?;
             let mut result = self.inner.sm.lock().state.query_objects(&q);
             // The gateway checks SigV4 with the secret itself.
@@ -1022,7 +1033,7 @@ impl pb::meta_server::Meta for MetaService {
                     to,
                     now_ms: now_ms(),
                 };
-                self.inner.write(as_user(&who, cmd)).await?;
+                self.inner.write(as_user(&who, cmd)?).await?;
                 Ok(pb::Empty {})
             }
             .await,
@@ -1037,7 +1048,7 @@ impl pb::meta_server::Meta for MetaService {
             target,
             async {
                 let cmd = delete_command(&req.into_inner())?;
-                self.inner.write(as_user(&who, cmd)).await?;
+                self.inner.write(as_user(&who, cmd)?).await?;
                 Ok(pb::Empty {})
             }
             .await,
@@ -1086,7 +1097,7 @@ impl pb::meta_server::Meta for MetaService {
                     placements,
                     groups,
                 };
-                let reply = self.inner.write(as_user(&who, cmd)).await?;
+                let reply = self.inner.write(as_user(&who, cmd)?).await?;
                 self.inner.file_reply(reply.inode, &who)
             }
             .await,
@@ -1101,7 +1112,7 @@ impl pb::meta_server::Meta for MetaService {
             target,
             async {
                 let cmd = self.inner.commit_command(&req.into_inner())?;
-                let reply = self.inner.write(as_user(&who, cmd)).await?;
+                let reply = self.inner.write(as_user(&who, cmd)?).await?;
                 self.inner.file_reply(reply.inode, &who)
             }
             .await,

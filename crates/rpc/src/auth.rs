@@ -24,6 +24,8 @@ use std::path::Path;
 
 mod body;
 pub use body::{BodyDigest, DigestLayer, Digested, MAX_BODY, Signed, body_digest};
+mod service;
+pub use service::{SERVICE_AUTH_METADATA, Service, ServiceKey};
 
 type HttpRequest = http::Request<tonic::body::Body>;
 
@@ -59,6 +61,8 @@ pub enum SecretError {
     Format { path: String },
     #[error("{path}: a credentials file has the lines access_key = \"…\" and secret_key = \"…\"")]
     Credentials { path: String },
+    #[error("{path}: a service key file is one line, `s3` or `block`, a space and {} hex digits", SECRET_BYTES * 2)]
+    ServiceKey { path: String },
 }
 
 pub(crate) fn hex(b: &[u8]) -> String {
@@ -163,16 +167,20 @@ fn proof(key: &[u8], kind: &str, call: Call<'_>, who: &str, at_ms: u64, nonce: u
 /// Who a call's metadata claims to be, proven or not (`server:NAME` or `user:ACCESS_KEY`,
 /// at most 64 characters of it): for audit records of refused calls.
 pub fn claimed(meta: &tonic::metadata::MetadataMap) -> Option<String> {
-    [(AUTH_METADATA, "server"), (USER_AUTH_METADATA, "user")]
-        .into_iter()
-        .find_map(|(key, kind)| {
-            let v = meta.get(key)?.to_str().ok()?;
-            let who = Proof::parse(v)?.who;
-            Some(format!(
-                "{kind}:{}",
-                who.chars().take(64).collect::<String>()
-            ))
-        })
+    [
+        (AUTH_METADATA, "server"),
+        (USER_AUTH_METADATA, "user"),
+        (SERVICE_AUTH_METADATA, "service"),
+    ]
+    .into_iter()
+    .find_map(|(key, kind)| {
+        let v = meta.get(key)?.to_str().ok()?;
+        let who = Proof::parse(v)?.who;
+        Some(format!(
+            "{kind}:{}",
+            who.chars().take(64).collect::<String>()
+        ))
+    })
 }
 
 /// A proof taken apart (not yet checked).
@@ -219,6 +227,8 @@ pub enum Credential {
         access_key: String,
         secret_key: String,
     },
+    /// A service's key ([`ServiceKey`]): the masters let it work in its namespace only.
+    Service { service: Service, key: ServiceKey },
 }
 
 impl std::fmt::Debug for Credential {
@@ -226,6 +236,7 @@ impl std::fmt::Debug for Credential {
         match self {
             Self::Server { who, .. } => write!(f, "Credential::Server({who})"),
             Self::User { access_key, .. } => write!(f, "Credential::User({access_key})"),
+            Self::Service { service, .. } => write!(f, "Credential::Service({service})"),
         }
     }
 }
@@ -254,6 +265,10 @@ impl Credential {
                     now_ms(),
                     nonce,
                 ),
+            ),
+            Self::Service { service, key } => (
+                SERVICE_AUTH_METADATA,
+                proof(key.key(), "service", call, service.name(), now_ms(), nonce),
             ),
         }
     }
@@ -351,6 +366,8 @@ pub enum Principal {
     Server(String),
     /// A user of the cluster.
     User { name: String, admin: bool },
+    /// A service with its own key: its namespace only.
+    Service(Service),
     /// Anyone: the master runs without a cluster secret (`--insecure`).
     Open,
 }
@@ -361,6 +378,7 @@ impl Principal {
         match self {
             Self::Server(_) | Self::Open => true,
             Self::User { admin, .. } => *admin,
+            Self::Service(_) => false,
         }
     }
 
@@ -393,7 +411,7 @@ impl Principal {
     pub fn require_server(&self, what: &str) -> Result<(), MetaError> {
         match self {
             Self::Server(_) | Self::Open => Ok(()),
-            Self::User { .. } => Err(MetaError::new(
+            Self::User { .. } | Self::Service(_) => Err(MetaError::new(
                 ErrorKind::PermissionDenied,
                 format!("{what} is for servers (holders of the cluster secret)"),
             )),
@@ -500,6 +518,15 @@ impl Verifier {
                 },
                 p,
             )
+        } else if let Some(v) = get(SERVICE_AUTH_METADATA)? {
+            let p = Proof::parse(v).ok_or_else(|| refuse("a malformed proof"))?;
+            let service = Service::from_name(p.who).ok_or_else(|| refuse("an unknown service"))?;
+            if !p.verify(ServiceKey::derive(secret, service).key(), "service", call) {
+                return Err(refuse(
+                    "a wrong proof of the service key: another cluster's key, or a body changed on the way",
+                ));
+            }
+            (Principal::Service(service), p)
         } else {
             return Err(refuse(
                 "no credentials: pass --credentials FILE (or CAIRN_CREDENTIALS), as `cairn up` and `cairn user create` write them",
@@ -596,7 +623,35 @@ mod tests {
             kind(check(&v, &empty, "Heartbeat", now_ms())),
             ErrorKind::Unauthenticated
         );
-        for key in [AUTH_METADATA, USER_AUTH_METADATA] {
+        // A service's key: that service, never a server; not the same key for another
+        // service, nor the cluster secret itself.
+        let svc = |service, key| Credential::Service { service, key };
+        let r = svc(Service::Block, ServiceKey::derive(&s, Service::Block)).sign((), "Stat");
+        assert_eq!(
+            check(&v, &r, "Stat", now_ms()).unwrap(),
+            Principal::Service(Service::Block)
+        );
+        assert!(!Principal::Service(Service::Block).is_superuser());
+        assert!(
+            Principal::Service(Service::S3)
+                .require_server("Register")
+                .is_err()
+        );
+        let r = svc(Service::S3, ServiceKey::derive(&s, Service::Block)).sign((), "Stat");
+        assert_eq!(
+            kind(check(&v, &r, "Stat", now_ms())),
+            ErrorKind::Unauthenticated
+        );
+        let r = svc(
+            Service::S3,
+            ServiceKey::derive(&ClusterSecret::generate(), Service::S3),
+        )
+        .sign((), "Stat");
+        assert_eq!(
+            kind(check(&v, &r, "Stat", now_ms())),
+            ErrorKind::Unauthenticated
+        );
+        for key in [AUTH_METADATA, USER_AUTH_METADATA, SERVICE_AUTH_METADATA] {
             for bad in [
                 "x",
                 "a.b",

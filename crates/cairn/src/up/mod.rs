@@ -94,6 +94,9 @@ enum Kind {
 pub const ADMIN_CREDENTIALS: &str = crate::cluster::ADMIN_CREDENTIALS;
 /// The cluster secret `cairn up` makes on the first start (mode 0600).
 pub const CLUSTER_SECRET: &str = "cluster.secret";
+/// The S3 gateway's and the NBD server's service keys `cairn up` derives from the secret.
+pub const S3_KEY: &str = "s3.key";
+pub const NBD_KEY: &str = "nbd.key";
 
 fn free_port() -> anyhow::Result<String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -193,6 +196,18 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     if !secret.exists() {
         cairn_rpc::auth::ClusterSecret::generate().write_new(&secret)?;
     }
+    // The S3 gateway and the NBD server prove keys of their own, limited to their
+    // namespaces (docs/security.md "Service credentials"), not the cluster secret.
+    let cluster_secret = cairn_rpc::auth::ClusterSecret::read(&secret)?;
+    let service_key = |service: cairn_rpc::auth::Service, name: &str| {
+        let p = dir.join(name);
+        if !p.exists() {
+            cairn_rpc::auth::ServiceKey::derive(&cluster_secret, service).write_new(service, &p)?;
+        }
+        Ok::<_, anyhow::Error>(p.display().to_string())
+    };
+    let s3_key = service_key(cairn_rpc::auth::Service::S3, S3_KEY)?;
+    let nbd_key = service_key(cairn_rpc::auth::Service::Block, NBD_KEY)?;
     let secret = secret.display().to_string();
     let tls_dir = dir.join("tls");
     let tls = !a.no_tls || a.data_tls;
@@ -300,8 +315,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 peers.clone(),
                 "--metrics-listen".into(),
                 p.metrics.clone(),
-                "--cluster-secret-file".into(),
-                secret.clone(),
+                "--service-key-file".into(),
+                nbd_key.clone(),
                 "--audit-dir".into(),
                 dir.join("audit")
                     .join(format!("master-{}", p.id))
@@ -372,8 +387,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 masters_list.clone(),
                 "--metrics-listen".into(),
                 p.metrics.clone(),
-                "--cluster-secret-file".into(),
-                secret.clone(),
+                "--service-key-file".into(),
+                s3_key.clone(),
                 "--access-log-dir".into(),
                 dir.join("audit")
                     .join(format!("s3-{}", p.id))
@@ -407,8 +422,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 masters_list.clone(),
                 "--metrics-listen".into(),
                 p.metrics.clone(),
-                "--cluster-secret-file".into(),
-                secret.clone(),
+                "--service-key-file".into(),
+                nbd_key.clone(),
                 "--audit-dir".into(),
                 dir.join("audit")
                     .join(format!("nbd-{}", p.id))
