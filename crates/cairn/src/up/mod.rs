@@ -315,8 +315,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 peers.clone(),
                 "--metrics-listen".into(),
                 p.metrics.clone(),
-                "--service-key-file".into(),
-                nbd_key.clone(),
+                "--cluster-secret-file".into(),
+                secret.clone(),
                 "--audit-dir".into(),
                 dir.join("audit")
                     .join(format!("master-{}", p.id))
