@@ -1,11 +1,12 @@
 //! The masters' check of a call's proof (`cairn_rpc::auth::Verifier::check`) on arbitrary
-//! metadata values, as a server's and as a user's: never panics, never accepts a proof that
+//! metadata values, as a server's, a user's and a service's: never panics, never accepts a proof that
 //! was not made with the secret (a forged MAC is 2^-256), and a proof the fuzzer makes valid
 //! (the input's tail signed for real, as the call's name and its body) is refused with another
 //! body, accepted once with its own and then refused as a replay.
 #![no_main]
 use cairn_rpc::auth::{
-    AUTH_METADATA, ClusterSecret, Credential, USER_AUTH_METADATA, UserKey, Verifier, body_digest,
+    AUTH_METADATA, ClusterSecret, Credential, SERVICE_AUTH_METADATA, Service, ServiceKey,
+    USER_AUTH_METADATA, UserKey, Verifier, body_digest,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -21,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
     let v = Verifier::new(Some(secret.clone()));
     let now = 1_800_000_000_000;
     let text = String::from_utf8_lossy(rest);
-    let key = if kind % 2 == 0 { AUTH_METADATA } else { USER_AUTH_METADATA };
+    let key = [AUTH_METADATA, USER_AUTH_METADATA, SERVICE_AUTH_METADATA][usize::from(kind % 3)];
     if let Ok(value) = text.parse() {
         let mut meta = tonic::metadata::MetadataMap::new();
         meta.insert(key, value);
@@ -33,10 +34,13 @@ fuzz_target!(|data: &[u8]| {
     }
     // A real proof of a call named by the input: accepted once, then a replay.
     let method: String = text.chars().filter(char::is_ascii_alphanumeric).take(32).collect();
-    let cred = if kind % 2 == 0 {
-        Credential::Server { secret, who: "fuzz".into() }
-    } else {
-        Credential::User { access_key: "CKFUZZ".into(), secret_key: "fuzz-secret".into() }
+    let cred = match kind % 3 {
+        0 => Credential::Server { secret, who: "fuzz".into() },
+        1 => Credential::User { access_key: "CKFUZZ".into(), secret_key: "fuzz-secret".into() },
+        _ => {
+            let service = if kind & 0x80 == 0 { Service::S3 } else { Service::Block };
+            Credential::Service { service, key: ServiceKey::derive(&secret, service) }
+        }
     };
     let body = text.to_string();
     let r = cred.sign(body.clone(), &method);

@@ -397,6 +397,7 @@ impl Inner {
         Ok(who)
     }
 
+    /// [`Inner::who`] without moving the connection among the proven ones.
     fn who_unproven<T>(&self, req: &Request<T>, method: &str) -> Result<Principal, Status> {
         let body = req.extensions().get::<cairn_rpc::auth::BodyDigest>();
         let r = self
