@@ -169,11 +169,12 @@ pub fn data_tls() -> anyhow::Result<Option<cairn_rpc::tls::data::TlsConnector>> 
     Ok(Some(cairn_rpc::tls::data::connector(&dir)?))
 }
 
-/// How a service process of the cluster (S3 gateway, NBD server) reaches it: it signs as a
-/// server with the cluster secret, and may talk TLS to the masters and the chunkservers.
+/// How a service process of the cluster (S3 gateway, NBD server) reaches it: it signs with its
+/// service key (or, not recommended, as a server with the cluster secret), and may talk TLS to
+/// the masters and the chunkservers.
 #[derive(clap::Args, Clone)]
 pub struct ServiceArgs {
-    /// The service's own key (`cairn service-key s3|block --out FILE`; `cairn up` writes
+    /// The service's own key (`cairn admin service-key s3|block --out FILE`; `cairn up` writes
     /// s3.key and nbd.key): the masters let it work in its namespace only
     /// (docs/security.md "Service credentials"). Used when given, else --cluster-secret-file;
     /// one of them unless --insecure.

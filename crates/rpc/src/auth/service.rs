@@ -6,8 +6,8 @@
 //! A service key is HMAC-SHA256 under the cluster secret of `cairn service key v1\n` and the
 //! service's name: the masters derive it to check a proof, nothing stores it at the masters,
 //! and it does not give the cluster secret back. Its file holds one line, `SERVICE HEX`
-//! (mode 0600; `cairn service-key SERVICE --out FILE`, and `cairn up` writes `s3.key` and
-//! `nbd.key`).
+//! (mode 0600; `cairn admin service-key SERVICE --out FILE`, and `cairn up` writes `s3.key`
+//! and `nbd.key`).
 
 use super::{ClusterSecret, SECRET_BYTES, SecretError, hex, unhex, write_private};
 use hmac::{Hmac, KeyInit, Mac};
