@@ -74,24 +74,44 @@ pub struct Admission {
 
 #[derive(Default)]
 struct Conns {
-    proven: usize,
-    proven_by_peer: HashMap<IpAddr, usize>,
-    unproven: usize,
-    unproven_by_peer: HashMap<IpAddr, usize>,
+    proven: Pool,
+    unproven: Pool,
 }
 
 impl Conns {
     fn report(&self, names: &Names) {
-        metrics::gauge!(names.open).set(self.proven as f64);
-        metrics::gauge!(names.unproven).set(self.unproven as f64);
+        metrics::gauge!(names.open).set(self.proven.open as f64);
+        metrics::gauge!(names.unproven).set(self.unproven.open as f64);
     }
 }
 
-fn take_one(m: &mut HashMap<IpAddr, usize>, peer: IpAddr) {
-    if let std::collections::hash_map::Entry::Occupied(mut e) = m.entry(peer) {
-        *e.get_mut() -= 1;
-        if *e.get() == 0 {
-            e.remove();
+/// Connections of one kind, in all and by peer address.
+#[derive(Default)]
+struct Pool {
+    open: usize,
+    by_peer: HashMap<IpAddr, usize>,
+}
+
+impl Pool {
+    /// Takes a place for `peer` within `max` in all and `per_peer` from one address; else
+    /// the counts it met (open in all, from `peer`).
+    fn take(&mut self, peer: IpAddr, max: usize, per_peer: usize) -> Result<(), (usize, usize)> {
+        let from_peer = self.by_peer.get(&peer).copied().unwrap_or(0);
+        if self.open >= max || from_peer >= per_peer {
+            return Err((self.open, from_peer));
+        }
+        self.open += 1;
+        *self.by_peer.entry(peer).or_default() += 1;
+        Ok(())
+    }
+
+    fn give_back(&mut self, peer: IpAddr) {
+        self.open -= 1;
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.by_peer.entry(peer) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
         }
     }
 }
@@ -117,32 +137,24 @@ impl Admission {
         let l = &self.limits;
         let mut c = self.conns.lock();
         let ip = peer.ip();
-        let (open, from_peer, why) = if proven {
-            let from_peer = c.proven_by_peer.get(&ip).copied().unwrap_or(0);
-            let why = if c.proven >= l.max_connections {
-                "server"
-            } else if from_peer >= l.max_connections_per_peer {
-                "peer"
-            } else {
-                c.proven += 1;
-                *c.proven_by_peer.entry(ip).or_default() += 1;
-                ""
-            };
-            (c.proven, from_peer, why)
+        let (pool, max, per_peer, names) = if proven {
+            let p = &mut c.proven;
+            (
+                p,
+                l.max_connections,
+                l.max_connections_per_peer,
+                ["server", "peer"],
+            )
         } else {
-            let from_peer = c.unproven_by_peer.get(&ip).copied().unwrap_or(0);
-            let why = if c.unproven >= l.max_unproven {
-                "unproven"
-            } else if from_peer >= l.max_unproven_per_peer {
-                "unproven_peer"
-            } else {
-                c.unproven += 1;
-                *c.unproven_by_peer.entry(ip).or_default() += 1;
-                ""
-            };
-            (c.unproven, from_peer, why)
+            let p = &mut c.unproven;
+            (
+                p,
+                l.max_unproven,
+                l.max_unproven_per_peer,
+                ["unproven", "unproven_peer"],
+            )
         };
-        if why.is_empty() {
+        let Err((open, from_peer)) = pool.take(ip, max, per_peer) else {
             c.report(&self.names);
             return Some(Slot {
                 adm: self.clone(),
@@ -151,8 +163,9 @@ impl Admission {
                 deadline: Instant::now() + l.proof_timeout,
                 bytes: AtomicU64::new(0),
             });
-        }
+        };
         drop(c);
+        let why = if open >= max { names[0] } else { names[1] };
         self.refused(why);
         if self.refusals.allow() {
             tracing::warn!(%peer, limit = why, open, from_peer, "connection refused: too many connections");
@@ -216,16 +229,15 @@ impl Slot {
         if self.is_proven() {
             return true;
         }
-        let from_peer = c.proven_by_peer.get(&self.peer).copied().unwrap_or(0);
-        if c.proven >= l.max_connections || from_peer >= l.max_connections_per_peer {
+        if c.proven
+            .take(self.peer, l.max_connections, l.max_connections_per_peer)
+            .is_err()
+        {
             drop(c);
             self.adm.refused("server");
             return false;
         }
-        c.unproven -= 1;
-        take_one(&mut c.unproven_by_peer, self.peer);
-        c.proven += 1;
-        *c.proven_by_peer.entry(self.peer).or_default() += 1;
+        c.unproven.give_back(self.peer);
         self.proven.store(true, Ordering::Release);
         c.report(names);
         true
@@ -246,11 +258,9 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let mut c = self.adm.conns.lock();
         if self.is_proven() {
-            c.proven -= 1;
-            take_one(&mut c.proven_by_peer, self.peer);
+            c.proven.give_back(self.peer);
         } else {
-            c.unproven -= 1;
-            take_one(&mut c.unproven_by_peer, self.peer);
+            c.unproven.give_back(self.peer);
         }
         c.report(&self.adm.names);
     }
@@ -509,8 +519,8 @@ mod tests {
         assert!(adm.admit(addr(4), true).is_some());
         drop((a2, a3, b1));
         let g = adm.conns.lock();
-        assert_eq!((g.unproven, g.unproven_by_peer.len()), (0, 0));
-        assert_eq!((g.proven, g.proven_by_peer.len()), (0, 0));
+        assert_eq!((g.unproven.open, g.unproven.by_peer.len()), (0, 0));
+        assert_eq!((g.proven.open, g.proven.by_peer.len()), (0, 0));
     }
 
     #[tokio::test]
