@@ -10,7 +10,7 @@ mod s3client;
 use cairn_client::{Client, ClientOptions, CreateOptions};
 use cairn_rpc::ErrorKind as K;
 use cairn_rpc::auth::{ClusterSecret, Credential, Service, ServiceKey};
-use cairn_rpc::object::{ObjectOp, ObjectQuery};
+use cairn_rpc::object::{ObjectOp, ObjectQuery, QueryReply};
 use cairn_rpc::pb;
 use common::{Cluster, has};
 use serde_json::json;
@@ -229,6 +229,68 @@ async fn services_work_in_their_namespace_only() {
         "--cluster",
         &masters.join(","),
     ]));
+    // On a user's behalf: the masters apply the user's rights to what the NBD server asks
+    // for them, and the gateway acts for users they know only.
+    let set = |mode: u16, owner: Option<&str>| ObjectOp::SetVolumeAttr {
+        name: "vol".into(),
+        mode: Some(mode),
+        owner: owner.map(str::to_owned),
+    };
+    root.masters()
+        .object_op(&set(0o600, None))
+        .await
+        .unwrap()
+        .unwrap();
+    let vol_for = |user: &str| ObjectQuery::VolumeFor {
+        name: "vol".into(),
+        user: user.into(),
+    };
+    let volumes_for = ObjectQuery::VolumesFor {
+        user: "alice".into(),
+    };
+    let names = |r: cairn_rpc::object::QueryResult| match r {
+        Ok(QueryReply::Volumes(vs)) => vs.into_iter().map(|v| v.name).collect::<Vec<_>>(),
+        other => panic!("a list of volumes: {other:?}"),
+    };
+    let denied = Err(cairn_rpc::object::ObjectError::AccessDenied);
+    assert_eq!(
+        nbd.masters().object_query(&vol_for("alice")).await.unwrap(),
+        denied,
+        "alice may not open a volume of mode 0600 she does not own"
+    );
+    assert!(names(nbd.masters().object_query(&volumes_for).await.unwrap()).is_empty());
+    root.masters()
+        .object_op(&set(0o600, Some("alice")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        nbd.masters().object_query(&vol_for("alice")).await.unwrap(),
+        Ok(QueryReply::Volume(v)) if v.name == "vol"
+    ));
+    assert_eq!(
+        names(nbd.masters().object_query(&volumes_for).await.unwrap()),
+        ["vol"]
+    );
+    assert_eq!(
+        nbd.masters().object_query(&vol_for("ghost")).await.unwrap(),
+        denied,
+        "no rights for a user the masters do not know"
+    );
+    let ghost_bucket = ObjectOp::CreateBucket {
+        user: "ghost".into(),
+        bucket: "ghosts".into(),
+        now_ms: 0,
+    };
+    assert_eq!(
+        s3.masters()
+            .object_op(&ghost_bucket)
+            .await
+            .unwrap_err()
+            .kind,
+        K::PermissionDenied,
+        "the gateway acts for users the masters know only"
+    );
     let addr = nbd_server.addr.clone();
     tokio::task::spawn_blocking(move || {
         let mut v = common::nbd::Raw::open(&addr, "vol").unwrap();

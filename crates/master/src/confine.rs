@@ -99,6 +99,29 @@ pub fn object_op(who: &Principal, op: &ObjectOp) -> Result<(), MetaError> {
     )))
 }
 
+/// Refuses a service's change made on behalf of a user the masters do not know (`known`
+/// says whether a user by that name exists). A service names the user it acts for in the
+/// operation itself, which its proof signs with the rest of the body; the masters then apply
+/// that user's rights as the operation applies (a bucket's owner, an upload's).
+///
+/// # Errors
+/// `PermissionDenied`.
+pub fn on_behalf(
+    who: &Principal,
+    op: &ObjectOp,
+    known: impl FnOnce(&str) -> bool,
+) -> Result<(), MetaError> {
+    let (Principal::Service(s), (name, _, Some(user))) = (who, op.audit()) else {
+        return Ok(());
+    };
+    if known(user) {
+        return Ok(());
+    }
+    Err(denied(format_args!(
+        "{name}: the {s} service acts for user {user:?}, whom the masters do not know"
+    )))
+}
+
 /// Refuses a read of the object index that `who` may not make: it holds users' secret keys
 /// (for the gateway's signature checks) and certificates (for the NBD server).
 ///
@@ -123,7 +146,14 @@ pub fn object_query(who: &Principal, q: &ObjectQuery) -> Result<(), MetaError> {
                 | Q::CompactionCandidates { .. }
         ),
         Principal::Service(Service::Block) => {
-            matches!(q, Q::CertUser { .. } | Q::Volume { .. } | Q::Volumes)
+            matches!(
+                q,
+                Q::CertUser { .. }
+                    | Q::Volume { .. }
+                    | Q::Volumes
+                    | Q::VolumeFor { .. }
+                    | Q::VolumesFor { .. }
+            )
         }
         _ => return who.require_admin("the object index (the S3 gateway's)"),
     };
@@ -200,5 +230,22 @@ mod tests {
         };
         assert!(object_op(&s3, &drop_user).is_err());
         assert!(object_op(&nbd, &drop_user).is_err());
+        let put = ObjectOp::DeleteBucket {
+            user: "alice".into(),
+            bucket: "b".into(),
+        };
+        assert!(on_behalf(&s3, &put, |u| u == "alice").is_ok());
+        assert!(
+            on_behalf(&s3, &put, |_| false).is_err(),
+            "no acting for a user the masters do not know"
+        );
+        let admin = Principal::User {
+            name: "root".into(),
+            admin: true,
+        };
+        assert!(
+            on_behalf(&admin, &put, |_| false).is_ok(),
+            "users act for themselves"
+        );
     }
 }

@@ -674,7 +674,13 @@ impl Inner {
                     delete_command(&r).and_then(|c| Ok((as_user(who, c)?, Answer::Done)))
                 }
                 Some(Op::Object(b)) => cairn_rpc::object::decode(&b)
-                    .and_then(|op| crate::confine::object_op(who, &op).map(|()| op))
+                    .and_then(|op| {
+                        crate::confine::object_op(who, &op)?;
+                        crate::confine::on_behalf(who, &op, |user| {
+                            self.sm.lock().state.objects().user_named(user).is_some()
+                        })?;
+                        Ok(op)
+                    })
                     .map(|mut op| {
                         self.seal_op(&mut op);
                         (Command::Object(Box::new(op)), Answer::Object)

@@ -591,6 +591,17 @@ pub enum ObjectQuery {
     },
     /// Every volume, by name.
     Volumes,
+    /// A volume by name, asked on `user`'s behalf (the NBD server, for a client that proved
+    /// the user): answered only if the user may open it (an unknown user or one without
+    /// rights: [`ObjectError::AccessDenied`]).
+    VolumeFor {
+        name: String,
+        user: String,
+    },
+    /// The volumes `user` may open, by name.
+    VolumesFor {
+        user: String,
+    },
 }
 
 /// A pack worth compacting.

@@ -17,6 +17,14 @@ const CERT_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 /// How often an open TLS session's rights are checked again with the masters.
 const REVALIDATE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Why a volume's record was not had.
+pub(super) enum Lookup {
+    /// The masters refused it to the user (no such user, or no rights on the volume).
+    Denied(String),
+    /// Anything else, with the NBD error to answer.
+    Failed((u32, String)),
+}
+
 /// Who a connection acts for.
 #[derive(Debug, Clone)]
 pub(super) enum Who {
@@ -125,8 +133,10 @@ impl NbdServer {
             if let Who::Refused(why) = &who {
                 return why.clone();
             }
-            let Ok(meta) = self.lookup(&name).await else {
-                continue;
+            let meta = match self.lookup_as(&who, &name).await {
+                Ok(meta) => meta,
+                Err(Lookup::Denied(why)) => return why,
+                Err(_) => continue,
             };
             match (who.access(&meta), s.read_only) {
                 (VolumeAccess::None, _) => return format!("{who} may no longer open {name:?}"),
@@ -149,6 +159,52 @@ impl NbdServer {
             Ok(Ok(_)) => Err((REP_ERR_INVALID, "unexpected answer".into())),
             Ok(Err(e)) => Err((REP_ERR_POLICY, e.to_string())),
             Err(e) => Err((REP_ERR_POLICY, format!("the masters: {e}"))),
+        }
+    }
+
+    /// The volume's record, asked of the masters on the user's behalf when a user is known
+    /// (they answer only if the user may open it: docs/security.md "Service credentials").
+    pub(super) async fn lookup_as(&self, who: &Who, name: &str) -> Result<VolumeMeta, Lookup> {
+        let Who::User { name: user, .. } = who else {
+            return self.lookup(name).await.map_err(Lookup::Failed);
+        };
+        let q = ObjectQuery::VolumeFor {
+            name: name.into(),
+            user: user.clone(),
+        };
+        match self.client.masters().object_query(&q).await {
+            Ok(Ok(QueryReply::Volume(v))) => Ok(v),
+            Ok(Err(ObjectError::NoSuchVolume)) => Err(Lookup::Failed((
+                REP_ERR_UNKNOWN,
+                format!("no volume named {name:?}"),
+            ))),
+            Ok(Err(ObjectError::AccessDenied)) => Err(Lookup::Denied(format!(
+                "{who} may not open volume {name:?}"
+            ))),
+            Ok(Ok(_)) => Err(Lookup::Failed((
+                REP_ERR_INVALID,
+                "unexpected answer".into(),
+            ))),
+            Ok(Err(e)) => Err(Lookup::Failed((REP_ERR_POLICY, e.to_string()))),
+            Err(e) => Err(Lookup::Failed((
+                REP_ERR_POLICY,
+                format!("the masters: {e}"),
+            ))),
+        }
+    }
+
+    /// The volumes `who` may open: the masters' list for the user when a user is known.
+    pub(super) async fn volumes_for(&self, who: &Who) -> Result<Vec<VolumeMeta>, String> {
+        let q = match who {
+            Who::User { name, .. } => ObjectQuery::VolumesFor { user: name.clone() },
+            _ => ObjectQuery::Volumes,
+        };
+        match self.client.masters().object_query(&q).await {
+            Ok(Ok(QueryReply::Volumes(vs))) => Ok(vs
+                .into_iter()
+                .filter(|v| who.access(v) != VolumeAccess::None)
+                .collect()),
+            other => Err(format!("listing volumes: {other:?}")),
         }
     }
 
@@ -183,7 +239,13 @@ impl NbdServer {
         if let Who::Refused(why) = who {
             return Err((REP_ERR_POLICY, why.clone()));
         }
-        let meta = self.lookup(name).await?;
+        let meta = self.lookup_as(who, name).await.map_err(|e| match e {
+            Lookup::Denied(why) => {
+                metrics::counter!("cairn_nbd_refused_total", "why" => "permission").increment(1);
+                (REP_ERR_POLICY, why)
+            }
+            Lookup::Failed(e) => e,
+        })?;
         match who.access(&meta) {
             VolumeAccess::ReadWrite => Ok((meta, false)),
             VolumeAccess::Read => Ok((meta, true)),

@@ -16,7 +16,6 @@ pub mod proto;
 use crate::volume::{Error as VolError, Volume, VolumeOptions};
 use bytes::Bytes;
 use cairn_client::Client;
-use cairn_rpc::object::{ObjectQuery, QueryReply, VolumeAccess};
 use proto::*;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -631,15 +630,10 @@ impl NbdServer {
                         reply_err(io, opt, REP_ERR_POLICY, why).await?;
                         continue;
                     }
-                    match self
-                        .client
-                        .masters()
-                        .object_query(&ObjectQuery::Volumes)
-                        .await
-                    {
-                        Ok(Ok(QueryReply::Volumes(vs))) => {
+                    match self.volumes_for(&h.who).await {
+                        Ok(vs) => {
                             // Only what this client may open.
-                            for v in vs.iter().filter(|v| h.who.access(v) != VolumeAccess::None) {
+                            for v in &vs {
                                 let mut p = Vec::with_capacity(4 + v.name.len());
                                 p.extend_from_slice(&(v.name.len() as u32).to_be_bytes());
                                 p.extend_from_slice(v.name.as_bytes());
@@ -647,8 +641,7 @@ impl NbdServer {
                             }
                             io.write_all(&option_reply(opt, REP_ACK, &[])).await?;
                         }
-                        other => {
-                            let why = format!("listing volumes: {other:?}");
+                        Err(why) => {
                             reply_err(io, opt, REP_ERR_POLICY, &why).await?;
                         }
                     }

@@ -10,7 +10,7 @@ use cairn_rpc::object::{
     BucketInfo, Extent, GATEWAY_FORGET_MS, Gateway, ListEntry, ListPage, ListRequest,
     MAX_LIST_KEYS, MIN_PART_BYTES, ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply,
     OpResult, PackCandidate, Part, PutCondition, QueryReply, QueryResult, Snapshot, Upload, User,
-    Volume,
+    Volume, VolumeAccess,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -94,6 +94,11 @@ impl ObjectIndex {
 
     pub fn user(&self, access_key: &str) -> Option<&User> {
         self.users.get(access_key)
+    }
+
+    /// A user by name (users are few: a scan).
+    pub fn user_named(&self, name: &str) -> Option<&User> {
+        self.users.values().find(|u| u.name == name)
     }
 
     /// Access keys of users whose secret key is not sealed (from before secrets were), with
@@ -214,6 +219,24 @@ impl ObjectIndex {
             ObjectQuery::Volumes => Ok(QueryReply::Volumes(
                 self.volumes.values().cloned().collect(),
             )),
+            ObjectQuery::VolumeFor { name, user } => {
+                let v = self.volumes.get(name).ok_or(ObjectError::NoSuchVolume)?;
+                let u = self.user_named(user).ok_or(ObjectError::AccessDenied)?;
+                match v.access(&u.name, u.admin) {
+                    VolumeAccess::None => Err(ObjectError::AccessDenied),
+                    _ => Ok(QueryReply::Volume(v.clone())),
+                }
+            }
+            ObjectQuery::VolumesFor { user } => {
+                let u = self.user_named(user).ok_or(ObjectError::AccessDenied)?;
+                Ok(QueryReply::Volumes(
+                    self.volumes
+                        .values()
+                        .filter(|v| v.access(&u.name, u.admin) != VolumeAccess::None)
+                        .cloned()
+                        .collect(),
+                ))
+            }
             ObjectQuery::Trash { max } => Ok(QueryReply::Trash(
                 self.trash.iter().take(*max as usize).cloned().collect(),
             )),
