@@ -1088,10 +1088,15 @@ async fn nemesis() {
         .unwrap();
     // Small packs and frequent compaction passes, so that pack rotation and compaction run
     // under the faults too.
+    // The gateway and the NBD server run with their service keys, as `cairn up` runs them.
+    let s3_key = common::service_key(dir.path(), &masters, "s3");
+    let nbd_key = common::service_key(dir.path(), &masters, "block");
     let proc = common::gateway_with(
         &masters,
         "127.0.0.1:0",
         &[
+            "--service-key-file",
+            s3_key.to_str().unwrap(),
             "--pack-bytes",
             "4m",
             "--compact-every-secs",
@@ -1127,7 +1132,14 @@ async fn nemesis() {
     let mut nbd = Nbd {
         proc: common::nbd::server(
             &masters,
-            &["--segment-bytes", "64k", "--gc-every-ms", "500"],
+            &[
+                "--service-key-file",
+                nbd_key.to_str().unwrap(),
+                "--segment-bytes",
+                "64k",
+                "--gc-every-ms",
+                "500",
+            ],
         ),
         model: Some(NbdModel::new()),
     };

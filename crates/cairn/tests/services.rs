@@ -24,21 +24,6 @@ fn kind<T>(r: Result<T, cairn_client::Error>) -> K {
     }
 }
 
-/// `cairn admin service-key SERVICE --out FILE`, and the key it wrote.
-fn service_key(dir: &std::path::Path, masters: &[String], service: &str) -> std::path::PathBuf {
-    let out = dir.join(format!("{service}.key"));
-    common::run_ok(common::cairn().args([
-        "admin",
-        "service-key",
-        service,
-        "--out",
-        out.to_str().unwrap(),
-        "--cluster",
-        &masters.join(","),
-    ]));
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn services_work_in_their_namespace_only() {
     let dir = tempfile::tempdir().unwrap();
@@ -68,8 +53,8 @@ async fn services_work_in_their_namespace_only() {
             .unwrap()
         }
     };
-    let s3_file = service_key(dir.path(), &masters, "s3");
-    let nbd_file = service_key(dir.path(), &masters, "block");
+    let s3_file = common::service_key(dir.path(), &masters, "s3");
+    let nbd_file = common::service_key(dir.path(), &masters, "block");
     let (svc, key) = ServiceKey::read(&s3_file).unwrap();
     assert_eq!(svc, Service::S3);
     let s3 = client(Credential::Service {

@@ -158,6 +158,21 @@ pub fn create_user(masters: &[String], name: &str) -> Keys {
     }
 }
 
+/// `cairn admin service-key SERVICE --out FILE`, and the key it wrote.
+pub fn service_key(dir: &std::path::Path, masters: &[String], service: &str) -> std::path::PathBuf {
+    let out = dir.join(format!("{service}.key"));
+    run_ok(cairn().args([
+        "admin",
+        "service-key",
+        service,
+        "--out",
+        out.to_str().unwrap(),
+        "--cluster",
+        &masters.join(","),
+    ]));
+    out
+}
+
 /// A `cairn s3 serve` process of the cluster `masters`, started.
 pub fn gateway(masters: &[String], listen: &str) -> Proc {
     gateway_with(masters, listen, &[])
