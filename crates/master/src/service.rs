@@ -2,10 +2,10 @@
 
 use crate::convert;
 use crate::registry::Registry;
-use crate::state::{Actor, Command, Inode, Lease, Policy, Reply, perm};
+use crate::state::{Command, Inode, Lease, Policy, Reply, perm};
 use crate::store::{Applied, Raft};
 use cairn_proto::cap;
-use cairn_rpc::auth::{Principal, UserKey};
+use cairn_rpc::auth::Principal;
 use cairn_rpc::{ErrorKind, MetaError, pb};
 use openraft::async_runtime::WatchReceiver;
 use openraft::{BasicNode, ReadPolicy};
@@ -15,15 +15,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 
-type Rpc<T> = Result<Response<T>, Status>;
+mod batch;
+mod principal;
+mod status;
 
-/// What a batched operation answers with.
-#[derive(Clone, Copy)]
-enum Answer {
-    File,
-    Done,
-    Object,
-}
+use batch::delete_command;
+pub(crate) use principal::prove_connection;
+use principal::{as_user, check_read};
+
+type Rpc<T> = Result<Response<T>, Status>;
 
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -83,7 +83,7 @@ pub(crate) struct Inner {
     pub refusals: crate::audit::RefusalBudget,
 }
 
-use crate::audit::{Call, principal_name};
+use crate::audit::Call;
 
 impl MetaService {
     pub(crate) fn new(inner: Inner) -> Self {
@@ -389,90 +389,6 @@ impl Inner {
         self.registry.lock().scan_repairs(&a.state, Instant::now());
     }
 
-    /// Who sent a call of `method` (cairn_rpc::auth), as a gRPC status when no one valid. A
-    /// valid call proves its connection (cairn_rpc::admission).
-    fn who<T>(&self, req: &Request<T>, method: &str) -> Result<Principal, Status> {
-        let who = self.who_unproven(req, method)?;
-        prove_connection(req)?;
-        Ok(who)
-    }
-
-    /// [`Inner::who`] without moving the connection among the proven ones.
-    fn who_unproven<T>(&self, req: &Request<T>, method: &str) -> Result<Principal, Status> {
-        let body = req.extensions().get::<cairn_rpc::auth::BodyDigest>();
-        let r = self
-            .auth
-            .check(req.metadata(), (method, body), now_ms(), |key| {
-                let a = self.sm.lock();
-                let u = a.state.objects().user(key)?;
-                Some(UserKey {
-                    name: u.name.clone(),
-                    secret_key: self.open_secret(u)?,
-                    admin: u.admin,
-                })
-            });
-        r.map_err(|e| {
-            // A follower may not know a user created a moment ago: send the caller to the
-            // leader rather than refuse it.
-            if let Err(redirect) = self.leader_check() {
-                return Status::from(redirect);
-            }
-            metrics::counter!("cairn_master_calls_refused_total", "method" => method.to_owned())
-                .increment(1);
-            if !self.refusals.allow(&self.audit) {
-                return Status::from(e);
-            }
-            tracing::warn!(error = %e, "call refused");
-            self.audit.record(serde_json::json!({
-                "service": "master",
-                // Unproven: who it claimed to be.
-                "claimed": cairn_rpc::auth::claimed(req.metadata()),
-                "addr": cairn_rpc::admission::remote_addr(req).map(|a| a.to_string()),
-                "call": method,
-                "result": "refused",
-                "error": e.to_string(),
-            }));
-            Status::from(e)
-        })
-    }
-
-    /// [`Inner::who`] for a call the audit log records when it ends ([`Inner::audited`]).
-    fn call<T>(&self, req: &Request<T>, method: &'static str) -> Result<(Principal, Call), Status> {
-        let who = self.who(req, method)?;
-        let call = Call {
-            principal: principal_name(&who),
-            addr: cairn_rpc::admission::remote_addr(req),
-            method,
-        };
-        Ok((who, call))
-    }
-
-    /// Records how `call` on `target` ended — unless it only sent the caller to the leader —
-    /// and answers with `r`.
-    fn audited<T>(
-        &self,
-        call: &Call,
-        target: serde_json::Value,
-        r: Result<T, MetaError>,
-    ) -> Rpc<T> {
-        let redirect = matches!(&r, Err(e) if e.kind == ErrorKind::NotLeader);
-        if self.audit.is_on() && !redirect {
-            self.audit.record(serde_json::json!({
-                "service": "master",
-                "principal": call.principal,
-                "addr": call.addr.map(|a| a.to_string()),
-                "call": call.method,
-                "target": target,
-                "result": match &r {
-                    Ok(_) => "ok",
-                    Err(e) => e.kind.name(),
-                },
-                "error": r.as_ref().err().map(|e| e.message.clone()),
-            }));
-        }
-        ok(r)
-    }
-
     /// Applies `cmd` for `who` and answers with the node at `path` it touched.
     async fn node_write(
         &self,
@@ -500,379 +416,10 @@ impl Inner {
         }
         Ok(r)
     }
-
-    /// `u`'s secret key as the user holds it: opened when sealed; `None` (logged) when it
-    /// does not open — the state was altered, or came from another cluster.
-    fn open_secret(&self, u: &cairn_rpc::object::User) -> Option<String> {
-        match &self.sealer {
-            Some(s) => match s.open(&u.secret_key, &u.access_key) {
-                Ok(k) => Some(k),
-                Err(e) => {
-                    tracing::error!(user = %u.name, error = %e, "a user's secret key does not open");
-                    None
-                }
-            },
-            None if cairn_rpc::seal::Sealer::is_sealed(&u.secret_key) => {
-                tracing::error!(user = %u.name, "a sealed secret key, and no cluster secret to open it");
-                None
-            }
-            None => Some(u.secret_key.clone()),
-        }
-    }
-
-    /// Seals the secret key a change to the object index carries (a user's creation, new
-    /// keys), so that it enters the log sealed.
-    fn seal_op(&self, op: &mut cairn_rpc::object::ObjectOp) {
-        use cairn_rpc::object::ObjectOp as O;
-        let Some(s) = &self.sealer else { return };
-        match op {
-            O::CreateUser { user } => {
-                user.secret_key = s.seal(&user.secret_key, &user.access_key);
-            }
-            O::SetUserKeys {
-                access_key,
-                secret_key,
-                ..
-            } => *secret_key = s.seal(secret_key, access_key),
-            _ => {}
-        }
-    }
-
-    /// The leader seals users' secret keys stored in plain text by an older version, then
-    /// takes a snapshot so that the log entries holding them can be purged.
-    pub(crate) async fn seal_plain_secrets(&self) {
-        let Some(s) = &self.sealer else { return };
-        if self.leader_check().is_err() {
-            return;
-        }
-        use std::sync::atomic::Ordering;
-        let term = self.raft.metrics().borrow_watched().current_term;
-        if self.sealed_term.load(Ordering::Acquire) == term {
-            return;
-        }
-        let plain = self.sm.lock().state.objects().plain_secrets();
-        if plain.is_empty() {
-            self.sealed_term.store(term, Ordering::Release);
-            return;
-        }
-        let sealed = plain
-            .into_iter()
-            .filter(|(_, secret)| !secret.is_empty())
-            .map(|(key, secret)| {
-                let sealed = s.seal(&secret, &key);
-                (key, sealed)
-            })
-            .collect::<Vec<_>>();
-        let n = sealed.len();
-        match self.write(Command::SealSecrets { sealed }).await {
-            Ok(_) => {
-                tracing::warn!(
-                    users = n,
-                    "sealed users' secret keys kept in plain text by an older version"
-                );
-                if let Err(e) = self.raft.trigger().snapshot().await {
-                    tracing::warn!(error = %e, "could not take a snapshot after sealing");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "sealing users' secret keys failed"),
-        }
-    }
-
-    /// The leader makes the first capability key when the state has none.
-    pub(crate) async fn ensure_cap_key(&self) {
-        if self.leader_check().is_err() || !self.sm.lock().state.cap_keys().is_empty() {
-            return;
-        }
-        let cmd = Command::RotateKey {
-            secret: crate::caps::new_secret(),
-            now_ms: now_ms(),
-        };
-        match self.write(cmd).await {
-            Ok(_) => tracing::info!("made the first capability key"),
-            Err(e) => tracing::warn!(error = %e, "making the first capability key failed"),
-        }
-    }
-
-    /// A create's command: placement of its first chunks happens here, on the leader.
-    fn create_command(&self, r: pb::CreateRequest) -> Result<Command, MetaError> {
-        let path = convert::path(&r.path)?;
-        let policy = match &r.policy {
-            Some(p) => convert::policy(Some(p))?,
-            None => self
-                .sm
-                .lock()
-                .state
-                .inherited_policy(&path)
-                .unwrap_or_default(),
-        };
-        let count = convert::chunk_count(r.chunks)?;
-        let now = now_ms();
-        let lease = if r.client_id.is_empty() {
-            None
-        } else {
-            Some(Lease {
-                holder: convert::client_id(&r.client_id)?,
-                expires_ms: self.lease_until(now),
-            })
-        };
-        self.leader_check()?;
-        self.check_placeable(&policy)?;
-        let (placements, groups) = self.place(&policy, false, count, &BTreeSet::new())?;
-        Ok(Command::Create {
-            path,
-            policy,
-            parents: r.parents,
-            now_ms: now,
-            lease,
-            placements,
-            groups,
-            mode: convert::mode(r.mode)?,
-        })
-    }
-
-    fn commit_command(&self, r: &pb::CommitRequest) -> Result<Command, MetaError> {
-        let now = now_ms();
-        Ok(Command::Commit {
-            path: convert::path(&r.path)?,
-            holder: convert::client_id(&r.client_id)?,
-            now_ms: now,
-            updates: convert::updates(&r.updates)?,
-            trim: r.trim,
-            release: r.release,
-            seal: r.seal,
-            lease_until_ms: self.lease_until(now),
-            drops: convert::drops(&r.drops)?,
-            remove: convert::remove(&r.remove)?,
-        })
-    }
-
-    /// Independent operations of concurrent callers: each is checked and becomes a command
-    /// on its own (a bad one fails alone), and all that pass go into one Raft entry.
-    async fn batch(
-        &self,
-        ops: Vec<pb::BatchOp>,
-        who: &Principal,
-    ) -> Result<pb::BatchReply, MetaError> {
-        use pb::batch_op::Op;
-        use pb::batch_result::Result as Outcome;
-        convert::batch_len(ops.len())?;
-        self.leader_check()?;
-        metrics::histogram!("cairn_master_batch_ops").record(ops.len() as f64);
-        let mut results: Vec<Option<Outcome>> = vec![None; ops.len()];
-        let mut cmds = Vec::with_capacity(ops.len());
-        // (index in the request, what it answers with)
-        let mut at = Vec::with_capacity(ops.len());
-        for (i, op) in ops.into_iter().enumerate() {
-            let prepared = match op.op {
-                Some(Op::Create(r)) => self
-                    .create_command(r)
-                    .and_then(|c| Ok((as_user(who, c)?, Answer::File))),
-                Some(Op::Commit(r)) => self
-                    .commit_command(&r)
-                    .and_then(|c| Ok((as_user(who, c)?, Answer::File))),
-                Some(Op::Delete(r)) => {
-                    delete_command(&r).and_then(|c| Ok((as_user(who, c)?, Answer::Done)))
-                }
-                Some(Op::Object(b)) => cairn_rpc::object::decode(&b)
-                    .and_then(|op| {
-                        crate::confine::object_op(who, &op)?;
-                        crate::confine::on_behalf(who, &op, |user| {
-                            self.sm.lock().state.objects().user_named(user).is_some()
-                        })?;
-                        Ok(op)
-                    })
-                    .map(|mut op| {
-                        self.seal_op(&mut op);
-                        (Command::Object(Box::new(op)), Answer::Object)
-                    }),
-                None => Err(MetaError::invalid("a batch operation without an operation")),
-            };
-            match prepared {
-                Ok((cmd, file)) => {
-                    cmds.push(cmd);
-                    at.push((i, file));
-                }
-                Err(e) => results[i] = Some(Outcome::Error((&e).into())),
-            }
-        }
-        if !cmds.is_empty() {
-            let reply = self.write(Command::Batch(cmds)).await?;
-            if reply.batch.len() != at.len() {
-                return Err(MetaError::internal(format!(
-                    "a batch of {} commands returned {} results",
-                    at.len(),
-                    reply.batch.len()
-                )));
-            }
-            for ((i, answer), r) in at.into_iter().zip(reply.batch) {
-                let out = r.and_then(|reply| match answer {
-                    Answer::File => self.file_reply(reply.inode, who).map(Outcome::File),
-                    Answer::Done => Ok(Outcome::Done(pb::Empty {})),
-                    Answer::Object => match reply.object {
-                        Some(o) => Ok(Outcome::Object(cairn_rpc::object::encode(&o))),
-                        None => Err(MetaError::internal("an object change without its answer")),
-                    },
-                });
-                results[i] = Some(out.unwrap_or_else(|e| Outcome::Error((&e).into())));
-            }
-        }
-        Ok(pb::BatchReply {
-            results: results
-                .into_iter()
-                .map(|result| pb::BatchResult { result })
-                .collect(),
-        })
-    }
-
-    fn policy_of(&self, path: &str) -> Result<Policy, MetaError> {
-        let a = self.sm.lock();
-        let ino = a.state.lookup(path)?;
-        ino.file().map(|f| f.policy).ok_or_else(|| {
-            MetaError::new(ErrorKind::IsADirectory, format!("{path}: is a directory"))
-        })
-    }
-}
-
-/// `cmd` on behalf of `who` when a user sent it (checked against permission bits as it
-/// applies); a service's within its namespace (checked here: [`crate::confine`]); servers'
-/// commands as they are.
-///
-/// # Errors
-/// `PermissionDenied`: a service's command outside its namespace.
-fn as_user(who: &Principal, cmd: Command) -> Result<Command, MetaError> {
-    Ok(match who {
-        Principal::User { name, admin } => Command::As {
-            actor: Actor {
-                user: name.clone(),
-                admin: *admin,
-            },
-            cmd: Box::new(cmd),
-        },
-        Principal::Service(s) => {
-            crate::confine::command(*s, &cmd)?;
-            cmd
-        }
-        Principal::Server(_) | Principal::Open => cmd,
-    })
-}
-
-/// Checks a read of `ino` by `who`: `want` on it and search on the way.
-fn check_read(
-    st: &crate::state::State,
-    who: &Principal,
-    ino: &Inode,
-    want: u16,
-) -> Result<(), MetaError> {
-    match who {
-        Principal::User { name, admin: false } => st.check_inode(ino.id, name, want),
-        Principal::Service(s) => crate::confine::path(*s, &st.path_of(ino.id)),
-        _ => Ok(()),
-    }
-}
-
-fn delete_command(r: &pb::PathRequest) -> Result<Command, MetaError> {
-    Ok(Command::Delete {
-        path: convert::path(&r.path)?,
-    })
 }
 
 fn ok<T>(r: Result<T, MetaError>) -> Rpc<T> {
     r.map(Response::new).map_err(Status::from)
-}
-
-impl MetaService {
-    /// The `Status` answer (also what a membership change answers with).
-    async fn status_reply(&self) -> Rpc<pb::StatusReply> {
-        ok(async {
-            self.inner.leader_check()?;
-            let m = self.inner.raft.metrics().borrow_watched().clone();
-            let membership = m.membership_config.membership();
-            let voters: BTreeSet<u64> = membership.voter_ids().collect();
-            let masters = membership
-                .nodes()
-                .map(|(id, n)| pb::MasterStatus {
-                    id: *id,
-                    addr: n.addr.clone(),
-                    voter: voters.contains(id),
-                })
-                .collect();
-            let a = self.inner.sm.lock();
-            let reg = self.inner.registry.lock();
-            let now = Instant::now();
-            let reporters = reg.reports.reporters(now);
-            let avoided = reg.reports.avoided(a.state.servers().len(), now);
-            let servers = a
-                .state
-                .servers()
-                .values()
-                .map(|s| {
-                    let live = reg.live.get(&s.id);
-                    pb::ServerStatus {
-                        id: s.id,
-                        addr: s.addr.clone(),
-                        host: s.host.clone(),
-                        rack: s.rack.clone(),
-                        state: reg.state_of(s, now).name().into(),
-                        capacity_bytes: live.map_or(0, |l| l.capacity),
-                        used_bytes: live.map_or(0, |l| l.used),
-                        chunk_count: live.map_or(0, |l| l.chunk_count),
-                        load: live.map_or(0, |l| l.load),
-                        last_heartbeat_ms_ago: live
-                            .map_or(u64::MAX, |l| now.duration_since(l.last).as_millis() as u64),
-                        pid: live.map_or(0, |l| l.pid),
-                        reported_by: reporters.get(&s.id).copied().unwrap_or(0),
-                        avoided: avoided.contains(&s.id),
-                        scrub_bytes: live.map_or(0, |l| l.scrub[0]),
-                        scrub_passes: live.map_or(0, |l| l.scrub[1]),
-                        scrub_corrupt: live.map_or(0, |l| l.scrub[2]),
-                        scrub_pass_done: live.map_or(0, |l| l.scrub_pass.done),
-                        scrub_pass_total: live.map_or(0, |l| l.scrub_pass.total),
-                        scrub_pass_due_ms: live.map_or(0, |l| l.scrub_pass.due_ms),
-                        scrub_rate: live.map_or(0, |l| l.scrub_pass.rate),
-                        scrub_behind: live.is_some_and(|l| l.scrub_pass.behind),
-                        corrupt_now: live.map_or(0, |l| l.corrupt.len() as u64),
-                        convert_user_bytes: live.map_or(0, |l| l.traffic[0]),
-                        convert_network_bytes: live.map_or(0, |l| l.traffic[1]),
-                        convert_device_bytes: live.map_or(0, |l| l.traffic[2]),
-                        repair_network_bytes: live.map_or(0, |l| l.traffic[3]),
-                        repair_device_bytes: live.map_or(0, |l| l.traffic[4]),
-                    }
-                })
-                .collect();
-            let (files, dirs, chunks, logical_bytes) = a.state.totals();
-            Ok(pb::StatusReply {
-                leader_id: self.inner.id,
-                term: m.current_term,
-                last_applied: m.last_applied.as_ref().map_or(0, |l| l.index),
-                masters,
-                servers,
-                files,
-                dirs,
-                chunks,
-                logical_bytes,
-                missing_replicas: reg.missing_replicas(&a.state, Instant::now()),
-                pending_deletes: reg.pending_deletes(),
-                under_replicated: reg.repairs.under_replicated,
-                under_replicated_bytes: reg.repairs.under_replicated_bytes,
-                repairs_running: reg.repairs.running() as u64,
-                repairs_done: reg.repairs.done,
-                repairs_failed: reg.repairs.failed,
-                repaired_bytes: reg.repairs.bytes,
-                repair_rate: reg.repairs.rate(now),
-                repair_bytes_per_sec: a.state.config().repair_bytes_per_sec,
-                lost_chunks: reg.repairs.lost,
-                reporting_clients: reg.reports.active(now) as u32,
-                conversions_running: reg.repairs.conversions_running() as u64,
-                conversions_done: reg.repairs.conversions_done,
-                conversions_failed: reg.repairs.conversions_failed,
-                converted_bytes: reg.repairs.converted_bytes,
-                conversions_waiting: reg.repairs.conversions_waiting,
-                convert_after_secs: a.state.config().convert_after_secs,
-                background_bytes_per_sec: a.state.config().background_bytes_per_sec,
-            })
-        }
-        .await)
-    }
 }
 
 #[tonic::async_trait]
@@ -1489,16 +1036,5 @@ impl pb::meta_server::Meta for MetaService {
             }
             .await,
         )
-    }
-}
-
-/// Moves the connection `req` came on among the proven ones (docs/security.md "Resource
-/// limits"): it made a call whose proof checked. Refused when those slots are all taken.
-pub(crate) fn prove_connection<T>(req: &Request<T>) -> Result<(), Status> {
-    match cairn_rpc::admission::peer_of(req) {
-        Some(p) if !p.slot.prove() => Err(Status::resource_exhausted(
-            "every connection slot of this master is taken",
-        )),
-        _ => Ok(()),
     }
 }
