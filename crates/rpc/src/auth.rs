@@ -17,7 +17,6 @@
 //!
 //! What it does not do: hide the traffic — TLS is the answer to that.
 
-use crate::{ErrorKind, MetaError};
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use std::path::Path;
@@ -364,6 +363,7 @@ pub fn write_private(path: &Path, body: &[u8]) -> Result<(), SecretError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{ErrorKind, MetaError};
 
     fn server(s: &ClusterSecret) -> Credential {
         Credential::Server {
