@@ -1,7 +1,13 @@
 //! `cairn up`: a whole cluster on this machine, one OS process per master and chunkserver,
 //! supervised (a process that dies is restarted after a back-off).
 
+mod down;
 mod lock;
+mod welcome;
+
+use down::down_flag;
+pub use down::{DownArgs, down};
+use welcome::{admin_credentials, admin_nbd_cert, cli_name, print_nbd, print_s3};
 
 use crate::cluster::{ClusterFile, Proc};
 use std::path::{Path, PathBuf};
@@ -752,158 +758,6 @@ fn watch_ready(
     }
 }
 
-/// Sets `flag` when signal `sig` arrives.
-/// The admin user `cairn up` made (`admin`: an admin of the cluster and a user of its S3
-/// gateway), from DIR/admin.credentials; made on the first start with the cluster secret.
-fn admin_credentials(
-    dir: &Path,
-    masters: &str,
-    secret: &Path,
-    tls: Option<cairn_rpc::tls::ClientTlsConfig>,
-    data_tls: Option<&Path>,
-) -> anyhow::Result<(String, String)> {
-    let path = dir.join(ADMIN_CREDENTIALS);
-    if let Ok(cairn_rpc::auth::Credential::User {
-        access_key,
-        secret_key,
-    }) = cairn_rpc::auth::Credential::read(&path)
-    {
-        return Ok((access_key, secret_key));
-    }
-    let masters: Vec<String> = masters.split(',').map(str::to_owned).collect();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let user = rt.block_on(async {
-        let client = cairn_client::Client::with_options(
-            &masters,
-            cairn_client::ClientOptions {
-                credential: Some(cairn_rpc::auth::Credential::Server {
-                    secret: cairn_rpc::auth::ClusterSecret::read(secret)?,
-                    who: "cairn-up".into(),
-                }),
-                tls,
-                data_tls: data_tls.map(cairn_rpc::tls::data::connector).transpose()?,
-                ..cairn_client::ClientOptions::default()
-            },
-        )
-        .await?;
-        cairn_s3::create_user(&client, "admin", true)
-            .await
-            .map_err(|e| anyhow::anyhow!(e))
-    })?;
-    // Written private, then renamed: a reader never sees half of it.
-    let tmp = dir.join(format!("{ADMIN_CREDENTIALS}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
-    let body = format!(
-        "# Written by `cairn up`: the user admin, an admin of the cluster (the cairn CLI \
-         reads this file from ./cairn-data) and a user of its S3 gateway (aws CLI \
-         credentials file format).\n\
-         [default]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
-        user.access_key, user.secret_key
-    );
-    cairn_rpc::auth::write_private(&tmp, body.as_bytes())?;
-    std::fs::rename(&tmp, &path)?;
-    Ok((user.access_key, user.secret_key))
-}
-
-/// Where `cairn up` keeps the admin's NBD client certificate.
-pub const ADMIN_NBD_CERT: &str = "nbd-admin";
-
-/// The admin's client certificate for NBD over TLS (`DATA_DIR/nbd-admin`: the layout qemu and
-/// libnbd read), issued and recorded on the first start; its directory.
-fn admin_nbd_cert(
-    dir: &Path,
-    masters: &str,
-    secret: &Path,
-    tls: Option<cairn_rpc::tls::ClientTlsConfig>,
-    tls_dir: &Path,
-) -> anyhow::Result<std::path::PathBuf> {
-    let out = dir.join(ADMIN_NBD_CERT);
-    if out.join(crate::tls::CLIENT_CERT).exists() {
-        return Ok(out);
-    }
-    let tmp = dir.join(format!("{ADMIN_NBD_CERT}.tmp"));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let fingerprint = crate::tls::issue_client_cert(tls_dir, "admin", 3650, &tmp)?;
-    let masters: Vec<String> = masters.split(',').map(str::to_owned).collect();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let m = cairn_rpc::Masters::new(&masters)?
-            .credential(Some(cairn_rpc::auth::Credential::Server {
-                secret: cairn_rpc::auth::ClusterSecret::read(secret)?,
-                who: "cairn-up".into(),
-            }))
-            .tls(tls);
-        let op = cairn_rpc::object::ObjectOp::AddUserCert {
-            name: "admin".into(),
-            fingerprint,
-        };
-        m.object_op(&op).await?.map_err(|e| anyhow::anyhow!("{e}"))
-    })?;
-    // Whole or not at all: the directory appears with its three files.
-    std::fs::rename(&tmp, &out)?;
-    Ok(out)
-}
-
-/// The tour's lines about NBD.
-fn print_nbd(
-    addr: &str,
-    insecure: bool,
-    cert: impl FnOnce() -> anyhow::Result<std::path::PathBuf>,
-) {
-    let cli = cli_name();
-    if insecure {
-        println!(
-            "cairn up: block volumes over plain NBD (--nbd-insecure) at nbd://{addr}/VOLUME\n\
-             try: {cli} volume create vol1 --size 1g; \
-             qemu-img convert -n -O raw disk.img nbd://{addr}/vol1; nbdinfo nbd://{addr}/vol1"
-        );
-        return;
-    }
-    match cert() {
-        Ok(c) => {
-            let c = c
-                .strip_prefix(std::env::current_dir().unwrap_or_default())
-                .unwrap_or(&c)
-                .display()
-                .to_string();
-            println!(
-                "cairn up: block volumes over NBD with TLS at nbds://{addr}/VOLUME; the admin's \
-                 client certificate is in {c} (`{cli} user cert NAME --dir DIR` makes others)\n\
-                 try: {cli} volume create vol1 --size 1g; \
-                 nbdcopy disk.img 'nbds://{addr}/vol1?tls-certificates={c}'; \
-                 nbdinfo 'nbds://{addr}/vol1?tls-certificates={c}'"
-            );
-        }
-        Err(e) => eprintln!(
-            "cairn up: no NBD client certificate for the admin ({e:#}); NBD is served over TLS \
-             at nbds://{addr}/VOLUME",
-        ),
-    }
-}
-
-/// How a person at this shell runs this binary: `cairn` when that is it on PATH, else its
-/// path (relative to the working directory when below it), as the hints print it.
-fn cli_name() -> String {
-    let Ok(exe) = std::env::current_exe().and_then(std::fs::canonicalize) else {
-        return "cairn".into();
-    };
-    let on_path = std::env::var_os("PATH").is_some_and(|p| {
-        std::env::split_paths(&p)
-            .any(|d| std::fs::canonicalize(d.join("cairn")).is_ok_and(|c| c == exe))
-    });
-    if on_path {
-        return "cairn".into();
-    }
-    match std::env::current_dir().map(|cwd| exe.strip_prefix(cwd).map(Path::to_path_buf)) {
-        Ok(Ok(rel)) => format!("./{}", rel.display()),
-        _ => exe.display().to_string(),
-    }
-}
-
 /// The id the masters know chunkserver `p` by: its data directory's `server-id` (the number
 /// `cairn up` gave it, or a random one from before it did).
 fn chunkserver_id(p: &Proc) -> u64 {
@@ -913,81 +767,7 @@ fn chunkserver_id(p: &Proc) -> u64 {
         .unwrap_or(p.id)
 }
 
-/// ` --data-dir DIR` unless `dir` is the default.
-fn down_flag(dir: &Path) -> String {
-    if dir == Path::new("./cairn-data") {
-        String::new()
-    } else {
-        format!(" --data-dir {}", dir.display())
-    }
-}
-
-#[derive(clap::Args)]
-pub struct DownArgs {
-    /// The data directory of the cluster to stop.
-    #[arg(long, default_value = "./cairn-data")]
-    data_dir: PathBuf,
-    /// How long to wait for it to stop, in seconds.
-    #[arg(long, default_value_t = 60)]
-    wait: u64,
-}
-
-/// `cairn down`: asks the supervisor running on the directory to stop (SIGTERM, as Ctrl-C)
-/// and waits until it has (its lock is free).
-pub fn down(a: DownArgs) -> anyhow::Result<()> {
-    let Some(pid) = lock::running(&a.data_dir)? else {
-        anyhow::bail!(
-            "{}: no cluster is running on this data directory",
-            a.data_dir.display()
-        );
-    };
-    anyhow::ensure!(
-        pid > 1,
-        "{}: the running supervisor's pid is unreadable",
-        a.data_dir.display()
-    );
-    // SAFETY: kill(2) with a pid read from the lock file of a supervisor that holds it.
-    if unsafe { libc::kill(pid as i32, libc::SIGTERM) } != 0 {
-        anyhow::bail!(
-            "cannot signal cairn up (pid {pid}): {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    eprintln!("cairn down: stopping the cluster (cairn up, pid {pid})");
-    let deadline = Instant::now() + Duration::from_secs(a.wait);
-    while lock::running(&a.data_dir)?.is_some() {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "cairn up (pid {pid}) has not stopped after {} s",
-            a.wait
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    eprintln!("cairn down: stopped");
-    Ok(())
-}
-
-fn print_s3(addr: &str, dir: &Path, (key, secret): &(String, String)) {
-    // The secret key only to a person at a terminal: never into a log of this output.
-    if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
-        println!(
-            "cairn up: S3 at http://{addr} (region us-east-1), user admin; access key {key}, \
-             secret key in {} (aws CLI format: AWS_SHARED_CREDENTIALS_FILE=that file)",
-            dir.join(ADMIN_CREDENTIALS).display()
-        );
-        return;
-    }
-    println!(
-        "cairn up: S3 at http://{addr} (region us-east-1), user admin; credentials in {}.\n\
-         paste into a shell, then try: aws s3 mb s3://demo; aws s3 cp README.md s3://demo/; aws s3 ls s3://demo\n  \
-         export AWS_ENDPOINT_URL=http://{addr}\n  \
-         export AWS_ACCESS_KEY_ID={key}\n  \
-         export AWS_SECRET_ACCESS_KEY={secret}\n  \
-         export AWS_DEFAULT_REGION=us-east-1",
-        dir.join(ADMIN_CREDENTIALS).display()
-    );
-}
-
+/// Sets `flag` when signal `sig` arrives.
 fn signal_flag(sig: i32, flag: Arc<AtomicBool>) -> anyhow::Result<()> {
     // A small tokio runtime would do too; a thread blocked in sigwait is simpler here.
     static FLAGS: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
