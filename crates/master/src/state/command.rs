@@ -1,0 +1,261 @@
+//! The replicated changes ([`Command`]) and what applying one answers ([`Reply`]).
+
+use super::{
+    Actor, ChunkId, ChunkUpdate, Config, Inode, Lease, MemberMove, Policy, ServerId, ServerRecord,
+    is_zero_u64,
+};
+use cairn_rpc::MetaError;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// One replicated change. `now_ms` is the leader's clock when it proposed the command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    Mkdir {
+        path: String,
+        parents: bool,
+        now_ms: u64,
+        /// The default policy of files created below the new directory.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy: Option<Policy>,
+        /// Permission bits of the new directory (default 0o755).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u16>,
+    },
+    Create {
+        path: String,
+        policy: Policy,
+        parents: bool,
+        now_ms: u64,
+        lease: Option<Lease>,
+        /// Chunkservers of each chunk to allocate, in order.
+        placements: Vec<Vec<ServerId>>,
+        /// The placements are chunk groups of the file's EC policy.
+        #[serde(default)]
+        groups: bool,
+        /// Permission bits of the new file (default 0o644).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u16>,
+    },
+    OpenWrite {
+        path: String,
+        now_ms: u64,
+        lease: Lease,
+        placements: Vec<Vec<ServerId>>,
+        /// The placements are chunk groups of the file's EC policy.
+        #[serde(default)]
+        groups: bool,
+        /// When the last writer released the file cleanly and its last chunk is a replicated
+        /// chunk shorter than this, the chunk is opened again for the new writer to continue
+        /// (0: never; see [`continue_last`]).
+        #[serde(default, skip_serializing_if = "is_zero_u64")]
+        continue_below: u64,
+    },
+    Allocate {
+        path: String,
+        holder: String,
+        now_ms: u64,
+        placements: Vec<Vec<ServerId>>,
+        /// The placements are chunk groups of the file's EC policy.
+        #[serde(default)]
+        groups: bool,
+    },
+    Commit {
+        path: String,
+        holder: String,
+        now_ms: u64,
+        updates: Vec<ChunkUpdate>,
+        trim: bool,
+        release: bool,
+        seal: bool,
+        /// New lease expiry (ignored with `release`).
+        lease_until_ms: u64,
+        /// (chunk, server): replicas the writer gave up on; no longer locations.
+        #[serde(default)]
+        drops: Vec<(ChunkId, ServerId)>,
+        /// Tail chunks of an EC file whose bytes are in a group now: leave the file.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        remove: Vec<ChunkId>,
+    },
+    Rename {
+        from: String,
+        to: String,
+        now_ms: u64,
+    },
+    Delete {
+        path: String,
+    },
+    /// Changes the permission bits and/or the owner of a file or directory.
+    SetAttr {
+        path: String,
+        mode: Option<u16>,
+        owner: Option<String>,
+    },
+    /// `cmd` on behalf of a user: checked against owners and permission bits (perm.rs), and
+    /// what it creates is theirs.
+    As {
+        actor: Actor,
+        cmd: Box<Command>,
+    },
+    Register {
+        server: ServerRecord,
+    },
+    SetDraining {
+        server_id: ServerId,
+        draining: bool,
+    },
+    /// A repair copied a sealed chunk to `server`: it becomes a location and `remove` (the
+    /// copies that were down, draining or stale) stop being locations. Ignored when the chunk
+    /// is gone or its length changed meanwhile.
+    ///
+    /// For a chunk group, `member` names the rebuilt member: its position moves from the
+    /// server it names to `server` (the same server when rebuilt in place), `remove` is empty,
+    /// and nothing changes unless that position still holds that server.
+    Repaired {
+        chunk_id: ChunkId,
+        length: u64,
+        server: ServerId,
+        remove: Vec<ServerId>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        member: Option<MemberMove>,
+    },
+    SetConfig {
+        config: Config,
+    },
+    /// Starts converting sealed replicated chunk `chunk_id` to a group of `servers` (K+M of
+    /// them, the file's policy's geometry): allocates the group's id (in the reply's
+    /// `chunk`) and records the conversion, so that the members being written are not
+    /// orphans.
+    ConvertBegin {
+        chunk_id: ChunkId,
+        servers: Vec<ServerId>,
+        now_ms: u64,
+    },
+    /// Ends the conversion to group `group_id`: with `switch`, the file's chunk becomes the
+    /// group (same length, sealed) in this one step and its replicas are no longer locations;
+    /// without, or when the chunk changed meanwhile, the conversion is dropped and the
+    /// replicas stay the data.
+    ///
+    /// `stream` is the length of the LZ4 stream the worker wrote when the conversion
+    /// compresses (it must then be non-zero and fit the members).
+    ConvertEnd {
+        group_id: ChunkId,
+        switch: bool,
+        #[serde(default)]
+        stream: u64,
+    },
+    /// Adds a capability key (the leader drew `secret`); the oldest past [`KEYS_KEPT`] is
+    /// dropped, and with it every capability it signed.
+    RotateKey {
+        secret: [u8; cairn_proto::cap::KEY_BYTES],
+        now_ms: u64,
+    },
+    /// Independent commands of concurrent callers in one Raft entry, applied in order; each
+    /// has its own result in [`Reply::batch`]. A batch inside a batch is refused.
+    Batch(Vec<Command>),
+    /// A change to the object index (the S3 gateway's); its answer is in [`Reply::object`].
+    Object(Box<cairn_rpc::object::ObjectOp>),
+    /// Replaces users' plain secret keys (from before secrets were sealed) with their sealed
+    /// form (access key, sealed secret; cairn_rpc::seal). A user whose secret is sealed
+    /// already, or who is gone, is left alone.
+    SealSecrets {
+        sealed: Vec<(String, String)>,
+    },
+    /// Drops the capability revocations numbered up to `upto` (revoke.rs): every capability
+    /// they revoked has expired.
+    PruneRevocations {
+        upto: u64,
+    },
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Command::Mkdir { path, .. } => write!(f, "mkdir {path}"),
+            Command::Create { path, .. } => write!(f, "create {path}"),
+            Command::OpenWrite { path, .. } => write!(f, "open-write {path}"),
+            Command::Allocate {
+                path, placements, ..
+            } => {
+                write!(f, "allocate {path} +{}", placements.len())
+            }
+            Command::Commit { path, .. } => write!(f, "commit {path}"),
+            Command::Rename { from, to, .. } => write!(f, "rename {from} {to}"),
+            Command::Delete { path } => write!(f, "delete {path}"),
+            Command::SetAttr { path, mode, owner } => {
+                write!(f, "set-attr {path} mode={mode:?} owner={owner:?}")
+            }
+            Command::As { actor, cmd } => write!(f, "{cmd} as {}", actor.user),
+            Command::Register { server } => write!(f, "register {} {}", server.id, server.addr),
+            Command::SetDraining {
+                server_id,
+                draining,
+            } => write!(f, "set-draining {server_id} {draining}"),
+            Command::Repaired {
+                chunk_id, server, ..
+            } => write!(f, "repaired {chunk_id} on {server}"),
+            Command::SetConfig { config } => write!(f, "set-config {config:?}"),
+            Command::ConvertBegin { chunk_id, .. } => write!(f, "convert-begin {chunk_id}"),
+            Command::ConvertEnd {
+                group_id, switch, ..
+            } => {
+                write!(f, "convert-end {group_id} switch={switch}")
+            }
+            // Never the secret.
+            Command::RotateKey { .. } => write!(f, "rotate-key"),
+            Command::Batch(cmds) => write!(f, "batch of {}", cmds.len()),
+            // Never the op itself: a user's creation carries its secret.
+            Command::Object(op) => write!(f, "object {}", object_op_name(op)),
+            Command::SealSecrets { sealed } => write!(f, "seal-secrets of {}", sealed.len()),
+            Command::PruneRevocations { upto } => write!(f, "prune-revocations to {upto}"),
+        }
+    }
+}
+
+/// What a command returns: the inode it touched (with its file meta).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Reply {
+    pub inode: Option<Inode>,
+    /// For [`Command::Batch`]: one result per command, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch: Vec<Response>,
+    /// For [`Command::Object`]: the object index's answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<cairn_rpc::object::OpResult>,
+    /// For [`Command::ConvertBegin`]: the new group's id; for [`Command::OpenWrite`]: the
+    /// last chunk opened again for the new writer to continue, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk: Option<ChunkId>,
+}
+
+fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {
+    use cairn_rpc::object::ObjectOp as O;
+    match op {
+        O::CreateUser { .. } => "create-user",
+        O::DeleteUser { .. } => "delete-user",
+        O::SetUserKeys { .. } => "set-user-keys",
+        O::AddUserCert { .. } => "add-user-cert",
+        O::RevokeUserCerts { .. } => "revoke-user-certs",
+        O::SetVolumeAttr { .. } => "set-volume-attr",
+        O::CreateBucket { .. } => "create-bucket",
+        O::DeleteBucket { .. } => "delete-bucket",
+        O::PutObject { .. } => "put",
+        O::DeleteObject { .. } => "delete",
+        O::CreateUpload { .. } => "create-upload",
+        O::PutPart { .. } => "put-part",
+        O::CompleteUpload { .. } => "complete-upload",
+        O::AbortUpload { .. } => "abort-upload",
+        O::GatewaySeen { .. } => "gateway-seen",
+        O::MoveExtent { .. } => "move-extent",
+        O::DropPack { .. } => "drop-pack",
+        O::EmptyTrash { .. } => "empty-trash",
+        O::CreateVolume { .. } => "create-volume",
+        O::ResizeVolume { .. } => "resize-volume",
+        O::DeleteVolume { .. } => "delete-volume",
+        O::CreateSnapshot { .. } => "create-snapshot",
+        O::SnapshotReady { .. } => "snapshot-ready",
+        O::DeleteSnapshot { .. } => "delete-snapshot",
+    }
+}
+
+pub type Response = Result<Reply, MetaError>;
