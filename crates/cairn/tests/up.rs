@@ -200,7 +200,46 @@ fn up_put_cat_ctrl_c_and_up_again() {
         "print(s3.get_object(Bucket='tour', Key='k')['Body'].read().decode())",
     );
     assert_eq!(got.trim(), "kept");
-    stop(child);
+    // `cairn up` killed outright: its servers go with it (nothing left holding the ports).
+    let mut child = child;
+    let servers = children_of(child.id());
+    assert!(servers.len() >= 5, "cairn up runs its servers: {servers:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left: Vec<u32> = servers
+            .iter()
+            .copied()
+            .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "servers {left:?} outlived their supervisor by 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            // `PID (COMM) STATE PPID …`: COMM may hold spaces, so split after its `)`.
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = s.rsplit_once(')')?.1.to_owned();
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
 }
 
 /// A second `cairn up` on a running cluster's directory is refused at once, names the running

@@ -136,12 +136,30 @@ fn spawn(exe: &Path, m: &Managed, logs: &Path) -> anyhow::Result<Child> {
         .create(true)
         .append(true)
         .open(logs.join(format!("{}.log", m.name)))?;
-    Ok(Command::new(exe)
-        .args(&m.args)
+    let mut cmd = Command::new(exe);
+    cmd.args(&m.args)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()?)
+        .stderr(log);
+    // The cluster goes with its supervisor: a `cairn up` killed outright (SIGKILL, the OOM
+    // killer) leaves no server behind holding its ports and store locks. The signal is the
+    // one Ctrl-C's stop sends (servers shut down cleanly on it); it follows the thread that
+    // spawned the child, and this is `cairn up`'s main thread, which ends with the process.
+    let parent = std::process::id();
+    // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid, _exit).
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The supervisor died before the line above took effect.
+            if libc::getppid() as u32 != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    Ok(cmd.spawn()?)
 }
 
 /// Bytes free to an unprivileged user on the filesystem holding `dir`.
