@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 mod objects;
 pub mod perm;
 pub mod revoke;
+mod volumes;
 pub use objects::{ObjectIndex, PackUse};
 pub use perm::Actor;
 mod command;
