@@ -25,6 +25,16 @@ pub(super) enum Lookup {
     Failed((u32, String)),
 }
 
+impl Lookup {
+    /// The NBD error to answer with.
+    fn into_reply(self) -> (u32, String) {
+        match self {
+            Self::Denied(why) => (REP_ERR_POLICY, why),
+            Self::Failed(e) => e,
+        }
+    }
+}
+
 /// Who a connection acts for.
 #[derive(Debug, Clone)]
 pub(super) enum Who {
@@ -148,48 +158,35 @@ impl NbdServer {
         }
     }
 
-    /// The volume's record from the masters.
+    /// The volume's record from the masters, for the cluster (to open it here).
     pub(super) async fn lookup(&self, name: &str) -> Result<VolumeMeta, (u32, String)> {
-        let q = ObjectQuery::Volume { name: name.into() };
-        match self.client.masters().object_query(&q).await {
-            Ok(Ok(QueryReply::Volume(v))) => Ok(v),
-            Ok(Err(ObjectError::NoSuchVolume)) => {
-                Err((REP_ERR_UNKNOWN, format!("no volume named {name:?}")))
-            }
-            Ok(Ok(_)) => Err((REP_ERR_INVALID, "unexpected answer".into())),
-            Ok(Err(e)) => Err((REP_ERR_POLICY, e.to_string())),
-            Err(e) => Err((REP_ERR_POLICY, format!("the masters: {e}"))),
-        }
+        self.lookup_as(&Who::Anyone, name)
+            .await
+            .map_err(Lookup::into_reply)
     }
 
     /// The volume's record, asked of the masters on the user's behalf when a user is known
     /// (they answer only if the user may open it: docs/security.md "Service credentials").
     pub(super) async fn lookup_as(&self, who: &Who, name: &str) -> Result<VolumeMeta, Lookup> {
-        let Who::User { name: user, .. } = who else {
-            return self.lookup(name).await.map_err(Lookup::Failed);
+        let q = match who {
+            Who::User { name: user, .. } => ObjectQuery::VolumeFor {
+                name: name.into(),
+                user: user.clone(),
+            },
+            _ => ObjectQuery::Volume { name: name.into() },
         };
-        let q = ObjectQuery::VolumeFor {
-            name: name.into(),
-            user: user.clone(),
-        };
+        let failed = |code, why| Err(Lookup::Failed((code, why)));
         match self.client.masters().object_query(&q).await {
             Ok(Ok(QueryReply::Volume(v))) => Ok(v),
-            Ok(Err(ObjectError::NoSuchVolume)) => Err(Lookup::Failed((
-                REP_ERR_UNKNOWN,
-                format!("no volume named {name:?}"),
-            ))),
+            Ok(Err(ObjectError::NoSuchVolume)) => {
+                failed(REP_ERR_UNKNOWN, format!("no volume named {name:?}"))
+            }
             Ok(Err(ObjectError::AccessDenied)) => Err(Lookup::Denied(format!(
                 "{who} may not open volume {name:?}"
             ))),
-            Ok(Ok(_)) => Err(Lookup::Failed((
-                REP_ERR_INVALID,
-                "unexpected answer".into(),
-            ))),
-            Ok(Err(e)) => Err(Lookup::Failed((REP_ERR_POLICY, e.to_string()))),
-            Err(e) => Err(Lookup::Failed((
-                REP_ERR_POLICY,
-                format!("the masters: {e}"),
-            ))),
+            Ok(Ok(_)) => failed(REP_ERR_INVALID, "unexpected answer".into()),
+            Ok(Err(e)) => failed(REP_ERR_POLICY, e.to_string()),
+            Err(e) => failed(REP_ERR_POLICY, format!("the masters: {e}")),
         }
     }
 
@@ -239,12 +236,11 @@ impl NbdServer {
         if let Who::Refused(why) = who {
             return Err((REP_ERR_POLICY, why.clone()));
         }
-        let meta = self.lookup_as(who, name).await.map_err(|e| match e {
-            Lookup::Denied(why) => {
+        let meta = self.lookup_as(who, name).await.map_err(|e| {
+            if matches!(e, Lookup::Denied(_)) {
                 metrics::counter!("cairn_nbd_refused_total", "why" => "permission").increment(1);
-                (REP_ERR_POLICY, why)
             }
-            Lookup::Failed(e) => e,
+            e.into_reply()
         })?;
         match who.access(&meta) {
             VolumeAccess::ReadWrite => Ok((meta, false)),

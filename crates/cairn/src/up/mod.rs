@@ -3,15 +3,19 @@
 
 mod down;
 mod lock;
+mod spawn;
+mod store;
 mod welcome;
 
 use down::down_flag;
 pub use down::{DownArgs, down};
+use spawn::{Ports, spawn};
+use store::{free_bytes, store_size};
 use welcome::{admin_credentials, admin_nbd_cert, cli_name, print_nbd, print_s3};
 
 use crate::cluster::{ClusterFile, Proc};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -103,95 +107,6 @@ pub const CLUSTER_SECRET: &str = "cluster.secret";
 /// The S3 gateway's and the NBD server's service keys `cairn up` derives from the secret.
 pub const S3_KEY: &str = "s3.key";
 pub const NBD_KEY: &str = "nbd.key";
-
-fn free_port() -> anyhow::Result<String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.to_string())
-}
-
-/// Free ports for the processes of one `cairn up`, none handed out twice and none that the
-/// cluster file already gives a process: a port is free only until someone binds it, so two
-/// picks (or a pick and a process that has not started yet) could otherwise meet — a
-/// chunkserver once got another's data port as its metrics port and could not start.
-struct Ports(std::cell::RefCell<std::collections::HashSet<String>>);
-
-impl Ports {
-    fn new(taken: impl IntoIterator<Item = String>) -> Self {
-        Self(std::cell::RefCell::new(taken.into_iter().collect()))
-    }
-
-    fn pick(&self) -> anyhow::Result<String> {
-        for _ in 0..100 {
-            let p = free_port()?;
-            if self.0.borrow_mut().insert(p.clone()) {
-                return Ok(p);
-            }
-        }
-        anyhow::bail!("no free port that no process of this cluster has")
-    }
-}
-
-fn spawn(exe: &Path, m: &Managed, logs: &Path) -> anyhow::Result<Child> {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(logs.join(format!("{}.log", m.name)))?;
-    let mut cmd = Command::new(exe);
-    cmd.args(&m.args)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    // The cluster goes with its supervisor: a `cairn up` killed outright (SIGKILL, the OOM
-    // killer) leaves no server behind holding its ports and store locks. The signal is the
-    // one Ctrl-C's stop sends (servers shut down cleanly on it); it follows the thread that
-    // spawned the child, and this is `cairn up`'s main thread, which ends with the process.
-    let parent = std::process::id();
-    // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid, _exit).
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The supervisor died before the line above took effect.
-            if libc::getppid() as u32 != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
-    Ok(cmd.spawn()?)
-}
-
-/// Bytes free to an unprivileged user on the filesystem holding `dir`.
-fn free_bytes(dir: &Path) -> anyhow::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
-    // SAFETY: statvfs fills the struct it is given; `c` is a valid C string.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
-}
-
-/// Smallest and largest store file `cairn up` makes by itself.
-const MIN_STORE: u64 = 1 << 30;
-const MAX_STORE: u64 = 8 << 30;
-
-/// The size of each new store file: a quarter of `free` shared by `servers`, rounded down to
-/// a MiB, between [`MIN_STORE`] and [`MAX_STORE`]. A filesystem too small for that is an
-/// error that says what to do, not a cluster that fills up at once.
-fn store_size(free: u64, servers: usize) -> anyhow::Result<u64> {
-    let share = (free / 4 / servers.max(1) as u64) & !((1 << 20) - 1);
-    anyhow::ensure!(
-        share >= MIN_STORE,
-        "{} MiB free where the data directory is: {servers} store file(s) of at least {} MiB \
-         each would take more than a quarter of it; free space, or pass --disk-size",
-        free >> 20,
-        MIN_STORE >> 20
-    );
-    Ok(share.min(MAX_STORE))
-}
 
 pub fn run(a: UpArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.masters >= 1 && a.masters <= 7, "--masters must be 1..=7");
@@ -803,23 +718,4 @@ fn signal_flag(sig: i32, flag: Arc<AtomicBool>) -> anyhow::Result<()> {
         "cannot install a handler for signal {sig}"
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn store_size_is_a_capped_share_of_free_space() {
-        const G: u64 = 1 << 30;
-        // 80 GiB free, 3 servers: a quarter is 20 GiB, 6.67 GiB each (MiB-aligned).
-        let s = store_size(80 * G, 3).unwrap();
-        assert_eq!(s, (80 * G / 4 / 3) & !((1 << 20) - 1));
-        assert!(s > 6 * G && s < 7 * G);
-        assert_eq!(store_size(1000 * G, 3).unwrap(), MAX_STORE);
-        assert_eq!(store_size(12 * G, 3).unwrap(), G);
-        let err = store_size(10 * G, 3).unwrap_err().to_string();
-        assert!(err.contains("--disk-size"), "{err}");
-        assert!(free_bytes(Path::new(".")).unwrap() > 0);
-    }
 }
