@@ -6,6 +6,7 @@ pub mod caps;
 pub mod confine;
 pub mod conversion;
 pub mod convert;
+pub mod kv;
 pub mod network;
 pub mod node;
 pub mod registry;

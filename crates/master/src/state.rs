@@ -163,6 +163,7 @@ impl State {
     /// Rebuilds the derived indexes (after deserializing a snapshot).
     pub fn rebuild(&mut self) {
         self.revocations.rebuild();
+        self.objects.rebuild();
         self.dentries.clear();
         self.chunk_owner.clear();
         for ino in self.inodes.values() {

@@ -61,11 +61,11 @@ pub struct ObjectMeta {
     pub part_sizes: Vec<u64>,
     /// `COMPOSITE` (a checksum of the parts' checksums, `-N` appended) or `FULL_OBJECT` (of
     /// the whole object) for the checksum in `checksums`; none when it has none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub checksum_type: Option<String>,
     /// A multipart object's parts' checksums in its checksum algorithm, in order (GET with
     /// `partNumber`); empty when it has none.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub part_checksums: Vec<String>,
 }
 
@@ -98,9 +98,9 @@ pub struct Upload {
     pub parts: BTreeMap<u32, Part>,
     /// The checksum algorithm every part carries and the object gets (`x-amz-checksum-algorithm`
     /// at creation), and its type (`COMPOSITE` or `FULL_OBJECT`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub checksum_algorithm: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub checksum_type: Option<String>,
 }
 
@@ -113,11 +113,11 @@ pub struct User {
     pub secret_key: String,
     pub created_ms: u64,
     /// May run `cairn admin`, manage users, and passes every permission check.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default)]
     pub admin: bool,
     /// The client certificates issued to this user (`cairn user cert`), by fingerprint
     /// ([`cert_fingerprint`]): the NBD server asks whose a certificate is.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub certs: Vec<String>,
 }
 

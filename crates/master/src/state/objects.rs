@@ -6,21 +6,32 @@
 //! extents' own files in the same step, so no object ever names a deleted file.
 
 use super::{Command, State};
+use crate::kv::{Table, TableDef};
 use cairn_rpc::object::{
     BucketInfo, Extent, GATEWAY_FORGET_MS, Gateway, ListEntry, ListPage, ListRequest,
     MAX_LIST_KEYS, MIN_PART_BYTES, ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply,
     OpResult, PackCandidate, Part, PutCondition, QueryReply, QueryResult, Upload, User, Volume,
     VolumeAccess,
 };
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::Arc;
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Objects by (bucket, key) (docs/formats/master-state.md).
+pub const OBJECTS: TableDef = TableDef {
+    name: "objects",
+    version: 1,
+};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectIndex {
     /// By access key.
     users: BTreeMap<String, User>,
     buckets: BTreeMap<String, Bucket>,
+    /// Every bucket's objects, by (bucket, key).
+    #[serde(default = "objects_table", deserialize_with = "objects_from_rows")]
+    by_key: Table<(String, String), ObjectMeta>,
     /// By upload id.
     uploads: BTreeMap<String, Upload>,
     /// Shared small-object logs: live bytes and objects in each (compaction picks the ones
@@ -38,10 +49,39 @@ pub struct ObjectIndex {
     pub(super) volumes: BTreeMap<String, Volume>,
 }
 
+impl Default for ObjectIndex {
+    fn default() -> Self {
+        Self {
+            users: BTreeMap::new(),
+            buckets: BTreeMap::new(),
+            by_key: objects_table(),
+            uploads: BTreeMap::new(),
+            packs: BTreeMap::new(),
+            gateways: BTreeMap::new(),
+            trash: Default::default(),
+            volumes: BTreeMap::new(),
+        }
+    }
+}
+
+fn objects_table() -> Table<(String, String), ObjectMeta> {
+    Table::memory(OBJECTS)
+}
+
+fn objects_from_rows<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Table<(String, String), ObjectMeta>, D::Error> {
+    let rows: Vec<((String, String), ObjectMeta)> = Deserialize::deserialize(d)?;
+    Ok(Table::from_rows(OBJECTS, rows))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Bucket {
     owner: String,
     created_ms: u64,
+    /// Snapshots before the objects table held each bucket's objects here; read once and
+    /// moved into `by_key` ([`ObjectIndex::rebuild`]).
+    #[serde(default, skip_serializing)]
     objects: BTreeMap<String, ObjectMeta>,
 }
 
@@ -53,12 +93,47 @@ pub struct PackUse {
 
 impl ObjectIndex {
     pub fn totals(&self) -> (u64, u64, u64) {
-        let objects = self.buckets.values().map(|b| b.objects.len() as u64).sum();
         (
             self.buckets.len() as u64,
-            objects,
+            self.by_key.len(),
             self.uploads.len() as u64,
         )
+    }
+
+    /// Moves objects read from an older snapshot (inside their buckets) into `by_key`.
+    pub(super) fn rebuild(&mut self) {
+        for (name, b) in &mut self.buckets {
+            for (key, o) in std::mem::take(&mut b.objects) {
+                self.by_key.insert((name.clone(), key), o);
+            }
+        }
+    }
+
+    /// The object at `key` of `bucket`.
+    fn object(&self, bucket: &str, key: &str) -> Option<Arc<ObjectMeta>> {
+        self.by_key.get(&(bucket.to_owned(), key.to_owned()))
+    }
+
+    /// Whether `bucket` holds any object.
+    fn holds_objects(&self, bucket: &str) -> bool {
+        self.by_key
+            .range((bucket.to_owned(), String::new())..)
+            .next()
+            .is_some_and(|((b, _), _)| b == bucket)
+    }
+
+    /// The first object of `bucket` at or after `lower` (for listings).
+    fn seek(&self, bucket: &str, lower: Bound<&String>) -> Option<(String, Arc<ObjectMeta>)> {
+        let lo = match lower {
+            Bound::Included(k) => Bound::Included((bucket.to_owned(), k.clone())),
+            Bound::Excluded(k) => Bound::Excluded((bucket.to_owned(), k.clone())),
+            Bound::Unbounded => Bound::Included((bucket.to_owned(), String::new())),
+        };
+        self.by_key
+            .range((lo, Bound::Unbounded))
+            .next()
+            .filter(|((b, _), _)| b == bucket)
+            .map(|((_, k), o)| (k, o))
     }
 
     pub fn packs(&self) -> &BTreeMap<String, PackUse> {
@@ -135,13 +210,14 @@ impl ObjectIndex {
                 Ok(QueryReply::Bucket(info(bucket, self.bucket(user, bucket)?)))
             }
             ObjectQuery::HeadObject { user, bucket, key } => {
-                let b = self.bucket(user, bucket)?;
-                let o = b.objects.get(key).ok_or(ObjectError::NoSuchKey)?;
-                Ok(QueryReply::Object(o.clone()))
+                self.bucket(user, bucket)?;
+                let o = self.object(bucket, key).ok_or(ObjectError::NoSuchKey)?;
+                Ok(QueryReply::Object((*o).clone()))
             }
             ObjectQuery::ListObjects { user, bucket, list } => {
                 let b = self.bucket(user, bucket)?;
-                Ok(QueryReply::List(list_keys(&b.objects, list, |key, o| {
+                let seek = |lower: Bound<&String>| self.seek(bucket, lower);
+                Ok(QueryReply::List(list_keys(seek, list, |key, o| {
                     ListEntry {
                         key: key.clone(),
                         size: o.size,
@@ -162,15 +238,19 @@ impl ObjectIndex {
                     .filter(|u| u.bucket == *bucket && u.key.starts_with(&list.prefix))
                     .map(|u| (format!("{}\0{}", u.key, u.id), u))
                     .collect();
-                Ok(QueryReply::List(list_keys(&by_key, list, |_, u| {
-                    ListEntry {
-                        key: u.key.clone(),
-                        size: 0,
-                        etag: String::new(),
-                        mtime_ms: u.initiated_ms,
-                        upload_id: u.id.clone(),
-                        owner: u.owner.clone(),
-                    }
+                let seek = |lower: Bound<&String>| {
+                    by_key
+                        .range::<String, _>((lower, Bound::Unbounded))
+                        .next()
+                        .map(|(k, u)| (k.clone(), *u))
+                };
+                Ok(QueryReply::List(list_keys(seek, list, |_, u| ListEntry {
+                    key: u.key.clone(),
+                    size: 0,
+                    etag: String::new(),
+                    mtime_ms: u.initiated_ms,
+                    upload_id: u.id.clone(),
+                    owner: u.owner.clone(),
                 })))
             }
             ObjectQuery::ListParts {
@@ -198,9 +278,9 @@ impl ObjectIndex {
                 })
             }
             ObjectQuery::Locate { bucket, key } => {
-                let b = self.buckets.get(bucket).ok_or(ObjectError::NoSuchBucket)?;
-                let o = b.objects.get(key).ok_or(ObjectError::NoSuchKey)?;
-                Ok(QueryReply::Object(o.clone()))
+                self.buckets.get(bucket).ok_or(ObjectError::NoSuchBucket)?;
+                let o = self.object(bucket, key).ok_or(ObjectError::NoSuchKey)?;
+                Ok(QueryReply::Object((*o).clone()))
             }
             ObjectQuery::CompactionCandidates { .. } => Err(ObjectError::InvalidArgument(
                 "compaction candidates are answered with the namespace".into(),
@@ -237,9 +317,10 @@ impl ObjectIndex {
             )),
             ObjectQuery::Unnamed { paths } => {
                 let mut left: std::collections::BTreeSet<&String> = paths.iter().collect();
-                let objects = self.buckets.values().flat_map(|b| b.objects.values());
-                for e in objects.flat_map(|o| o.extents.iter()) {
-                    left.remove(&e.path);
+                for (_, o) in self.by_key.iter() {
+                    for e in &o.extents {
+                        left.remove(&e.path);
+                    }
                 }
                 for p in self.uploads.values().flat_map(|u| u.parts.values()) {
                     left.remove(&p.extent.path);
@@ -304,9 +385,10 @@ fn info(name: &str, b: &Bucket) -> BucketInfo {
     }
 }
 
-/// A page of `map`'s keys in order (see [`ListRequest`]); memory bounded by the page.
+/// A page of keys in order (see [`ListRequest`]); memory bounded by the page. `seek` gives
+/// the first key (and its value) at or after a bound.
 pub fn list_keys<V>(
-    map: &BTreeMap<String, V>,
+    seek: impl Fn(Bound<&String>) -> Option<(String, V)>,
     req: &ListRequest,
     entry: impl Fn(&String, &V) -> ListEntry,
 ) -> ListPage {
@@ -325,10 +407,9 @@ pub fn list_keys<V>(
     let mut page = ListPage::default();
     let mut count = 0;
     loop {
-        let next = map
-            .range::<String, _>((lower.as_ref(), Bound::Unbounded))
-            .next();
-        let Some((key, value)) = next else { break };
+        let Some((key, value)) = seek(lower.as_ref()) else {
+            break;
+        };
         if !key.starts_with(prefix) {
             break;
         }
@@ -337,16 +418,16 @@ pub fn list_keys<V>(
             break;
         }
         count += 1;
-        match delimiter.and_then(|d| common_prefix(key, prefix, d)) {
+        match delimiter.and_then(|d| common_prefix(&key, prefix, d)) {
             Some(cp) => {
                 page.prefixes.push(cp.to_owned());
                 page.last = Some(cp.to_owned());
                 lower = successor(cp);
             }
             None => {
-                page.entries.push(entry(key, value));
+                page.entries.push(entry(&key, &value));
                 page.last = Some(key.clone());
-                lower = Bound::Excluded(key.clone());
+                lower = Bound::Excluded(key);
             }
         }
         if matches!(lower, Bound::Unbounded) {
@@ -558,8 +639,8 @@ impl State {
                 }
             }
             ObjectOp::DeleteBucket { user, bucket } => {
-                let b = idx.bucket(user, bucket)?;
-                if !b.objects.is_empty() {
+                idx.bucket(user, bucket)?;
+                if idx.holds_objects(bucket) {
                     return Err(ObjectError::BucketNotEmpty);
                 }
                 // Unfinished multipart uploads go with the bucket, as on AWS: their parts'
@@ -586,23 +667,17 @@ impl State {
                 meta,
                 condition,
             } => {
-                let b = idx.bucket(user, bucket)?;
+                idx.bucket(user, bucket)?;
                 if let Some(c) = condition {
-                    check_condition(b.objects.get(key), meta, c)?;
+                    check_condition(idx.object(bucket, key).as_deref(), meta, c)?;
                 }
                 check_meta(meta)?;
                 self.check_extents(meta.extents.iter())?;
                 Ok(OpReply::Object(self.install(bucket, key, meta.clone())))
             }
             ObjectOp::DeleteObject { user, bucket, key } => {
-                let b = idx
-                    .buckets
-                    .get_mut(bucket)
-                    .ok_or(ObjectError::NoSuchBucket)?;
-                if b.owner != *user {
-                    return Err(ObjectError::AccessDenied);
-                }
-                if let Some(old) = b.objects.remove(key) {
+                idx.bucket(user, bucket)?;
+                if let Some(old) = idx.by_key.remove(&(bucket.clone(), key.clone())) {
                     self.free(&old.extents);
                 }
                 Ok(OpReply::Done)
@@ -674,9 +749,8 @@ impl State {
                 self.check_extents(std::iter::once(to))?;
                 let o = self
                     .objects
-                    .buckets
-                    .get_mut(bucket)
-                    .and_then(|b| b.objects.get_mut(key))
+                    .by_key
+                    .get_mut(&(bucket.clone(), key.clone()))
                     .filter(|o| o.put_id == *put_id)
                     .ok_or(ObjectError::NoSuchKey)?;
                 let at = o
@@ -757,11 +831,11 @@ impl State {
             Ok(u) => u,
             Err(ObjectError::NoSuchUpload) => {
                 // A retry of a completion that applied: the object carries the upload's id.
-                let done = self.objects.buckets.values().any(|b| {
-                    b.objects
-                        .values()
-                        .any(|o| o.put_id == meta.put_id && o.etag == meta.etag)
-                });
+                let done = self
+                    .objects
+                    .by_key
+                    .iter()
+                    .any(|(_, o)| o.put_id == meta.put_id && o.etag == meta.etag);
                 return match done {
                     true => Ok(OpReply::Done),
                     false => Err(ObjectError::NoSuchUpload),
@@ -803,9 +877,9 @@ impl State {
             }
         }
         let (bucket, key) = (upload.bucket.clone(), upload.key.clone());
-        let b = self.objects.bucket(user, &bucket)?;
+        self.objects.bucket(user, &bucket)?;
         if let Some(c) = condition {
-            check_condition(b.objects.get(&key), meta, c)?;
+            check_condition(self.objects.object(&bucket, &key).as_deref(), meta, c)?;
         }
         let upload = self.objects.uploads.remove(upload_id).expect("checked");
         let mut meta = meta.clone();
@@ -829,14 +903,16 @@ impl State {
 
     /// Makes `meta` the object at `key`, freeing the version it replaces.
     fn install(&mut self, bucket: &str, key: &str, meta: ObjectMeta) -> ObjectMeta {
-        let b = self.objects.buckets.get_mut(bucket).expect("checked");
-        if let Some(cur) = b.objects.get(key)
+        if let Some(cur) = self.objects.object(bucket, key)
             && cur.put_id == meta.put_id
         {
             // A retry of the PUT that made the current version.
-            return cur.clone();
+            return (*cur).clone();
         }
-        let old = b.objects.insert(key.to_owned(), meta.clone());
+        let old = self
+            .objects
+            .by_key
+            .insert((bucket.to_owned(), key.to_owned()), meta.clone());
         for e in &meta.extents {
             self.take_extent(e);
         }
@@ -948,8 +1024,13 @@ mod tests {
         after: &str,
         max: u32,
     ) -> (Vec<String>, Vec<String>, bool) {
+        let seek = |lower: Bound<&String>| {
+            m.range::<String, _>((lower, Bound::Unbounded))
+                .next()
+                .map(|(k, v)| (k.clone(), *v))
+        };
         let p = list_keys(
-            m,
+            seek,
             &ListRequest {
                 prefix: prefix.into(),
                 delimiter: delim.map(Into::into),
@@ -970,6 +1051,32 @@ mod tests {
             p.prefixes,
             p.truncated,
         )
+    }
+
+    /// A snapshot from before the objects table (each bucket's objects inside it) loads with
+    /// every object in the table, and writes out in the new shape.
+    #[test]
+    fn objects_of_an_older_snapshot_move_into_the_table() {
+        let old = serde_json::json!({
+            "users": {}, "uploads": {}, "packs": {},
+            "buckets": {
+                "b1": {"owner": "u", "created_ms": 1, "objects": {
+                    "k1": meta("p1", vec![]), "k2": meta("p2", vec![])}},
+                "b2": {"owner": "u", "created_ms": 2, "objects": {"k1": meta("p3", vec![])}},
+                "b3": {"owner": "v", "created_ms": 3}
+            }
+        });
+        let mut idx: ObjectIndex = serde_json::from_value(old).unwrap();
+        idx.rebuild();
+        assert_eq!(idx.totals(), (3, 3, 0));
+        assert_eq!(idx.object("b1", "k2").unwrap().put_id, "p2");
+        assert_eq!(idx.object("b2", "k1").unwrap().put_id, "p3");
+        assert!(idx.object("b2", "k2").is_none());
+        assert!(idx.holds_objects("b1") && !idx.holds_objects("b3"));
+        let again: ObjectIndex =
+            serde_json::from_slice(&serde_json::to_vec(&idx).unwrap()).unwrap();
+        assert_eq!(again, idx);
+        assert!(again.buckets.values().all(|b| b.objects.is_empty()));
     }
 
     /// An older version's plain secrets are found, and sealing replaces only plain ones with
@@ -1195,8 +1302,7 @@ mod tests {
         )
         .unwrap();
         put(&mut st, "p4", "e4", Some(PutCondition::IfMatch("*".into()))).unwrap();
-        let b = &st.objects.buckets["bkt"];
-        assert_eq!(b.objects["k"].put_id, "p4");
+        assert_eq!(st.objects.object("bkt", "k").unwrap().put_id, "p4");
     }
 
     /// never dropped.

@@ -19,7 +19,7 @@ pub struct Policy {
     #[serde(default)]
     pub min_copy: u8,
     /// Erasure coding, if the policy has it (snapshots from before issue 26 have none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ec: Option<Ec>,
 }
 
@@ -173,7 +173,7 @@ pub struct Chunk {
     /// server holds its member under the group's id).
     pub servers: Vec<ServerId>,
     /// Set for a chunk group (erasure coded, docs/erasure-coding.md §2).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ec: Option<Group>,
 }
 
@@ -187,7 +187,7 @@ pub struct Group {
     /// Set when the group holds LZ4 blocks (a conversion of an `lz4` file): the stripes hold a
     /// stream of compressed blocks and their index (docs/formats/compressed-block.md), not the
     /// user's bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub lz4: Option<Lz4>,
 }
 
@@ -254,12 +254,8 @@ pub struct FileMeta {
     /// Bumped each time a writer takes the file (create with a lease, open for write):
     /// writers' capabilities carry it, so chunkservers refuse a superseded writer
     /// (docs/security.md).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default)]
     pub writer_epoch: u32,
-}
-
-fn is_zero(v: &u32) -> bool {
-    *v == 0
 }
 
 /// A key that signs capabilities, in the replicated state (docs/security.md).
@@ -303,7 +299,7 @@ pub struct Inode {
     pub mtime_ms: u64,
     pub kind: Kind,
     /// The owning user; empty: the cluster itself (perm.rs).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(default)]
     pub owner: String,
     /// Permission bits (perm.rs); inodes from before owners existed get 0o755.
     #[serde(default = "perm::default_mode")]

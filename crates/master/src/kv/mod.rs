@@ -1,0 +1,549 @@
+//! The masters' state as tables of typed records (docs/formats/master-state.md).
+//!
+//! A [`Table`] looks like a `BTreeMap` to the state machine but keeps only what changed since
+//! its last [`Table::flush`] (the *overlay*) and a bounded cache of clean records in memory;
+//! the rest is in a redb table of the master's database ([`Store`]). Applying a batch of log
+//! entries changes overlays; the batch ends with one redb transaction that writes them, and the
+//! overlays empty into the caches. A table without a store keeps everything in its overlay
+//! (unit tests, and states read from a JSON snapshot before they are written out).
+//!
+//! Reads between flushes see the overlay first, then the cache, then the store through one
+//! read transaction that is begun again after every commit.
+
+pub mod codec;
+
+pub use codec::{Key, Record, RecordError};
+
+use lru::LruCache;
+use parking_lot::Mutex;
+use redb::{Database, ReadTransaction, ReadableDatabase, TableDefinition, WriteTransaction};
+use std::collections::BTreeMap;
+use std::collections::btree_map;
+use std::iter::Peekable;
+use std::num::NonZeroUsize;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Every table's row count, by table name (u64 little-endian).
+const COUNTS: TableDefinition<&str, u64> = TableDefinition::new("counts");
+
+/// The records in the store are bytes to redb; [`codec`] gives them their types.
+type Raw = TableDefinition<'static, &'static [u8], &'static [u8]>;
+
+/// Default number of clean records a table keeps decoded in memory.
+pub const DEFAULT_CACHE_ENTRIES: usize = 65_536;
+
+/// A master's database and the read transaction reads go through until the next commit.
+pub struct Store {
+    db: Arc<Database>,
+    reader: Mutex<Option<Arc<ReadTransaction>>>,
+}
+
+/// The store failed under a running state machine: the master cannot go on (its replicated
+/// state would diverge from its peers'), so it stops; the others serve and it catches up from
+/// a snapshot once its disk is replaced.
+#[track_caller]
+pub fn fatal(what: &str, e: impl std::fmt::Display) -> ! {
+    tracing::error!("master store: {what}: {e}");
+    panic!("master store: {what}: {e}")
+}
+
+impl Store {
+    pub fn new(db: Arc<Database>) -> Arc<Self> {
+        Arc::new(Self {
+            db,
+            reader: Mutex::new(None),
+        })
+    }
+
+    pub fn db(&self) -> &Arc<Database> {
+        &self.db
+    }
+
+    fn reader(&self) -> Arc<ReadTransaction> {
+        let mut r = self.reader.lock();
+        if let Some(r) = &*r {
+            return r.clone();
+        }
+        let tx = Arc::new(
+            self.db
+                .begin_read()
+                .unwrap_or_else(|e| fatal("begin a read", e)),
+        );
+        *r = Some(tx.clone());
+        tx
+    }
+
+    /// Forgets the read transaction after a commit (the next read sees the commit, and the
+    /// pages the old one held can be reused).
+    pub fn committed(&self) {
+        *self.reader.lock() = None;
+    }
+}
+
+/// A table's name in the store and the version of its records.
+#[derive(Debug, Clone, Copy)]
+pub struct TableDef {
+    pub name: &'static str,
+    pub version: u8,
+}
+
+impl TableDef {
+    fn raw(&self) -> Raw {
+        TableDefinition::new(self.name)
+    }
+}
+
+/// Reads of a table's records that the cache answered or did not.
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+}
+
+/// A map from `K` to `V` kept in the store (see the module doc).
+pub struct Table<K: Key, V: Record> {
+    def: TableDef,
+    store: Option<Arc<Store>>,
+    /// Changes since the last flush (`None`: removed); everything when there is no store.
+    overlay: BTreeMap<K, Option<Arc<V>>>,
+    cache: Mutex<LruCache<K, Arc<V>>>,
+    len: u64,
+    stats: CacheStats,
+}
+
+impl<K: Key, V: Record> Table<K, V> {
+    /// A table held in memory only.
+    pub fn memory(def: TableDef) -> Self {
+        Self {
+            def,
+            store: None,
+            overlay: BTreeMap::new(),
+            cache: Mutex::new(LruCache::new(NonZeroUsize::MIN)),
+            len: 0,
+            stats: CacheStats::default(),
+        }
+    }
+
+    /// The table `def` of `store`, keeping up to `cache` clean records decoded.
+    pub fn open(def: TableDef, store: Arc<Store>, cache: usize) -> Result<Self, redb::Error> {
+        let tx = store.db.begin_read()?;
+        let len = match tx.open_table(COUNTS) {
+            Ok(t) => t.get(def.name)?.map(|v| v.value()).unwrap_or(0),
+            Err(redb::TableError::TableDoesNotExist(_)) => 0,
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Self {
+            def,
+            store: Some(store),
+            overlay: BTreeMap::new(),
+            cache: Mutex::new(LruCache::new(
+                NonZeroUsize::new(cache).unwrap_or(NonZeroUsize::MIN),
+            )),
+            len,
+            stats: CacheStats::default(),
+        })
+    }
+
+    pub fn def(&self) -> TableDef {
+        self.def
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn stats(&self) -> &CacheStats {
+        &self.stats
+    }
+
+    fn decode(&self, k: &[u8], v: &[u8]) -> (K, V) {
+        let key = K::decode(k).unwrap_or_else(|e| fatal(self.def.name, e));
+        let value = codec::decode_record(self.def.name, self.def.version, v)
+            .unwrap_or_else(|e| fatal(self.def.name, e));
+        (key, value)
+    }
+
+    /// The record from the cache or the store (not the overlay).
+    fn load(&self, k: &K) -> Option<Arc<V>> {
+        let store = self.store.as_ref()?;
+        if let Some(v) = self.cache.lock().get(k) {
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+            return Some(v.clone());
+        }
+        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        let reader = store.reader();
+        let t = match reader.open_table(self.def.raw()) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return None,
+            Err(e) => fatal(self.def.name, e),
+        };
+        let bytes = k.to_bytes();
+        let got = t
+            .get(bytes.as_slice())
+            .unwrap_or_else(|e| fatal(self.def.name, e))?;
+        let (_, v) = self.decode(&bytes, got.value());
+        let v = Arc::new(v);
+        self.cache.lock().put(k.clone(), v.clone());
+        Some(v)
+    }
+
+    pub fn get(&self, k: &K) -> Option<Arc<V>> {
+        match self.overlay.get(k) {
+            Some(v) => v.clone(),
+            None => self.load(k),
+        }
+    }
+
+    pub fn contains_key(&self, k: &K) -> bool {
+        self.get(k).is_some()
+    }
+
+    /// The record to change in place; the change is written at the next flush.
+    pub fn get_mut(&mut self, k: &K) -> Option<&mut V> {
+        if !self.overlay.contains_key(k) {
+            let v = self.load(k)?;
+            self.overlay.insert(k.clone(), Some(v));
+        }
+        self.overlay.get_mut(k)?.as_mut().map(Arc::make_mut)
+    }
+
+    pub fn insert(&mut self, k: K, v: V) -> Option<Arc<V>> {
+        let old = self.get(&k);
+        if old.is_none() {
+            self.len += 1;
+        }
+        self.overlay.insert(k, Some(Arc::new(v)));
+        old
+    }
+
+    pub fn remove(&mut self, k: &K) -> Option<Arc<V>> {
+        let old = self.get(k)?;
+        self.len -= 1;
+        if self.store.is_some() {
+            self.overlay.insert(k.clone(), None);
+        } else {
+            self.overlay.remove(k);
+        }
+        Some(old)
+    }
+
+    /// The records with keys in `range`, in key order.
+    pub fn range<R: RangeBounds<K>>(&self, range: R) -> Merge<'_, K, V> {
+        let lo = range.start_bound().cloned();
+        let hi = range.end_bound().cloned();
+        let disk = self.store.as_ref().and_then(|store| {
+            let t = match store.reader().open_table(self.def.raw()) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return None,
+                Err(e) => fatal(self.def.name, e),
+            };
+            let enc = |b: &Bound<K>| match b {
+                Bound::Included(k) => Bound::Included(k.to_bytes()),
+                Bound::Excluded(k) => Bound::Excluded(k.to_bytes()),
+                Bound::Unbounded => Bound::Unbounded,
+            };
+            let (lo, hi) = (enc(&lo), enc(&hi));
+            fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+                match b {
+                    Bound::Included(v) => Bound::Included(v.as_slice()),
+                    Bound::Excluded(v) => Bound::Excluded(v.as_slice()),
+                    Bound::Unbounded => Bound::Unbounded,
+                }
+            }
+            let r = t
+                .range::<&[u8]>((as_ref(&lo), as_ref(&hi)))
+                .unwrap_or_else(|e| fatal(self.def.name, e));
+            Some(r.peekable())
+        });
+        Merge {
+            table: self,
+            overlay: self.overlay.range((lo, hi)).peekable(),
+            disk,
+        }
+    }
+
+    pub fn iter(&self) -> Merge<'_, K, V> {
+        self.range::<std::ops::RangeFull>(..)
+    }
+
+    /// Writes the changes since the last flush into `tx` (with the row count); they become
+    /// clean records in the cache.
+    pub fn flush(&mut self, tx: &WriteTransaction) -> Result<(), redb::Error> {
+        if self.store.is_none() || self.overlay.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut t = tx.open_table(self.def.raw())?;
+            let mut cache = self.cache.lock();
+            for (k, v) in std::mem::take(&mut self.overlay) {
+                let kb = k.to_bytes();
+                match v {
+                    Some(v) => {
+                        let vb = codec::encode_record(self.def.version, &*v);
+                        t.insert(kb.as_slice(), vb.as_slice())?;
+                        cache.put(k, v);
+                    }
+                    None => {
+                        t.remove(kb.as_slice())?;
+                        cache.pop(&k);
+                    }
+                }
+            }
+        }
+        tx.open_table(COUNTS)?.insert(self.def.name, self.len)?;
+        Ok(())
+    }
+
+    /// Moves a memory table's records into `store` through `tx` (a state read from a JSON
+    /// snapshot being written out); the table then reads from the store.
+    pub fn write_out(
+        &mut self,
+        store: Arc<Store>,
+        tx: &WriteTransaction,
+        cache: usize,
+    ) -> Result<(), redb::Error> {
+        let rows = std::mem::take(&mut self.overlay);
+        *self = Self::open_empty(self.def, store, cache);
+        let mut t = tx.open_table(self.def.raw())?;
+        t.retain(|_, _| false)?;
+        let mut n = 0u64;
+        for (k, v) in rows {
+            if let Some(v) = v {
+                let vb = codec::encode_record(self.def.version, &*v);
+                t.insert(k.to_bytes().as_slice(), vb.as_slice())?;
+                n += 1;
+            }
+        }
+        drop(t);
+        self.len = n;
+        tx.open_table(COUNTS)?.insert(self.def.name, n)?;
+        Ok(())
+    }
+
+    fn open_empty(def: TableDef, store: Arc<Store>, cache: usize) -> Self {
+        Self {
+            def,
+            store: Some(store),
+            overlay: BTreeMap::new(),
+            cache: Mutex::new(LruCache::new(
+                NonZeroUsize::new(cache).unwrap_or(NonZeroUsize::MIN),
+            )),
+            len: 0,
+            stats: CacheStats::default(),
+        }
+    }
+}
+
+type DiskRange = Peekable<redb::Range<'static, &'static [u8], &'static [u8]>>;
+
+/// A table's records in key order: the overlay's merged over the store's.
+pub struct Merge<'a, K: Key, V: Record> {
+    table: &'a Table<K, V>,
+    overlay: Peekable<btree_map::Range<'a, K, Option<Arc<V>>>>,
+    disk: Option<DiskRange>,
+}
+
+impl<K: Key, V: Record> Merge<'_, K, V> {
+    fn next_disk(&mut self) -> Option<(K, Arc<V>)> {
+        let item = self.disk.as_mut()?.next()?;
+        let (k, v) = item.unwrap_or_else(|e| fatal(self.table.def.name, e));
+        let (k, v) = self.table.decode(k.value(), v.value());
+        Some((k, Arc::new(v)))
+    }
+}
+
+impl<K: Key, V: Record> Iterator for Merge<'_, K, V> {
+    type Item = (K, Arc<V>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let disk_key = match self.disk.as_mut().and_then(|d| d.peek()) {
+                Some(Ok((k, _))) => {
+                    Some(K::decode(k.value()).unwrap_or_else(|e| fatal(self.table.def.name, e)))
+                }
+                Some(Err(_)) => return self.next_disk(),
+                None => None,
+            };
+            let over = self.overlay.peek().map(|(k, _)| *k);
+            let from_overlay = match (over, disk_key.as_ref()) {
+                (None, None) => return None,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (Some(o), Some(d)) => {
+                    if o == d {
+                        // The overlay's change replaces the stored record.
+                        self.disk.as_mut().and_then(Iterator::next);
+                    }
+                    o <= d
+                }
+            };
+            if !from_overlay {
+                return self.next_disk();
+            }
+            if let (k, Some(v)) = self.overlay.next()? {
+                return Some((k.clone(), v.clone()));
+            }
+        }
+    }
+}
+
+/// Serializes as a sequence of `(key, record)` pairs (the JSON snapshot).
+impl<K: Key + serde::Serialize, V: Record> serde::Serialize for Table<K, V> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter().map(|(k, v)| (k, V::clone(&v))))
+    }
+}
+
+impl<K: Key, V: Record> std::fmt::Debug for Table<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("name", &self.def.name)
+            .field("len", &self.len)
+            .field("changed", &self.overlay.len())
+            .finish()
+    }
+}
+
+impl<K: Key, V: Record> Table<K, V> {
+    /// A memory table holding `rows`.
+    pub fn from_rows(def: TableDef, rows: impl IntoIterator<Item = (K, V)>) -> Self {
+        let mut t = Self::memory(def);
+        for (k, v) in rows {
+            t.insert(k, v);
+        }
+        t
+    }
+}
+
+/// A copy in memory (for the JSON snapshot of a state that still has one).
+impl<K: Key, V: Record> Clone for Table<K, V> {
+    fn clone(&self) -> Self {
+        Self::from_rows(self.def, self.iter().map(|(k, v)| (k, (*v).clone())))
+    }
+}
+
+impl<K: Key, V: Record + PartialEq> PartialEq for Table<K, V> {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.iter().zip(other.iter()).all(|(a, b)| a == b)
+    }
+}
+
+impl<K: Key, V: Record + Eq> Eq for Table<K, V> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::backends::InMemoryBackend;
+
+    const T: TableDef = TableDef {
+        name: "test",
+        version: 1,
+    };
+
+    fn store() -> Arc<Store> {
+        let db = Database::builder()
+            .create_with_backend(InMemoryBackend::new())
+            .unwrap();
+        Store::new(Arc::new(db))
+    }
+
+    fn flush(store: &Store, t: &mut Table<(String, String), u64>) {
+        let tx = store.db().begin_write().unwrap();
+        t.flush(&tx).unwrap();
+        tx.commit().unwrap();
+        store.committed();
+    }
+
+    /// A table over the store and a BTreeMap see the same operations and must agree at every
+    /// step, with flushes at random points (the overlay merged over the store).
+    #[test]
+    fn a_stored_table_behaves_as_a_map() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let s = store();
+        let mut t: Table<(String, String), u64> = Table::open(T, s.clone(), 4).unwrap();
+        let mut mem: Table<(String, String), u64> = Table::memory(T);
+        let mut model = BTreeMap::new();
+        let key = |rng: &mut rand::rngs::StdRng| {
+            (
+                ["a", "b", "a\0"][rng.random_range(0..3)].to_owned(),
+                format!("{}", rng.random_range(0..40)),
+            )
+        };
+        for step in 0..4000u64 {
+            let k = key(&mut rng);
+            match rng.random_range(0..10) {
+                0..=3 => {
+                    let a = t.insert(k.clone(), step).map(|v| *v);
+                    let b = mem.insert(k.clone(), step).map(|v| *v);
+                    assert_eq!(a, model.insert(k.clone(), step));
+                    assert_eq!(b, a);
+                }
+                4..=5 => {
+                    let a = t.remove(&k).map(|v| *v);
+                    assert_eq!(mem.remove(&k).map(|v| *v), a);
+                    assert_eq!(a, model.remove(&k));
+                }
+                6 => {
+                    if let Some(v) = t.get_mut(&k) {
+                        *v += 1;
+                    }
+                    if let Some(v) = mem.get_mut(&k) {
+                        *v += 1;
+                    }
+                    if let Some(v) = model.get_mut(&k) {
+                        *v += 1;
+                    }
+                }
+                7 => flush(&s, &mut t),
+                _ => {
+                    let lo = key(&mut rng);
+                    let want: Vec<_> = model
+                        .range(lo.clone()..)
+                        .map(|(k, v)| (k.clone(), *v))
+                        .collect();
+                    let got: Vec<_> = t.range(lo.clone()..).map(|(k, v)| (k, *v)).collect();
+                    let got_mem: Vec<_> = mem.range(lo..).map(|(k, v)| (k, *v)).collect();
+                    assert_eq!(got, want);
+                    assert_eq!(got_mem, want);
+                }
+            }
+            assert_eq!(t.get(&k).map(|v| *v), model.get(&k).copied());
+            assert_eq!(t.len(), model.len() as u64);
+            assert_eq!(mem.len(), model.len() as u64);
+        }
+        flush(&s, &mut t);
+        // Reopened, the table has what was flushed, counted.
+        let again: Table<(String, String), u64> = Table::open(T, s, 4).unwrap();
+        assert_eq!(again.len(), model.len() as u64);
+        let all: Vec<_> = again.iter().map(|(k, v)| (k, *v)).collect();
+        assert_eq!(all, model.into_iter().collect::<Vec<_>>());
+        assert!(again.stats().misses.load(Ordering::Relaxed) == 0);
+    }
+
+    #[test]
+    fn a_memory_table_writes_out_into_a_store() {
+        let s = store();
+        let mut t: Table<(String, String), u64> = Table::from_rows(
+            T,
+            [
+                (("b".into(), "k".into()), 1u64),
+                (("a".into(), "k".into()), 2),
+            ],
+        );
+        let tx = s.db().begin_write().unwrap();
+        t.write_out(s.clone(), &tx, 16).unwrap();
+        tx.commit().unwrap();
+        s.committed();
+        let again: Table<(String, String), u64> = Table::open(T, s, 16).unwrap();
+        assert_eq!(again.len(), 2);
+        assert_eq!(again.get(&("a".into(), "k".into())).map(|v| *v), Some(2));
+        assert_eq!(again.get(&("a".into(), "x".into())), None);
+    }
+}
