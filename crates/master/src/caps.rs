@@ -8,7 +8,7 @@
 //! heartbeat reply naming it by then); until then the one before it signs. The key before
 //! the newest stays valid, so capabilities signed with it work until they expire.
 
-use crate::state::{KeyRecord, State};
+use crate::state::{Inode, KeyRecord, State};
 use cairn_proto::cap::{CapKey, Capability, Claims};
 use cairn_rpc::auth::Principal;
 use cairn_rpc::pb;
@@ -136,7 +136,8 @@ pub fn revocations_pb(state: &State, seen: u64) -> (Vec<pb::Revocation>, u64) {
                 generation,
                 except,
             } => {
-                let chunks = state.inode(inode).and_then(|i| i.file());
+                let ino = state.inode(inode);
+                let chunks = ino.as_deref().and_then(Inode::file);
                 for c in chunks.into_iter().flat_map(|f| &f.chunks) {
                     out.push(pb::Revocation {
                         kind: Kind::Chunk.into(),

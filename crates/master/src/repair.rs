@@ -385,7 +385,7 @@ impl Registry {
             if good_count == 0 {
                 lost_chunks += 1;
                 if self.repairs.lost_logged.insert(c.id) {
-                    self.log_lost(state, c, now);
+                    self.log_lost(state, &c, now);
                 }
                 continue;
             }

@@ -513,9 +513,9 @@ impl pb::meta_server::Meta for MetaService {
                 // A file's stat hands out capabilities to read it: read permission; a
                 // directory's needs only the way to it.
                 let want = if ino.file().is_some() { perm::READ } else { 0 };
-                check_read(&a.state, &who, ino, want)?;
+                check_read(&a.state, &who, &ino, want)?;
                 let signer = crate::caps::Signer::of(&a.state, now_ms(), &who);
-                (convert::node_reply(&a.state, &path, ino), signer)
+                (convert::node_reply(&a.state, &path, &ino), signer)
             };
             if let (Some(s), Some(f)) = (signer, r.file.as_mut()) {
                 s.sign_file(f, cap::READ, 0);
@@ -560,12 +560,12 @@ impl pb::meta_server::Meta for MetaService {
             let a = self.inner.sm.lock();
             let dir = a.state.lookup(&path)?;
             let want = if dir.file().is_some() { 0 } else { perm::READ };
-            check_read(&a.state, &who, dir, want)?;
+            check_read(&a.state, &who, &dir, want)?;
             let entries = a
                 .state
                 .list(&path)?
                 .into_iter()
-                .map(convert::dir_entry)
+                .map(|i| convert::dir_entry(&i))
                 .collect();
             Ok(pb::ListReply { entries })
         }
@@ -690,15 +690,15 @@ impl pb::meta_server::Meta for MetaService {
             self.inner.read_barrier().await?;
             let (mut chunks, servers, signer) = {
                 let a = self.inner.sm.lock();
-                let chunks: Vec<pb::ChunkMeta> =
-                    ids.iter()
-                        .map(|id| match a.state.chunk(*id) {
-                            // Read permission on the chunk's file, as for a stat of it.
-                            Some((ino, c)) => check_read(&a.state, &who, ino, perm::READ)
-                                .map(|()| convert::chunk(c)),
-                            None => Ok(pb::ChunkMeta::default()),
-                        })
-                        .collect::<Result<_, MetaError>>()?;
+                let chunks: Vec<pb::ChunkMeta> = ids
+                    .iter()
+                    .map(|id| match a.state.chunk(*id) {
+                        // Read permission on the chunk's file, as for a stat of it.
+                        Some((ino, c)) => check_read(&a.state, &who, &ino, perm::READ)
+                            .map(|()| convert::chunk(&c)),
+                        None => Ok(pb::ChunkMeta::default()),
+                    })
+                    .collect::<Result<_, MetaError>>()?;
                 let servers = convert::server_addrs(&a.state, &chunks);
                 (
                     chunks,

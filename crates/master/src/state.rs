@@ -8,9 +8,11 @@
 //! The namespace is an inode table plus a directory-entry table keyed by (parent, name), so a
 //! rename moves one entry and a listing is one range scan.
 
+use crate::kv::{Table, TableDef};
 use cairn_rpc::{ErrorKind, MetaError, components};
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use serde::{Deserialize, Deserializer, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 mod objects;
 pub mod perm;
@@ -34,10 +36,39 @@ pub type InodeId = u64;
 /// The root directory's inode.
 pub const ROOT: InodeId = 1;
 
+/// Inodes by id (docs/formats/master-state.md).
+pub const INODES: TableDef = TableDef {
+    name: "inodes",
+    version: 1,
+};
+/// (parent, name) → child.
+pub const DENTRIES: TableDef = TableDef {
+    name: "dentries",
+    version: 1,
+};
+/// chunk → the file that owns it.
+pub const CHUNK_OWNER: TableDef = TableDef {
+    name: "chunk_owner",
+    version: 1,
+};
+
+fn inodes_from_rows<'de, D: Deserializer<'de>>(d: D) -> Result<Table<InodeId, Inode>, D::Error> {
+    crate::kv::rows(INODES, d)
+}
+
+fn dentries_table() -> Table<(InodeId, String), InodeId> {
+    Table::memory(DENTRIES)
+}
+
+fn chunk_owner_table() -> Table<ChunkId, InodeId> {
+    Table::memory(CHUNK_OWNER)
+}
+
 /// The replicated state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct State {
-    inodes: BTreeMap<InodeId, Inode>,
+    #[serde(deserialize_with = "inodes_from_rows")]
+    inodes: Table<InodeId, Inode>,
     next_inode: InodeId,
     next_chunk: ChunkId,
     servers: BTreeMap<ServerId, ServerRecord>,
@@ -59,11 +90,11 @@ pub struct State {
     #[serde(default, skip_serializing_if = "revoke::Revocations::is_empty")]
     revocations: revoke::Revocations,
     /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
-    #[serde(skip)]
-    dentries: BTreeMap<(InodeId, String), InodeId>,
+    #[serde(skip, default = "dentries_table")]
+    dentries: Table<(InodeId, String), InodeId>,
     /// chunk → owning file; rebuilt likewise.
-    #[serde(skip)]
-    chunk_owner: HashMap<ChunkId, InodeId>,
+    #[serde(skip, default = "chunk_owner_table")]
+    chunk_owner: Table<ChunkId, InodeId>,
     /// While a [`Command::As`] applies: the user who owns what it creates.
     #[serde(skip)]
     acting: Option<String>,
@@ -71,7 +102,7 @@ pub struct State {
 
 impl Default for State {
     fn default() -> Self {
-        let mut inodes = BTreeMap::new();
+        let mut inodes = Table::memory(INODES);
         inodes.insert(
             ROOT,
             Inode {
@@ -96,8 +127,8 @@ impl Default for State {
             conversions: BTreeMap::new(),
             cap_keys: Vec::new(),
             revocations: Default::default(),
-            dentries: BTreeMap::new(),
-            chunk_owner: HashMap::new(),
+            dentries: dentries_table(),
+            chunk_owner: chunk_owner_table(),
             acting: None,
         }
     }
@@ -147,8 +178,8 @@ impl State {
         let mut id = ROOT;
         let mut found = self.dir_policies.get(&ROOT).copied();
         for name in components(path).unwrap_or_default() {
-            match self.dentries.get(&(id, name.to_owned())) {
-                Some(&child) if self.inodes.get(&child).is_some_and(|i| i.file().is_none()) => {
+            match self.dentries.get(&(id, name.to_owned())).map(|c| *c) {
+                Some(child) if self.inodes.get(&child).is_some_and(|i| i.file().is_none()) => {
                     id = child;
                     if let Some(p) = self.dir_policies.get(&id) {
                         found = Some(*p);
@@ -164,9 +195,9 @@ impl State {
     pub fn rebuild(&mut self) {
         self.revocations.rebuild();
         self.objects.rebuild();
-        self.dentries.clear();
-        self.chunk_owner.clear();
-        for ino in self.inodes.values() {
+        self.dentries = dentries_table();
+        self.chunk_owner = chunk_owner_table();
+        for (_, ino) in self.inodes.iter() {
             if ino.id != ROOT {
                 self.dentries.insert((ino.parent, ino.name.clone()), ino.id);
             }
@@ -192,11 +223,11 @@ impl State {
     }
 
     /// Every file's chunks with the file's policy (for the repair scan).
-    pub fn chunks_with_policy(&self) -> impl Iterator<Item = (&Policy, &Chunk)> {
-        self.inodes
-            .values()
-            .filter_map(Inode::file)
-            .flat_map(|f| f.chunks.iter().map(move |c| (&f.policy, c)))
+    pub fn chunks_with_policy(&self) -> impl Iterator<Item = (Policy, Chunk)> + '_ {
+        self.inodes.iter().flat_map(|(_, ino)| match ino.file() {
+            Some(f) => f.chunks.iter().map(|c| (f.policy, c.clone())).collect(),
+            None => Vec::new(),
+        })
     }
 
     pub fn servers(&self) -> &BTreeMap<ServerId, ServerRecord> {
@@ -213,14 +244,21 @@ impl State {
         &self.revocations
     }
 
-    pub fn inode(&self, id: InodeId) -> Option<&Inode> {
+    pub fn inode(&self, id: InodeId) -> Option<Arc<Inode>> {
         self.inodes.get(&id)
+    }
+
+    /// An inode the state holds (a dentry or a chunk names it).
+    pub(crate) fn ino(&self, id: InodeId) -> Arc<Inode> {
+        self.inodes
+            .get(&id)
+            .unwrap_or_else(|| panic!("inode {id} is named but missing"))
     }
 
     /// Counts for `cairn status`: (files, dirs, chunks, logical bytes known to the master).
     pub fn totals(&self) -> (u64, u64, u64, u64) {
         let mut t = (0, 0, 0, 0);
-        for ino in self.inodes.values() {
+        for (_, ino) in self.inodes.iter() {
             match &ino.kind {
                 Kind::Dir => t.1 += 1,
                 Kind::File(f) => {
@@ -234,9 +272,9 @@ impl State {
     }
 
     /// The chunk and the file that owns it.
-    pub fn chunk(&self, id: ChunkId) -> Option<(&Inode, &Chunk)> {
-        let ino = self.inodes.get(self.chunk_owner.get(&id)?)?;
-        let c = ino.file()?.chunks.iter().find(|c| c.id == id)?;
+    pub fn chunk(&self, id: ChunkId) -> Option<(Arc<Inode>, Chunk)> {
+        let ino = self.inodes.get(&*self.chunk_owner.get(&id)?)?;
+        let c = ino.file()?.chunks.iter().find(|c| c.id == id)?.clone();
         Some((ino, c))
     }
 
@@ -245,8 +283,11 @@ impl State {
     }
 
     /// Every file's inode.
-    pub fn files(&self) -> impl Iterator<Item = &Inode> {
-        self.inodes.values().filter(|i| i.file().is_some())
+    pub fn files(&self) -> impl Iterator<Item = Arc<Inode>> + '_ {
+        self.inodes
+            .iter()
+            .map(|(_, i)| i)
+            .filter(|i| i.file().is_some())
     }
 
     /// Conversions under way, by group id.
@@ -262,7 +303,7 @@ impl State {
     }
 
     /// Every chunk (id, expected servers, sealed, length) — for reconciling chunk reports.
-    pub fn chunks(&self) -> impl Iterator<Item = &Chunk> {
+    pub fn chunks(&self) -> impl Iterator<Item = Chunk> + '_ {
         self.chunks_with_policy().map(|(_, c)| c)
     }
 
@@ -271,10 +312,10 @@ impl State {
         self.next_chunk
     }
 
-    pub fn lookup(&self, path: &str) -> Result<&Inode, MetaError> {
+    pub fn lookup(&self, path: &str) -> Result<Arc<Inode>, MetaError> {
         let mut cur = ROOT;
         for name in components(path)? {
-            let ino = &self.inodes[&cur];
+            let ino = self.ino(cur);
             if ino.file().is_some() {
                 return Err(MetaError::new(
                     ErrorKind::NotADirectory,
@@ -286,11 +327,11 @@ impl State {
                 .get(&(cur, name.to_owned()))
                 .ok_or_else(|| MetaError::not_found(path))?;
         }
-        Ok(&self.inodes[&cur])
+        Ok(self.ino(cur))
     }
 
     /// Entries of a directory, by name.
-    pub fn list(&self, path: &str) -> Result<Vec<&Inode>, MetaError> {
+    pub fn list(&self, path: &str) -> Result<Vec<Arc<Inode>>, MetaError> {
         let dir = self.lookup(path)?;
         if dir.file().is_some() {
             return Err(MetaError::new(
@@ -302,7 +343,7 @@ impl State {
             .dentries
             .range((dir.id, String::new())..)
             .take_while(|((p, _), _)| *p == dir.id)
-            .map(|(_, id)| &self.inodes[id])
+            .map(|(_, id)| self.ino(*id))
             .collect())
     }
 
@@ -320,19 +361,19 @@ impl State {
         };
         let mut cur = ROOT;
         for name in dirs {
-            if self.inodes[&cur].file().is_some() {
+            if self.ino(cur).file().is_some() {
                 return Err(MetaError::new(
                     ErrorKind::NotADirectory,
                     format!("{path}: a component is a file"),
                 ));
             }
             cur = match self.dentries.get(&(cur, (*name).to_owned())) {
-                Some(&id) => id,
+                Some(id) => *id,
                 None if parents => self.insert(cur, name, now_ms, Kind::Dir, None),
                 None => return Err(MetaError::not_found(format!("{path}: parent"))),
             };
         }
-        if self.inodes[&cur].file().is_some() {
+        if self.ino(cur).file().is_some() {
             return Err(MetaError::new(
                 ErrorKind::NotADirectory,
                 format!("{path}: parent is a file"),
@@ -461,7 +502,7 @@ impl State {
 
     fn reply(&self, id: InodeId) -> Response {
         Ok(Reply {
-            inode: self.inodes.get(&id).cloned(),
+            inode: self.inodes.get(&id).map(|i| (*i).clone()),
             ..Reply::default()
         })
     }
@@ -545,7 +586,7 @@ impl State {
                 block: conv.lz4_block,
             });
         }
-        let Some(owner) = self.chunk_owner.get(&conv.chunk).copied() else {
+        let Some(owner) = self.chunk_owner.get(&conv.chunk).map(|o| *o) else {
             return; // the file or the chunk went meanwhile
         };
         let Some(Inode {
@@ -799,7 +840,7 @@ impl State {
                     if up == ROOT {
                         break;
                     }
-                    up = self.inodes[&up].parent;
+                    up = self.ino(up).parent;
                 }
                 let ino = self.inodes.get_mut(&src).expect("exists");
                 let old = (ino.parent, std::mem::replace(&mut ino.name, name.clone()));
@@ -824,14 +865,14 @@ impl State {
                         .dentries
                         .range((id, String::new())..)
                         .next()
-                        .is_some_and(|((p, _), _)| *p == id)
+                        .is_some_and(|((p, _), _)| p == id)
                 {
                     return Err(MetaError::new(
                         ErrorKind::DirectoryNotEmpty,
                         format!("{path}: directory not empty"),
                     ));
                 }
-                let ino = self.inodes.remove(&id).expect("exists");
+                let ino = Arc::unwrap_or_clone(self.inodes.remove(&id).expect("exists"));
                 self.dentries.remove(&(ino.parent, ino.name.clone()));
                 self.dir_policies.remove(&id);
                 if let Some(f) = ino.file() {
@@ -901,7 +942,7 @@ impl State {
                 remove,
                 member,
             } => {
-                let Some(owner) = self.chunk_owner.get(chunk_id).copied() else {
+                let Some(owner) = self.chunk_owner.get(chunk_id).map(|o| *o) else {
                     return Ok(Reply::default());
                 };
                 let Some(Inode {
@@ -1354,6 +1395,19 @@ mod tests {
         back.rebuild();
         assert_eq!(back.list("/z").unwrap().len(), 1);
         assert_eq!(back.dentries, s.dentries);
+        assert_eq!(back.chunk_owner, s.chunk_owner);
+        // A snapshot from before the inode table wrote the inodes as a map by id.
+        let mut old = serde_json::to_value(&s).unwrap();
+        let rows = old["inodes"].as_array().unwrap().clone();
+        old["inodes"] = rows
+            .iter()
+            .map(|r| (r[0].to_string(), r[1].clone()))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+        let mut older: State = serde_json::from_value(old).unwrap();
+        older.rebuild();
+        assert_eq!(older.inodes, s.inodes);
+        assert_eq!(older.dentries, s.dentries);
     }
 
     /// A batch applies its commands in order, each alone: a failing one changes nothing and

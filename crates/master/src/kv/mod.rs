@@ -421,6 +421,50 @@ impl<K: Key, V: Record> Table<K, V> {
     }
 }
 
+/// A memory table `def` from a JSON snapshot's field: a sequence of `(key, record)` pairs, or
+/// the map an older snapshot wrote (its keys as JSON strings, as serde_json writes integers).
+pub fn rows<'de, D, K, V>(def: TableDef, d: D) -> Result<Table<K, V>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    K: Key + serde::Deserialize<'de>,
+    V: Record,
+{
+    struct Rows<K, V>(std::marker::PhantomData<(K, V)>);
+    impl<'de, K: serde::Deserialize<'de>, V: serde::Deserialize<'de>> serde::de::Visitor<'de>
+        for Rows<K, V>
+    {
+        type Value = Vec<(K, V)>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a sequence of (key, record) pairs or a map")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut v = Vec::new();
+            while let Some(row) = a.next_element()? {
+                v.push(row);
+            }
+            Ok(v)
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut v = Vec::new();
+            while let Some(row) = a.next_entry()? {
+                v.push(row);
+            }
+            Ok(v)
+        }
+    }
+    let rows = d.deserialize_any(Rows::<K, V>(std::marker::PhantomData))?;
+    Ok(Table::from_rows(def, rows))
+}
+
 /// A copy in memory (for the JSON snapshot of a state that still has one).
 impl<K: Key, V: Record> Clone for Table<K, V> {
     fn clone(&self) -> Self {

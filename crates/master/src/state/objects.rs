@@ -71,8 +71,7 @@ fn objects_table() -> Table<(String, String), ObjectMeta> {
 fn objects_from_rows<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Table<(String, String), ObjectMeta>, D::Error> {
-    let rows: Vec<((String, String), ObjectMeta)> = Deserialize::deserialize(d)?;
-    Ok(Table::from_rows(OBJECTS, rows))
+    crate::kv::rows(OBJECTS, d)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -81,7 +81,7 @@ impl State {
             let Some(dir) = self.inodes.get(&up) else {
                 return Ok(());
             };
-            if !allows(dir, user, SEARCH) {
+            if !allows(&dir, user, SEARCH) {
                 return Err(denied(format_args!("{} (search)", self.path_of(dir.id))));
             }
             if up == ROOT {
@@ -98,7 +98,7 @@ impl State {
     pub fn check_inode(&self, id: InodeId, user: &str, want: u16) -> Result<(), MetaError> {
         self.check_reach(id, user)?;
         match self.inodes.get(&id) {
-            Some(ino) if !allows(ino, user, want) => Err(denied(self.path_of(id))),
+            Some(ino) if !allows(&ino, user, want) => Err(denied(self.path_of(id))),
             _ => Ok(()),
         }
     }
@@ -107,7 +107,12 @@ impl State {
     ///
     /// # Errors
     /// `NotFound` and the like from the lookup, or `PermissionDenied`.
-    pub fn check_path(&self, path: &str, user: &str, want: u16) -> Result<&Inode, MetaError> {
+    pub fn check_path(
+        &self,
+        path: &str,
+        user: &str,
+        want: u16,
+    ) -> Result<std::sync::Arc<Inode>, MetaError> {
         let ino = self.lookup(path)?;
         self.check_inode(ino.id, user, want)?;
         Ok(ino)
@@ -120,7 +125,7 @@ impl State {
             let Some(ino) = self.inodes.get(&id) else {
                 break;
             };
-            names.push(ino.name.as_str());
+            names.push(ino.name.clone());
             id = ino.parent;
         }
         names.reverse();
@@ -135,7 +140,7 @@ impl State {
         let mut cur = ROOT;
         for name in comps.iter().take(comps.len().saturating_sub(1)) {
             match self.dentries.get(&(cur, (*name).to_owned())) {
-                Some(&child) if matches!(self.inodes[&child].kind, Kind::Dir) => cur = child,
+                Some(child) if matches!(self.ino(*child).kind, Kind::Dir) => cur = *child,
                 // A file on the way or a missing directory: the command's own error, or
                 // the directories `parents` makes below `cur`.
                 _ => break,
