@@ -8,7 +8,7 @@
 //! The namespace is an inode table plus a directory-entry table keyed by (parent, name), so a
 //! rename moves one entry and a listing is one range scan.
 
-use crate::kv::{Table, TableDef};
+use crate::kv::{Cell, Table, TableDef};
 use cairn_rpc::{ErrorKind, MetaError, components};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
@@ -69,26 +69,26 @@ fn chunk_owner_table() -> Table<ChunkId, InodeId> {
 pub struct State {
     #[serde(deserialize_with = "inodes_from_rows")]
     inodes: Table<InodeId, Inode>,
-    next_inode: InodeId,
-    next_chunk: ChunkId,
-    servers: BTreeMap<ServerId, ServerRecord>,
+    next_inode: Cell<InodeId>,
+    next_chunk: Cell<ChunkId>,
+    servers: Cell<BTreeMap<ServerId, ServerRecord>>,
     #[serde(default)]
-    config: Config,
+    config: Cell<Config>,
     /// The object service's buckets, objects, uploads and users.
     #[serde(default)]
     objects: ObjectIndex,
     /// Directories' default policies for new files below them (`cairn fs mkdir --policy`).
     #[serde(default)]
-    dir_policies: BTreeMap<InodeId, Policy>,
+    dir_policies: Cell<BTreeMap<InodeId, Policy>>,
     /// Replica→EC conversions under way, by the new group's id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    conversions: BTreeMap<ChunkId, Conversion>,
+    conversions: Cell<BTreeMap<ChunkId, Conversion>>,
     /// The keys capabilities are signed with, oldest first (docs/security.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    cap_keys: Vec<KeyRecord>,
+    cap_keys: Cell<Vec<KeyRecord>>,
     /// The permission generation and the capability revocations (revoke.rs).
     #[serde(default, skip_serializing_if = "revoke::Revocations::is_empty")]
-    revocations: revoke::Revocations,
+    revocations: Cell<revoke::Revocations>,
     /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
     #[serde(skip, default = "dentries_table")]
     dentries: Table<(InodeId, String), InodeId>,
@@ -118,15 +118,15 @@ impl Default for State {
         );
         Self {
             inodes,
-            next_inode: ROOT + 1,
-            next_chunk: 1,
-            servers: BTreeMap::new(),
-            config: Config::default(),
+            next_inode: Cell::new(ROOT + 1),
+            next_chunk: Cell::new(1),
+            servers: Cell::default(),
+            config: Cell::default(),
             objects: ObjectIndex::default(),
-            dir_policies: BTreeMap::new(),
-            conversions: BTreeMap::new(),
-            cap_keys: Vec::new(),
-            revocations: Default::default(),
+            dir_policies: Cell::default(),
+            conversions: Cell::default(),
+            cap_keys: Cell::default(),
+            revocations: Cell::default(),
             dentries: dentries_table(),
             chunk_owner: chunk_owner_table(),
             acting: None,
@@ -309,7 +309,7 @@ impl State {
 
     /// The next chunk id the state machine will hand out (ids below it were allocated once).
     pub fn next_chunk_id(&self) -> ChunkId {
-        self.next_chunk
+        *self.next_chunk
     }
 
     pub fn lookup(&self, path: &str) -> Result<Arc<Inode>, MetaError> {
@@ -400,8 +400,8 @@ impl State {
             Kind::Dir => perm::DEFAULT_DIR_MODE,
             Kind::File(_) => perm::DEFAULT_FILE_MODE,
         });
-        let id = self.next_inode;
-        self.next_inode += 1;
+        let id = *self.next_inode;
+        *self.next_inode += 1;
         if let Kind::File(f) = &kind {
             for c in &f.chunks {
                 self.chunk_owner.insert(c.id, id);
@@ -432,8 +432,8 @@ impl State {
         placements
             .iter()
             .map(|servers| {
-                let id = self.next_chunk;
-                self.next_chunk += 1;
+                let id = *self.next_chunk;
+                *self.next_chunk += 1;
                 Chunk {
                     id,
                     length: 0,
@@ -542,8 +542,8 @@ impl State {
             ));
         }
         let length = c.length;
-        let group = self.next_chunk;
-        self.next_chunk += 1;
+        let group = *self.next_chunk;
+        *self.next_chunk += 1;
         self.conversions.insert(
             group,
             Conversion {
@@ -978,7 +978,7 @@ impl State {
                 Ok(Reply::default())
             }
             Command::SetConfig { config } => {
-                self.config = config.clone();
+                *self.config = config.clone();
                 Ok(Reply::default())
             }
             Command::RotateKey { secret, now_ms } => {

@@ -6,7 +6,7 @@
 //! extents' own files in the same step, so no object ever names a deleted file.
 
 use super::{Command, State};
-use crate::kv::{Table, TableDef};
+use crate::kv::{Cell, Table, TableDef};
 use cairn_rpc::object::{
     BucketInfo, Extent, GATEWAY_FORGET_MS, Gateway, ListEntry, ListPage, ListRequest,
     MAX_LIST_KEYS, MIN_PART_BYTES, ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply,
@@ -23,49 +23,95 @@ pub const OBJECTS: TableDef = TableDef {
     name: "objects",
     version: 1,
 };
+/// Multipart uploads by id.
+pub const UPLOADS: TableDef = TableDef {
+    name: "uploads",
+    version: 1,
+};
+/// Pack usage by pack path.
+pub const PACKS: TableDef = TableDef {
+    name: "packs",
+    version: 1,
+};
+/// Files to delete, by path (records empty).
+pub const TRASH: TableDef = TableDef {
+    name: "trash",
+    version: 1,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectIndex {
     /// By access key.
-    users: BTreeMap<String, User>,
-    buckets: BTreeMap<String, Bucket>,
+    users: Cell<BTreeMap<String, User>>,
+    buckets: Cell<BTreeMap<String, Bucket>>,
     /// Every bucket's objects, by (bucket, key).
     #[serde(default = "objects_table", deserialize_with = "objects_from_rows")]
     by_key: Table<(String, String), ObjectMeta>,
     /// By upload id.
-    uploads: BTreeMap<String, Upload>,
+    #[serde(deserialize_with = "uploads_from_rows")]
+    uploads: Table<String, Upload>,
     /// Shared small-object logs: live bytes and objects in each (compaction picks the ones
     /// mostly dead).
-    packs: BTreeMap<String, PackUse>,
+    #[serde(deserialize_with = "packs_from_rows")]
+    packs: Table<String, PackUse>,
     /// S3 gateways by endpoint.
     #[serde(default)]
-    gateways: BTreeMap<String, Gateway>,
+    gateways: Cell<BTreeMap<String, Gateway>>,
     /// Files no object names any more, deleted once gateways empty them (after a grace
     /// period, so that GETs reading them finish).
-    #[serde(default)]
-    trash: std::collections::BTreeSet<String>,
+    #[serde(default = "trash_table", deserialize_with = "trash_from_rows")]
+    trash: Table<String, ()>,
     /// The block service's volumes, by name (docs/block.md).
     #[serde(default)]
-    pub(super) volumes: BTreeMap<String, Volume>,
+    pub(super) volumes: Cell<BTreeMap<String, Volume>>,
 }
 
 impl Default for ObjectIndex {
     fn default() -> Self {
         Self {
-            users: BTreeMap::new(),
-            buckets: BTreeMap::new(),
+            users: Cell::default(),
+            buckets: Cell::default(),
             by_key: objects_table(),
-            uploads: BTreeMap::new(),
-            packs: BTreeMap::new(),
-            gateways: BTreeMap::new(),
-            trash: Default::default(),
-            volumes: BTreeMap::new(),
+            uploads: Table::memory(UPLOADS),
+            packs: Table::memory(PACKS),
+            gateways: Cell::default(),
+            trash: trash_table(),
+            volumes: Cell::default(),
         }
     }
 }
 
 fn objects_table() -> Table<(String, String), ObjectMeta> {
     Table::memory(OBJECTS)
+}
+
+fn trash_table() -> Table<String, ()> {
+    Table::memory(TRASH)
+}
+
+fn uploads_from_rows<'de, D: Deserializer<'de>>(d: D) -> Result<Table<String, Upload>, D::Error> {
+    crate::kv::rows(UPLOADS, d)
+}
+
+fn packs_from_rows<'de, D: Deserializer<'de>>(d: D) -> Result<Table<String, PackUse>, D::Error> {
+    crate::kv::rows(PACKS, d)
+}
+
+/// The trash of a JSON snapshot: rows, or the list of paths an older one wrote.
+fn trash_from_rows<'de, D: Deserializer<'de>>(d: D) -> Result<Table<String, ()>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Row {
+        Path(String),
+        Row((String, ())),
+    }
+    let rows: Vec<Row> = Deserialize::deserialize(d)?;
+    Ok(Table::from_rows(
+        TRASH,
+        rows.into_iter().map(|r| match r {
+            Row::Path(p) | Row::Row((p, ())) => (p, ()),
+        }),
+    ))
 }
 
 fn objects_from_rows<'de, D: Deserializer<'de>>(
@@ -95,13 +141,13 @@ impl ObjectIndex {
         (
             self.buckets.len() as u64,
             self.by_key.len(),
-            self.uploads.len() as u64,
+            self.uploads.len(),
         )
     }
 
     /// Moves objects read from an older snapshot (inside their buckets) into `by_key`.
     pub(super) fn rebuild(&mut self) {
-        for (name, b) in &mut self.buckets {
+        for (name, b) in self.buckets.iter_mut() {
             for (key, o) in std::mem::take(&mut b.objects) {
                 self.by_key.insert((name.clone(), key), o);
             }
@@ -135,7 +181,7 @@ impl ObjectIndex {
             .map(|((_, k), o)| (k, o))
     }
 
-    pub fn packs(&self) -> &BTreeMap<String, PackUse> {
+    pub fn packs(&self) -> &Table<String, PackUse> {
         &self.packs
     }
 
@@ -147,8 +193,11 @@ impl ObjectIndex {
         Ok(b)
     }
 
-    fn upload(&self, user: &str, id: &str) -> Result<&Upload, ObjectError> {
-        let u = self.uploads.get(id).ok_or(ObjectError::NoSuchUpload)?;
+    fn upload(&self, user: &str, id: &str) -> Result<Arc<Upload>, ObjectError> {
+        let u = self
+            .uploads
+            .get(&id.to_owned())
+            .ok_or(ObjectError::NoSuchUpload)?;
         if u.owner != user {
             return Err(ObjectError::AccessDenied);
         }
@@ -158,7 +207,7 @@ impl ObjectIndex {
     /// A user by access key (for checking the proofs of calls).
     /// Files freed into the trash, not yet deleted.
     pub fn trash_len(&self) -> usize {
-        self.trash.len()
+        self.trash.len() as usize
     }
 
     pub fn user(&self, access_key: &str) -> Option<&User> {
@@ -231,7 +280,7 @@ impl ObjectIndex {
                 self.bucket(user, bucket)?;
                 // Uploads are few and short-lived: gathered per call, keyed "key\0id" so the
                 // same listing code pages through them in (key, upload id) order.
-                let by_key: BTreeMap<String, &Upload> = self
+                let by_key: BTreeMap<String, Arc<Upload>> = self
                     .uploads
                     .values()
                     .filter(|u| u.bucket == *bucket && u.key.starts_with(&list.prefix))
@@ -241,7 +290,7 @@ impl ObjectIndex {
                     by_key
                         .range::<String, _>((lower, Bound::Unbounded))
                         .next()
-                        .map(|(k, u)| (k.clone(), *u))
+                        .map(|(k, u)| (k.clone(), u.clone()))
                 };
                 Ok(QueryReply::List(list_keys(seek, list, |_, u| ListEntry {
                     key: u.key.clone(),
@@ -268,7 +317,7 @@ impl ObjectIndex {
                     .collect();
                 let truncated = parts.len() > max;
                 parts.truncate(max);
-                let mut upload = u.clone();
+                let mut upload = (*u).clone();
                 upload.parts.clear();
                 Ok(QueryReply::Parts {
                     upload,
@@ -312,7 +361,11 @@ impl ObjectIndex {
                 ))
             }
             ObjectQuery::Trash { max } => Ok(QueryReply::Trash(
-                self.trash.iter().take(*max as usize).cloned().collect(),
+                self.trash
+                    .iter()
+                    .take(*max as usize)
+                    .map(|(p, _)| p)
+                    .collect(),
             )),
             ObjectQuery::Unnamed { paths } => {
                 let mut left: std::collections::BTreeSet<&String> = paths.iter().collect();
@@ -321,13 +374,15 @@ impl ObjectIndex {
                         left.remove(&e.path);
                     }
                 }
-                for p in self.uploads.values().flat_map(|u| u.parts.values()) {
-                    left.remove(&p.extent.path);
+                for u in self.uploads.values() {
+                    for p in u.parts.values() {
+                        left.remove(&p.extent.path);
+                    }
                 }
                 // Freed files are the trash's to delete.
                 Ok(QueryReply::Unnamed(
                     left.into_iter()
-                        .filter(|p| !self.trash.contains(*p))
+                        .filter(|p| !self.trash.contains_key(*p))
                         .cloned()
                         .collect(),
                 ))
@@ -357,7 +412,7 @@ impl ObjectIndex {
                     buckets,
                     objects,
                     uploads,
-                    trash: self.trash.len() as u64,
+                    trash: self.trash.len(),
                 })
             }
             ObjectQuery::StaleUploads { before_ms, max } => Ok(QueryReply::Uploads(
@@ -366,7 +421,7 @@ impl ObjectIndex {
                     .filter(|u| u.initiated_ms < *before_ms)
                     .take(*max as usize)
                     .map(|u| {
-                        let mut u = u.clone();
+                        let mut u = (*u).clone();
                         u.parts.clear();
                         u
                     })
@@ -476,11 +531,16 @@ impl State {
                         continue; // a writer still appends to it
                     }
                     let path = format!("{}/{}", dir.trim_end_matches('/'), ino.name);
-                    if self.objects.trash.contains(&path) {
+                    if self.objects.trash.contains_key(&path) {
                         continue; // retired already
                     }
                     let length = f.committed_length();
-                    let used = self.objects.packs.get(&path).copied().unwrap_or_default();
+                    let used = self
+                        .objects
+                        .packs
+                        .get(&path)
+                        .map(|u| *u)
+                        .unwrap_or_default();
                     if u128::from(used.live_bytes) * 100
                         < u128::from(length) * u128::from(*live_pct)
                         || used.live_objects == 0
@@ -652,7 +712,7 @@ impl State {
                     .collect();
                 let mut extents = Vec::new();
                 for id in ids {
-                    let u = self.objects.uploads.remove(&id).expect("listed");
+                    let u = Arc::unwrap_or_clone(self.objects.uploads.remove(&id).expect("listed"));
                     extents.extend(u.parts.into_values().map(|p| p.extent));
                 }
                 self.free(&extents);
@@ -789,12 +849,12 @@ impl State {
                     return Err(ObjectError::InvalidArgument(format!("no pack {path}")));
                 }
                 self.objects.packs.remove(path);
-                self.objects.trash.insert(path.clone());
+                self.objects.trash.insert(path.clone(), ());
                 Ok(OpReply::Done)
             }
             ObjectOp::EmptyTrash { paths } => {
                 for p in paths {
-                    if self.objects.trash.remove(p) {
+                    if self.objects.trash.remove(p).is_some() {
                         // Already gone is fine: the file was the trash's alone.
                         let _ = self.apply(&Command::Delete { path: p.clone() });
                     }
@@ -810,7 +870,12 @@ impl State {
             | ObjectOp::DeleteSnapshot { .. } => idx.apply_volume(op),
             ObjectOp::AbortUpload { user, upload_id } => {
                 idx.upload(user, upload_id)?;
-                let upload = self.objects.uploads.remove(upload_id).expect("checked");
+                let upload = Arc::unwrap_or_clone(
+                    self.objects
+                        .uploads
+                        .remove(&upload_id.to_owned())
+                        .expect("checked"),
+                );
                 let extents: Vec<Extent> = upload.parts.into_values().map(|p| p.extent).collect();
                 self.free(&extents);
                 Ok(OpReply::Done)
@@ -880,7 +945,12 @@ impl State {
         if let Some(c) = condition {
             check_condition(self.objects.object(&bucket, &key).as_deref(), meta, c)?;
         }
-        let upload = self.objects.uploads.remove(upload_id).expect("checked");
+        let upload = Arc::unwrap_or_clone(
+            self.objects
+                .uploads
+                .remove(&upload_id.to_owned())
+                .expect("checked"),
+        );
         let mut meta = meta.clone();
         meta.size = chosen.iter().map(|p| p.size).sum();
         meta.part_sizes = chosen.iter().map(|p| p.size).collect();
@@ -943,7 +1013,7 @@ impl State {
     /// Counts an extent as live in its pack.
     fn take_extent(&mut self, e: &Extent) {
         if e.shared {
-            let u = self.objects.packs.entry(e.path.clone()).or_default();
+            let u = self.objects.packs.get_or_default(&e.path);
             u.live_bytes += e.len;
             u.live_objects += 1;
         }
@@ -966,7 +1036,7 @@ impl State {
             if e.shared {
                 self.release_pack(e);
             } else {
-                self.objects.trash.insert(e.path.clone());
+                self.objects.trash.insert(e.path.clone(), ());
             }
         }
     }
@@ -1357,7 +1427,7 @@ mod tests {
         );
         op(&mut st, put("bkt", "k", meta("2", vec![shared(0)]))).unwrap();
         // The replaced version's file waits in the trash (GETs may still read it).
-        assert!(st.lookup("/b/1").is_ok() && st.objects.trash.contains("/b/1"));
+        assert!(st.lookup("/b/1").is_ok() && st.objects.trash.contains_key(&"/b/1".to_owned()));
         let empty = |p: &str| ObjectOp::EmptyTrash {
             paths: vec![p.into()],
         };
@@ -1369,7 +1439,7 @@ mod tests {
         op(&mut st, empty("/b/1")).unwrap();
         assert!(st.lookup("/b/1").is_err(), "the trash was not emptied");
         assert_eq!(
-            st.objects.packs["/p/1"],
+            *st.objects.packs.get(&"/p/1".to_owned()).unwrap(),
             PackUse {
                 live_bytes: 10,
                 live_objects: 1
@@ -1399,7 +1469,14 @@ mod tests {
             Err(ObjectError::NoSuchKey),
             "moved twice"
         );
-        assert_eq!(st.objects.packs["/p/1"].live_objects, 0);
+        assert_eq!(
+            st.objects
+                .packs
+                .get(&"/p/1".to_owned())
+                .unwrap()
+                .live_objects,
+            0
+        );
         op(&mut st, drop("/p/1")).unwrap();
         op(&mut st, empty("/p/1")).unwrap();
         assert!(st.lookup("/p/1").is_err());
@@ -1424,7 +1501,10 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(st.objects.packs["/p/2"], PackUse::default());
+        assert_eq!(
+            *st.objects.packs.get(&"/p/2".to_owned()).unwrap(),
+            PackUse::default()
+        );
         op(
             &mut st,
             ObjectOp::DeleteBucket {
