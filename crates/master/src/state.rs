@@ -14,6 +14,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+mod disk;
 mod objects;
 pub mod perm;
 pub mod revoke;

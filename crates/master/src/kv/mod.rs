@@ -373,6 +373,11 @@ impl<V> Cell<V> {
         }
     }
 
+    /// Marks the value changed (the next flush writes it).
+    pub fn touch(&mut self) {
+        self.changed = true;
+    }
+
     /// Writes the value as the one row of table `def` if it changed since the last flush.
     pub fn flush(&mut self, def: TableDef, tx: &WriteTransaction) -> Result<(), redb::Error>
     where

@@ -6,13 +6,14 @@
 //! extents' own files in the same step, so no object ever names a deleted file.
 
 use super::{Command, State};
-use crate::kv::{Cell, Table, TableDef};
+use crate::kv::{Cell, Store, Table, TableDef};
 use cairn_rpc::object::{
     BucketInfo, Extent, GATEWAY_FORGET_MS, Gateway, ListEntry, ListPage, ListRequest,
     MAX_LIST_KEYS, MIN_PART_BYTES, ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply,
     OpResult, PackCandidate, Part, PutCondition, QueryReply, QueryResult, Upload, User, Volume,
     VolumeAccess,
 };
+use redb::WriteTransaction;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -64,6 +65,56 @@ pub struct ObjectIndex {
     /// The block service's volumes, by name (docs/block.md).
     #[serde(default)]
     pub(super) volumes: Cell<BTreeMap<String, Volume>>,
+}
+
+const USERS: TableDef = super::disk::cell("users");
+const BUCKETS: TableDef = super::disk::cell("buckets");
+const GATEWAYS: TableDef = super::disk::cell("gateways");
+const VOLUMES: TableDef = super::disk::cell("volumes");
+
+/// The index in the master's store (see `state/disk.rs`).
+impl ObjectIndex {
+    pub(super) fn open(store: &Arc<Store>, cache: usize) -> Result<Self, redb::Error> {
+        use super::disk::open_cell;
+        Ok(Self {
+            users: open_cell(USERS, store)?,
+            buckets: open_cell(BUCKETS, store)?,
+            by_key: Table::open(OBJECTS, store.clone(), cache)?,
+            uploads: Table::open(UPLOADS, store.clone(), cache)?,
+            packs: Table::open(PACKS, store.clone(), cache)?,
+            gateways: open_cell(GATEWAYS, store)?,
+            trash: Table::open(TRASH, store.clone(), cache)?,
+            volumes: open_cell(VOLUMES, store)?,
+        })
+    }
+
+    pub(super) fn flush(&mut self, tx: &WriteTransaction) -> Result<(), redb::Error> {
+        self.users.flush(USERS, tx)?;
+        self.buckets.flush(BUCKETS, tx)?;
+        self.by_key.flush(tx)?;
+        self.uploads.flush(tx)?;
+        self.packs.flush(tx)?;
+        self.gateways.flush(GATEWAYS, tx)?;
+        self.trash.flush(tx)?;
+        self.volumes.flush(VOLUMES, tx)
+    }
+
+    pub(super) fn write_out(
+        &mut self,
+        store: &Arc<Store>,
+        tx: &WriteTransaction,
+        cache: usize,
+    ) -> Result<(), redb::Error> {
+        self.by_key.write_out(store.clone(), tx, cache)?;
+        self.uploads.write_out(store.clone(), tx, cache)?;
+        self.packs.write_out(store.clone(), tx, cache)?;
+        self.trash.write_out(store.clone(), tx, cache)?;
+        self.users.touch();
+        self.buckets.touch();
+        self.gateways.touch();
+        self.volumes.touch();
+        self.flush(tx)
+    }
 }
 
 impl Default for ObjectIndex {
@@ -126,7 +177,7 @@ struct Bucket {
     created_ms: u64,
     /// Snapshots before the objects table held each bucket's objects here; read once and
     /// moved into `by_key` ([`ObjectIndex::rebuild`]).
-    #[serde(default, skip_serializing)]
+    #[serde(default)]
     objects: BTreeMap<String, ObjectMeta>,
 }
 

@@ -1,0 +1,291 @@
+//! The state in the master's store (docs/formats/master-state.md): which table or cell each
+//! part of [`State`] is, opening them, writing a batch's changes, and writing a whole state
+//! (read from a JSON snapshot) out.
+
+use super::objects::ObjectIndex;
+use super::{CHUNK_OWNER, DENTRIES, INODES, State};
+use crate::kv::{Cell, Record, Store, Table, TableDef};
+use redb::WriteTransaction;
+use std::sync::Arc;
+
+/// The cells (one record each, key `()`), by table name.
+pub(super) const fn cell(name: &'static str) -> TableDef {
+    TableDef { name, version: 1 }
+}
+const NEXT_INODE: TableDef = cell("next_inode");
+const NEXT_CHUNK: TableDef = cell("next_chunk");
+const SERVERS: TableDef = cell("servers");
+const CONFIG: TableDef = cell("config");
+const DIR_POLICIES: TableDef = cell("dir_policies");
+const CONVERSIONS: TableDef = cell("conversions");
+const CAP_KEYS: TableDef = cell("cap_keys");
+const REVOCATIONS: TableDef = cell("revocations");
+
+pub(super) fn open_cell<V: Record + Default>(
+    def: TableDef,
+    store: &Store,
+) -> Result<Cell<V>, redb::Error> {
+    Ok(Cell::open(def, store)?.unwrap_or_default())
+}
+
+impl State {
+    /// The state `store` holds; `None` when it holds none (a new master, or one that has
+    /// only a JSON snapshot). `cache`: clean records each table keeps decoded.
+    pub fn open(store: &Arc<Store>, cache: usize) -> Result<Option<Self>, redb::Error> {
+        let Some(next_inode) = Cell::open(NEXT_INODE, store)? else {
+            return Ok(None);
+        };
+        let mut st = Self {
+            inodes: Table::open(INODES, store.clone(), cache)?,
+            next_inode,
+            next_chunk: open_cell(NEXT_CHUNK, store)?,
+            servers: open_cell(SERVERS, store)?,
+            config: open_cell(CONFIG, store)?,
+            objects: ObjectIndex::open(store, cache)?,
+            dir_policies: open_cell(DIR_POLICIES, store)?,
+            conversions: open_cell(CONVERSIONS, store)?,
+            cap_keys: open_cell(CAP_KEYS, store)?,
+            revocations: open_cell(REVOCATIONS, store)?,
+            dentries: Table::open(DENTRIES, store.clone(), cache)?,
+            chunk_owner: Table::open(CHUNK_OWNER, store.clone(), cache)?,
+            acting: None,
+        };
+        // When this master applied each record is its own memory: loaded counts as now.
+        st.revocations.rebuild();
+        Ok(Some(st))
+    }
+
+    /// Writes every change since the last flush into `tx`.
+    pub fn flush(&mut self, tx: &WriteTransaction) -> Result<(), redb::Error> {
+        self.inodes.flush(tx)?;
+        self.dentries.flush(tx)?;
+        self.chunk_owner.flush(tx)?;
+        self.next_inode.flush(NEXT_INODE, tx)?;
+        self.next_chunk.flush(NEXT_CHUNK, tx)?;
+        self.servers.flush(SERVERS, tx)?;
+        self.config.flush(CONFIG, tx)?;
+        self.dir_policies.flush(DIR_POLICIES, tx)?;
+        self.conversions.flush(CONVERSIONS, tx)?;
+        self.cap_keys.flush(CAP_KEYS, tx)?;
+        self.revocations.flush(REVOCATIONS, tx)?;
+        self.objects.flush(tx)
+    }
+
+    /// Writes this whole state (one held in memory: new, or read from a JSON snapshot) into
+    /// `store` through `tx`, replacing what the store held; the state then lives there.
+    pub fn write_out(
+        &mut self,
+        store: &Arc<Store>,
+        tx: &WriteTransaction,
+        cache: usize,
+    ) -> Result<(), redb::Error> {
+        self.inodes.write_out(store.clone(), tx, cache)?;
+        self.dentries.write_out(store.clone(), tx, cache)?;
+        self.chunk_owner.write_out(store.clone(), tx, cache)?;
+        self.objects.write_out(store, tx, cache)?;
+        self.next_inode.touch();
+        self.next_chunk.touch();
+        self.servers.touch();
+        self.config.touch();
+        self.dir_policies.touch();
+        self.conversions.touch();
+        self.cap_keys.touch();
+        self.revocations.touch();
+        self.flush(tx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Command, Lease, Policy, ServerRecord};
+    use cairn_rpc::object::{Extent, ObjectMeta, ObjectOp, User};
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+    use redb::{Database, backends::InMemoryBackend};
+
+    fn store() -> Arc<Store> {
+        let db = Database::builder()
+            .create_with_backend(InMemoryBackend::new())
+            .unwrap();
+        Store::new(Arc::new(db))
+    }
+
+    fn flush(st: &mut State, store: &Store) {
+        let tx = store.db().begin_write().unwrap();
+        st.flush(&tx).unwrap();
+        tx.commit().unwrap();
+        store.committed();
+    }
+
+    fn policy() -> Policy {
+        Policy {
+            replicas: 3,
+            compression: false,
+            min_copy: 0,
+            ec: None,
+        }
+    }
+
+    fn random_command(rng: &mut StdRng, step: u64) -> Command {
+        let dir = |rng: &mut StdRng| format!("/d{}", rng.random_range(0..4));
+        let file =
+            |rng: &mut StdRng| format!("/d{}/f{}", rng.random_range(0..4), rng.random_range(0..6));
+        let object = |rng: &mut StdRng, put: String| {
+            let extent = match rng.random_bool(0.5) {
+                true => Extent {
+                    path: "/p/1".into(),
+                    offset: step,
+                    len: 1,
+                    shared: true,
+                },
+                false => Extent {
+                    path: format!("/d{}/f{}", rng.random_range(0..4), rng.random_range(0..6)),
+                    offset: 0,
+                    len: 0,
+                    shared: false,
+                },
+            };
+            ObjectMeta {
+                size: extent.len,
+                etag: "e".into(),
+                mtime_ms: step,
+                put_id: put,
+                extents: vec![extent],
+                ..Default::default()
+            }
+        };
+        let o = |op| Command::Object(Box::new(op));
+        match rng.random_range(0..12) {
+            0 => Command::Mkdir {
+                path: dir(rng),
+                parents: true,
+                now_ms: step,
+                policy: None,
+                mode: None,
+            },
+            1..=3 => Command::Create {
+                path: file(rng),
+                mode: None,
+                policy: policy(),
+                parents: true,
+                now_ms: step,
+                lease: rng.random_bool(0.3).then(|| Lease {
+                    holder: "w".into(),
+                    expires_ms: step + 10,
+                }),
+                placements: vec![vec![1, 2, 3]; rng.random_range(0..3)],
+                groups: false,
+            },
+            4 => Command::Rename {
+                from: file(rng),
+                to: file(rng),
+                now_ms: step,
+            },
+            5 => Command::Delete { path: file(rng) },
+            6 => Command::Register {
+                server: ServerRecord {
+                    id: rng.random_range(1..5),
+                    addr: format!("10.0.0.{step}:1"),
+                    host: "h".into(),
+                    rack: "r".into(),
+                    draining: false,
+                },
+            },
+            7 => o(ObjectOp::CreateBucket {
+                user: "u".into(),
+                bucket: format!("bkt{}", rng.random_range(0..3)),
+                now_ms: step,
+            }),
+            8 | 9 => o(ObjectOp::PutObject {
+                user: "u".into(),
+                bucket: format!("bkt{}", rng.random_range(0..3)),
+                key: format!("k{}", rng.random_range(0..20)),
+                meta: object(rng, format!("p{step}")),
+                condition: None,
+            }),
+            10 => o(ObjectOp::DeleteObject {
+                user: "u".into(),
+                bucket: format!("bkt{}", rng.random_range(0..3)),
+                key: format!("k{}", rng.random_range(0..20)),
+            }),
+            _ => o(ObjectOp::DeleteBucket {
+                user: "u".into(),
+                bucket: format!("bkt{}", rng.random_range(0..3)),
+            }),
+        }
+    }
+
+    /// A state kept in a store (tiny caches, flushed and reopened at random points) answers
+    /// every command as one kept in memory and ends equal to it.
+    #[test]
+    fn a_stored_state_applies_as_one_in_memory() {
+        let mut rng = StdRng::seed_from_u64(39);
+        let mut cmds = StdRng::seed_from_u64(40);
+        let store = store();
+        let mut mem = State::default();
+        let mut disk = State::default();
+        let tx = store.db().begin_write().unwrap();
+        disk.write_out(&store, &tx, 4).unwrap();
+        tx.commit().unwrap();
+        store.committed();
+        let setup = [
+            Command::Object(Box::new(ObjectOp::CreateUser {
+                user: User {
+                    name: "u".into(),
+                    access_key: "AK".into(),
+                    secret_key: "s".into(),
+                    created_ms: 0,
+                    admin: false,
+                    certs: Vec::new(),
+                },
+            })),
+            Command::Create {
+                path: "/p/1".into(),
+                mode: None,
+                policy: policy(),
+                parents: true,
+                now_ms: 0,
+                lease: None,
+                placements: vec![vec![1, 2, 3]],
+                groups: false,
+            },
+        ];
+        let mut applied = 0;
+        for (step, cmd) in setup
+            .into_iter()
+            .chain((0..3000).map(|s| random_command(&mut cmds, s)))
+            .enumerate()
+        {
+            let a = mem.apply(&cmd);
+            let b = disk.apply(&cmd);
+            assert_eq!(a, b, "step {step}: {cmd:?}");
+
+            applied += usize::from(a.is_ok_and(|r| !matches!(r.object, Some(Err(_)))));
+            match rng.random_range(0..20) {
+                0..=7 => flush(&mut disk, &store),
+                8 => {
+                    flush(&mut disk, &store);
+                    disk = State::open(&store, 4).unwrap().expect("written");
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            applied > 1000,
+            "the workload mostly fails: {applied} applied"
+        );
+        flush(&mut disk, &store);
+        let again = State::open(&store, 4).unwrap().expect("written");
+        let want = serde_json::to_value(&mem).unwrap();
+        assert_eq!(serde_json::to_value(&disk).unwrap(), want);
+        assert_eq!(serde_json::to_value(&again).unwrap(), want);
+        assert_eq!(again.totals(), mem.totals());
+        assert_eq!(again.objects().totals(), mem.objects().totals());
+        assert!(
+            mem.objects().totals().1 > 0 && mem.totals().0 > 0,
+            "{:?} {:?}",
+            mem.objects().totals(),
+            mem.totals()
+        );
+    }
+}
