@@ -29,6 +29,10 @@ pub struct MasterOptions {
     pub registry: RegistryOptions,
     /// Log entries between snapshots.
     pub snapshot_every: u64,
+    /// Keep the state in the store's tables (docs/formats/master-state.md), applying each
+    /// batch in one transaction, with `cache` records per table in memory; `None`: in memory
+    /// with whole JSON snapshots (the default until the tables have run under the nemesis).
+    pub state_tables: Option<usize>,
     /// The Raft log starts at most one fsync per this gap: writes arriving within it of the
     /// last fsync share the next one (group commit under load; a lone write is not delayed).
     pub log_flush_gap: Duration,
@@ -73,6 +77,7 @@ impl MasterOptions {
             lease: Duration::from_secs(20),
             registry: RegistryOptions::default(),
             snapshot_every: 10_000,
+            state_tables: None,
             log_flush_gap: crate::wal::DEFAULT_FLUSH_GAP,
             cluster_secret: None,
             tls_dir: None,
@@ -99,7 +104,7 @@ pub async fn serve(
     let db = open_db(&opts.data_dir.join("master.redb"))?;
     let log = LogStore::open(&opts.data_dir, &db, opts.log_flush_gap)?;
     let log_open = log.open_handle();
-    let sm = StateMachine::open(db.clone())?;
+    let sm = StateMachine::open(db.clone(), opts.state_tables)?;
     let shared = sm.shared();
     let config = Config {
         cluster_name: "cairn".into(),

@@ -8,7 +8,17 @@
 //! after it is re-applied once this master learns the commit index (as leader: when its first
 //! entry of the new term commits). The commit index is not stored: that would cost a redb
 //! transaction per applied batch (measured: the master's CPU is mostly redb commits).
+//!
+//! With [`crate::MasterOptions::state_tables`] the state lives in the database's tables
+//! instead (docs/formats/master-state.md): each applied batch is one transaction that also
+//! records the last applied log id (table `applied`), committed without fsync; building a
+//! snapshot commits durably first, so the state on disk is never behind a snapshot whose log
+//! openraft purges. After a crash the database opens at its last durable commit and the log
+//! after it is applied again. The first start with tables writes the last JSON snapshot's
+//! state into them in one transaction (a crash before it commits leaves the JSON snapshot to
+//! read again). Snapshots sent to other masters are still the JSON of the whole state.
 
+use crate::kv::Store;
 use crate::state::{Command, Response, State};
 use futures::TryStreamExt;
 use openraft::storage::EntryResponder;
@@ -33,6 +43,31 @@ openraft::declare_raft_types!(
 pub type Raft = openraft::Raft<TypeConfig, StateMachine>;
 
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
+/// With the state in tables: `last` → JSON of ([`Applied::last_applied`], membership), written
+/// in the transaction of every applied batch.
+const APPLIED: TableDefinition<&str, &[u8]> = TableDefinition::new("applied");
+
+type Position = (Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>);
+
+fn put_position(tx: &redb::WriteTransaction, a: &Applied) -> io::Result<()> {
+    let bytes = serde_json::to_vec(&(a.last_applied, &a.membership)).map_err(io_err)?;
+    tx.open_table(APPLIED)
+        .map_err(io_err)?
+        .insert("last", bytes.as_slice())
+        .map_err(io_err)?;
+    Ok(())
+}
+
+/// Commits a batch's changes: without fsync (the log holds them durably), or durably.
+fn commit_batch(store: &Store, a: &mut Applied, durability: Durability) -> io::Result<()> {
+    let mut tx = store.db().begin_write().map_err(io_err)?;
+    tx.set_durability(durability).map_err(io_err)?;
+    a.state.flush(&tx).map_err(io_err)?;
+    put_position(&tx, a)?;
+    tx.commit().map_err(io_err)?;
+    store.committed();
+    Ok(())
+}
 
 pub(crate) fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
     io::Error::other(e)
@@ -43,6 +78,7 @@ pub fn open_db(path: &Path) -> io::Result<Arc<Database>> {
     let db = Database::create(path).map_err(io_err)?;
     let tx = db.begin_write().map_err(io_err)?;
     tx.open_table(SNAPSHOT).map_err(io_err)?;
+    tx.open_table(APPLIED).map_err(io_err)?;
     tx.commit().map_err(io_err)?;
     Ok(Arc::new(db))
 }
@@ -98,16 +134,61 @@ pub struct Applied {
 pub struct StateMachine {
     db: Arc<Database>,
     pub(crate) inner: Arc<Mutex<Applied>>,
+    /// The state lives in the store's tables, each keeping this many records cached.
+    tables: Option<(Arc<Store>, usize)>,
 }
 
 impl StateMachine {
-    /// Loads the last snapshot (or an empty state).
-    pub fn open(db: Arc<Database>) -> io::Result<Self> {
-        let mut applied = get_json::<Applied>(&db, SNAPSHOT, "data")?.unwrap_or_default();
-        applied.state.rebuild();
+    /// Loads the last snapshot (or an empty state); with `tables` (a cache size), opens the
+    /// state kept in the database's tables, writing the last snapshot's into them first if
+    /// they hold none.
+    pub fn open(db: Arc<Database>, tables: Option<usize>) -> io::Result<Self> {
+        let position = get_json::<Position>(&db, APPLIED, "last")?;
+        let Some(cache) = tables else {
+            if position.is_some() {
+                return Err(io::Error::other(
+                    "this master's state is in its store's tables (state tables); \
+                     start it with them",
+                ));
+            }
+            let mut applied = get_json::<Applied>(&db, SNAPSHOT, "data")?.unwrap_or_default();
+            applied.state.rebuild();
+            return Ok(Self {
+                db,
+                inner: Arc::new(Mutex::new(applied)),
+                tables: None,
+            });
+        };
+        let store = Store::new(db.clone());
+        let applied = match (position, State::open(&store, cache).map_err(io_err)?) {
+            (Some((last_applied, membership)), Some(state)) => Applied {
+                last_applied,
+                membership,
+                state,
+            },
+            _ => {
+                let mut applied = get_json::<Applied>(&db, SNAPSHOT, "data")?.unwrap_or_default();
+                applied.state.rebuild();
+                let mut tx = db.begin_write().map_err(io_err)?;
+                tx.set_durability(Durability::Immediate).map_err(io_err)?;
+                applied
+                    .state
+                    .write_out(&store, &tx, cache)
+                    .map_err(io_err)?;
+                put_position(&tx, &applied)?;
+                tx.commit().map_err(io_err)?;
+                store.committed();
+                tracing::info!(
+                    last_applied = ?applied.last_applied,
+                    "master state written into the store's tables"
+                );
+                applied
+            }
+        };
         Ok(Self {
             db,
             inner: Arc::new(Mutex::new(applied)),
+            tables: Some((store, cache)),
         })
     }
 
@@ -120,7 +201,14 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     type SnapshotData = Vec<u8>;
 
     async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
-        let applied = self.inner.lock().clone();
+        let applied = {
+            let mut a = self.inner.lock();
+            if let Some((store, _)) = &self.tables {
+                // Durable up to the snapshot before openraft purges the log below it.
+                commit_batch(store, &mut a, Durability::Immediate)?;
+            }
+            a.clone()
+        };
         let db = self.db.clone();
         blocking(move || {
             let data = serde_json::to_vec(&applied).map_err(io_err)?;
@@ -174,6 +262,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 r.send(response);
             }
         }
+        if let Some((store, _)) = &self.tables {
+            commit_batch(store, &mut self.inner.lock(), Durability::None)?;
+        }
         Ok(())
     }
 
@@ -194,7 +285,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             put_json(&db, SNAPSHOT, "data", &a2)
         })
         .await?;
-        *self.inner.lock() = applied;
+        let mut inner = self.inner.lock();
+        if let Some((store, cache)) = &self.tables {
+            let mut tx = self.db.begin_write().map_err(io_err)?;
+            tx.set_durability(Durability::Immediate).map_err(io_err)?;
+            applied
+                .state
+                .write_out(store, &tx, *cache)
+                .map_err(io_err)?;
+            put_position(&tx, &applied)?;
+            tx.commit().map_err(io_err)?;
+            store.committed();
+        }
+        *inner = applied;
         Ok(())
     }
 

@@ -500,7 +500,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let db = open_db(&dir.path().join("master.redb")).unwrap();
             let log = LogStore::open(dir.path(), &db, Duration::ZERO).unwrap();
-            let sm = StateMachine::open(db).unwrap();
+            let sm = StateMachine::open(db, None).unwrap();
             Ok((dir, log, sm))
         }
     }

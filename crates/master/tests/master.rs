@@ -11,12 +11,17 @@ struct Running {
 }
 
 async fn start(dir: &std::path::Path, port: u16) -> Running {
+    start_with(dir, port, None).await
+}
+
+async fn start_with(dir: &std::path::Path, port: u16, tables: Option<usize>) -> Running {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let mut opts = MasterOptions::single(dir.to_path_buf(), addr.clone());
     opts.snapshot_every = 50;
+    opts.state_tables = tables;
     let (tx, rx) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(async move {
         serve(opts, listener, async {
@@ -280,4 +285,68 @@ async fn concurrent_callers_share_batches() {
         }
     }
     m.stop().await;
+}
+
+async fn create_files(c: &Masters, from: usize, to: usize) {
+    for i in from..to {
+        c.call(|mut c| async move {
+            c.create(pb::CreateRequest {
+                path: format!("/t/f{i:03}"),
+                policy: None,
+                client_id: String::new(),
+                chunks: 0,
+                parents: true,
+                mode: None,
+            })
+            .await
+        })
+        .await
+        .unwrap();
+    }
+}
+
+async fn count_files(c: &Masters) -> usize {
+    let r = c
+        .call(|mut c| async move { c.list(path("/t")).await })
+        .await
+        .unwrap();
+    r.entries.len()
+}
+
+/// A master whose state was in memory (JSON snapshots) restarts with its state in the store's
+/// tables: what it held is moved into them, survives restarts and snapshots (every 50
+/// entries), and the master then refuses to start without the tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_moves_into_tables_and_survives_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_with(dir.path(), 0, None).await;
+    let port: u16 = m.addr.rsplit(':').next().unwrap().parse().unwrap();
+    let c = Masters::new(std::slice::from_ref(&m.addr)).unwrap();
+    create_files(&c, 0, 80).await;
+    m.stop().await;
+    let (mut expect, mut next) = (80, 80);
+    for round in 0..3 {
+        let m = start_with(dir.path(), port, Some(16)).await;
+        let c = Masters::new(std::slice::from_ref(&m.addr)).unwrap();
+        assert_eq!(count_files(&c).await, expect, "round {round}");
+        create_files(&c, next, next + 70).await;
+        (expect, next) = (expect + 70, next + 70);
+        c.call(|mut c| async move { c.delete(path("/t/f001")).await })
+            .await
+            .ok();
+        if round == 0 {
+            expect -= 1;
+        }
+        assert_eq!(count_files(&c).await, expect);
+        m.stop().await;
+    }
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let opts = MasterOptions::single(dir.path().to_path_buf(), addr);
+    let e = serve(opts, listener, std::future::pending())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("state tables"), "{e}");
 }
