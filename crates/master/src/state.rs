@@ -38,20 +38,11 @@ pub type InodeId = u64;
 pub const ROOT: InodeId = 1;
 
 /// Inodes by id (docs/formats/master-state.md).
-pub const INODES: TableDef = TableDef {
-    name: "inodes",
-    version: 1,
-};
+pub const INODES: TableDef = TableDef::new("inodes", 1);
 /// (parent, name) → child.
-pub const DENTRIES: TableDef = TableDef {
-    name: "dentries",
-    version: 1,
-};
+pub const DENTRIES: TableDef = TableDef::new("dentries", 1);
 /// chunk → the file that owns it.
-pub const CHUNK_OWNER: TableDef = TableDef {
-    name: "chunk_owner",
-    version: 1,
-};
+pub const CHUNK_OWNER: TableDef = TableDef::new("chunk_owner", 1);
 
 fn inodes_from_rows<'de, D: Deserializer<'de>>(d: D) -> Result<Table<InodeId, Inode>, D::Error> {
     crate::kv::rows(INODES, d)

@@ -90,6 +90,10 @@ pub struct TableDef {
 }
 
 impl TableDef {
+    pub const fn new(name: &'static str, version: u8) -> Self {
+        Self { name, version }
+    }
+
     fn raw(&self) -> Raw {
         TableDefinition::new(self.name)
     }

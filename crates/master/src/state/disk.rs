@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 /// The cells (one record each, key `()`), by table name.
 pub(super) const fn cell(name: &'static str) -> TableDef {
-    TableDef { name, version: 1 }
+    TableDef::new(name, 1)
 }
 const NEXT_INODE: TableDef = cell("next_inode");
 const NEXT_CHUNK: TableDef = cell("next_chunk");

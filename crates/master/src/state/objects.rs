@@ -20,25 +20,13 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 /// Objects by (bucket, key) (docs/formats/master-state.md).
-pub const OBJECTS: TableDef = TableDef {
-    name: "objects",
-    version: 1,
-};
+pub const OBJECTS: TableDef = TableDef::new("objects", 1);
 /// Multipart uploads by id.
-pub const UPLOADS: TableDef = TableDef {
-    name: "uploads",
-    version: 1,
-};
+pub const UPLOADS: TableDef = TableDef::new("uploads", 1);
 /// Pack usage by pack path.
-pub const PACKS: TableDef = TableDef {
-    name: "packs",
-    version: 1,
-};
+pub const PACKS: TableDef = TableDef::new("packs", 1);
 /// Files to delete, by path (records empty).
-pub const TRASH: TableDef = TableDef {
-    name: "trash",
-    version: 1,
-};
+pub const TRASH: TableDef = TableDef::new("trash", 1);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectIndex {
