@@ -5,28 +5,20 @@
 //! as it was; a change that frees data (overwrite, delete, abort, a replaced part) deletes the
 //! extents' own files in the same step, so no object ever names a deleted file.
 
+mod stored;
+
 use super::{Command, State};
-use crate::kv::{Cell, Store, Table, TableDef};
+use crate::kv::{Cell, Table};
 use cairn_rpc::object::{
     BucketInfo, Extent, GATEWAY_FORGET_MS, Gateway, ListEntry, ListPage, ListRequest,
     MAX_LIST_KEYS, MIN_PART_BYTES, ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply,
     OpResult, PackCandidate, Part, PutCondition, QueryReply, QueryResult, Upload, User, Volume,
     VolumeAccess,
 };
-use redb::WriteTransaction;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
-
-/// Objects by (bucket, key) (docs/formats/master-state.md).
-pub const OBJECTS: TableDef = TableDef::new("objects", 1);
-/// Multipart uploads by id.
-pub const UPLOADS: TableDef = TableDef::new("uploads", 1);
-/// Pack usage by pack path.
-pub const PACKS: TableDef = TableDef::new("packs", 1);
-/// Files to delete, by path (records empty).
-pub const TRASH: TableDef = TableDef::new("trash", 1);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectIndex {
@@ -34,129 +26,31 @@ pub struct ObjectIndex {
     users: Cell<BTreeMap<String, User>>,
     buckets: Cell<BTreeMap<String, Bucket>>,
     /// Every bucket's objects, by (bucket, key).
-    #[serde(default = "objects_table", deserialize_with = "objects_from_rows")]
+    #[serde(
+        default = "stored::objects_table",
+        deserialize_with = "stored::objects_from_rows"
+    )]
     by_key: Table<(String, String), ObjectMeta>,
     /// By upload id.
-    #[serde(deserialize_with = "uploads_from_rows")]
+    #[serde(deserialize_with = "stored::uploads_from_rows")]
     uploads: Table<String, Upload>,
     /// Shared small-object logs: live bytes and objects in each (compaction picks the ones
     /// mostly dead).
-    #[serde(deserialize_with = "packs_from_rows")]
+    #[serde(deserialize_with = "stored::packs_from_rows")]
     packs: Table<String, PackUse>,
     /// S3 gateways by endpoint.
     #[serde(default)]
     gateways: Cell<BTreeMap<String, Gateway>>,
     /// Files no object names any more, deleted once gateways empty them (after a grace
     /// period, so that GETs reading them finish).
-    #[serde(default = "trash_table", deserialize_with = "trash_from_rows")]
+    #[serde(
+        default = "stored::trash_table",
+        deserialize_with = "stored::trash_from_rows"
+    )]
     trash: Table<String, ()>,
     /// The block service's volumes, by name (docs/block.md).
     #[serde(default)]
     pub(super) volumes: Cell<BTreeMap<String, Volume>>,
-}
-
-const USERS: TableDef = super::disk::cell("users");
-const BUCKETS: TableDef = super::disk::cell("buckets");
-const GATEWAYS: TableDef = super::disk::cell("gateways");
-const VOLUMES: TableDef = super::disk::cell("volumes");
-
-/// The index in the master's store (see `state/disk.rs`).
-impl ObjectIndex {
-    pub(super) fn open(store: &Arc<Store>, cache: usize) -> Result<Self, redb::Error> {
-        use super::disk::open_cell;
-        Ok(Self {
-            users: open_cell(USERS, store)?,
-            buckets: open_cell(BUCKETS, store)?,
-            by_key: Table::open(OBJECTS, store.clone(), cache)?,
-            uploads: Table::open(UPLOADS, store.clone(), cache)?,
-            packs: Table::open(PACKS, store.clone(), cache)?,
-            gateways: open_cell(GATEWAYS, store)?,
-            trash: Table::open(TRASH, store.clone(), cache)?,
-            volumes: open_cell(VOLUMES, store)?,
-        })
-    }
-
-    pub(super) fn flush(&mut self, tx: &WriteTransaction) -> Result<(), redb::Error> {
-        self.users.flush(USERS, tx)?;
-        self.buckets.flush(BUCKETS, tx)?;
-        self.by_key.flush(tx)?;
-        self.uploads.flush(tx)?;
-        self.packs.flush(tx)?;
-        self.gateways.flush(GATEWAYS, tx)?;
-        self.trash.flush(tx)?;
-        self.volumes.flush(VOLUMES, tx)
-    }
-
-    pub(super) fn write_out(
-        &mut self,
-        store: &Arc<Store>,
-        tx: &WriteTransaction,
-        cache: usize,
-    ) -> Result<(), redb::Error> {
-        self.by_key.write_out(store.clone(), tx, cache)?;
-        self.uploads.write_out(store.clone(), tx, cache)?;
-        self.packs.write_out(store.clone(), tx, cache)?;
-        self.trash.write_out(store.clone(), tx, cache)?;
-        self.users.touch();
-        self.buckets.touch();
-        self.gateways.touch();
-        self.volumes.touch();
-        self.flush(tx)
-    }
-}
-
-impl Default for ObjectIndex {
-    fn default() -> Self {
-        Self {
-            users: Cell::default(),
-            buckets: Cell::default(),
-            by_key: objects_table(),
-            uploads: Table::memory(UPLOADS),
-            packs: Table::memory(PACKS),
-            gateways: Cell::default(),
-            trash: trash_table(),
-            volumes: Cell::default(),
-        }
-    }
-}
-
-fn objects_table() -> Table<(String, String), ObjectMeta> {
-    Table::memory(OBJECTS)
-}
-
-fn trash_table() -> Table<String, ()> {
-    Table::memory(TRASH)
-}
-
-fn uploads_from_rows<'de, D: Deserializer<'de>>(d: D) -> Result<Table<String, Upload>, D::Error> {
-    crate::kv::rows(UPLOADS, d)
-}
-
-fn packs_from_rows<'de, D: Deserializer<'de>>(d: D) -> Result<Table<String, PackUse>, D::Error> {
-    crate::kv::rows(PACKS, d)
-}
-
-/// The trash of a JSON snapshot: rows, or the list of paths an older one wrote.
-fn trash_from_rows<'de, D: Deserializer<'de>>(d: D) -> Result<Table<String, ()>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Row {
-        Path(String),
-        Row((String, ())),
-    }
-    let rows: Vec<Row> = Deserialize::deserialize(d)?;
-    Ok(Table::from_rows(
-        TRASH,
-        rows.into_iter().map(|r| match r {
-            Row::Path(p) | Row::Row((p, ())) => (p, ()),
-        }),
-    ))
-}
-
-fn objects_from_rows<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Table<(String, String), ObjectMeta>, D::Error> {
-    crate::kv::rows(OBJECTS, d)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
