@@ -8,9 +8,9 @@
 //! The namespace is an inode table plus a directory-entry table keyed by (parent, name), so a
 //! rename moves one entry and a listing is one range scan.
 
-use crate::kv::{Cell, Table, TableDef};
+use crate::kv::{Cell, Table};
 use cairn_rpc::{ErrorKind, MetaError, components};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -37,29 +37,10 @@ pub type InodeId = u64;
 /// The root directory's inode.
 pub const ROOT: InodeId = 1;
 
-/// Inodes by id (docs/formats/master-state.md).
-pub const INODES: TableDef = TableDef::new("inodes", 1);
-/// (parent, name) → child.
-pub const DENTRIES: TableDef = TableDef::new("dentries", 1);
-/// chunk → the file that owns it.
-pub const CHUNK_OWNER: TableDef = TableDef::new("chunk_owner", 1);
-
-fn inodes_from_rows<'de, D: Deserializer<'de>>(d: D) -> Result<Table<InodeId, Inode>, D::Error> {
-    crate::kv::rows(INODES, d)
-}
-
-fn dentries_table() -> Table<(InodeId, String), InodeId> {
-    Table::memory(DENTRIES)
-}
-
-fn chunk_owner_table() -> Table<ChunkId, InodeId> {
-    Table::memory(CHUNK_OWNER)
-}
-
 /// The replicated state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct State {
-    #[serde(deserialize_with = "inodes_from_rows")]
+    #[serde(deserialize_with = "disk::inodes_from_rows")]
     inodes: Table<InodeId, Inode>,
     next_inode: Cell<InodeId>,
     next_chunk: Cell<ChunkId>,
@@ -82,10 +63,10 @@ pub struct State {
     #[serde(default, skip_serializing_if = "revoke::Revocations::is_empty")]
     revocations: Cell<revoke::Revocations>,
     /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
-    #[serde(skip, default = "dentries_table")]
+    #[serde(skip, default = "disk::dentries_table")]
     dentries: Table<(InodeId, String), InodeId>,
     /// chunk → owning file; rebuilt likewise.
-    #[serde(skip, default = "chunk_owner_table")]
+    #[serde(skip, default = "disk::chunk_owner_table")]
     chunk_owner: Table<ChunkId, InodeId>,
     /// While a [`Command::As`] applies: the user who owns what it creates.
     #[serde(skip)]
@@ -94,7 +75,7 @@ pub struct State {
 
 impl Default for State {
     fn default() -> Self {
-        let mut inodes = Table::memory(INODES);
+        let mut inodes = Table::memory(disk::INODES);
         inodes.insert(
             ROOT,
             Inode {
@@ -119,8 +100,8 @@ impl Default for State {
             conversions: Cell::default(),
             cap_keys: Cell::default(),
             revocations: Cell::default(),
-            dentries: dentries_table(),
-            chunk_owner: chunk_owner_table(),
+            dentries: disk::dentries_table(),
+            chunk_owner: disk::chunk_owner_table(),
             acting: None,
         }
     }
@@ -187,8 +168,8 @@ impl State {
     pub fn rebuild(&mut self) {
         self.revocations.rebuild();
         self.objects.rebuild();
-        self.dentries = dentries_table();
-        self.chunk_owner = chunk_owner_table();
+        self.dentries = disk::dentries_table();
+        self.chunk_owner = disk::chunk_owner_table();
         for (_, ino) in self.inodes.iter() {
             if ino.id != ROOT {
                 self.dentries.insert((ino.parent, ino.name.clone()), ino.id);

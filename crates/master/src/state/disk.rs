@@ -3,10 +3,32 @@
 //! (read from a JSON snapshot) out.
 
 use super::objects::ObjectIndex;
-use super::{CHUNK_OWNER, DENTRIES, INODES, State};
+use super::{ChunkId, Inode, InodeId, State};
 use crate::kv::{Cell, Record, Store, Table, TableDef};
 use redb::WriteTransaction;
+use serde::Deserializer;
 use std::sync::Arc;
+
+/// Inodes by id (docs/formats/master-state.md).
+pub const INODES: TableDef = TableDef::new("inodes", 1);
+/// (parent, name) → child.
+pub const DENTRIES: TableDef = TableDef::new("dentries", 1);
+/// chunk → the file that owns it.
+pub const CHUNK_OWNER: TableDef = TableDef::new("chunk_owner", 1);
+
+pub(super) fn inodes_from_rows<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Table<InodeId, Inode>, D::Error> {
+    crate::kv::rows(INODES, d)
+}
+
+pub(super) fn dentries_table() -> Table<(InodeId, String), InodeId> {
+    Table::memory(DENTRIES)
+}
+
+pub(super) fn chunk_owner_table() -> Table<ChunkId, InodeId> {
+    Table::memory(CHUNK_OWNER)
+}
 
 /// The cells (one record each, key `()`), by table name.
 pub(super) const fn cell(name: &'static str) -> TableDef {
