@@ -46,12 +46,14 @@ pub struct MasterArgs {
     /// purged but for the last 1,000 entries).
     #[arg(long, default_value_t = 10_000)]
     snapshot_every: u64,
-    /// Keep the state in the store's tables (docs/formats/master-state.md), caching this many
-    /// records per table in memory; the first start with it moves the last snapshot's state
-    /// into them, and the master cannot go back. Off by default until the tables have run
-    /// under the nemesis (issue 39).
-    #[arg(long, env = "CAIRN_STATE_TABLES", value_name = "CACHE_ENTRIES")]
-    state_tables: Option<usize>,
+    /// Raft log entries kept below a snapshot: a master further behind than this is sent the
+    /// snapshot (a file of the state's tables) instead of the entries.
+    #[arg(long, default_value_t = 1_000)]
+    log_keep: u64,
+    /// Records each table of the state keeps decoded in memory (the state itself is in the
+    /// master's store: docs/formats/master-state.md); more is faster, less is smaller.
+    #[arg(long, env = "CAIRN_STATE_CACHE", value_name = "ENTRIES", default_value_t = cairn_master::kv::DEFAULT_CACHE_ENTRIES)]
+    state_cache: usize,
     /// A file holding the cluster secret (hex; `cairn up` makes DATA_DIR/cluster.secret):
     /// servers prove they hold it on every call between them, and every call is refused
     /// without a proof of a server or a user (docs/security.md). Required unless --insecure.
@@ -145,7 +147,8 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
                 repair_after: Duration::from_millis(a.repair_after_ms),
             },
             snapshot_every: a.snapshot_every.max(1),
-            state_tables: a.state_tables,
+            log_keep: a.log_keep,
+            state_cache: a.state_cache.max(1),
             log_flush_gap: Duration::from_micros(a.log_flush_gap_us),
             cluster_secret: cluster_secret(a.cluster_secret_file.as_deref(), a.insecure)?,
             tls_dir: a.tls_dir.clone(),

@@ -13,6 +13,7 @@ pub mod registry;
 pub mod repair;
 pub mod reports;
 pub mod service;
+pub mod snapshot;
 pub mod state;
 pub mod store;
 pub mod wal;

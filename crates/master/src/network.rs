@@ -1,6 +1,9 @@
-//! Raft between masters: openraft's messages as JSON inside one gRPC call (`Raft.Call`).
+//! Raft between masters: openraft's messages as JSON inside one gRPC call (`Raft.Call`);
+//! snapshots as their file, in chunks of [`CHUNK`] bytes (each a call whose body is a
+//! little-endian `u32` length, the JSON of a [`ChunkHeader`], then the chunk's bytes), which
+//! the receiver appends to a file of its own and installs after the last one.
 
-use crate::store::{Raft, TypeConfig};
+use crate::store::{Raft, SnapshotFile, TypeConfig};
 use cairn_rpc::pb::{self, raft_client::RaftClient};
 use openraft::BasicNode;
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
@@ -11,19 +14,30 @@ use openraft::raft::{
 use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf, VoteOf};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
-use std::io;
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use tonic::transport::Channel;
 
 pub const APPEND: u32 = 1;
 pub const VOTE: u32 = 2;
+/// A whole snapshot as JSON in one call (masters before snapshot files; refused now).
 pub const SNAPSHOT: u32 = 3;
+pub const SNAPSHOT_CHUNK: u32 = 4;
 
+/// Bytes of a snapshot file per call.
+pub const CHUNK: usize = 1 << 20;
+
+/// What travels with each chunk of a snapshot file.
 #[derive(Serialize, Deserialize)]
-struct SnapshotMessage {
-    vote: VoteOf<TypeConfig>,
-    meta: SnapshotMetaOf<TypeConfig>,
-    data: Vec<u8>,
+pub struct ChunkHeader {
+    pub vote: VoteOf<TypeConfig>,
+    pub meta: SnapshotMetaOf<TypeConfig>,
+    /// Where the chunk's bytes go in the file.
+    pub offset: u64,
+    /// The file ends with this chunk.
+    pub last: bool,
 }
 
 /// Makes one client per peer master; its calls prove the cluster secret when there is one.
@@ -79,11 +93,20 @@ impl Peer {
         req: &Req,
         ttl: std::time::Duration,
     ) -> Result<Resp, RPCError<TypeConfig>> {
+        let body = serde_json::to_vec(req).map_err(|e| NetworkError::new(&e))?;
+        self.call_raw(kind, body, ttl).await
+    }
+
+    async fn call_raw<Resp: for<'a> Deserialize<'a>>(
+        &mut self,
+        kind: u32,
+        body: Vec<u8>,
+        ttl: std::time::Duration,
+    ) -> Result<Resp, RPCError<TypeConfig>> {
         let client = self
             .client
             .as_mut()
             .ok_or_else(|| unreachable(format!("bad master address {}", self.addr)))?;
-        let body = serde_json::to_vec(req).map_err(|e| NetworkError::new(&e))?;
         let msg = pb::RaftMessage { kind, body };
         let call = client.call(match &self.secret {
             Some(secret) => cairn_rpc::auth::Credential::Server {
@@ -106,8 +129,31 @@ impl Peer {
     }
 }
 
+/// A chunk call's body: header length, header, bytes.
+fn chunk_body(header: &ChunkHeader, data: &[u8]) -> Result<Vec<u8>, serde_json::Error> {
+    let h = serde_json::to_vec(header)?;
+    let mut body = Vec::with_capacity(4 + h.len() + data.len());
+    body.extend_from_slice(&(h.len() as u32).to_le_bytes());
+    body.extend_from_slice(&h);
+    body.extend_from_slice(data);
+    Ok(body)
+}
+
+/// Splits a chunk call's body.
+pub fn parse_chunk(body: &[u8]) -> Result<(ChunkHeader, &[u8]), String> {
+    let len = body
+        .get(..4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or("snapshot chunk shorter than its header length")?;
+    let h = body
+        .get(4..4 + len)
+        .ok_or("snapshot chunk shorter than its header")?;
+    let header = serde_json::from_slice(h).map_err(|e| format!("snapshot chunk header: {e}"))?;
+    Ok((header, &body[4 + len..]))
+}
+
 impl RaftNetworkV2<TypeConfig> for Peer {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = SnapshotFile;
 
     async fn append_entries(
         &mut self,
@@ -128,21 +174,119 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     async fn full_snapshot(
         &mut self,
         vote: VoteOf<TypeConfig>,
-        snapshot: SnapshotOf<TypeConfig, Vec<u8>>,
-        _cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        snapshot: SnapshotOf<TypeConfig, SnapshotFile>,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let msg = SnapshotMessage {
-            vote,
-            meta: snapshot.meta,
-            data: snapshot.snapshot,
-        };
-        self.call(SNAPSHOT, &msg, option.hard_ttl())
+        let file = Arc::new(snapshot.snapshot.file);
+        let storage = |e: io::Error| StreamingError::Unreachable(unreachable(e));
+        let len = file.metadata().map_err(storage)?.len();
+        let ttl = option.hard_ttl();
+        tokio::pin!(cancel);
+        let mut offset = 0u64;
+        loop {
+            let n = (len - offset).min(CHUNK as u64) as usize;
+            let f = file.clone();
+            let data = tokio::task::spawn_blocking(move || {
+                let mut buf = vec![0u8; n];
+                f.read_exact_at(&mut buf, offset).map(|_| buf)
+            })
             .await
-            .map_err(|e| match e {
+            .map_err(|e| storage(io::Error::other(e)))?
+            .map_err(storage)?;
+            let header = ChunkHeader {
+                vote,
+                meta: snapshot.meta.clone(),
+                offset,
+                last: offset + n as u64 == len,
+            };
+            let body = chunk_body(&header, &data).map_err(|e| storage(io::Error::other(e)))?;
+            let sent = tokio::select! {
+                r = self.call_raw::<Option<SnapshotResponse<TypeConfig>>>(SNAPSHOT_CHUNK, body, ttl) => r,
+                closed = &mut cancel => return Err(StreamingError::Closed(closed)),
+            };
+            let reply = sent.map_err(|e| match e {
                 RPCError::Unreachable(u) => StreamingError::Unreachable(u),
                 other => StreamingError::Unreachable(unreachable(other)),
-            })
+            })?;
+            if header.last {
+                return reply.ok_or_else(|| {
+                    StreamingError::Unreachable(unreachable("no answer to a snapshot's last chunk"))
+                });
+            }
+            offset += n as u64;
+        }
+    }
+}
+
+/// The snapshot a master is receiving: chunks are appended in order to a file in `dir`.
+pub struct Incoming {
+    dir: PathBuf,
+    current: tokio::sync::Mutex<Option<Receiving>>,
+}
+
+struct Receiving {
+    name: String,
+    path: PathBuf,
+    file: std::fs::File,
+    len: u64,
+}
+
+impl Incoming {
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            current: Default::default(),
+        }
+    }
+
+    /// Takes one chunk; returns the whole file (synced) after the last.
+    async fn take(&self, h: &ChunkHeader, data: &[u8]) -> Result<Option<SnapshotFile>, String> {
+        let name = crate::store::snapshot_name(&h.meta);
+        let mut cur = self.current.lock().await;
+        if h.offset == 0 {
+            if let Some(old) = cur.take() {
+                let _ = std::fs::remove_file(&old.path);
+            }
+            let path = self.dir.join(format!("{name}.part"));
+            let file = std::fs::File::create(&path).map_err(|e| e.to_string())?;
+            *cur = Some(Receiving {
+                name: name.clone(),
+                path,
+                file,
+                len: 0,
+            });
+        }
+        let r = match cur.as_mut() {
+            Some(r) if r.name == name && r.len == h.offset => r,
+            _ => {
+                return Err(format!(
+                    "snapshot chunk at {} of {name} is not the next one expected",
+                    h.offset
+                ));
+            }
+        };
+        r.file.write_all(data).map_err(|e| e.to_string())?;
+        r.len += data.len() as u64;
+        if !h.last {
+            return Ok(None);
+        }
+        let r = cur.take().expect("checked above");
+        r.file.sync_all().map_err(|e| e.to_string())?;
+        let path = r.path.clone();
+        let checked = tokio::task::spawn_blocking(move || {
+            crate::snapshot::verify(&path, crate::state::disk::TABLES)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        if let Err(e) = checked {
+            let _ = std::fs::remove_file(&r.path);
+            return Err(format!("received snapshot {name}: {e}"));
+        }
+        Ok(Some(SnapshotFile {
+            path: r.path,
+            file: r.file,
+        }))
     }
 }
 
@@ -154,6 +298,8 @@ pub struct RaftService {
     pub auth: Arc<cairn_rpc::auth::Verifier>,
     /// Rate of the warnings about refused messages (a flood must not fill the log).
     pub refusals: cairn_rpc::admission::LogBudget,
+    /// The snapshot being received.
+    pub incoming: Incoming,
 }
 
 fn answer<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> Result<Vec<u8>, tonic::Status> {
@@ -183,13 +329,24 @@ impl pb::raft_server::Raft for RaftService {
         let body = match m.kind {
             APPEND => answer(self.raft.append_entries(parse(&m.body)?).await)?,
             VOTE => answer(self.raft.vote(parse(&m.body)?).await)?,
-            SNAPSHOT => {
-                let s: SnapshotMessage = parse(&m.body)?;
-                let snap = SnapshotOf::<TypeConfig, Vec<u8>> {
-                    meta: s.meta,
-                    snapshot: s.data,
-                };
-                answer(self.raft.install_full_snapshot(s.vote, snap).await)?
+            SNAPSHOT_CHUNK => {
+                let (header, data) =
+                    parse_chunk(&m.body).map_err(tonic::Status::invalid_argument)?;
+                match self.incoming.take(&header, data).await {
+                    Err(e) => answer::<(), _>(Err(e))?,
+                    Ok(None) => answer::<Option<()>, String>(Ok(None))?,
+                    Ok(Some(file)) => {
+                        let path = file.path.clone();
+                        let snap = SnapshotOf::<TypeConfig, SnapshotFile> {
+                            meta: header.meta,
+                            snapshot: file,
+                        };
+                        let r = self.raft.install_full_snapshot(header.vote, snap).await;
+                        // Installed: moved into the snapshots; refused: not wanted.
+                        let _ = std::fs::remove_file(&path);
+                        answer(r.map(Some))?
+                    }
+                }
             }
             k => {
                 return Err(tonic::Status::invalid_argument(format!(

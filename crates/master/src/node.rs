@@ -29,10 +29,11 @@ pub struct MasterOptions {
     pub registry: RegistryOptions,
     /// Log entries between snapshots.
     pub snapshot_every: u64,
-    /// Keep the state in the store's tables (docs/formats/master-state.md), applying each
-    /// batch in one transaction, with `cache` records per table in memory; `None`: in memory
-    /// with whole JSON snapshots (the default until the tables have run under the nemesis).
-    pub state_tables: Option<usize>,
+    /// Log entries kept below a snapshot: a follower further behind receives the snapshot.
+    pub log_keep: u64,
+    /// Clean records each table of the state keeps decoded in memory (the state itself is in
+    /// the store's tables: docs/formats/master-state.md).
+    pub state_cache: usize,
     /// The Raft log starts at most one fsync per this gap: writes arriving within it of the
     /// last fsync share the next one (group commit under load; a lone write is not delayed).
     pub log_flush_gap: Duration,
@@ -77,7 +78,8 @@ impl MasterOptions {
             lease: Duration::from_secs(20),
             registry: RegistryOptions::default(),
             snapshot_every: 10_000,
-            state_tables: None,
+            log_keep: 1_000,
+            state_cache: crate::kv::DEFAULT_CACHE_ENTRIES,
             log_flush_gap: crate::wal::DEFAULT_FLUSH_GAP,
             cluster_secret: None,
             tls_dir: None,
@@ -104,7 +106,7 @@ pub async fn serve(
     let db = open_db(&opts.data_dir.join("master.redb"))?;
     let log = LogStore::open(&opts.data_dir, &db, opts.log_flush_gap)?;
     let log_open = log.open_handle();
-    let sm = StateMachine::open(db.clone(), opts.state_tables)?;
+    let sm = StateMachine::open(db.clone(), &opts.data_dir, opts.state_cache)?;
     let shared = sm.shared();
     let config = Config {
         cluster_name: "cairn".into(),
@@ -112,7 +114,7 @@ pub async fn serve(
         election_timeout_min: 400,
         election_timeout_max: 800,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(opts.snapshot_every),
-        max_in_snapshot_log_to_keep: 1000,
+        max_in_snapshot_log_to_keep: opts.log_keep,
         ..Default::default()
     }
     .validate()?;
@@ -200,6 +202,7 @@ pub async fn serve(
             raft: raft.clone(),
             auth,
             refusals: Default::default(),
+            incoming: crate::network::Incoming::new(crate::store::incoming_dir(&opts.data_dir)),
         }))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;

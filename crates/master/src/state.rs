@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-mod disk;
+pub(crate) mod disk;
+pub use disk::TABLES;
 mod objects;
 pub mod perm;
 pub mod revoke;

@@ -1,24 +1,28 @@
-//! openraft's state machine and its snapshots, in one redb database per master (`master.redb`);
-//! the log and the vote are in [`crate::wal`].
+//! openraft's state machine and its snapshots, in one redb database per master (`master.redb`)
+//! and the directory `snapshots/`; the log and the vote are in [`crate::wal`].
 //!
-//! Table `snapshot` (values JSON, so `cairn` tools and people can read them): `meta` → snapshot
-//! meta, `data` → the serialized [`State`].
+//! The state lives in the database's tables (docs/formats/master-state.md), of which the
+//! master keeps a batch's changes and bounded caches in memory. Each applied batch is one
+//! transaction that also records the last applied log id (table `applied`), committed
+//! without fsync: the Raft log is the durable copy, and after a crash the database opens at
+//! its last durable commit and the log after it is applied again. Restart opens the tables
+//! and replays only that log: its time does not grow with the state.
 //!
-//! The state machine lives in memory. On start it is loaded from the last snapshot; the log
-//! after it is re-applied once this master learns the commit index (as leader: when its first
-//! entry of the new term commits). The commit index is not stored: that would cost a redb
-//! transaction per applied batch (measured: the master's CPU is mostly redb commits).
+//! A snapshot is a file of the tables' rows ([`crate::snapshot`]), written from one read
+//! transaction after a durable commit (so the state on disk is never behind a snapshot whose
+//! log openraft purges); table `snapshot` names the current one (`current` → JSON of its
+//! meta and file name). Installing a snapshot (received from the leader) checks the whole
+//! file, names it current and drops the applied position in one durable transaction, streams
+//! its rows into the tables and writes the position last: a crash in between leaves no
+//! position, so the next start begins from an empty state and openraft installs the current
+//! snapshot again.
 //!
-//! With [`crate::MasterOptions::state_tables`] the state lives in the database's tables
-//! instead (docs/formats/master-state.md): each applied batch is one transaction that also
-//! records the last applied log id (table `applied`), committed without fsync; building a
-//! snapshot commits durably first, so the state on disk is never behind a snapshot whose log
-//! openraft purges. After a crash the database opens at its last durable commit and the log
-//! after it is applied again. The first start with tables writes the last JSON snapshot's
-//! state into them in one transaction (a crash before it commits leaves the JSON snapshot to
-//! read again). Snapshots sent to other masters are still the JSON of the whole state.
+//! Masters that kept their state in memory wrote it into `snapshot` as JSON (`meta`, `data`);
+//! the first start moves it into the tables in one transaction (a crash before it commits
+//! leaves the JSON to read again), then writes the first snapshot file and drops the JSON.
 
 use crate::kv::Store;
+use crate::snapshot;
 use crate::state::{Command, Response, State};
 use futures::TryStreamExt;
 use openraft::storage::EntryResponder;
@@ -26,11 +30,12 @@ use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::type_config::alias::{LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf};
 use openraft::{EntryPayload, OptionalSend};
 use parking_lot::Mutex;
-use redb::{Database, Durability, ReadableDatabase, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::fmt::Debug;
+use std::fs::File;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 openraft::declare_raft_types!(
@@ -42,20 +47,58 @@ openraft::declare_raft_types!(
 
 pub type Raft = openraft::Raft<TypeConfig, StateMachine>;
 
+/// `current` → JSON of [`Current`]; before snapshot files, `meta` and `data` (JSON of
+/// [`Applied`]).
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
-/// With the state in tables: `last` → JSON of ([`Applied::last_applied`], membership), written
-/// in the transaction of every applied batch.
+/// `last` → JSON of ([`Applied::last_applied`], membership), written in the transaction of
+/// every applied batch; absent while a snapshot is being installed.
 const APPLIED: TableDefinition<&str, &[u8]> = TableDefinition::new("applied");
 
 type Position = (Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>);
 
-fn put_position(tx: &redb::WriteTransaction, a: &Applied) -> io::Result<()> {
-    let bytes = serde_json::to_vec(&(a.last_applied, &a.membership)).map_err(io_err)?;
-    tx.open_table(APPLIED)
-        .map_err(io_err)?
-        .insert("last", bytes.as_slice())
-        .map_err(io_err)?;
+/// The current snapshot: its meta and its file in the snapshot directory.
+#[derive(Serialize, Deserialize)]
+struct Current {
+    meta: SnapshotMetaOf<TypeConfig>,
+    file: String,
+}
+
+/// A snapshot's file, open (its bytes stay readable while a newer snapshot replaces it).
+#[derive(Debug)]
+pub struct SnapshotFile {
+    pub path: PathBuf,
+    pub file: File,
+}
+
+impl SnapshotFile {
+    pub fn open(path: PathBuf) -> io::Result<Self> {
+        let file = File::open(&path)?;
+        Ok(Self { path, file })
+    }
+}
+
+/// The file name of the snapshot with `meta` (from its last log id: the same id, the same
+/// rows).
+pub fn snapshot_name(meta: &SnapshotMetaOf<TypeConfig>) -> String {
+    let id = match &meta.last_log_id {
+        Some(l) => l.to_string(),
+        None => "empty".to_owned(),
+    };
+    let id: String = id
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    format!("{id}.snap")
+}
+
+fn put_position(tx: &redb::WriteTransaction, p: &Position) -> Result<(), redb::Error> {
+    let bytes = serde_json::to_vec(p).map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+    tx.open_table(APPLIED)?.insert("last", bytes.as_slice())?;
     Ok(())
+}
+
+fn position(a: &Applied) -> Position {
+    (a.last_applied, a.membership.clone())
 }
 
 /// Commits a batch's changes: without fsync (the log holds them durably), or durably.
@@ -63,7 +106,7 @@ fn commit_batch(store: &Store, a: &mut Applied, durability: Durability) -> io::R
     let mut tx = store.db().begin_write().map_err(io_err)?;
     tx.set_durability(durability).map_err(io_err)?;
     a.state.flush(&tx).map_err(io_err)?;
-    put_position(&tx, a)?;
+    put_position(&tx, &position(a)).map_err(io_err)?;
     tx.commit().map_err(io_err)?;
     store.committed();
     Ok(())
@@ -96,23 +139,7 @@ fn get_json<T: for<'a> Deserialize<'a>>(
     }
 }
 
-fn put_json<T: Serialize>(
-    db: &Database,
-    table: TableDefinition<&str, &[u8]>,
-    key: &str,
-    value: &T,
-) -> io::Result<()> {
-    let bytes = serde_json::to_vec(value).map_err(io_err)?;
-    let mut tx = db.begin_write().map_err(io_err)?;
-    tx.set_durability(Durability::Immediate).map_err(io_err)?;
-    tx.open_table(table)
-        .map_err(io_err)?
-        .insert(key, bytes.as_slice())
-        .map_err(io_err)?;
-    tx.commit().map_err(io_err)
-}
-
-/// Runs blocking redb work off the async workers.
+/// Runs blocking redb and file work off the async workers.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> io::Result<T> + Send + 'static,
 ) -> io::Result<T> {
@@ -122,105 +149,213 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// What the state machine holds besides [`State`].
-#[derive(Default, Clone, Serialize, Deserialize)]
+#[derive(Default, Serialize, Deserialize)]
 pub struct Applied {
     pub last_applied: Option<LogIdOf<TypeConfig>>,
     pub membership: StoredMembershipOf<TypeConfig>,
     pub state: State,
 }
 
-/// The state machine: [`State`] in memory, shared with the gRPC service for reads.
+/// The state machine: [`State`] in the store's tables, shared with the gRPC service for
+/// reads.
 #[derive(Clone)]
 pub struct StateMachine {
     db: Arc<Database>,
+    store: Arc<Store>,
+    /// Clean records each table keeps decoded.
+    cache: usize,
+    /// Where snapshot files are.
+    dir: PathBuf,
     pub(crate) inner: Arc<Mutex<Applied>>,
-    /// The state lives in the store's tables, each keeping this many records cached.
-    tables: Option<(Arc<Store>, usize)>,
+}
+
+/// The directory of a master's snapshot files, under its data directory.
+pub fn snapshot_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("snapshots")
+}
+
+/// Where snapshots being received are written, under a master's data directory.
+pub fn incoming_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("snapshots-incoming")
 }
 
 impl StateMachine {
-    /// Loads the last snapshot (or an empty state); with `tables` (a cache size), opens the
-    /// state kept in the database's tables, writing the last snapshot's into them first if
-    /// they hold none.
-    pub fn open(db: Arc<Database>, tables: Option<usize>) -> io::Result<Self> {
-        let position = get_json::<Position>(&db, APPLIED, "last")?;
-        let Some(cache) = tables else {
-            if position.is_some() {
-                return Err(io::Error::other(
-                    "this master's state is in its store's tables (state tables); \
-                     start it with them",
-                ));
-            }
+    /// Opens the state kept in the database's tables (`cache`: records each keeps decoded)
+    /// with its snapshots in `data_dir`; moves a state kept as JSON (masters before the
+    /// tables) into them first.
+    pub fn open(db: Arc<Database>, data_dir: &Path, cache: usize) -> io::Result<Self> {
+        let dir = snapshot_dir(data_dir);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir_all(incoming_dir(data_dir))?;
+        snapshot::remove_others(&incoming_dir(data_dir), None)?;
+        let store = Store::new(db.clone());
+        if get_json::<Position>(&db, APPLIED, "last")?.is_none() {
+            // A new master, one that kept its state in memory, or one stopped while
+            // installing a snapshot (openraft installs the current one again).
             let mut applied = get_json::<Applied>(&db, SNAPSHOT, "data")?.unwrap_or_default();
             applied.state.rebuild();
-            return Ok(Self {
-                db,
-                inner: Arc::new(Mutex::new(applied)),
-                tables: None,
-            });
+            let mut tx = db.begin_write().map_err(io_err)?;
+            tx.set_durability(Durability::Immediate).map_err(io_err)?;
+            applied
+                .state
+                .write_out(&store, &tx, cache)
+                .map_err(io_err)?;
+            put_position(&tx, &position(&applied)).map_err(io_err)?;
+            tx.commit().map_err(io_err)?;
+            store.committed();
+            tracing::info!(last_applied = ?applied.last_applied, "master state tables written");
+        }
+        let Some((last_applied, membership)) = get_json::<Position>(&db, APPLIED, "last")? else {
+            return Err(io::Error::other("the applied position vanished"));
         };
-        let store = Store::new(db.clone());
-        let applied = match (position, State::open(&store, cache).map_err(io_err)?) {
-            (Some((last_applied, membership)), Some(state)) => Applied {
+        let state = State::open(&store, cache)
+            .map_err(io_err)?
+            .ok_or_else(|| io::Error::other("the state tables are missing"))?;
+        let sm = Self {
+            db,
+            store,
+            cache,
+            dir,
+            inner: Arc::new(Mutex::new(Applied {
                 last_applied,
                 membership,
                 state,
-            },
-            _ => {
-                let mut applied = get_json::<Applied>(&db, SNAPSHOT, "data")?.unwrap_or_default();
-                applied.state.rebuild();
-                let mut tx = db.begin_write().map_err(io_err)?;
-                tx.set_durability(Durability::Immediate).map_err(io_err)?;
-                applied
-                    .state
-                    .write_out(&store, &tx, cache)
-                    .map_err(io_err)?;
-                put_position(&tx, &applied)?;
-                tx.commit().map_err(io_err)?;
-                store.committed();
-                tracing::info!(
-                    last_applied = ?applied.last_applied,
-                    "master state written into the store's tables"
-                );
-                applied
-            }
+            })),
         };
-        Ok(Self {
-            db,
-            inner: Arc::new(Mutex::new(applied)),
-            tables: Some((store, cache)),
-        })
+        if get_json::<serde_json::Value>(&sm.db, SNAPSHOT, "data")?.is_some() {
+            // The JSON snapshot's state is in the tables: a file replaces it.
+            let (meta, rx) = sm.checkpoint()?;
+            sm.write_snapshot(&meta, &rx)?;
+        }
+        let keep = get_json::<Current>(&sm.db, SNAPSHOT, "current")?.map(|c| sm.dir.join(c.file));
+        snapshot::remove_others(&sm.dir, keep.as_deref())?;
+        Ok(sm)
     }
 
     pub fn shared(&self) -> Arc<Mutex<Applied>> {
         self.inner.clone()
     }
+
+    /// Commits the state durably and returns its meta with a read transaction that sees it.
+    fn checkpoint(&self) -> io::Result<(SnapshotMetaOf<TypeConfig>, redb::ReadTransaction)> {
+        let mut a = self.inner.lock();
+        // Durable up to the snapshot before openraft purges the log below it.
+        commit_batch(&self.store, &mut a, Durability::Immediate)?;
+        let rx = self.db.begin_read().map_err(io_err)?;
+        let meta = SnapshotMetaOf::<TypeConfig> {
+            last_log_id: a.last_applied,
+            last_membership: a.membership.clone(),
+        };
+        Ok((meta, rx))
+    }
+
+    /// Writes the snapshot file of what `rx` sees and makes it current (unless a newer one
+    /// is: an installed snapshot may overtake a build); drops JSON snapshots and older files.
+    fn write_snapshot(
+        &self,
+        meta: &SnapshotMetaOf<TypeConfig>,
+        rx: &redb::ReadTransaction,
+    ) -> io::Result<PathBuf> {
+        let name = snapshot_name(meta);
+        let path = self.dir.join(&name);
+        let header = serde_json::to_vec(meta).map_err(io_err)?;
+        let rows = snapshot::write(&path, &header, rx, crate::state::disk::TABLES)?;
+        let mut tx = self.db.begin_write().map_err(io_err)?;
+        tx.set_durability(Durability::Immediate).map_err(io_err)?;
+        {
+            let mut t = tx.open_table(SNAPSHOT).map_err(io_err)?;
+            let newer = match t.get("current").map_err(io_err)? {
+                Some(v) => {
+                    serde_json::from_slice::<Current>(v.value())
+                        .map_err(io_err)?
+                        .meta
+                        .last_log_id
+                        > meta.last_log_id
+                }
+                None => false,
+            };
+            if newer {
+                drop(t);
+                tx.abort().map_err(io_err)?;
+                std::fs::remove_file(&path)?;
+                return Ok(path);
+            }
+            let current = Current {
+                meta: meta.clone(),
+                file: name,
+            };
+            let bytes = serde_json::to_vec(&current).map_err(io_err)?;
+            t.insert("current", bytes.as_slice()).map_err(io_err)?;
+            t.remove("meta").map_err(io_err)?;
+            t.remove("data").map_err(io_err)?;
+        }
+        tx.commit().map_err(io_err)?;
+        tracing::info!(rows, file = %path.display(), "snapshot written");
+        snapshot::remove_others(&self.dir, Some(&path))?;
+        Ok(path)
+    }
+
+    /// Replaces the state with the snapshot in `file` (checked whole first).
+    fn install(&self, meta: &SnapshotMetaOf<TypeConfig>, file: &Path) -> io::Result<PathBuf> {
+        // Checked where it is: a bad file must not replace a good one of the same name.
+        let header = snapshot::verify(file, crate::state::disk::TABLES)?;
+        let inside: SnapshotMetaOf<TypeConfig> = serde_json::from_slice(&header).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidData, snapshot::SnapshotError::Meta(e))
+        })?;
+        if inside != *meta {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("snapshot file holds {inside:?}, not {meta:?}"),
+            ));
+        }
+        let path = self.dir.join(snapshot_name(meta));
+        if file != path {
+            std::fs::rename(file, &path)?;
+            snapshot::sync_dir(&path)?;
+        }
+        // From here until the position is written again, a restart installs this again.
+        let mut tx = self.db.begin_write().map_err(io_err)?;
+        tx.set_durability(Durability::Immediate).map_err(io_err)?;
+        {
+            let current = Current {
+                meta: meta.clone(),
+                file: snapshot_name(meta),
+            };
+            let bytes = serde_json::to_vec(&current).map_err(io_err)?;
+            let mut t = tx.open_table(SNAPSHOT).map_err(io_err)?;
+            t.insert("current", bytes.as_slice()).map_err(io_err)?;
+            t.remove("meta").map_err(io_err)?;
+            t.remove("data").map_err(io_err)?;
+            tx.open_table(APPLIED)
+                .map_err(io_err)?
+                .remove("last")
+                .map_err(io_err)?;
+        }
+        tx.commit().map_err(io_err)?;
+        let position: Position = (meta.last_log_id, meta.last_membership.clone());
+        let rows = snapshot::load(
+            &path,
+            crate::state::disk::TABLES,
+            || Ok(self.db.begin_write()?),
+            |tx| put_position(tx, &position),
+        )?;
+        tracing::info!(rows, file = %path.display(), "snapshot installed");
+        Ok(path)
+    }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = SnapshotFile;
 
-    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
-        let applied = {
-            let mut a = self.inner.lock();
-            if let Some((store, _)) = &self.tables {
-                // Durable up to the snapshot before openraft purges the log below it.
-                commit_batch(store, &mut a, Durability::Immediate)?;
-            }
-            a.clone()
-        };
-        let db = self.db.clone();
+    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, SnapshotFile>, io::Error> {
+        let (meta, rx) = self.checkpoint()?;
+        let sm = self.clone();
         blocking(move || {
-            let data = serde_json::to_vec(&applied).map_err(io_err)?;
-            let meta = SnapshotMetaOf::<TypeConfig> {
-                last_log_id: applied.last_applied,
-                last_membership: applied.membership.clone(),
-            };
-            put_json(&db, SNAPSHOT, "meta", &meta)?;
-            put_json(&db, SNAPSHOT, "data", &applied)?;
-            Ok(SnapshotOf::<TypeConfig, Vec<u8>> {
+            let path = sm.write_snapshot(&meta, &rx)?;
+            drop(rx);
+            Ok(SnapshotOf::<TypeConfig, SnapshotFile> {
                 meta,
-                snapshot: data,
+                snapshot: SnapshotFile::open(path)?,
             })
         })
         .await
@@ -228,7 +363,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = SnapshotFile;
     type SnapshotBuilder = Self;
 
     async fn applied_state(
@@ -262,10 +397,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 r.send(response);
             }
         }
-        if let Some((store, _)) = &self.tables {
-            commit_batch(store, &mut self.inner.lock(), Durability::None)?;
-        }
-        Ok(())
+        commit_batch(&self.store, &mut self.inner.lock(), Durability::None)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -275,48 +407,140 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMetaOf<TypeConfig>,
-        snapshot: Vec<u8>,
+        snapshot: SnapshotFile,
     ) -> Result<(), io::Error> {
-        let mut applied: Applied = serde_json::from_slice(&snapshot).map_err(io_err)?;
-        applied.state.rebuild();
-        let (db, meta2, a2) = (self.db.clone(), meta.clone(), applied.clone());
-        blocking(move || {
-            put_json(&db, SNAPSHOT, "meta", &meta2)?;
-            put_json(&db, SNAPSHOT, "data", &a2)
+        let (sm, meta) = (self.clone(), meta.clone());
+        let path = blocking(move || {
+            // Held throughout: a snapshot build must not commit the old state's position
+            // between the install's transactions (reads wait too). An error leaves no
+            // position: openraft stops this master, and its restart installs the snapshot.
+            let mut inner = sm.inner.lock();
+            let path = sm.install(&meta, &snapshot.path)?;
+            sm.store.committed();
+            let state = State::open(&sm.store, sm.cache)
+                .map_err(io_err)?
+                .ok_or_else(|| io::Error::other("an installed snapshot has no state"))?;
+            *inner = Applied {
+                last_applied: meta.last_log_id,
+                membership: meta.last_membership.clone(),
+                state,
+            };
+            Ok(path)
         })
         .await?;
-        let mut inner = self.inner.lock();
-        if let Some((store, cache)) = &self.tables {
-            let mut tx = self.db.begin_write().map_err(io_err)?;
-            tx.set_durability(Durability::Immediate).map_err(io_err)?;
-            applied
-                .state
-                .write_out(store, &tx, *cache)
-                .map_err(io_err)?;
-            put_position(&tx, &applied)?;
-            tx.commit().map_err(io_err)?;
-            store.committed();
-        }
-        *inner = applied;
+        snapshot::remove_others(&self.dir, Some(&path))?;
         Ok(())
     }
 
     async fn get_current_snapshot(
         &mut self,
-    ) -> Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>, io::Error> {
-        let Some(meta) = get_json::<SnapshotMetaOf<TypeConfig>>(&self.db, SNAPSHOT, "meta")? else {
+    ) -> Result<Option<SnapshotOf<TypeConfig, SnapshotFile>>, io::Error> {
+        let Some(current) = get_json::<Current>(&self.db, SNAPSHOT, "current")? else {
             return Ok(None);
         };
-        let tx = self.db.begin_read().map_err(io_err)?;
-        let t = tx.open_table(SNAPSHOT).map_err(io_err)?;
-        let data = t
-            .get("data")
-            .map_err(io_err)?
-            .map(|v| v.value().to_vec())
-            .unwrap_or_default();
-        Ok(Some(SnapshotOf::<TypeConfig, Vec<u8>> {
-            meta,
-            snapshot: data,
+        Ok(Some(SnapshotOf::<TypeConfig, SnapshotFile> {
+            meta: current.meta,
+            snapshot: SnapshotFile::open(self.dir.join(current.file))?,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Command;
+
+    fn mkdir(sm: &StateMachine, i: u64) {
+        let mut a = sm.inner.lock();
+        a.state
+            .apply(&Command::Mkdir {
+                path: format!("/d{i:04}"),
+                parents: false,
+                now_ms: 0,
+                policy: None,
+                mode: None,
+            })
+            .unwrap();
+        a.last_applied = Some(openraft::testing::log_id::<TypeConfig>(1, 1, i));
+    }
+
+    fn dirs(sm: &StateMachine) -> usize {
+        sm.inner.lock().state.list("/").unwrap().len()
+    }
+
+    /// A master stopped at any point of installing a snapshot (after naming it current and
+    /// dropping the position; rows half loaded) starts from an empty state, and openraft's
+    /// start-up installs the current snapshot again: the state is whole.
+    #[tokio::test]
+    async fn an_interrupted_install_is_done_again_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("master.redb");
+        let mut sm = StateMachine::open(open_db(&path).unwrap(), dir.path(), 4).unwrap();
+        for i in 1..=300 {
+            mkdir(&sm, i);
+        }
+        let snap = sm.build_snapshot().await.unwrap();
+        assert_eq!(snap.meta.last_log_id.unwrap().index, 300);
+        // An install interrupted: position gone, half the inodes gone.
+        let db = sm.db.clone();
+        drop(sm);
+        {
+            let tx = db.begin_write().unwrap();
+            tx.open_table(APPLIED).unwrap().remove("last").unwrap();
+            let mut t = tx
+                .open_table(TableDefinition::<&[u8], &[u8]>::new("inodes"))
+                .unwrap();
+            t.retain(|k, _| k[7] % 2 == 0).unwrap();
+            drop(t);
+            tx.commit().unwrap();
+        }
+        let mut sm = StateMachine::open(db, dir.path(), 4).unwrap();
+        assert_eq!(sm.applied_state().await.unwrap().0, None);
+        assert_eq!(dirs(&sm), 0, "an empty state, not the half-loaded one");
+        // What openraft does at start with a snapshot newer than the state:
+        let current = sm.get_current_snapshot().await.unwrap().expect("current");
+        sm.install_snapshot(&current.meta, current.snapshot)
+            .await
+            .unwrap();
+        assert_eq!(dirs(&sm), 300);
+        assert_eq!(sm.applied_state().await.unwrap().0.unwrap().index, 300);
+        // The file installed in place is still the current one, alone in its directory.
+        assert_eq!(
+            std::fs::read_dir(snapshot_dir(dir.path())).unwrap().count(),
+            1
+        );
+    }
+
+    /// A damaged snapshot file is refused before anything of the state changes.
+    #[tokio::test]
+    async fn a_damaged_snapshot_is_refused_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = StateMachine::open(
+            open_db(&dir.path().join("master.redb")).unwrap(),
+            dir.path(),
+            4,
+        )
+        .unwrap();
+        for i in 1..=50 {
+            mkdir(&sm, i);
+        }
+        let snap = sm.build_snapshot().await.unwrap();
+        for i in 51..=60 {
+            mkdir(&sm, i);
+        }
+        let mut bytes = std::fs::read(&snap.snapshot.path).unwrap();
+        let n = bytes.len();
+        bytes[n / 2] ^= 1;
+        let bad = incoming_dir(dir.path()).join("bad.part");
+        std::fs::write(&bad, &bytes).unwrap();
+        let e = sm
+            .install_snapshot(&snap.meta, SnapshotFile::open(bad).unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        assert_eq!(dirs(&sm), 60);
+        // The current snapshot (same log id, same file name) is still whole.
+        let current = sm.get_current_snapshot().await.unwrap().expect("current");
+        snapshot::verify(&current.snapshot.path, crate::state::disk::TABLES).unwrap();
     }
 }

@@ -500,7 +500,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let db = open_db(&dir.path().join("master.redb")).unwrap();
             let log = LogStore::open(dir.path(), &db, Duration::ZERO).unwrap();
-            let sm = StateMachine::open(db, None).unwrap();
+            let sm = StateMachine::open(db, dir.path(), 64).unwrap();
             Ok((dir, log, sm))
         }
     }

@@ -11,17 +11,18 @@ struct Running {
 }
 
 async fn start(dir: &std::path::Path, port: u16) -> Running {
-    start_with(dir, port, None).await
-}
-
-async fn start_with(dir: &std::path::Path, port: u16, tables: Option<usize>) -> Running {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let mut opts = MasterOptions::single(dir.to_path_buf(), addr.clone());
+    let mut opts = MasterOptions::single(dir.to_path_buf(), addr);
     opts.snapshot_every = 50;
-    opts.state_tables = tables;
+    opts.state_cache = 16;
+    run(opts, listener)
+}
+
+fn run(opts: MasterOptions, listener: tokio::net::TcpListener) -> Running {
+    let addr = listener.local_addr().unwrap().to_string();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(async move {
         serve(opts, listener, async {
@@ -313,40 +314,162 @@ async fn count_files(c: &Masters) -> usize {
     r.entries.len()
 }
 
-/// A master whose state was in memory (JSON snapshots) restarts with its state in the store's
-/// tables: what it held is moved into them, survives restarts and snapshots (every 50
-/// entries), and the master then refuses to start without the tables.
+fn snapshot_files(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir.join("snapshots"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The files of `/t` in the state a stopped master's data directory holds.
+fn files_on_disk(dir: &std::path::Path) -> usize {
+    let db = cairn_master::store::open_db(&dir.join("master.redb")).unwrap();
+    let sm = cairn_master::store::StateMachine::open(db, dir, 16).unwrap();
+    let a = sm.shared();
+    let a = a.lock();
+    a.state.list("/t").unwrap().len()
+}
+
+/// A master whose state was in memory, snapshotted as JSON (`fixtures/json-snapshot-master`:
+/// the data directory a master of commit 1a7a65d left after creating `/t/f000`…`/t/f079`,
+/// a snapshot every 50 entries, and deleting `/t/f003`), starts with its state moved into
+/// the store's tables and a snapshot file in place of the JSON, and keeps it through
+/// restarts and further snapshots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_moves_into_tables_and_survives_restarts() {
+async fn a_json_snapshot_master_moves_into_tables() {
     let dir = tempfile::tempdir().unwrap();
-    let m = start_with(dir.path(), 0, None).await;
-    let port: u16 = m.addr.rsplit(':').next().unwrap().parse().unwrap();
-    let c = Masters::new(std::slice::from_ref(&m.addr)).unwrap();
-    create_files(&c, 0, 80).await;
-    m.stop().await;
-    let (mut expect, mut next) = (80, 80);
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/json-snapshot-master.tar.gz"
+    );
+    let untar = std::process::Command::new("tar")
+        .args(["-xzf", fixture, "-C"])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(untar.success());
+    let (mut expect, mut next) = (79, 80);
+    let mut port = 0;
     for round in 0..3 {
-        let m = start_with(dir.path(), port, Some(16)).await;
+        let m = start(dir.path(), port).await;
+        port = m.addr.rsplit(':').next().unwrap().parse().unwrap();
         let c = Masters::new(std::slice::from_ref(&m.addr)).unwrap();
         assert_eq!(count_files(&c).await, expect, "round {round}");
+        // The JSON is gone: one snapshot file stands for it.
+        assert_eq!(snapshot_files(dir.path()).len(), 1, "round {round}");
         create_files(&c, next, next + 70).await;
         (expect, next) = (expect + 70, next + 70);
-        c.call(|mut c| async move { c.delete(path("/t/f001")).await })
-            .await
-            .ok();
-        if round == 0 {
-            expect -= 1;
-        }
         assert_eq!(count_files(&c).await, expect);
         m.stop().await;
+        assert_eq!(files_on_disk(dir.path()), expect, "round {round}");
+        let files = snapshot_files(dir.path());
+        assert_eq!(files.len(), 1, "older snapshots are removed: {files:?}");
     }
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+}
+
+/// What the masters of this test binary log (each line), to see that a snapshot was
+/// installed (and where).
+#[derive(Clone, Default)]
+struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Log {
+    fn capture() -> Self {
+        let log = Log::default();
+        let w = log.clone();
+        tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .init();
+        log
+    }
+
+    fn lines(&self, with: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(with))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+fn addr_of(l: &tokio::net::TcpListener) -> String {
+    l.local_addr().unwrap().to_string()
+}
+
+/// Three masters; one is stopped while the others write and purge their logs past it (a
+/// snapshot every 20 entries, 5 kept below it), so on its return it can only catch up by
+/// receiving the leader's snapshot file (chunked, checked, streamed into its tables). The
+/// proof: with another master stopped, writes need it, and its own data directory holds
+/// every file afterwards, also after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_far_behind_installs_the_leaders_snapshot() {
+    let log = Log::capture();
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut listeners = Vec::new();
+    for _ in 0..3 {
+        listeners.push(
+            tokio::net::TcpListener::bind(("127.0.0.1", 0))
+                .await
+                .unwrap(),
+        );
+    }
+    let addrs: Vec<String> = listeners.iter().map(addr_of).collect();
+    let peers: std::collections::BTreeMap<u64, String> =
+        (1..=3).zip(addrs.iter().cloned()).collect();
+    let opts = |i: usize| {
+        let mut o = MasterOptions::single(dirs[i].path().to_path_buf(), addrs[i].clone());
+        o.id = i as u64 + 1;
+        o.peers = peers.clone();
+        o.snapshot_every = 20;
+        o.log_keep = 5;
+        o.state_cache = 8;
+        o
+    };
+    let mut masters: Vec<Option<Running>> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| Some(run(opts(i), l)))
+        .collect();
+    let c = Masters::new(&addrs).unwrap();
+    create_files(&c, 0, 50).await;
+    masters[2].take().unwrap().stop().await;
+    create_files(&c, 50, 250).await;
+    let before = snapshot_files(dirs[2].path());
+    let l = tokio::net::TcpListener::bind(addrs[2].as_str())
         .await
         .unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let opts = MasterOptions::single(dir.path().to_path_buf(), addr);
-    let e = serve(opts, listener, std::future::pending())
-        .await
-        .unwrap_err();
-    assert!(e.to_string().contains("state tables"), "{e}");
+    masters[2] = Some(run(opts(2), l));
+    masters[0].take().unwrap().stop().await;
+    // Masters 2 and 3 are the quorum now: these writes need master 3 caught up.
+    create_files(&c, 250, 260).await;
+    assert_eq!(count_files(&c).await, 260);
+    masters[1].take().unwrap().stop().await;
+    masters[2].take().unwrap().stop().await;
+    let after = snapshot_files(dirs[2].path());
+    assert_ne!(before, after, "master 3 holds no new snapshot");
+    let installed = log.lines("snapshot installed");
+    assert!(
+        installed
+            .iter()
+            .any(|l| l.contains(&dirs[2].path().display().to_string())),
+        "master 3 caught up without installing a snapshot: {installed:?}"
+    );
+    assert!(files_on_disk(dirs[2].path()) >= 250);
+    let incoming: Vec<_> = std::fs::read_dir(dirs[2].path().join("snapshots-incoming"))
+        .unwrap()
+        .collect();
+    assert!(incoming.is_empty(), "partial transfers left: {incoming:?}");
 }

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Every table's row count, by table name (u64 little-endian).
-const COUNTS: TableDefinition<&str, u64> = TableDefinition::new("counts");
+pub const COUNTS: TableDefinition<&str, u64> = TableDefinition::new("counts");
 
 /// The records in the store are bytes to redb; [`codec`] gives them their types.
 type Raw = TableDefinition<'static, &'static [u8], &'static [u8]>;

@@ -5,7 +5,7 @@
 //! as it was; a change that frees data (overwrite, delete, abort, a replaced part) deletes the
 //! extents' own files in the same step, so no object ever names a deleted file.
 
-mod stored;
+pub(in crate::state) mod stored;
 
 use super::{Command, State};
 use crate::kv::{Cell, Table};

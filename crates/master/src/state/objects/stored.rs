@@ -18,10 +18,10 @@ pub const PACKS: TableDef = TableDef::new("packs", 1);
 /// Files to delete, by path (records empty).
 pub const TRASH: TableDef = TableDef::new("trash", 1);
 
-const USERS: TableDef = crate::state::disk::cell("users");
-const BUCKETS: TableDef = crate::state::disk::cell("buckets");
-const GATEWAYS: TableDef = crate::state::disk::cell("gateways");
-const VOLUMES: TableDef = crate::state::disk::cell("volumes");
+pub(in crate::state) const USERS: TableDef = crate::state::disk::cell("users");
+pub(in crate::state) const BUCKETS: TableDef = crate::state::disk::cell("buckets");
+pub(in crate::state) const GATEWAYS: TableDef = crate::state::disk::cell("gateways");
+pub(in crate::state) const VOLUMES: TableDef = crate::state::disk::cell("volumes");
 
 /// The index in the master's store (see `state/disk.rs`).
 impl ObjectIndex {
