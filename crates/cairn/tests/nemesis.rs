@@ -1065,13 +1065,16 @@ async fn nemesis() {
     let tls = env("CAIRN_NEMESIS_TLS", 0) == 1;
     let tls_dir = dir.path().join("tls");
     let tls_dir_arg = tls_dir.display().to_string();
-    let (master_extra, cs_extra): (Vec<&str>, Vec<&str>) = if tls {
+    let (mut master_extra, cs_extra): (Vec<&str>, Vec<&str>) = if tls {
         common::run_ok(common::cairn().args(["tls", "init"]).arg(&tls_dir));
         common::TLS_DIR.set(tls_dir.clone()).unwrap();
         (vec!["--tls-dir", &tls_dir_arg], vec!["--data-tls"])
     } else {
         (vec![], vec![])
     };
+    // Snapshots often and short logs behind them: a master killed for a while catches up by
+    // receiving the leader's snapshot file, under the faults too.
+    master_extra.extend(["--snapshot-every", "200", "--log-keep", "50"]);
     eprintln!("nemesis with TLS: {tls}");
     let mut cl = Cluster::start_full(dir.path(), 3, 4, &master_extra, &cs_extra).await;
     let masters = cl.master_addrs();

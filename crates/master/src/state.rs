@@ -76,7 +76,7 @@ pub struct State {
 
 impl Default for State {
     fn default() -> Self {
-        let mut inodes = Table::memory(disk::INODES);
+        let mut inodes = Table::memory(disk::INODES).summed(disk::inode_sum);
         inodes.insert(
             ROOT,
             Inode {
@@ -231,18 +231,8 @@ impl State {
 
     /// Counts for `cairn status`: (files, dirs, chunks, logical bytes known to the master).
     pub fn totals(&self) -> (u64, u64, u64, u64) {
-        let mut t = (0, 0, 0, 0);
-        for (_, ino) in self.inodes.iter() {
-            match &ino.kind {
-                Kind::Dir => t.1 += 1,
-                Kind::File(f) => {
-                    t.0 += 1;
-                    t.2 += f.chunks.len() as u64;
-                    t.3 += f.committed_length();
-                }
-            }
-        }
-        t
+        let [files, dirs, chunks, bytes] = self.inodes.sum();
+        (files, dirs, chunks, bytes)
     }
 
     /// The chunk and the file that owns it.

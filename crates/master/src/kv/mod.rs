@@ -28,6 +28,43 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Every table's row count, by table name (u64 little-endian).
 pub const COUNTS: TableDefinition<&str, u64> = TableDefinition::new("counts");
 
+/// The sums tables keep of their records ([`Table::summed`]): key the table's name, value
+/// [`SUM_WIDTH`] u64s little-endian. Carried in snapshots (it is in the state's table list).
+pub const SUMS: TableDef = TableDef::new("sums", 1);
+
+/// How many numbers a table's sum has.
+pub const SUM_WIDTH: usize = 4;
+
+/// What a record adds to its table's sum (e.g. an inode: files, directories, chunks, bytes).
+pub type Sum = [u64; SUM_WIDTH];
+
+fn add(to: &mut Sum, s: Sum) {
+    for (t, x) in to.iter_mut().zip(s) {
+        *t = t.wrapping_add(x);
+    }
+}
+
+fn sub(from: &mut Sum, s: Sum) {
+    for (t, x) in from.iter_mut().zip(s) {
+        *t = t.wrapping_sub(x);
+    }
+}
+
+fn sum_bytes(s: &Sum) -> Vec<u8> {
+    s.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn sum_from(b: &[u8]) -> Option<Sum> {
+    if b.len() != SUM_WIDTH * 8 {
+        return None;
+    }
+    let mut s = [0u64; SUM_WIDTH];
+    for (i, c) in b.chunks_exact(8).enumerate() {
+        s[i] = u64::from_le_bytes(c.try_into().ok()?);
+    }
+    Some(s)
+}
+
 /// The records in the store are bytes to redb; [`codec`] gives them their types.
 type Raw = TableDefinition<'static, &'static [u8], &'static [u8]>;
 
@@ -115,6 +152,16 @@ pub struct Table<K: Key, V: Record> {
     cache: Mutex<LruCache<K, Arc<V>>>,
     len: u64,
     stats: CacheStats,
+    /// The table's sum, if it keeps one: the function, the sum of every record but those in
+    /// `pending` (taken out when lent by [`Table::get_mut`], added back at the next flush).
+    summary: Option<Summary<K, V>>,
+}
+
+struct Summary<K, V> {
+    of: fn(&V) -> Sum,
+    sum: Sum,
+    pending: std::collections::BTreeSet<K>,
+    changed: bool,
 }
 
 impl<K: Key, V: Record> Table<K, V> {
@@ -127,6 +174,7 @@ impl<K: Key, V: Record> Table<K, V> {
             cache: Mutex::new(LruCache::new(NonZeroUsize::MIN)),
             len: 0,
             stats: CacheStats::default(),
+            summary: None,
         }
     }
 
@@ -147,6 +195,7 @@ impl<K: Key, V: Record> Table<K, V> {
             )),
             len,
             stats: CacheStats::default(),
+            summary: None,
         })
     }
 
@@ -214,7 +263,15 @@ impl<K: Key, V: Record> Table<K, V> {
             let v = self.load(k)?;
             self.overlay.insert(k.clone(), Some(v));
         }
-        self.overlay.get_mut(k)?.as_mut().map(Arc::make_mut)
+        let v = self.overlay.get_mut(k)?.as_mut()?;
+        if let Some(s) = &mut self.summary
+            && !s.pending.contains(k)
+        {
+            sub(&mut s.sum, (s.of)(v));
+            s.pending.insert(k.clone());
+            s.changed = true;
+        }
+        Some(Arc::make_mut(v))
     }
 
     /// The record at `k`, made the default one first if there is none.
@@ -233,6 +290,15 @@ impl<K: Key, V: Record> Table<K, V> {
         if old.is_none() {
             self.len += 1;
         }
+        if let Some(s) = &mut self.summary {
+            if let Some(old) = &old
+                && !s.pending.remove(&k)
+            {
+                sub(&mut s.sum, (s.of)(old));
+            }
+            add(&mut s.sum, (s.of)(&v));
+            s.changed = true;
+        }
         self.overlay.insert(k, Some(Arc::new(v)));
         old
     }
@@ -240,6 +306,12 @@ impl<K: Key, V: Record> Table<K, V> {
     pub fn remove(&mut self, k: &K) -> Option<Arc<V>> {
         let old = self.get(k)?;
         self.len -= 1;
+        if let Some(s) = &mut self.summary {
+            if !s.pending.remove(k) {
+                sub(&mut s.sum, (s.of)(&old));
+            }
+            s.changed = true;
+        }
         if self.store.is_some() {
             self.overlay.insert(k.clone(), None);
         } else {
@@ -291,12 +363,76 @@ impl<K: Key, V: Record> Table<K, V> {
         self.iter().map(|(_, v)| v)
     }
 
+    /// Keeps the sum of `of` over the records from now on (read with [`Table::sum`]): read
+    /// from the store, or counted once over the table when it has none stored.
+    pub fn summed(mut self, of: fn(&V) -> Sum) -> Self {
+        let stored = self.store.as_ref().and_then(|store| {
+            let reader = store.reader();
+            let t = match reader.open_table(SUMS.raw()) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return None,
+                Err(e) => fatal(SUMS.name, e),
+            };
+            let got = t
+                .get(self.def.name.as_bytes())
+                .unwrap_or_else(|e| fatal(SUMS.name, e))?;
+            Some(sum_from(got.value()).unwrap_or_else(|| fatal(SUMS.name, "a sum of bad length")))
+        });
+        let (sum, changed) = match stored {
+            Some(sum) => (sum, false),
+            None => {
+                let mut sum = [0; SUM_WIDTH];
+                for v in self.values() {
+                    add(&mut sum, of(&v));
+                }
+                (sum, true)
+            }
+        };
+        self.summary = Some(Summary {
+            of,
+            sum,
+            pending: Default::default(),
+            changed,
+        });
+        self
+    }
+
+    /// The sum of the records (zeros if the table keeps none).
+    pub fn sum(&self) -> Sum {
+        let Some(s) = &self.summary else {
+            return [0; SUM_WIDTH];
+        };
+        let mut sum = s.sum;
+        for k in &s.pending {
+            if let Some(Some(v)) = self.overlay.get(k) {
+                add(&mut sum, (s.of)(v));
+            }
+        }
+        sum
+    }
+
+    /// Adds the lent records back into the sum and writes it (if it changed) into `tx`.
+    fn flush_sum(&mut self, tx: &WriteTransaction) -> Result<(), redb::Error> {
+        let sum = self.sum();
+        let Some(s) = &mut self.summary else {
+            return Ok(());
+        };
+        s.sum = sum;
+        s.pending.clear();
+        if std::mem::take(&mut s.changed) {
+            tx.open_table(SUMS.raw())?
+                .insert(self.def.name.as_bytes(), sum_bytes(&sum).as_slice())?;
+        }
+        Ok(())
+    }
+
     /// Writes the changes since the last flush into `tx` (with the row count); they become
     /// clean records in the cache.
     pub fn flush(&mut self, tx: &WriteTransaction) -> Result<(), redb::Error> {
         if self.store.is_none() || self.overlay.is_empty() {
             return Ok(());
         }
+        self.flush_sum(tx)?;
         {
             let mut t = tx.open_table(self.def.raw())?;
             let mut cache = self.cache.lock();
@@ -328,12 +464,17 @@ impl<K: Key, V: Record> Table<K, V> {
         cache: usize,
     ) -> Result<(), redb::Error> {
         let rows = std::mem::take(&mut self.overlay);
+        let summary = self.summary.take().map(|s| s.of);
         *self = Self::open_empty(self.def, store, cache);
         let mut t = tx.open_table(self.def.raw())?;
         t.retain(|_, _| false)?;
         let mut n = 0u64;
+        let mut sum = [0; SUM_WIDTH];
         for (k, v) in rows {
             if let Some(v) = v {
+                if let Some(of) = summary {
+                    add(&mut sum, of(&v));
+                }
                 let vb = codec::encode_record(self.def.version, &*v);
                 t.insert(k.to_bytes().as_slice(), vb.as_slice())?;
                 n += 1;
@@ -342,6 +483,16 @@ impl<K: Key, V: Record> Table<K, V> {
         drop(t);
         self.len = n;
         tx.open_table(COUNTS)?.insert(self.def.name, n)?;
+        if let Some(of) = summary {
+            tx.open_table(SUMS.raw())?
+                .insert(self.def.name.as_bytes(), sum_bytes(&sum).as_slice())?;
+            self.summary = Some(Summary {
+                of,
+                sum,
+                pending: Default::default(),
+                changed: false,
+            });
+        }
         Ok(())
     }
 
@@ -355,6 +506,7 @@ impl<K: Key, V: Record> Table<K, V> {
             )),
             len: 0,
             stats: CacheStats::default(),
+            summary: None,
         }
     }
 }
