@@ -15,6 +15,7 @@
 //!    become orphans instead.
 
 use crate::registry::{Registry, ServerState};
+use crate::repair::SCAN_BUDGET;
 use crate::state::{ChunkId, Command, ServerId, State};
 use cairn_rpc::pb;
 use std::collections::{BTreeSet, HashMap};
@@ -64,9 +65,11 @@ impl Registry {
             *per_worker.entry(w).or_default() += 1;
             running += 1;
         }
-        let mut waiting = 0u64;
-        for ino in state.files() {
-            let f = ino.file().expect("files");
+        let (inodes, next) = state.inodes_after(self.repairs.conversion_cursor, SCAN_BUDGET);
+        for ino in &inodes {
+            let Some(f) = ino.file() else {
+                continue;
+            };
             let Some(ec) = f.policy.ec.filter(|e| e.then) else {
                 continue;
             };
@@ -77,7 +80,7 @@ impl Registry {
                 if !c.sealed || c.ec.is_some() || c.length == 0 || converting.contains(&c.id) {
                     continue;
                 }
-                waiting += 1;
+                self.repairs.conversions_counting += 1;
                 if running + plan.begin.len() >= TOTAL {
                     continue;
                 }
@@ -119,7 +122,12 @@ impl Registry {
                 });
             }
         }
-        self.repairs.conversions_waiting = waiting;
+        self.repairs.conversion_cursor = next;
+        if next.is_none() {
+            // A whole pass over the inodes.
+            self.repairs.conversions_waiting =
+                std::mem::take(&mut self.repairs.conversions_counting);
+        }
         plan
     }
 

@@ -978,6 +978,17 @@ mod tests {
     /// copy; the new location replaces 3, and 3's copy is an orphan when it comes back.
     #[test]
     fn a_down_servers_chunks_are_repaired_elsewhere() {
+        down_server_repair(false);
+    }
+
+    /// The same in a namespace larger than the scan's slice: the file's inode is in the
+    /// second slice, so each pass takes two ticks and its findings show when it ends.
+    #[test]
+    fn the_repair_scan_walks_a_large_namespace_in_slices() {
+        down_server_repair(true);
+    }
+
+    fn down_server_repair(large: bool) {
         use crate::state::{ChunkUpdate, Command};
         let t0 = Instant::now();
         let mut reg = Registry::new(RegistryOptions {
@@ -991,7 +1002,25 @@ mod tests {
             })
             .unwrap();
         }
+        if large {
+            for i in 0..crate::repair::SCAN_BUDGET {
+                st.apply(&Command::Mkdir {
+                    path: format!("/d{i}"),
+                    parents: false,
+                    now_ms: 0,
+                    policy: None,
+                    mode: None,
+                })
+                .unwrap();
+            }
+        }
         let chunk = open_file_on_1_2_3(&mut st);
+        // One tick per slice of the inodes.
+        let scan = |reg: &mut Registry, st: &State, now: Instant| {
+            for _ in 0..if large { 2 } else { 1 } {
+                reg.scan_repairs(st, now);
+            }
+        };
         st.apply(&Command::Commit {
             path: "/f".into(),
             holder: "w".into(),
@@ -1028,7 +1057,7 @@ mod tests {
             reg.heartbeat(full(id, &[chunk]), &st, t0);
         }
         reg.heartbeat(full(4, &[]), &st, t0);
-        reg.scan_repairs(&st, t0);
+        scan(&mut reg, &st, t0);
         assert_eq!(reg.repairs.under_replicated, 0);
 
         // 20 s later server 3 is down; the others beat on.
@@ -1037,7 +1066,7 @@ mod tests {
             reg.heartbeat(full(id, &[chunk]), &st, t1);
         }
         reg.heartbeat(full(4, &[]), &st, t1);
-        reg.scan_repairs(&st, t1);
+        scan(&mut reg, &st, t1);
         assert!(
             reg.repairs.take_tasks(4).is_empty(),
             "not before repair_after"
@@ -1046,7 +1075,14 @@ mod tests {
         for id in [1, 2] {
             reg.heartbeat(full(id, &[chunk]), &st, t2);
         }
-        reg.scan_repairs(&st, t2);
+        if large {
+            // Half a pass: the first slice holds no chunk, nothing is counted yet.
+            reg.scan_repairs(&st, t2);
+            assert_eq!(reg.repairs.under_replicated, 0);
+            reg.scan_repairs(&st, t2);
+        } else {
+            reg.scan_repairs(&st, t2);
+        }
         assert_eq!(reg.repairs.under_replicated, 1);
         assert_eq!(reg.repairs.under_replicated_bytes, 5000);
         let a = reg.heartbeat(full(4, &[]), &st, t2);
@@ -1057,7 +1093,7 @@ mod tests {
         sources.sort();
         assert_eq!(sources, vec![1, 2]);
         assert!(a.repair_bytes_per_sec > 0);
-        reg.scan_repairs(&st, t2);
+        scan(&mut reg, &st, t2);
         assert_eq!(reg.repairs.running(), 1, "one task per chunk at a time");
 
         // The copy shows up in 4's report while it runs: not an orphan.
@@ -1089,7 +1125,7 @@ mod tests {
         reg.repairs.committed(chunk, true, t2);
         assert_eq!(st.chunk(chunk).unwrap().1.servers, vec![1, 2, 4]);
         assert_eq!((reg.repairs.done, reg.repairs.bytes), (1, 5000));
-        reg.scan_repairs(&st, t2);
+        scan(&mut reg, &st, t2);
         assert_eq!(reg.repairs.under_replicated, 0);
         // Server 3 comes back with its old copy: deleted at once.
         let back = reg.heartbeat(full(3, &[chunk]), &st, t2);

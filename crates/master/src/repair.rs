@@ -57,7 +57,9 @@ pub struct Repairs {
     pub done: u64,
     pub failed: u64,
     pub bytes: u64,
-    /// From the last scan.
+    /// The scan under way (it walks the inodes a slice per tick).
+    scan: Pass,
+    /// From the last whole scan.
     pub under_replicated: u64,
     pub under_replicated_bytes: u64,
     pub lost: u64,
@@ -67,6 +69,35 @@ pub struct Repairs {
     pub conversions_failed: u64,
     pub converted_bytes: u64,
     pub conversions_waiting: u64,
+    /// The conversion scan's place in its pass, and the chunks waiting it counted so far.
+    pub(crate) conversion_cursor: Option<crate::state::InodeId>,
+    pub(crate) conversions_counting: u64,
+}
+
+/// Inodes the repair and conversion scans look at per tick (per second): a state of up to
+/// this many is scanned whole every tick; a larger one in slices, one whole pass per
+/// `inodes / SCAN_BUDGET` seconds.
+pub const SCAN_BUDGET: usize = 20_000;
+
+/// What a repair scan found so far in its pass over the inodes.
+#[derive(Default)]
+struct Pass {
+    /// The last inode looked at (`None`: the pass starts at the first).
+    cursor: Option<crate::state::InodeId>,
+    short: HashMap<ChunkId, Instant>,
+    under: u64,
+    under_bytes: u64,
+    lost: u64,
+}
+
+/// The chunks of `inodes` that are files', with their file's policy.
+pub fn chunks_of(
+    inodes: &[std::sync::Arc<crate::state::Inode>],
+) -> impl Iterator<Item = (crate::state::Policy, crate::state::Chunk)> + '_ {
+    inodes.iter().flat_map(|ino| match ino.file() {
+        Some(f) => f.chunks.iter().map(|c| (f.policy, c.clone())).collect(),
+        None => Vec::new(),
+    })
 }
 
 /// A task whose target reported success: its command is written next.
@@ -344,11 +375,11 @@ impl Registry {
                 q.retain(|x| x.chunk_id != c);
             }
         }
-        let (mut under, mut under_bytes, mut lost_chunks) = (0, 0, 0);
-        let mut short = HashMap::new();
+        let mut pass = std::mem::take(&mut self.repairs.scan);
+        let (inodes, next) = state.inodes_after(pass.cursor, SCAN_BUDGET);
         let mut wanted = Vec::new();
         let mut wanted_groups = Vec::new();
-        for (policy, c) in state.chunks_with_policy() {
+        for (policy, c) in chunks_of(&inodes) {
             if !c.sealed || c.length == 0 {
                 continue;
             }
@@ -373,17 +404,21 @@ impl Registry {
             if !is_short {
                 continue;
             }
-            let since = *self.repairs.short_since.get(&c.id).unwrap_or(&now);
-            short.insert(c.id, since);
+            let since = *pass
+                .short
+                .get(&c.id)
+                .or_else(|| self.repairs.short_since.get(&c.id))
+                .unwrap_or(&now);
+            pass.short.insert(c.id, since);
             if now.duration_since(since) < self.opts.repair_after {
                 continue;
             }
-            under += 1;
-            under_bytes += c.length;
+            pass.under += 1;
+            pass.under_bytes += c.length;
             // `good_count` is 0 when nothing can be read back: no copy, or fewer than K
             // members.
             if good_count == 0 {
-                lost_chunks += 1;
+                pass.lost += 1;
                 if self.repairs.lost_logged.insert(c.id) {
                     self.log_lost(state, &c, now);
                 }
@@ -407,12 +442,19 @@ impl Registry {
                 }
             }
         }
-        self.repairs.stuck.retain(|c| short.contains_key(c));
-        self.repairs.lost_logged.retain(|c| short.contains_key(c));
-        self.repairs.short_since = short;
-        self.repairs.under_replicated = under;
-        self.repairs.under_replicated_bytes = under_bytes;
-        self.repairs.lost = lost_chunks;
+        pass.cursor = next;
+        if next.is_none() {
+            // A whole pass: what it found is the state of things.
+            let short = std::mem::take(&mut pass.short);
+            self.repairs.stuck.retain(|c| short.contains_key(c));
+            self.repairs.lost_logged.retain(|c| short.contains_key(c));
+            self.repairs.short_since = short;
+            self.repairs.under_replicated = pass.under;
+            self.repairs.under_replicated_bytes = pass.under_bytes;
+            self.repairs.lost = pass.lost;
+            pass = Pass::default();
+        }
+        self.repairs.scan = pass;
 
         let mut per_target: HashMap<ServerId, usize> = HashMap::new();
         for t in self.repairs.running.values() {

@@ -196,6 +196,27 @@ impl State {
         &self.objects
     }
 
+    /// Up to `budget` inodes after inode `after` (from the first when `None`), in id order,
+    /// and where the next call goes on (`None`: this one reached the end). Scans that run
+    /// every second (repair, conversion) walk the inodes this way, a bounded slice per tick.
+    pub fn inodes_after(
+        &self,
+        after: Option<InodeId>,
+        budget: usize,
+    ) -> (Vec<Arc<Inode>>, Option<InodeId>) {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut out: Vec<Arc<Inode>> = Vec::new();
+        for (_, ino) in self.inodes.range((from, Bound::Unbounded)) {
+            if out.len() == budget.max(1) {
+                let last = out.last().map(|i| i.id);
+                return (out, last);
+            }
+            out.push(ino);
+        }
+        (out, None)
+    }
+
     /// Every file's chunks with the file's policy (for the repair scan).
     pub fn chunks_with_policy(&self) -> impl Iterator<Item = (Policy, Chunk)> + '_ {
         self.inodes.iter().flat_map(|(_, ino)| match ino.file() {
