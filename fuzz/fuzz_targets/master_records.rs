@@ -28,6 +28,7 @@ fuzz_target!(|data: &[u8]| {
     key::<String>(data);
     key::<(u64, String)>(data);
     key::<(String, String)>(data);
+    key::<(String, u32)>(data);
     key::<()>(data);
     record::<ObjectMeta>(data);
 });

@@ -78,39 +78,66 @@ impl Key for (u64, String) {
     }
 }
 
+/// A string that is not last in a key: every `00` written `00 FF`, then `00 00`.
+fn encode_escaped(s: &str, out: &mut Vec<u8>) {
+    for &b in s.as_bytes() {
+        out.push(b);
+        if b == 0 {
+            out.push(0xFF);
+        }
+    }
+    out.extend_from_slice(&[0, 0]);
+}
+
+/// The escaped string at the start of `bytes`, and the bytes after its terminator.
+fn decode_escaped(bytes: &[u8]) -> Result<(String, &[u8]), RecordError> {
+    let mut first = Vec::new();
+    let mut i = 0;
+    loop {
+        match (bytes.get(i), bytes.get(i + 1)) {
+            (Some(0), Some(0)) => break,
+            (Some(0), Some(0xFF)) => {
+                first.push(0);
+                i += 2;
+            }
+            (Some(0), _) => return Err(RecordError::Key("bad escape in a key string")),
+            (Some(&b), _) => {
+                first.push(b);
+                i += 1;
+            }
+            (None, _) => return Err(RecordError::Key("key string is not terminated")),
+        }
+    }
+    let first = String::from_utf8(first).map_err(|_| RecordError::Key("not UTF-8"))?;
+    Ok((first, &bytes[i + 2..]))
+}
+
 /// `(String, String)`: the first string escaped and terminated, then the second's bytes.
 impl Key for (String, String) {
     fn encode(&self, out: &mut Vec<u8>) {
-        for &b in self.0.as_bytes() {
-            out.push(b);
-            if b == 0 {
-                out.push(0xFF);
-            }
-        }
-        out.extend_from_slice(&[0, 0]);
+        encode_escaped(&self.0, out);
         self.1.encode(out);
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
-        let mut first = Vec::new();
-        let mut i = 0;
-        loop {
-            match (bytes.get(i), bytes.get(i + 1)) {
-                (Some(0), Some(0)) => break,
-                (Some(0), Some(0xFF)) => {
-                    first.push(0);
-                    i += 2;
-                }
-                (Some(0), _) => return Err(RecordError::Key("bad escape in a key string")),
-                (Some(&b), _) => {
-                    first.push(b);
-                    i += 1;
-                }
-                (None, _) => return Err(RecordError::Key("key string is not terminated")),
-            }
-        }
-        let first = String::from_utf8(first).map_err(|_| RecordError::Key("not UTF-8"))?;
-        Ok((first, String::decode(&bytes[i + 2..])?))
+        let (first, rest) = decode_escaped(bytes)?;
+        Ok((first, String::decode(rest)?))
+    }
+}
+
+/// `(String, u32)`: the string escaped and terminated, then the number big-endian (4 bytes).
+impl Key for (String, u32) {
+    fn encode(&self, out: &mut Vec<u8>) {
+        encode_escaped(&self.0, out);
+        out.extend_from_slice(&self.1.to_be_bytes());
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let (first, rest) = decode_escaped(bytes)?;
+        let n: [u8; 4] = rest
+            .try_into()
+            .map_err(|_| RecordError::Key("u32 is 4 bytes"))?;
+        Ok((first, u32::from_be_bytes(n)))
     }
 }
 
@@ -201,6 +228,20 @@ mod tests {
         let mut by_bytes: Vec<_> = pairs.iter().map(|k| (roundtrip(k.clone()), k)).collect();
         by_bytes.sort();
         let mut sorted = pairs.clone();
+        sorted.sort();
+        assert_eq!(
+            by_bytes.iter().map(|(_, k)| *k).collect::<Vec<_>>(),
+            sorted.iter().collect::<Vec<_>>()
+        );
+        let mut parts: Vec<(String, u32)> = Vec::new();
+        for s in ["", "a", "a\0", "ab"] {
+            for n in [0u32, 1, 255, 256, 10_000, u32::MAX] {
+                parts.push((s.to_owned(), n));
+            }
+        }
+        let mut by_bytes: Vec<_> = parts.iter().map(|k| (roundtrip(k.clone()), k)).collect();
+        by_bytes.sort();
+        let mut sorted = parts.clone();
         sorted.sort();
         assert_eq!(
             by_bytes.iter().map(|(_, k)| *k).collect::<Vec<_>>(),

@@ -69,6 +69,7 @@ pub static TABLES: &[TableDef] = {
         REVOCATIONS,
         o::OBJECTS,
         o::UPLOADS,
+        o::PARTS,
         o::PACKS,
         o::TRASH,
         o::USERS,

@@ -31,9 +31,16 @@ pub struct ObjectIndex {
         deserialize_with = "stored::objects_from_rows"
     )]
     by_key: Table<(String, String), ObjectMeta>,
-    /// By upload id.
+    /// By upload id (stored without their parts: those are in `parts`).
     #[serde(deserialize_with = "stored::uploads_from_rows")]
     uploads: Table<String, Upload>,
+    /// Uploads' parts by (upload id, part number): a part is one row, not a rewrite of its
+    /// upload's record.
+    #[serde(
+        default = "stored::parts_table",
+        deserialize_with = "stored::parts_from_rows"
+    )]
+    parts: Table<(String, u32), Part>,
     /// Shared small-object logs: live bytes and objects in each (compaction picks the ones
     /// mostly dead).
     #[serde(deserialize_with = "stored::packs_from_rows")]
@@ -85,6 +92,37 @@ impl ObjectIndex {
                 self.by_key.insert((name.clone(), key), o);
             }
         }
+        // Snapshots before the parts table kept each upload's parts in it.
+        let ids: Vec<String> = self
+            .uploads
+            .iter()
+            .filter(|(_, u)| !u.parts.is_empty())
+            .map(|(id, _)| id)
+            .collect();
+        for id in ids {
+            let u = self.uploads.get_mut(&id).expect("listed");
+            for (n, p) in std::mem::take(&mut u.parts) {
+                self.parts.insert((id.clone(), n), p);
+            }
+        }
+    }
+
+    /// The parts of upload `id` from part number `from` on, in order.
+    fn parts_of(&self, id: &str, from: u32) -> impl Iterator<Item = Arc<Part>> + '_ {
+        self.parts
+            .range((id.to_owned(), from)..=(id.to_owned(), u32::MAX))
+            .map(|(_, p)| p)
+    }
+
+    /// Removes upload `id` and its parts; returns the parts.
+    fn take_upload(&mut self, id: &str) -> Vec<Part> {
+        self.uploads.remove(&id.to_owned());
+        let numbers: Vec<u32> = self.parts_of(id, 0).map(|p| p.number).collect();
+        numbers
+            .into_iter()
+            .filter_map(|n| self.parts.remove(&(id.to_owned(), n)))
+            .map(Arc::unwrap_or_clone)
+            .collect()
     }
 
     /// The object at `key` of `bucket`.
@@ -242,10 +280,9 @@ impl ObjectIndex {
             } => {
                 let u = self.upload(user, upload_id)?;
                 let max = (*max as usize).clamp(1, MAX_LIST_KEYS);
-                let mut parts: Vec<Part> = u
-                    .parts
-                    .range(after + 1..)
-                    .map(|(_, p)| p.clone())
+                let mut parts: Vec<Part> = self
+                    .parts_of(upload_id, after.saturating_add(1))
+                    .map(Arc::unwrap_or_clone)
                     .take(max + 1)
                     .collect();
                 let truncated = parts.len() > max;
@@ -307,10 +344,8 @@ impl ObjectIndex {
                         left.remove(&e.path);
                     }
                 }
-                for u in self.uploads.values() {
-                    for p in u.parts.values() {
-                        left.remove(&p.extent.path);
-                    }
+                for p in self.parts.values() {
+                    left.remove(&p.extent.path);
                 }
                 // Freed files are the trash's to delete.
                 Ok(QueryReply::Unnamed(
@@ -645,8 +680,7 @@ impl State {
                     .collect();
                 let mut extents = Vec::new();
                 for id in ids {
-                    let u = Arc::unwrap_or_clone(self.objects.uploads.remove(&id).expect("listed"));
-                    extents.extend(u.parts.into_values().map(|p| p.extent));
+                    extents.extend(self.objects.take_upload(&id).into_iter().map(|p| p.extent));
                 }
                 self.free(&extents);
                 self.objects.buckets.remove(bucket);
@@ -703,8 +737,10 @@ impl State {
                     )));
                 }
                 self.check_extents(std::iter::once(&part.extent))?;
-                let upload = self.objects.uploads.get_mut(upload_id).expect("checked");
-                let old = upload.parts.insert(part.number, part.clone());
+                let old = self
+                    .objects
+                    .parts
+                    .insert((upload_id.clone(), part.number), part.clone());
                 self.take_extent(&part.extent);
                 if let Some(old) = old.filter(|o| o.extent != part.extent) {
                     self.free(std::slice::from_ref(&old.extent));
@@ -803,13 +839,12 @@ impl State {
             | ObjectOp::DeleteSnapshot { .. } => idx.apply_volume(op),
             ObjectOp::AbortUpload { user, upload_id } => {
                 idx.upload(user, upload_id)?;
-                let upload = Arc::unwrap_or_clone(
-                    self.objects
-                        .uploads
-                        .remove(&upload_id.to_owned())
-                        .expect("checked"),
-                );
-                let extents: Vec<Extent> = upload.parts.into_values().map(|p| p.extent).collect();
+                let extents: Vec<Extent> = self
+                    .objects
+                    .take_upload(upload_id)
+                    .into_iter()
+                    .map(|p| p.extent)
+                    .collect();
                 self.free(&extents);
                 Ok(OpReply::Done)
             }
@@ -852,14 +887,18 @@ impl State {
                 return Err(ObjectError::InvalidPartOrder);
             }
             prev = *n;
-            let p = upload.parts.get(n).ok_or(ObjectError::InvalidPart(*n))?;
+            let p = self
+                .objects
+                .parts
+                .get(&(upload_id.to_owned(), *n))
+                .ok_or(ObjectError::InvalidPart(*n))?;
             if p.etag != etag.trim_matches('"') {
                 return Err(ObjectError::InvalidPart(*n));
             }
             if i + 1 < listed.len() && p.size < MIN_PART_BYTES {
                 return Err(ObjectError::EntityTooSmall(*n));
             }
-            chosen.push(p.clone());
+            chosen.push(Arc::unwrap_or_clone(p));
         }
         if let Some(alg) = &upload.checksum_algorithm {
             // The gateway computed the object's checksum from these; they must be the parts'.
@@ -878,20 +917,14 @@ impl State {
         if let Some(c) = condition {
             check_condition(self.objects.object(&bucket, &key).as_deref(), meta, c)?;
         }
-        let upload = Arc::unwrap_or_clone(
-            self.objects
-                .uploads
-                .remove(&upload_id.to_owned())
-                .expect("checked"),
-        );
+        let parts = self.objects.take_upload(upload_id);
         let mut meta = meta.clone();
         meta.size = chosen.iter().map(|p| p.size).sum();
         meta.part_sizes = chosen.iter().map(|p| p.size).collect();
         meta.extents = chosen.iter().map(|p| p.extent.clone()).collect();
         // Parts not listed are dropped with the upload.
-        let unlisted: Vec<Extent> = upload
-            .parts
-            .into_values()
+        let unlisted: Vec<Extent> = parts
+            .into_iter()
             .filter(|p| !chosen.iter().any(|c| c.number == p.number))
             .map(|p| p.extent)
             .collect();
@@ -1079,6 +1112,32 @@ mod tests {
             serde_json::from_slice(&serde_json::to_vec(&idx).unwrap()).unwrap();
         assert_eq!(again, idx);
         assert!(again.buckets.values().all(|b| b.objects.is_empty()));
+    }
+
+    /// Uploads of an older snapshot carried their parts: they move into the parts table, and
+    /// the upload completes from there.
+    #[test]
+    fn parts_of_an_older_snapshot_move_into_the_table() {
+        let part = |n: u32, path: &str| {
+            serde_json::json!({"number": n, "size": 5, "etag": format!("e{n}"), "mtime_ms": 1,
+                "extent": {"path": path, "offset": 0, "len": 5, "shared": false}})
+        };
+        let old = serde_json::json!({
+            "users": {}, "packs": {},
+            "buckets": {"b": {"owner": "u", "created_ms": 1}},
+            "uploads": {"up1": {"id": "up1", "bucket": "b", "key": "k", "owner": "u",
+                "initiated_ms": 1, "parts": {"1": part(1, "/p/1"), "2": part(2, "/p/2")}}}
+        });
+        let mut idx: ObjectIndex = serde_json::from_value(old).unwrap();
+        idx.rebuild();
+        assert!(idx.uploads.get(&"up1".to_owned()).unwrap().parts.is_empty());
+        let numbers: Vec<u32> = idx.parts_of("up1", 0).map(|p| p.number).collect();
+        assert_eq!(numbers, vec![1, 2]);
+        assert_eq!(idx.parts_of("up1", 2).count(), 1);
+        assert_eq!(idx.parts_of("up", 0).count(), 0, "another upload's parts");
+        let parts = idx.take_upload("up1");
+        assert_eq!(parts.len(), 2);
+        assert!(idx.uploads.is_empty() && idx.parts.is_empty());
     }
 
     /// An older version's plain secrets are found, and sealing replaces only plain ones with

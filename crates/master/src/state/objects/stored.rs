@@ -4,7 +4,7 @@
 
 use super::{ObjectIndex, PackUse};
 use crate::kv::{Cell, Store, Table, TableDef};
-use cairn_rpc::object::{ObjectMeta, Upload};
+use cairn_rpc::object::{ObjectMeta, Part, Upload};
 use redb::WriteTransaction;
 use serde::{Deserialize, Deserializer};
 use std::sync::Arc;
@@ -13,6 +13,8 @@ use std::sync::Arc;
 pub const OBJECTS: TableDef = TableDef::new("objects", 1);
 /// Multipart uploads by id.
 pub const UPLOADS: TableDef = TableDef::new("uploads", 1);
+/// Uploads' parts by (upload id, part number).
+pub const PARTS: TableDef = TableDef::new("upload_parts", 1);
 /// Pack usage by pack path.
 pub const PACKS: TableDef = TableDef::new("packs", 1);
 /// Files to delete, by path (records empty).
@@ -32,6 +34,7 @@ impl ObjectIndex {
             buckets: open_cell(BUCKETS, store)?,
             by_key: Table::open(OBJECTS, store.clone(), cache)?,
             uploads: Table::open(UPLOADS, store.clone(), cache)?,
+            parts: Table::open(PARTS, store.clone(), cache)?,
             packs: Table::open(PACKS, store.clone(), cache)?,
             gateways: open_cell(GATEWAYS, store)?,
             trash: Table::open(TRASH, store.clone(), cache)?,
@@ -44,6 +47,7 @@ impl ObjectIndex {
         self.buckets.flush(BUCKETS, tx)?;
         self.by_key.flush(tx)?;
         self.uploads.flush(tx)?;
+        self.parts.flush(tx)?;
         self.packs.flush(tx)?;
         self.gateways.flush(GATEWAYS, tx)?;
         self.trash.flush(tx)?;
@@ -58,6 +62,7 @@ impl ObjectIndex {
     ) -> Result<(), redb::Error> {
         self.by_key.write_out(store.clone(), tx, cache)?;
         self.uploads.write_out(store.clone(), tx, cache)?;
+        self.parts.write_out(store.clone(), tx, cache)?;
         self.packs.write_out(store.clone(), tx, cache)?;
         self.trash.write_out(store.clone(), tx, cache)?;
         self.users.touch();
@@ -75,6 +80,7 @@ impl Default for ObjectIndex {
             buckets: Cell::default(),
             by_key: objects_table(),
             uploads: Table::memory(UPLOADS),
+            parts: parts_table(),
             packs: Table::memory(PACKS),
             gateways: Cell::default(),
             trash: trash_table(),
@@ -85,6 +91,16 @@ impl Default for ObjectIndex {
 
 pub(super) fn objects_table() -> Table<(String, String), ObjectMeta> {
     Table::memory(OBJECTS)
+}
+
+pub(super) fn parts_table() -> Table<(String, u32), Part> {
+    Table::memory(PARTS)
+}
+
+pub(super) fn parts_from_rows<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Table<(String, u32), Part>, D::Error> {
+    crate::kv::rows(PARTS, d)
 }
 
 pub(super) fn trash_table() -> Table<String, ()> {
