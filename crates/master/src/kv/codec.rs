@@ -126,6 +126,7 @@ impl Key for (String, String) {
 }
 
 /// `(String, u32)`: the string escaped and terminated, then the number big-endian (4 bytes).
+#[allow(clippy::big_endian_bytes)]
 impl Key for (String, u32) {
     fn encode(&self, out: &mut Vec<u8>) {
         encode_escaped(&self.0, out);
