@@ -227,6 +227,11 @@ pub enum ObjectOp {
     CompleteUpload {
         user: String,
         upload_id: String,
+        /// The upload's bucket and key (log entries of older gateways lack them: empty).
+        #[serde(default)]
+        bucket: String,
+        #[serde(default)]
+        key: String,
         parts: Vec<(u32, String)>,
         meta: ObjectMeta,
         #[serde(default, skip_serializing_if = "Option::is_none")]

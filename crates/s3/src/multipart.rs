@@ -324,6 +324,8 @@ impl Cairn {
         let op = ObjectOp::CompleteUpload {
             user,
             upload_id: input.upload_id,
+            bucket: input.bucket.clone(),
+            key: input.key.clone(),
             parts,
             meta: meta.clone(),
             condition,

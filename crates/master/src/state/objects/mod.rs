@@ -750,10 +750,19 @@ impl State {
             ObjectOp::CompleteUpload {
                 user,
                 upload_id,
+                bucket,
+                key,
                 parts,
                 meta,
                 condition,
-            } => self.complete_upload(user, upload_id, parts, meta, condition.as_ref()),
+            } => self.complete_upload(
+                user,
+                upload_id,
+                (bucket, key),
+                parts,
+                meta,
+                condition.as_ref(),
+            ),
             ObjectOp::GatewaySeen { gateway } => {
                 let now = gateway.seen_ms;
                 idx.gateways
@@ -855,6 +864,7 @@ impl State {
         &mut self,
         user: &str,
         upload_id: &str,
+        (bucket, key): (&String, &String),
         listed: &[(u32, String)],
         meta: &ObjectMeta,
         condition: Option<&PutCondition>,
@@ -863,11 +873,15 @@ impl State {
             Ok(u) => u,
             Err(ObjectError::NoSuchUpload) => {
                 // A retry of a completion that applied: the object carries the upload's id.
-                let done = self
-                    .objects
-                    .by_key
-                    .iter()
-                    .any(|(_, o)| o.put_id == meta.put_id && o.etag == meta.etag);
+                let applied = |o: &ObjectMeta| o.put_id == meta.put_id && o.etag == meta.etag;
+                let done = match bucket.is_empty() {
+                    false => self
+                        .objects
+                        .object(bucket, key)
+                        .is_some_and(|o| applied(&o)),
+                    // Entries of gateways that did not name the object: look at every one.
+                    true => self.objects.by_key.iter().any(|(_, o)| applied(&o)),
+                };
                 return match done {
                     true => Ok(OpReply::Done),
                     false => Err(ObjectError::NoSuchUpload),
@@ -1274,6 +1288,91 @@ mod tests {
             extents,
             ..Default::default()
         }
+    }
+
+    /// A multipart upload's parts live in their own table; its completion takes the listed
+    /// ones into the object and frees the rest; a retried completion is found applied by the
+    /// object it names (or, from gateways that named none, by a look at every object).
+    #[test]
+    fn a_retried_completion_finds_its_object_by_name() {
+        let mut st = State::default();
+        let user = || "u".to_owned();
+        op(
+            &mut st,
+            ObjectOp::CreateBucket {
+                user: user(),
+                bucket: "bkt".into(),
+                now_ms: 1,
+            },
+        )
+        .unwrap();
+        let upload = Upload {
+            id: "up1".into(),
+            bucket: "bkt".into(),
+            key: "k".into(),
+            owner: user(),
+            initiated_ms: 1,
+            headers: BTreeMap::new(),
+            user_meta: BTreeMap::new(),
+            parts: BTreeMap::new(),
+            checksum_algorithm: None,
+            checksum_type: None,
+        };
+        op(
+            &mut st,
+            ObjectOp::CreateUpload {
+                user: user(),
+                upload,
+            },
+        )
+        .unwrap();
+        for n in 1..=2u32 {
+            let path = format!("/p/{n}");
+            file(&mut st, &path);
+            let part = Part {
+                number: n,
+                size: 5,
+                etag: format!("e{n}"),
+                mtime_ms: 1,
+                extent: Extent {
+                    path,
+                    offset: 0,
+                    len: 5,
+                    shared: false,
+                },
+                checksums: BTreeMap::new(),
+            };
+            op(
+                &mut st,
+                ObjectOp::PutPart {
+                    user: user(),
+                    upload_id: "up1".into(),
+                    part,
+                },
+            )
+            .unwrap();
+        }
+        assert_eq!(st.objects.parts.len(), 2);
+        let complete = |bucket: &str, key: &str| ObjectOp::CompleteUpload {
+            user: user(),
+            upload_id: "up1".into(),
+            bucket: bucket.into(),
+            key: key.into(),
+            parts: vec![(2, "e2".into())],
+            meta: meta("put-up1", Vec::new()),
+            condition: None,
+        };
+        let Ok(OpReply::Object(o)) = op(&mut st, complete("bkt", "k")) else {
+            panic!("the completion applies");
+        };
+        assert_eq!((o.size, o.extents[0].path.as_str()), (5, "/p/2"));
+        assert!(st.objects.parts.is_empty() && st.objects.uploads.is_empty());
+        assert_eq!(op(&mut st, complete("bkt", "k")), Ok(OpReply::Done));
+        assert_eq!(op(&mut st, complete("", "")), Ok(OpReply::Done));
+        assert_eq!(
+            op(&mut st, complete("bkt", "other")),
+            Err(ObjectError::NoSuchUpload)
+        );
     }
 
     fn put(bucket: &str, key: &str, m: ObjectMeta) -> ObjectOp {
