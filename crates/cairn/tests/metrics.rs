@@ -156,6 +156,21 @@ async fn master_and_chunkserver_export_metrics() {
             && leader == Some(1.0)
             && value(&m, "cairn_master_files", "") == Some(1.0)
         {
+            // The state's tables report their rows (the file, the root and its directory
+            // entry at least) and cache reads.
+            assert!(
+                value(&m, "cairn_master_state_rows", "table=\"inodes\"").is_some_and(|v| v >= 2.0),
+                "{m}"
+            );
+            assert!(
+                value(
+                    &m,
+                    "cairn_master_state_cache_hits_total",
+                    "table=\"inodes\""
+                )
+                .is_some(),
+                "{m}"
+            );
             break;
         }
         assert!(

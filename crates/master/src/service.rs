@@ -158,6 +158,13 @@ impl MetaService {
         let (files, _dirs, chunks, _bytes) = a.state.totals();
         gauge!("cairn_master_files").set(files as f64);
         gauge!("cairn_master_chunks").set(chunks as f64);
+        for t in a.state.table_reports() {
+            gauge!("cairn_master_state_rows", "table" => t.name).set(t.rows as f64);
+            metrics::counter!("cairn_master_state_cache_hits_total", "table" => t.name)
+                .absolute(t.hits);
+            metrics::counter!("cairn_master_state_cache_misses_total", "table" => t.name)
+                .absolute(t.misses);
+        }
     }
 }
 

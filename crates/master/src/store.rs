@@ -291,6 +291,7 @@ impl StateMachine {
         }
         tx.commit().map_err(io_err)?;
         tracing::info!(rows, file = %path.display(), "snapshot written");
+        metrics::counter!("cairn_master_snapshots_total", "how" => "built").increment(1);
         snapshot::remove_others(&self.dir, Some(&path))?;
         Ok(path)
     }
@@ -340,6 +341,7 @@ impl StateMachine {
             |tx| put_position(tx, &position),
         )?;
         tracing::info!(rows, file = %path.display(), "snapshot installed");
+        metrics::counter!("cairn_master_snapshots_total", "how" => "installed").increment(1);
         Ok(path)
     }
 }

@@ -143,6 +143,15 @@ pub struct CacheStats {
     pub misses: AtomicU64,
 }
 
+/// What a table reports for the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableReport {
+    pub name: &'static str,
+    pub rows: u64,
+    pub hits: u64,
+    pub misses: u64,
+}
+
 /// A map from `K` to `V` kept in the store (see the module doc).
 pub struct Table<K: Key, V: Record> {
     def: TableDef,
@@ -213,6 +222,16 @@ impl<K: Key, V: Record> Table<K, V> {
 
     pub fn stats(&self) -> &CacheStats {
         &self.stats
+    }
+
+    /// The table's name, rows, and reads its cache answered and did not.
+    pub fn report(&self) -> TableReport {
+        TableReport {
+            name: self.def.name,
+            rows: self.len,
+            hits: self.stats.hits.load(Ordering::Relaxed),
+            misses: self.stats.misses.load(Ordering::Relaxed),
+        }
     }
 
     fn decode(&self, k: &[u8], v: &[u8]) -> (K, V) {

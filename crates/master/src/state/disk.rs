@@ -88,6 +88,17 @@ pub(super) fn open_cell<V: Record + Default>(
 }
 
 impl State {
+    /// Each table's rows and cache reads (for the metrics).
+    pub fn table_reports(&self) -> Vec<crate::kv::TableReport> {
+        let mut v = vec![
+            self.inodes.report(),
+            self.dentries.report(),
+            self.chunk_owner.report(),
+        ];
+        v.extend(self.objects.table_reports());
+        v
+    }
+
     /// The state `store` holds; `None` when it holds none (a new master, or one that has
     /// only a JSON snapshot). `cache`: clean records each table keeps decoded.
     pub fn open(store: &Arc<Store>, cache: usize) -> Result<Option<Self>, redb::Error> {

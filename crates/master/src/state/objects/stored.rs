@@ -27,6 +27,16 @@ pub(in crate::state) const VOLUMES: TableDef = crate::state::disk::cell("volumes
 
 /// The index in the master's store (see `state/disk.rs`).
 impl ObjectIndex {
+    pub(in crate::state) fn table_reports(&self) -> [crate::kv::TableReport; 5] {
+        [
+            self.by_key.report(),
+            self.uploads.report(),
+            self.parts.report(),
+            self.packs.report(),
+            self.trash.report(),
+        ]
+    }
+
     pub(in crate::state) fn open(store: &Arc<Store>, cache: usize) -> Result<Self, redb::Error> {
         use crate::state::disk::open_cell;
         Ok(Self {
