@@ -1,0 +1,551 @@
+use super::*;
+
+fn map(keys: &[&str]) -> BTreeMap<String, ()> {
+    keys.iter().map(|k| (k.to_string(), ())).collect()
+}
+
+fn page(
+    m: &BTreeMap<String, ()>,
+    prefix: &str,
+    delim: Option<&str>,
+    after: &str,
+    max: u32,
+) -> (Vec<String>, Vec<String>, bool) {
+    let seek = |lower: Bound<&String>| {
+        m.range::<String, _>((lower, Bound::Unbounded))
+            .next()
+            .map(|(k, v)| (k.clone(), *v))
+    };
+    let p = list_keys(
+        seek,
+        &ListRequest {
+            prefix: prefix.into(),
+            delimiter: delim.map(Into::into),
+            after: after.into(),
+            max,
+        },
+        |k, _| ListEntry {
+            key: k.clone(),
+            size: 0,
+            etag: String::new(),
+            mtime_ms: 0,
+            upload_id: String::new(),
+            owner: String::new(),
+        },
+    );
+    (
+        p.entries.into_iter().map(|e| e.key).collect(),
+        p.prefixes,
+        p.truncated,
+    )
+}
+
+/// A snapshot from before the objects table (each bucket's objects inside it) loads with
+/// every object in the table, and writes out in the new shape.
+#[test]
+fn objects_of_an_older_snapshot_move_into_the_table() {
+    let old = serde_json::json!({
+        "users": {}, "uploads": {}, "packs": {},
+        "buckets": {
+            "b1": {"owner": "u", "created_ms": 1, "objects": {
+                "k1": meta("p1", vec![]), "k2": meta("p2", vec![])}},
+            "b2": {"owner": "u", "created_ms": 2, "objects": {"k1": meta("p3", vec![])}},
+            "b3": {"owner": "v", "created_ms": 3}
+        }
+    });
+    let mut idx: ObjectIndex = serde_json::from_value(old).unwrap();
+    idx.rebuild();
+    assert_eq!(idx.totals(), (3, 3, 0));
+    assert_eq!(idx.object("b1", "k2").unwrap().put_id, "p2");
+    assert_eq!(idx.object("b2", "k1").unwrap().put_id, "p3");
+    assert!(idx.object("b2", "k2").is_none());
+    assert!(idx.holds_objects("b1") && !idx.holds_objects("b3"));
+    let again: ObjectIndex = serde_json::from_slice(&serde_json::to_vec(&idx).unwrap()).unwrap();
+    assert_eq!(again, idx);
+    assert!(again.buckets.values().all(|b| b.objects.is_empty()));
+}
+
+/// Uploads of an older snapshot carried their parts: they move into the parts table, and
+/// the upload completes from there.
+#[test]
+fn parts_of_an_older_snapshot_move_into_the_table() {
+    let part = |n: u32, path: &str| {
+        serde_json::json!({"number": n, "size": 5, "etag": format!("e{n}"), "mtime_ms": 1,
+            "extent": {"path": path, "offset": 0, "len": 5, "shared": false}})
+    };
+    let old = serde_json::json!({
+        "users": {}, "packs": {},
+        "buckets": {"b": {"owner": "u", "created_ms": 1}},
+        "uploads": {"up1": {"id": "up1", "bucket": "b", "key": "k", "owner": "u",
+            "initiated_ms": 1, "parts": {"1": part(1, "/p/1"), "2": part(2, "/p/2")}}}
+    });
+    let mut idx: ObjectIndex = serde_json::from_value(old).unwrap();
+    idx.rebuild();
+    assert!(idx.uploads.get(&"up1".to_owned()).unwrap().parts.is_empty());
+    let numbers: Vec<u32> = idx.parts_of("up1", 0).map(|p| p.number).collect();
+    assert_eq!(numbers, vec![1, 2]);
+    assert_eq!(idx.parts_of("up1", 2).count(), 1);
+    assert_eq!(idx.parts_of("up", 0).count(), 0, "another upload's parts");
+    let parts = idx.take_upload("up1");
+    assert_eq!(parts.len(), 2);
+    assert!(idx.uploads.is_empty() && idx.parts.is_empty());
+}
+
+/// An older version's plain secrets are found, and sealing replaces only plain ones with
+/// sealed ones (never a sealed one, never with a plain one).
+#[test]
+fn plain_secrets_are_sealed_once() {
+    let mut idx = ObjectIndex::default();
+    for (name, key, secret) in [("a", "CKA", "plain-a"), ("b", "CKB", "sealed1:00")] {
+        idx.users.insert(
+            key.into(),
+            User {
+                name: name.into(),
+                access_key: key.into(),
+                secret_key: secret.into(),
+                created_ms: 0,
+                admin: false,
+                certs: vec![],
+            },
+        );
+    }
+    assert_eq!(
+        idx.plain_secrets(),
+        vec![("CKA".to_string(), "plain-a".to_string())]
+    );
+    idx.seal_secrets(&[
+        ("CKA".into(), "not-sealed".into()),
+        ("CKB".into(), "sealed1:11".into()),
+        ("CKGONE".into(), "sealed1:22".into()),
+    ]);
+    assert_eq!(idx.users["CKA"].secret_key, "plain-a");
+    assert_eq!(idx.users["CKB"].secret_key, "sealed1:00");
+    idx.seal_secrets(&[("CKA".into(), "sealed1:33".into())]);
+    assert_eq!(idx.users["CKA"].secret_key, "sealed1:33");
+    assert!(idx.plain_secrets().is_empty());
+}
+
+#[test]
+fn listing_with_prefix_delimiter_and_pages() {
+    let m = map(&["a", "b/1", "b/2", "b/c/3", "c", "d/x", "e"]);
+    let (k, p, t) = page(&m, "", Some("/"), "", 1000);
+    assert_eq!(k, ["a", "c", "e"]);
+    assert_eq!(p, ["b/", "d/"]);
+    assert!(!t);
+    let (k, p, _) = page(&m, "b/", Some("/"), "", 1000);
+    assert_eq!(k, ["b/1", "b/2"]);
+    assert_eq!(p, ["b/c/"]);
+    // Pages of two, continuing after the last key or common prefix.
+    let (k, p, t) = page(&m, "", Some("/"), "", 2);
+    assert_eq!(
+        (k, p, t),
+        (vec!["a".to_string()], vec!["b/".to_string()], true)
+    );
+    let (k, p, t) = page(&m, "", Some("/"), "b/", 2);
+    assert_eq!(
+        (k, p, t),
+        (vec!["c".to_string()], vec!["d/".to_string()], true)
+    );
+    let (k, p, t) = page(&m, "", Some("/"), "d/", 2);
+    assert_eq!((k, p, t), (vec!["e".to_string()], vec![], false));
+    // No delimiter: every key, in order.
+    let (k, _, _) = page(&m, "b", None, "b/1", 1000);
+    assert_eq!(k, ["b/2", "b/c/3"]);
+}
+
+#[test]
+fn listing_matches_a_naive_model() {
+    let keys: Vec<String> = (0..300)
+        .map(|i| format!("{}/{}/{}", i % 7, i % 3, i))
+        .collect();
+    let m: BTreeMap<String, ()> = keys.iter().map(|k| (k.clone(), ())).collect();
+    for (prefix, delim) in [("", Some("/")), ("1/", Some("/")), ("2", None), ("", None)] {
+        // Naive: every key with the prefix, rolled up, deduplicated, in order.
+        let mut want: Vec<String> = Vec::new();
+        for k in m.keys().filter(|k| k.starts_with(prefix)) {
+            let item = match delim.and_then(|d| common_prefix(k, prefix, d)) {
+                Some(cp) => cp.to_owned(),
+                None => k.clone(),
+            };
+            if want.last() != Some(&item) {
+                want.push(item);
+            }
+        }
+        for max in [1, 2, 7, 1000] {
+            let mut got: Vec<String> = Vec::new();
+            let mut after = String::new();
+            loop {
+                let (k, p, t) = page(&m, prefix, delim, &after, max);
+                let mut items: Vec<String> = k.into_iter().chain(p).collect();
+                items.sort();
+                after = items.last().cloned().unwrap_or_default();
+                got.extend(items);
+                if !t {
+                    break;
+                }
+            }
+            assert_eq!(got, want, "prefix {prefix:?} delim {delim:?} max {max}");
+        }
+    }
+}
+
+fn op(st: &mut State, op: ObjectOp) -> OpResult {
+    st.apply(&Command::Object(Box::new(op)))
+        .unwrap()
+        .object
+        .unwrap()
+}
+
+fn file(st: &mut State, path: &str) {
+    let policy = crate::state::Policy {
+        replicas: 3,
+        compression: false,
+        min_copy: 0,
+        ec: None,
+    };
+    st.apply(&Command::Create {
+        path: path.into(),
+        mode: None,
+        policy,
+        parents: true,
+        now_ms: 1,
+        lease: None,
+        placements: vec![vec![1, 2, 3]],
+        groups: false,
+    })
+    .unwrap();
+}
+
+fn meta(put_id: &str, extents: Vec<Extent>) -> ObjectMeta {
+    ObjectMeta {
+        size: extents.iter().map(|e| e.len).sum(),
+        etag: "e".into(),
+        mtime_ms: 1,
+        put_id: put_id.into(),
+        extents,
+        ..Default::default()
+    }
+}
+
+/// A multipart upload's parts live in their own table; its completion takes the listed
+/// ones into the object and frees the rest; a retried completion is found applied by the
+/// object it names (or, from gateways that named none, by a look at every object).
+#[test]
+fn a_retried_completion_finds_its_object_by_name() {
+    let mut st = State::default();
+    let user = || "u".to_owned();
+    op(
+        &mut st,
+        ObjectOp::CreateBucket {
+            user: user(),
+            bucket: "bkt".into(),
+            now_ms: 1,
+        },
+    )
+    .unwrap();
+    let upload = Upload {
+        id: "up1".into(),
+        bucket: "bkt".into(),
+        key: "k".into(),
+        owner: user(),
+        initiated_ms: 1,
+        headers: BTreeMap::new(),
+        user_meta: BTreeMap::new(),
+        parts: BTreeMap::new(),
+        checksum_algorithm: None,
+        checksum_type: None,
+    };
+    op(
+        &mut st,
+        ObjectOp::CreateUpload {
+            user: user(),
+            upload,
+        },
+    )
+    .unwrap();
+    for n in 1..=2u32 {
+        let path = format!("/p/{n}");
+        file(&mut st, &path);
+        let part = Part {
+            number: n,
+            size: 5,
+            etag: format!("e{n}"),
+            mtime_ms: 1,
+            extent: Extent {
+                path,
+                offset: 0,
+                len: 5,
+                shared: false,
+            },
+            checksums: BTreeMap::new(),
+        };
+        op(
+            &mut st,
+            ObjectOp::PutPart {
+                user: user(),
+                upload_id: "up1".into(),
+                part,
+            },
+        )
+        .unwrap();
+    }
+    assert_eq!(st.objects.parts.len(), 2);
+    let complete = |bucket: &str, key: &str| ObjectOp::CompleteUpload {
+        user: user(),
+        upload_id: "up1".into(),
+        bucket: bucket.into(),
+        key: key.into(),
+        parts: vec![(2, "e2".into())],
+        meta: meta("put-up1", Vec::new()),
+        condition: None,
+    };
+    let Ok(OpReply::Object(o)) = op(&mut st, complete("bkt", "k")) else {
+        panic!("the completion applies");
+    };
+    assert_eq!((o.size, o.extents[0].path.as_str()), (5, "/p/2"));
+    assert!(st.objects.parts.is_empty() && st.objects.uploads.is_empty());
+    assert_eq!(op(&mut st, complete("bkt", "k")), Ok(OpReply::Done));
+    assert_eq!(op(&mut st, complete("", "")), Ok(OpReply::Done));
+    assert_eq!(
+        op(&mut st, complete("bkt", "other")),
+        Err(ObjectError::NoSuchUpload)
+    );
+}
+
+fn put(bucket: &str, key: &str, m: ObjectMeta) -> ObjectOp {
+    ObjectOp::PutObject {
+        user: "u".into(),
+        bucket: bucket.into(),
+        key: key.into(),
+        meta: m,
+        condition: None,
+    }
+}
+
+/// Overwrites free the old version (own files deleted, pack bytes counted dead); a retried
+/// PUT changes nothing; compaction's move is conditional; a pack named by an object is
+/// Conditional PUTs: If-None-Match refuses an existing version (`*`) or the named one,
+/// If-Match needs the named version (a missing key is NoSuchKey), and a retry of the PUT
+/// that applied passes although the version it made no longer meets its condition.
+#[test]
+fn conditional_puts_check_the_current_version() {
+    let mut st = State::default();
+    op(
+        &mut st,
+        ObjectOp::CreateBucket {
+            user: "u".into(),
+            bucket: "bkt".into(),
+            now_ms: 1,
+        },
+    )
+    .unwrap();
+    let put = |st: &mut State, id: &str, etag: &str, c: Option<PutCondition>| {
+        let mut m = meta(id, Vec::new());
+        m.etag = etag.into();
+        op(
+            st,
+            ObjectOp::PutObject {
+                user: "u".into(),
+                bucket: "bkt".into(),
+                key: "k".into(),
+                meta: m,
+                condition: c,
+            },
+        )
+        .map(|_| ())
+    };
+    let any = || Some(PutCondition::IfNoneMatch("*".into()));
+    assert_eq!(
+        put(&mut st, "p0", "e0", Some(PutCondition::IfMatch("*".into()))),
+        Err(ObjectError::NoSuchKey)
+    );
+    put(&mut st, "p1", "e1", any()).unwrap();
+    // The retry of p1 passes; another writer's If-None-Match: * does not.
+    put(&mut st, "p1", "e1", any()).unwrap();
+    assert_eq!(
+        put(&mut st, "p2", "e2", any()),
+        Err(ObjectError::PreconditionFailed)
+    );
+    assert_eq!(
+        put(
+            &mut st,
+            "p2",
+            "e2",
+            Some(PutCondition::IfNoneMatch("e1".into()))
+        ),
+        Err(ObjectError::PreconditionFailed)
+    );
+    put(
+        &mut st,
+        "p2",
+        "e2",
+        Some(PutCondition::IfNoneMatch("zz".into())),
+    )
+    .unwrap();
+    assert_eq!(
+        put(
+            &mut st,
+            "p3",
+            "e3",
+            Some(PutCondition::IfMatch("e1".into()))
+        ),
+        Err(ObjectError::PreconditionFailed)
+    );
+    put(
+        &mut st,
+        "p3",
+        "e3",
+        Some(PutCondition::IfMatch("e2".into())),
+    )
+    .unwrap();
+    put(&mut st, "p4", "e4", Some(PutCondition::IfMatch("*".into()))).unwrap();
+    assert_eq!(st.objects.object("bkt", "k").unwrap().put_id, "p4");
+}
+
+/// never dropped.
+#[test]
+fn versions_free_their_data_and_packs_drop_only_when_dead() {
+    let mut st = State::default();
+    let shared = |offset| Extent {
+        path: "/p/1".into(),
+        offset,
+        len: 10,
+        shared: true,
+    };
+    let own = Extent {
+        path: "/b/1".into(),
+        offset: 0,
+        len: 10,
+        shared: false,
+    };
+    file(&mut st, "/p/1");
+    file(&mut st, "/p/2");
+    file(&mut st, "/b/1");
+    op(
+        &mut st,
+        ObjectOp::CreateBucket {
+            user: "u".into(),
+            bucket: "bkt".into(),
+            now_ms: 1,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        op(
+            &mut st,
+            ObjectOp::CreateBucket {
+                user: "v".into(),
+                bucket: "bkt".into(),
+                now_ms: 1
+            }
+        ),
+        Err(ObjectError::BucketAlreadyExists)
+    );
+    // Missing data is refused: nothing visible without its bytes.
+    let missing = Extent {
+        path: "/nope".into(),
+        ..own.clone()
+    };
+    assert!(op(&mut st, put("bkt", "k", meta("0", vec![missing]))).is_err());
+    op(&mut st, put("bkt", "k", meta("1", vec![own.clone()]))).unwrap();
+    op(&mut st, put("bkt", "k", meta("1", vec![own.clone()]))).unwrap(); // a retry
+    assert!(
+        st.lookup("/b/1").is_ok(),
+        "a retried PUT freed its own data"
+    );
+    op(&mut st, put("bkt", "k", meta("2", vec![shared(0)]))).unwrap();
+    // The replaced version's file waits in the trash (GETs may still read it).
+    assert!(st.lookup("/b/1").is_ok() && st.objects.trash.contains_key(&"/b/1".to_owned()));
+    let empty = |p: &str| ObjectOp::EmptyTrash {
+        paths: vec![p.into()],
+    };
+    op(&mut st, empty("/p/2")).unwrap();
+    assert!(
+        st.lookup("/p/2").is_ok(),
+        "emptying deleted a file not in the trash"
+    );
+    op(&mut st, empty("/b/1")).unwrap();
+    assert!(st.lookup("/b/1").is_err(), "the trash was not emptied");
+    assert_eq!(
+        *st.objects.packs.get(&"/p/1".to_owned()).unwrap(),
+        PackUse {
+            live_bytes: 10,
+            live_objects: 1
+        }
+    );
+    let drop = |p: &str| ObjectOp::DropPack {
+        path: p.into(),
+        now_ms: 5,
+    };
+    assert!(op(&mut st, drop("/p/1")).is_err(), "a live pack is dropped");
+    // Compaction moves the record; a stale move (wrong version) is refused.
+    let to = Extent {
+        path: "/p/2".into(),
+        ..shared(40)
+    };
+    let mv = |put_id: &str| ObjectOp::MoveExtent {
+        bucket: "bkt".into(),
+        key: "k".into(),
+        put_id: put_id.into(),
+        from: shared(0),
+        to: to.clone(),
+    };
+    assert_eq!(op(&mut st, mv("1")), Err(ObjectError::NoSuchKey));
+    op(&mut st, mv("2")).unwrap();
+    assert_eq!(
+        op(&mut st, mv("2")),
+        Err(ObjectError::NoSuchKey),
+        "moved twice"
+    );
+    assert_eq!(
+        st.objects
+            .packs
+            .get(&"/p/1".to_owned())
+            .unwrap()
+            .live_objects,
+        0
+    );
+    op(&mut st, drop("/p/1")).unwrap();
+    op(&mut st, empty("/p/1")).unwrap();
+    assert!(st.lookup("/p/1").is_err());
+    assert!(op(&mut st, drop("/p/2")).is_err());
+    // Delete: the pack's bytes are dead; the bucket can go once empty.
+    assert_eq!(
+        op(
+            &mut st,
+            ObjectOp::DeleteBucket {
+                user: "u".into(),
+                bucket: "bkt".into()
+            }
+        ),
+        Err(ObjectError::BucketNotEmpty)
+    );
+    op(
+        &mut st,
+        ObjectOp::DeleteObject {
+            user: "u".into(),
+            bucket: "bkt".into(),
+            key: "k".into(),
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        *st.objects.packs.get(&"/p/2".to_owned()).unwrap(),
+        PackUse::default()
+    );
+    op(
+        &mut st,
+        ObjectOp::DeleteBucket {
+            user: "u".into(),
+            bucket: "bkt".into(),
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn successor_skips_every_extension() {
+    assert_eq!(successor("a/"), Bound::Included("a0".into()));
+    assert_eq!(successor("\u{10FFFF}"), Bound::Unbounded);
+    assert_eq!(successor("a\u{D7FF}"), Bound::Included("a\u{E000}".into()));
+}
