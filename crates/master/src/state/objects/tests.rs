@@ -322,8 +322,6 @@ fn put(bucket: &str, key: &str, m: ObjectMeta) -> ObjectOp {
     }
 }
 
-/// Overwrites free the old version (own files deleted, pack bytes counted dead); a retried
-/// PUT changes nothing; compaction's move is conditional; a pack named by an object is
 /// Conditional PUTs: If-None-Match refuses an existing version (`*`) or the named one,
 /// If-Match needs the named version (a missing key is NoSuchKey), and a retry of the PUT
 /// that applied passes although the version it made no longer meets its condition.
@@ -402,6 +400,8 @@ fn conditional_puts_check_the_current_version() {
     assert_eq!(st.objects.object("bkt", "k").unwrap().put_id, "p4");
 }
 
+/// Overwrites free the old version (own files deleted, pack bytes counted dead); a retried
+/// PUT changes nothing; compaction's move is conditional; a pack named by an object is
 /// never dropped.
 #[test]
 fn versions_free_their_data_and_packs_drop_only_when_dead() {
