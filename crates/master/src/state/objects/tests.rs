@@ -196,6 +196,19 @@ fn op(st: &mut State, op: ObjectOp) -> OpResult {
         .unwrap()
 }
 
+/// Bucket `bkt` of user `u`.
+fn create_bucket(st: &mut State) {
+    op(
+        st,
+        ObjectOp::CreateBucket {
+            user: "u".into(),
+            bucket: "bkt".into(),
+            now_ms: 1,
+        },
+    )
+    .unwrap();
+}
+
 fn file(st: &mut State, path: &str) {
     let policy = crate::state::Policy {
         replicas: 3,
@@ -234,15 +247,7 @@ fn meta(put_id: &str, extents: Vec<Extent>) -> ObjectMeta {
 fn a_retried_completion_finds_its_object_by_name() {
     let mut st = State::default();
     let user = || "u".to_owned();
-    op(
-        &mut st,
-        ObjectOp::CreateBucket {
-            user: user(),
-            bucket: "bkt".into(),
-            now_ms: 1,
-        },
-    )
-    .unwrap();
+    create_bucket(&mut st);
     let upload = Upload {
         id: "up1".into(),
         bucket: "bkt".into(),
@@ -328,15 +333,7 @@ fn put(bucket: &str, key: &str, m: ObjectMeta) -> ObjectOp {
 #[test]
 fn conditional_puts_check_the_current_version() {
     let mut st = State::default();
-    op(
-        &mut st,
-        ObjectOp::CreateBucket {
-            user: "u".into(),
-            bucket: "bkt".into(),
-            now_ms: 1,
-        },
-    )
-    .unwrap();
+    create_bucket(&mut st);
     let put = |st: &mut State, id: &str, etag: &str, c: Option<PutCondition>| {
         let mut m = meta(id, Vec::new());
         m.etag = etag.into();
@@ -421,15 +418,7 @@ fn versions_free_their_data_and_packs_drop_only_when_dead() {
     file(&mut st, "/p/1");
     file(&mut st, "/p/2");
     file(&mut st, "/b/1");
-    op(
-        &mut st,
-        ObjectOp::CreateBucket {
-            user: "u".into(),
-            bucket: "bkt".into(),
-            now_ms: 1,
-        },
-    )
-    .unwrap();
+    create_bucket(&mut st);
     assert_eq!(
         op(
             &mut st,
