@@ -54,6 +54,9 @@ pub struct MasterArgs {
     /// master's store: docs/formats/master-state.md); more is faster, less is smaller.
     #[arg(long, env = "CAIRN_STATE_CACHE", value_name = "ENTRIES", default_value_t = cairn_master::kv::DEFAULT_CACHE_ENTRIES)]
     state_cache: usize,
+    /// MiB of the master's database pages kept in memory (redb's page cache).
+    #[arg(long, env = "CAIRN_STORE_CACHE_MIB", default_value_t = 64)]
+    store_cache_mib: usize,
     /// A file holding the cluster secret (hex; `cairn up` makes DATA_DIR/cluster.secret):
     /// servers prove they hold it on every call between them, and every call is refused
     /// without a proof of a server or a user (docs/security.md). Required unless --insecure.
@@ -149,6 +152,7 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
             snapshot_every: a.snapshot_every.max(1),
             log_keep: a.log_keep,
             state_cache: a.state_cache.max(1),
+            store_cache: a.store_cache_mib.max(1) << 20,
             log_flush_gap: Duration::from_micros(a.log_flush_gap_us),
             cluster_secret: cluster_secret(a.cluster_secret_file.as_deref(), a.insecure)?,
             tls_dir: a.tls_dir.clone(),

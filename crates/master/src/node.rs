@@ -3,7 +3,7 @@
 use crate::network::{Network, RaftService};
 use crate::registry::{Registry, RegistryOptions};
 use crate::service::{Inner, MetaService};
-use crate::store::{Raft, StateMachine, open_db};
+use crate::store::{Raft, StateMachine, open_db_with};
 use crate::wal::LogStore;
 use cairn_rpc::pb::{meta_server::MetaServer, raft_server::RaftServer};
 use openraft::{BasicNode, Config, SnapshotPolicy};
@@ -34,6 +34,8 @@ pub struct MasterOptions {
     /// Clean records each table of the state keeps decoded in memory (the state itself is in
     /// the store's tables: docs/formats/master-state.md).
     pub state_cache: usize,
+    /// Bytes of the store's pages (`master.redb`) kept in memory.
+    pub store_cache: usize,
     /// The Raft log starts at most one fsync per this gap: writes arriving within it of the
     /// last fsync share the next one (group commit under load; a lone write is not delayed).
     pub log_flush_gap: Duration,
@@ -80,6 +82,7 @@ impl MasterOptions {
             snapshot_every: 10_000,
             log_keep: 1_000,
             state_cache: crate::kv::DEFAULT_CACHE_ENTRIES,
+            store_cache: crate::store::DEFAULT_STORE_CACHE,
             log_flush_gap: crate::wal::DEFAULT_FLUSH_GAP,
             cluster_secret: None,
             tls_dir: None,
@@ -103,7 +106,7 @@ pub async fn serve(
     }
     std::fs::create_dir_all(&opts.data_dir)?;
     cairn_rpc::private::close_data_dir(&opts.data_dir);
-    let db = open_db(&opts.data_dir.join("master.redb"))?;
+    let db = open_db_with(&opts.data_dir.join("master.redb"), opts.store_cache)?;
     let log = LogStore::open(&opts.data_dir, &db, opts.log_flush_gap)?;
     let log_open = log.open_handle();
     let sm = StateMachine::open(db.clone(), &opts.data_dir, opts.state_cache)?;

@@ -116,9 +116,21 @@ pub(crate) fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> io::E
     io::Error::other(e)
 }
 
-/// Opens (creating) the master's database.
+/// Bytes of database pages redb keeps cached by default (its own default is 1 GiB, which a
+/// master filled with the pages it wrote: measured 1.6 KiB of RSS per S3 object).
+pub const DEFAULT_STORE_CACHE: usize = 64 << 20;
+
+/// Opens (creating) the master's database with the default page cache.
 pub fn open_db(path: &Path) -> io::Result<Arc<Database>> {
-    let db = Database::create(path).map_err(io_err)?;
+    open_db_with(path, DEFAULT_STORE_CACHE)
+}
+
+/// Opens (creating) the master's database, caching up to `cache` bytes of its pages.
+pub fn open_db_with(path: &Path, cache: usize) -> io::Result<Arc<Database>> {
+    let db = Database::builder()
+        .set_cache_size(cache)
+        .create(path)
+        .map_err(io_err)?;
     let tx = db.begin_write().map_err(io_err)?;
     tx.open_table(SNAPSHOT).map_err(io_err)?;
     tx.open_table(APPLIED).map_err(io_err)?;
