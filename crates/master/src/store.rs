@@ -91,6 +91,23 @@ pub fn snapshot_name(meta: &SnapshotMetaOf<TypeConfig>) -> String {
     format!("{id}.snap")
 }
 
+/// Names the snapshot with `meta` current (its file: [`snapshot_name`]) and drops the JSON
+/// snapshot of older masters.
+fn put_current(
+    t: &mut redb::Table<&str, &[u8]>,
+    meta: &SnapshotMetaOf<TypeConfig>,
+) -> io::Result<()> {
+    let current = Current {
+        meta: meta.clone(),
+        file: snapshot_name(meta),
+    };
+    let bytes = serde_json::to_vec(&current).map_err(io_err)?;
+    t.insert("current", bytes.as_slice()).map_err(io_err)?;
+    t.remove("meta").map_err(io_err)?;
+    t.remove("data").map_err(io_err)?;
+    Ok(())
+}
+
 fn put_position(tx: &redb::WriteTransaction, p: &Position) -> Result<(), redb::Error> {
     let bytes = serde_json::to_vec(p).map_err(|e| redb::Error::Corrupted(e.to_string()))?;
     tx.open_table(APPLIED)?.insert("last", bytes.as_slice())?;
@@ -268,8 +285,7 @@ impl StateMachine {
         meta: &SnapshotMetaOf<TypeConfig>,
         rx: &redb::ReadTransaction,
     ) -> io::Result<PathBuf> {
-        let name = snapshot_name(meta);
-        let path = self.dir.join(&name);
+        let path = self.dir.join(snapshot_name(meta));
         let header = serde_json::to_vec(meta).map_err(io_err)?;
         let rows = snapshot::write(&path, &header, rx, crate::state::disk::TABLES)?;
         let mut tx = self.db.begin_write().map_err(io_err)?;
@@ -292,14 +308,7 @@ impl StateMachine {
                 std::fs::remove_file(&path)?;
                 return Ok(path);
             }
-            let current = Current {
-                meta: meta.clone(),
-                file: name,
-            };
-            let bytes = serde_json::to_vec(&current).map_err(io_err)?;
-            t.insert("current", bytes.as_slice()).map_err(io_err)?;
-            t.remove("meta").map_err(io_err)?;
-            t.remove("data").map_err(io_err)?;
+            put_current(&mut t, meta)?;
         }
         tx.commit().map_err(io_err)?;
         tracing::info!(rows, file = %path.display(), "snapshot written");
@@ -330,15 +339,7 @@ impl StateMachine {
         let mut tx = self.db.begin_write().map_err(io_err)?;
         tx.set_durability(Durability::Immediate).map_err(io_err)?;
         {
-            let current = Current {
-                meta: meta.clone(),
-                file: snapshot_name(meta),
-            };
-            let bytes = serde_json::to_vec(&current).map_err(io_err)?;
-            let mut t = tx.open_table(SNAPSHOT).map_err(io_err)?;
-            t.insert("current", bytes.as_slice()).map_err(io_err)?;
-            t.remove("meta").map_err(io_err)?;
-            t.remove("data").map_err(io_err)?;
+            put_current(&mut tx.open_table(SNAPSHOT).map_err(io_err)?, meta)?;
             tx.open_table(APPLIED)
                 .map_err(io_err)?
                 .remove("last")
