@@ -47,13 +47,14 @@ pub struct MasterArgs {
     #[arg(long, default_value_t = 10_000)]
     snapshot_every: u64,
     /// Raft log entries kept below a snapshot: a master further behind than this is sent the
-    /// snapshot (a file of the state's tables) instead of the entries.
+    /// snapshot (the state's tables, streamed) instead of the entries.
     #[arg(long, default_value_t = 1_000)]
     log_keep: u64,
-    /// Records each table of the state keeps decoded in memory (the state itself is in the
-    /// master's store: docs/formats/master-state.md); more is faster, less is smaller.
-    #[arg(long, env = "CAIRN_STATE_CACHE", value_name = "ENTRIES", default_value_t = cairn_master::kv::DEFAULT_CACHE_ENTRIES)]
-    state_cache: usize,
+    /// MiB of decoded records each table of the state keeps in memory, estimated (the state
+    /// itself is in the master's store: docs/formats/master-state.md); more is faster, less is
+    /// smaller.
+    #[arg(long, env = "CAIRN_STATE_CACHE_MIB", default_value_t = cairn_master::kv::DEFAULT_CACHE_BYTES >> 20)]
+    state_cache_mib: usize,
     /// MiB of the master's database pages kept in memory (redb's page cache).
     #[arg(long, env = "CAIRN_STORE_CACHE_MIB", default_value_t = 64)]
     store_cache_mib: usize,
@@ -151,7 +152,7 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
             },
             snapshot_every: a.snapshot_every.max(1),
             log_keep: a.log_keep,
-            state_cache: a.state_cache.max(1),
+            state_cache: a.state_cache_mib << 20,
             store_cache: a.store_cache_mib.max(1) << 20,
             log_flush_gap: Duration::from_micros(a.log_flush_gap_us),
             cluster_secret: cluster_secret(a.cluster_secret_file.as_deref(), a.insecure)?,

@@ -2,6 +2,7 @@
 //! namespace, the stream meta (file → chunks) and the chunkserver registry.
 
 mod audit;
+pub mod bench;
 pub mod caps;
 pub mod confine;
 pub mod conversion;

@@ -1,9 +1,10 @@
 //! Raft between masters: openraft's messages as JSON inside one gRPC call (`Raft.Call`);
-//! snapshots as their file, in chunks of [`CHUNK`] bytes (each a call whose body is a
-//! little-endian `u32` length, the JSON of a [`ChunkHeader`], then the chunk's bytes), which
-//! the receiver appends to a file of its own and installs after the last one.
+//! snapshots as the bytes of a snapshot file (docs/formats/master-state.md), written from the
+//! leader's tables as they are sent, in chunks of [`CHUNK`] bytes (each a call whose body is
+//! a little-endian `u32` length, the JSON of a [`ChunkHeader`], then the chunk's bytes),
+//! which the receiver appends to a file of its own and installs after the last one.
 
-use crate::store::{Raft, SnapshotFile, TypeConfig};
+use crate::store::{Raft, SnapshotData, SnapshotFile, TypeConfig};
 use cairn_rpc::pb::{self, raft_client::RaftClient};
 use openraft::BasicNode;
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
@@ -15,7 +16,6 @@ use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf, VoteOf};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tonic::transport::Channel;
@@ -153,7 +153,7 @@ pub fn parse_chunk(body: &[u8]) -> Result<(ChunkHeader, &[u8]), String> {
 }
 
 impl RaftNetworkV2<TypeConfig> for Peer {
-    type SnapshotData = SnapshotFile;
+    type SnapshotData = SnapshotData;
 
     async fn append_entries(
         &mut self,
@@ -174,31 +174,38 @@ impl RaftNetworkV2<TypeConfig> for Peer {
     async fn full_snapshot(
         &mut self,
         vote: VoteOf<TypeConfig>,
-        snapshot: SnapshotOf<TypeConfig, SnapshotFile>,
+        snapshot: SnapshotOf<TypeConfig, SnapshotData>,
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let file = Arc::new(snapshot.snapshot.file);
         let storage = |e: io::Error| StreamingError::Unreachable(unreachable(e));
-        let len = file.metadata().map_err(storage)?.len();
+        // The bytes come from a blocking thread (the tables' rows, or a file), a chunk at a
+        // time; one is held back until the next shows whether it is the last.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(2);
+        let meta = snapshot.meta.clone();
+        let producer = tokio::task::spawn_blocking(move || produce(snapshot.snapshot, &meta, tx));
         let ttl = option.hard_ttl();
         tokio::pin!(cancel);
+        let mut producer = producer;
         let mut offset = 0u64;
+        let mut held = rx.recv().await;
         loop {
-            let n = (len - offset).min(CHUNK as u64) as usize;
-            let f = file.clone();
-            let data = tokio::task::spawn_blocking(move || {
-                let mut buf = vec![0u8; n];
-                f.read_exact_at(&mut buf, offset).map(|_| buf)
-            })
-            .await
-            .map_err(|e| storage(io::Error::other(e)))?
-            .map_err(storage)?;
+            let Some(data) = held.take() else {
+                return Err(storage(finished(&mut producer).await.err().unwrap_or_else(
+                    || io::Error::other("snapshot ended without bytes"),
+                )));
+            };
+            held = rx.recv().await;
+            let last = held.is_none();
+            if last {
+                // The producer is done: its last bytes are whole only if it finished well.
+                finished(&mut producer).await.map_err(storage)?;
+            }
             let header = ChunkHeader {
                 vote,
                 meta: snapshot.meta.clone(),
                 offset,
-                last: offset + n as u64 == len,
+                last,
             };
             let body = chunk_body(&header, &data).map_err(|e| storage(io::Error::other(e)))?;
             let sent = tokio::select! {
@@ -209,13 +216,76 @@ impl RaftNetworkV2<TypeConfig> for Peer {
                 RPCError::Unreachable(u) => StreamingError::Unreachable(u),
                 other => StreamingError::Unreachable(unreachable(other)),
             })?;
-            if header.last {
+            if last {
+                metrics::counter!("cairn_master_snapshots_total", "how" => "sent").increment(1);
                 return reply.ok_or_else(|| {
                     StreamingError::Unreachable(unreachable("no answer to a snapshot's last chunk"))
                 });
             }
-            offset += n as u64;
+            offset += data.len() as u64;
         }
+    }
+}
+
+/// The result of a snapshot's producer thread.
+async fn finished(p: &mut tokio::task::JoinHandle<io::Result<()>>) -> io::Result<()> {
+    p.await.map_err(io::Error::other)?
+}
+
+/// Sends the bytes of a snapshot file in chunks of [`CHUNK`]: written from the tables as a
+/// read transaction sees them, or read from a file.
+fn produce(
+    data: SnapshotData,
+    meta: &SnapshotMetaOf<TypeConfig>,
+    tx: tokio::sync::mpsc::Sender<Vec<u8>>,
+) -> io::Result<()> {
+    let mut sink = Chunks {
+        tx,
+        buf: Vec::with_capacity(CHUNK),
+    };
+    match data {
+        SnapshotData::Tables(rx) => {
+            let header = serde_json::to_vec(meta).map_err(io::Error::other)?;
+            crate::snapshot::write_to(&mut sink, &header, &rx, crate::state::disk::TABLES)?;
+        }
+        SnapshotData::File(f) => {
+            io::copy(&mut io::BufReader::with_capacity(CHUNK, f.file), &mut sink)?;
+            sink.flush()?;
+        }
+    }
+    Ok(())
+}
+
+/// A writer that sends every [`CHUNK`] bytes down a channel (and the rest at `flush`).
+struct Chunks {
+    tx: tokio::sync::mpsc::Sender<Vec<u8>>,
+    buf: Vec<u8>,
+}
+
+impl Chunks {
+    fn send(&mut self) -> io::Result<()> {
+        let full = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK));
+        self.tx
+            .blocking_send(full)
+            .map_err(|_| io::Error::other("snapshot transfer cancelled"))
+    }
+}
+
+impl Write for Chunks {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let n = bytes.len().min(CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&bytes[..n]);
+        if self.buf.len() == CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.send()?;
+        }
+        Ok(())
     }
 }
 
@@ -337,9 +407,9 @@ impl pb::raft_server::Raft for RaftService {
                     Ok(None) => answer::<Option<()>, String>(Ok(None))?,
                     Ok(Some(file)) => {
                         let path = file.path.clone();
-                        let snap = SnapshotOf::<TypeConfig, SnapshotFile> {
+                        let snap = SnapshotOf::<TypeConfig, SnapshotData> {
                             meta: header.meta,
-                            snapshot: file,
+                            snapshot: SnapshotData::File(file),
                         };
                         let r = self.raft.install_full_snapshot(header.vote, snap).await;
                         // Installed: moved into the snapshots; refused: not wanted.

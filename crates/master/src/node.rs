@@ -31,8 +31,8 @@ pub struct MasterOptions {
     pub snapshot_every: u64,
     /// Log entries kept below a snapshot: a follower further behind receives the snapshot.
     pub log_keep: u64,
-    /// Clean records each table of the state keeps decoded in memory (the state itself is in
-    /// the store's tables: docs/formats/master-state.md).
+    /// Bytes of clean records each table of the state keeps decoded in memory, estimated
+    /// (the state itself is in the store's tables: docs/formats/master-state.md).
     pub state_cache: usize,
     /// Bytes of the store's pages (`master.redb`) kept in memory.
     pub store_cache: usize,
@@ -81,7 +81,7 @@ impl MasterOptions {
             registry: RegistryOptions::default(),
             snapshot_every: 10_000,
             log_keep: 1_000,
-            state_cache: crate::kv::DEFAULT_CACHE_ENTRIES,
+            state_cache: crate::kv::DEFAULT_CACHE_BYTES,
             store_cache: crate::store::DEFAULT_STORE_CACHE,
             log_flush_gap: crate::wal::DEFAULT_FLUSH_GAP,
             cluster_secret: None,

@@ -160,6 +160,7 @@ impl MetaService {
         gauge!("cairn_master_chunks").set(chunks as f64);
         for t in a.state.table_reports() {
             gauge!("cairn_master_state_rows", "table" => t.name).set(t.rows as f64);
+            gauge!("cairn_master_state_cache_bytes", "table" => t.name).set(t.cached_bytes as f64);
             metrics::counter!("cairn_master_state_cache_hits_total", "table" => t.name)
                 .absolute(t.hits);
             metrics::counter!("cairn_master_state_cache_misses_total", "table" => t.name)

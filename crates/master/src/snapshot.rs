@@ -3,8 +3,10 @@
 //!
 //! A snapshot is written from one redb read transaction (a consistent view of the tables at
 //! the last applied batch), row by row, without decoding a record or holding the state: its
-//! memory is a write buffer. Installing one checks the whole file first ([`verify`]), then
-//! streams its rows into the tables ([`load`]). Files live in `<data>/snapshots/`.
+//! memory is a write buffer. The leader writes one only into the chunks it sends a master
+//! that needs it ([`write_to`]); that master keeps it as a file while installing it: checks
+//! the whole file first ([`verify`]), then streams its rows into the tables ([`load`]).
+//! Files live in `<data>/snapshots/`.
 
 use crate::kv::{self, TableDef};
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
@@ -101,10 +103,24 @@ pub fn write(
 ) -> Result<u64, SnapshotError> {
     let tmp = path.with_extension("tmp");
     let file = File::create(&tmp)?;
-    let mut w = Summing {
-        inner: BufWriter::with_capacity(1 << 20, file),
-        crc: 0,
-    };
+    let (rows, w) = write_to(BufWriter::with_capacity(1 << 20, file), meta, rx, tables)?;
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    sync_dir(path)?;
+    Ok(rows)
+}
+
+/// Writes the snapshot of `tables` as `rx` sees them, with `meta` (JSON) in its header, into
+/// `w` (a file, or the chunks sent to a master that needs it); returns the rows written and
+/// `w`.
+pub fn write_to<W: Write>(
+    w: W,
+    meta: &[u8],
+    rx: &ReadTransaction,
+    tables: &[TableDef],
+) -> Result<(u64, W), SnapshotError> {
+    let mut w = Summing { inner: w, crc: 0 };
     w.put(MAGIC)?;
     w.put(&[FORMAT])?;
     w.put(&(meta.len() as u32).to_le_bytes())?;
@@ -133,11 +149,8 @@ pub fn write(
     w.put(&rows.to_le_bytes())?;
     let crc = w.crc;
     w.inner.write_all(&crc.to_le_bytes())?;
-    let file = w.inner.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    sync_dir(path)?;
-    Ok(rows)
+    w.inner.flush()?;
+    Ok((rows, w.inner))
 }
 
 /// Syncs the directory holding `path` (a rename in it is durable after this).

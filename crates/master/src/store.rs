@@ -8,18 +8,26 @@
 //! its last durable commit and the log after it is applied again. Restart opens the tables
 //! and replays only that log: its time does not grow with the state.
 //!
-//! A snapshot is a file of the tables' rows ([`crate::snapshot`]), written from one read
-//! transaction after a durable commit (so the state on disk is never behind a snapshot whose
-//! log openraft purges); table `snapshot` names the current one (`current` → JSON of its
-//! meta and file name). Installing a snapshot (received from the leader) checks the whole
+//! A snapshot is the tables themselves. Building one (openraft asks every
+//! `--snapshot-every` entries, before it purges the log below) is a durable commit of the
+//! state; table `snapshot` records its meta (`current` → JSON of [`Current`]). Nothing is
+//! copied: the data directory holds the state once. Only when a master needs the state (it
+//! is new, or so far behind that its log is gone) does the leader stream the tables' rows
+//! from one read transaction into the chunks it sends ([`crate::snapshot`],
+//! [`SnapshotData::Tables`]); openraft takes that snapshot's meta from what it sends, which
+//! is the state at the moment it was asked for.
+//!
+//! The receiving master keeps the rows as a file while it installs them: it checks the whole
 //! file, names it current and drops the applied position in one durable transaction, streams
-//! its rows into the tables and writes the position last: a crash in between leaves no
-//! position, so the next start begins from an empty state and openraft installs the current
-//! snapshot again.
+//! the rows into the tables and writes the position (and forgets the file) in the last: a
+//! crash in between leaves no position, so the next start begins from an empty state and
+//! openraft installs the named file again. The file is deleted once installed.
 //!
 //! Masters that kept their state in memory wrote it into `snapshot` as JSON (`meta`, `data`);
 //! the first start moves it into the tables in one transaction (a crash before it commits
-//! leaves the JSON to read again), then writes the first snapshot file and drops the JSON.
+//! leaves the JSON to read again), then records that state as the current snapshot and drops
+//! the JSON. Masters that wrote snapshot files of every build (before the tables were the
+//! snapshot) keep none: the first start forgets the file.
 
 use crate::kv::Store;
 use crate::snapshot;
@@ -56,11 +64,13 @@ const APPLIED: TableDefinition<&str, &[u8]> = TableDefinition::new("applied");
 
 type Position = (Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>);
 
-/// The current snapshot: its meta and its file in the snapshot directory.
+/// The current snapshot: its meta, and while it is being installed, its file in the snapshot
+/// directory (none when the tables hold it).
 #[derive(Serialize, Deserialize)]
 struct Current {
     meta: SnapshotMetaOf<TypeConfig>,
-    file: String,
+    #[serde(default)]
+    file: Option<String>,
 }
 
 /// A snapshot's file, open (its bytes stay readable while a newer snapshot replaces it).
@@ -68,6 +78,22 @@ struct Current {
 pub struct SnapshotFile {
     pub path: PathBuf,
     pub file: File,
+}
+
+/// A snapshot's rows: the tables as a read transaction sees them (what the leader sends), or
+/// a file (received, or being installed).
+pub enum SnapshotData {
+    Tables(Arc<redb::ReadTransaction>),
+    File(SnapshotFile),
+}
+
+impl Debug for SnapshotData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tables(_) => f.write_str("SnapshotData::Tables"),
+            Self::File(file) => write!(f, "SnapshotData::File({})", file.path.display()),
+        }
+    }
 }
 
 impl SnapshotFile {
@@ -91,15 +117,16 @@ pub fn snapshot_name(meta: &SnapshotMetaOf<TypeConfig>) -> String {
     format!("{id}.snap")
 }
 
-/// Names the snapshot with `meta` current (its file: [`snapshot_name`]) and drops the JSON
-/// snapshot of older masters.
+/// Names the snapshot with `meta` current (with `file` while it is being installed: its
+/// [`snapshot_name`]) and drops the JSON snapshot of older masters.
 fn put_current(
     t: &mut redb::Table<&str, &[u8]>,
     meta: &SnapshotMetaOf<TypeConfig>,
+    file: bool,
 ) -> io::Result<()> {
     let current = Current {
         meta: meta.clone(),
-        file: snapshot_name(meta),
+        file: file.then(|| snapshot_name(meta)),
     };
     let bytes = serde_json::to_vec(&current).map_err(io_err)?;
     t.insert("current", bytes.as_slice()).map_err(io_err)?;
@@ -119,7 +146,11 @@ fn position(a: &Applied) -> Position {
 }
 
 /// Commits a batch's changes: without fsync (the log holds them durably), or durably.
-fn commit_batch(store: &Store, a: &mut Applied, durability: Durability) -> io::Result<()> {
+pub(crate) fn commit_batch(
+    store: &Store,
+    a: &mut Applied,
+    durability: Durability,
+) -> io::Result<()> {
     let mut tx = store.db().begin_write().map_err(io_err)?;
     tx.set_durability(durability).map_err(io_err)?;
     a.state.flush(&tx).map_err(io_err)?;
@@ -190,7 +221,7 @@ pub struct Applied {
 #[derive(Clone)]
 pub struct StateMachine {
     db: Arc<Database>,
-    store: Arc<Store>,
+    pub(crate) store: Arc<Store>,
     /// Clean records each table keeps decoded.
     cache: usize,
     /// Where snapshot files are.
@@ -251,12 +282,19 @@ impl StateMachine {
                 state,
             })),
         };
-        if get_json::<serde_json::Value>(&sm.db, SNAPSHOT, "data")?.is_some() {
-            // The JSON snapshot's state is in the tables: a file replaces it.
-            let (meta, rx) = sm.checkpoint()?;
-            sm.write_snapshot(&meta, &rx)?;
+        let current = get_json::<Current>(&sm.db, SNAPSHOT, "current")?;
+        let json = get_json::<serde_json::Value>(&sm.db, SNAPSHOT, "data")?.is_some();
+        let installing =
+            last_applied.is_none() && current.as_ref().is_some_and(|c| c.file.is_some());
+        if json || (!installing && current.as_ref().is_some_and(|c| c.file.is_some())) {
+            // The JSON snapshot's state is in the tables, or the file is an older master's
+            // copy of them: the tables become the snapshot.
+            let (meta, _rx) = sm.checkpoint()?;
+            sm.record_built(&meta)?;
         }
-        let keep = get_json::<Current>(&sm.db, SNAPSHOT, "current")?.map(|c| sm.dir.join(c.file));
+        let keep = get_json::<Current>(&sm.db, SNAPSHOT, "current")?
+            .and_then(|c| c.file)
+            .map(|f| sm.dir.join(f));
         snapshot::remove_others(&sm.dir, keep.as_deref())?;
         Ok(sm)
     }
@@ -278,16 +316,9 @@ impl StateMachine {
         Ok((meta, rx))
     }
 
-    /// Writes the snapshot file of what `rx` sees and makes it current (unless a newer one
-    /// is: an installed snapshot may overtake a build); drops JSON snapshots and older files.
-    fn write_snapshot(
-        &self,
-        meta: &SnapshotMetaOf<TypeConfig>,
-        rx: &redb::ReadTransaction,
-    ) -> io::Result<PathBuf> {
-        let path = self.dir.join(snapshot_name(meta));
-        let header = serde_json::to_vec(meta).map_err(io_err)?;
-        let rows = snapshot::write(&path, &header, rx, crate::state::disk::TABLES)?;
+    /// Records the durably committed state at `meta` as the current snapshot (unless a newer
+    /// one is: an installed snapshot may overtake a build).
+    fn record_built(&self, meta: &SnapshotMetaOf<TypeConfig>) -> io::Result<()> {
         let mut tx = self.db.begin_write().map_err(io_err)?;
         tx.set_durability(Durability::Immediate).map_err(io_err)?;
         {
@@ -305,16 +336,14 @@ impl StateMachine {
             if newer {
                 drop(t);
                 tx.abort().map_err(io_err)?;
-                std::fs::remove_file(&path)?;
-                return Ok(path);
+                return Ok(());
             }
-            put_current(&mut t, meta)?;
+            put_current(&mut t, meta, false)?;
         }
         tx.commit().map_err(io_err)?;
-        tracing::info!(rows, file = %path.display(), "snapshot written");
+        tracing::debug!(last = ?meta.last_log_id, "snapshot built: the tables, committed durably");
         metrics::counter!("cairn_master_snapshots_total", "how" => "built").increment(1);
-        snapshot::remove_others(&self.dir, Some(&path))?;
-        Ok(path)
+        Ok(())
     }
 
     /// Replaces the state with the snapshot in `file` (checked whole first).
@@ -339,7 +368,7 @@ impl StateMachine {
         let mut tx = self.db.begin_write().map_err(io_err)?;
         tx.set_durability(Durability::Immediate).map_err(io_err)?;
         {
-            put_current(&mut tx.open_table(SNAPSHOT).map_err(io_err)?, meta)?;
+            put_current(&mut tx.open_table(SNAPSHOT).map_err(io_err)?, meta, true)?;
             tx.open_table(APPLIED)
                 .map_err(io_err)?
                 .remove("last")
@@ -351,7 +380,11 @@ impl StateMachine {
             &path,
             crate::state::disk::TABLES,
             || Ok(self.db.begin_write()?),
-            |tx| put_position(tx, &position),
+            |tx| {
+                put_position(tx, &position)?;
+                let mut t = tx.open_table(SNAPSHOT)?;
+                put_current(&mut t, meta, false).map_err(|e| redb::Error::Corrupted(e.to_string()))
+            },
         )?;
         tracing::info!(rows, file = %path.display(), "snapshot installed");
         metrics::counter!("cairn_master_snapshots_total", "how" => "installed").increment(1);
@@ -360,17 +393,16 @@ impl StateMachine {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
-    type SnapshotData = SnapshotFile;
+    type SnapshotData = SnapshotData;
 
-    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, SnapshotFile>, io::Error> {
-        let (meta, rx) = self.checkpoint()?;
+    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, SnapshotData>, io::Error> {
         let sm = self.clone();
         blocking(move || {
-            let path = sm.write_snapshot(&meta, &rx)?;
-            drop(rx);
-            Ok(SnapshotOf::<TypeConfig, SnapshotFile> {
+            let (meta, rx) = sm.checkpoint()?;
+            sm.record_built(&meta)?;
+            Ok(SnapshotOf::<TypeConfig, SnapshotData> {
                 meta,
-                snapshot: SnapshotFile::open(path)?,
+                snapshot: SnapshotData::Tables(Arc::new(rx)),
             })
         })
         .await
@@ -378,7 +410,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotData = SnapshotFile;
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = Self;
 
     async fn applied_state(
@@ -422,15 +454,26 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMetaOf<TypeConfig>,
-        snapshot: SnapshotFile,
+        snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
         let (sm, meta) = (self.clone(), meta.clone());
-        let path = blocking(move || {
+        blocking(move || {
+            let file = match snapshot {
+                SnapshotData::File(f) => f.path,
+                SnapshotData::Tables(rx) => {
+                    // Another state machine's tables (openraft's storage suite does this).
+                    let path = incoming_dir(sm.dir.parent().unwrap_or(Path::new(".")))
+                        .join(format!("{}.part", snapshot_name(&meta)));
+                    let header = serde_json::to_vec(&meta).map_err(io_err)?;
+                    snapshot::write(&path, &header, &rx, crate::state::disk::TABLES)?;
+                    path
+                }
+            };
             // Held throughout: a snapshot build must not commit the old state's position
             // between the install's transactions (reads wait too). An error leaves no
             // position: openraft stops this master, and its restart installs the snapshot.
             let mut inner = sm.inner.lock();
-            let path = sm.install(&meta, &snapshot.path)?;
+            sm.install(&meta, &file)?;
             sm.store.committed();
             let state = State::open(&sm.store, sm.cache)
                 .map_err(io_err)?
@@ -440,23 +483,37 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 membership: meta.last_membership.clone(),
                 state,
             };
-            Ok(path)
+            drop(inner);
+            // Installed: the tables hold it.
+            snapshot::remove_others(&sm.dir, None)
         })
-        .await?;
-        snapshot::remove_others(&self.dir, Some(&path))?;
-        Ok(())
+        .await
     }
 
+    /// The snapshot being installed (a restart finishes it), or else the tables as they are
+    /// now, committed durably (a snapshot at least as new as the last one built); none before
+    /// the first build or install.
     async fn get_current_snapshot(
         &mut self,
-    ) -> Result<Option<SnapshotOf<TypeConfig, SnapshotFile>>, io::Error> {
-        let Some(current) = get_json::<Current>(&self.db, SNAPSHOT, "current")? else {
-            return Ok(None);
-        };
-        Ok(Some(SnapshotOf::<TypeConfig, SnapshotFile> {
-            meta: current.meta,
-            snapshot: SnapshotFile::open(self.dir.join(current.file))?,
-        }))
+    ) -> Result<Option<SnapshotOf<TypeConfig, SnapshotData>>, io::Error> {
+        let sm = self.clone();
+        blocking(move || {
+            let Some(current) = get_json::<Current>(&sm.db, SNAPSHOT, "current")? else {
+                return Ok(None);
+            };
+            if let Some(file) = current.file {
+                return Ok(Some(SnapshotOf::<TypeConfig, SnapshotData> {
+                    meta: current.meta,
+                    snapshot: SnapshotData::File(SnapshotFile::open(sm.dir.join(file))?),
+                }));
+            }
+            let (meta, rx) = sm.checkpoint()?;
+            Ok(Some(SnapshotOf::<TypeConfig, SnapshotData> {
+                meta,
+                snapshot: SnapshotData::Tables(Arc::new(rx)),
+            }))
+        })
+        .await
     }
 }
 
@@ -483,6 +540,117 @@ mod tests {
         sm.inner.lock().state.list("/").unwrap().len()
     }
 
+    /// The snapshot's rows as a file at `path` (what a master receiving it writes).
+    async fn snapshot_file(sm: &mut StateMachine, path: &Path) -> SnapshotMetaOf<TypeConfig> {
+        let snap = sm.get_current_snapshot().await.unwrap().expect("current");
+        let SnapshotData::Tables(rx) = snap.snapshot else {
+            panic!("a built snapshot is the tables")
+        };
+        let header = serde_json::to_vec(&snap.meta).unwrap();
+        snapshot::write(path, &header, &rx, crate::state::disk::TABLES).unwrap();
+        snap.meta
+    }
+
+    /// Building a snapshot copies nothing: the tables are committed durably and named the
+    /// current snapshot; asking for it then gives the tables as they are at that moment.
+    #[tokio::test]
+    async fn a_snapshot_is_the_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("master.redb");
+        let mut sm = StateMachine::open(open_db(&path).unwrap(), dir.path(), 4).unwrap();
+        assert!(
+            sm.get_current_snapshot().await.unwrap().is_none(),
+            "none before a build"
+        );
+        for i in 1..=30 {
+            mkdir(&sm, i);
+        }
+        let built = sm.build_snapshot().await.unwrap();
+        assert_eq!(built.meta.last_log_id.unwrap().index, 30);
+        assert_eq!(
+            std::fs::read_dir(snapshot_dir(dir.path())).unwrap().count(),
+            0
+        );
+        for i in 31..=40 {
+            mkdir(&sm, i);
+        }
+        let now = sm.get_current_snapshot().await.unwrap().expect("current");
+        assert_eq!(
+            now.meta.last_log_id.unwrap().index,
+            40,
+            "the state when asked"
+        );
+        // What a far-behind master receives and installs holds all 40.
+        let dir2 = tempfile::tempdir().unwrap();
+        let mut sm2 = StateMachine::open(
+            open_db(&dir2.path().join("master.redb")).unwrap(),
+            dir2.path(),
+            4,
+        )
+        .unwrap();
+        sm2.install_snapshot(&now.meta, now.snapshot).await.unwrap();
+        assert_eq!(dirs(&sm2), 40);
+        assert_eq!(
+            std::fs::read_dir(snapshot_dir(dir2.path()))
+                .unwrap()
+                .count(),
+            0
+        );
+        assert_eq!(
+            std::fs::read_dir(incoming_dir(dir2.path()))
+                .unwrap()
+                .count(),
+            0
+        );
+        // Both are current at 40 after a restart.
+        drop(sm2);
+        let mut sm2 = StateMachine::open(
+            open_db(&dir2.path().join("master.redb")).unwrap(),
+            dir2.path(),
+            4,
+        )
+        .unwrap();
+        assert_eq!(sm2.applied_state().await.unwrap().0.unwrap().index, 40);
+        let cur = sm2.get_current_snapshot().await.unwrap().expect("current");
+        assert!(matches!(cur.snapshot, SnapshotData::Tables(_)));
+    }
+
+    /// A master that wrote a file of every snapshot it built (session 36's masters) keeps
+    /// none after its first start: the tables are named the current snapshot.
+    #[tokio::test]
+    async fn an_older_masters_snapshot_file_is_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("master.redb");
+        let mut sm = StateMachine::open(open_db(&path).unwrap(), dir.path(), 4).unwrap();
+        for i in 1..=20 {
+            mkdir(&sm, i);
+        }
+        sm.build_snapshot().await.unwrap();
+        let meta = snapshot_file(&mut sm, &dir.path().join("old.snap")).await;
+        let name = snapshot_name(&meta);
+        std::fs::rename(
+            dir.path().join("old.snap"),
+            snapshot_dir(dir.path()).join(&name),
+        )
+        .unwrap();
+        {
+            let tx = sm.db.begin_write().unwrap();
+            put_current(&mut tx.open_table(SNAPSHOT).unwrap(), &meta, true).unwrap();
+            tx.commit().unwrap();
+        }
+        let db = sm.db.clone();
+        drop(sm);
+        let mut sm = StateMachine::open(db, dir.path(), 4).unwrap();
+        assert_eq!(
+            std::fs::read_dir(snapshot_dir(dir.path())).unwrap().count(),
+            0
+        );
+        assert_eq!(dirs(&sm), 20);
+        let cur = sm.get_current_snapshot().await.unwrap().expect("current");
+        assert!(matches!(cur.snapshot, SnapshotData::Tables(_)));
+        assert_eq!(cur.meta.last_log_id.unwrap().index, 20);
+    }
+
     /// A master stopped at any point of installing a snapshot (after naming it current and
     /// dropping the position; rows half loaded) starts from an empty state, and openraft's
     /// start-up installs the current snapshot again: the state is whole.
@@ -494,13 +662,20 @@ mod tests {
         for i in 1..=300 {
             mkdir(&sm, i);
         }
-        let snap = sm.build_snapshot().await.unwrap();
-        assert_eq!(snap.meta.last_log_id.unwrap().index, 300);
-        // An install interrupted: position gone, half the inodes gone.
+        sm.build_snapshot().await.unwrap();
+        // An install interrupted: its file named current, position gone, half the inodes gone.
+        let meta = snapshot_file(&mut sm, &dir.path().join("received.snap")).await;
+        assert_eq!(meta.last_log_id.unwrap().index, 300);
+        std::fs::rename(
+            dir.path().join("received.snap"),
+            snapshot_dir(dir.path()).join(snapshot_name(&meta)),
+        )
+        .unwrap();
         let db = sm.db.clone();
         drop(sm);
         {
             let tx = db.begin_write().unwrap();
+            put_current(&mut tx.open_table(SNAPSHOT).unwrap(), &meta, true).unwrap();
             tx.open_table(APPLIED).unwrap().remove("last").unwrap();
             let mut t = tx
                 .open_table(TableDefinition::<&[u8], &[u8]>::new("inodes"))
@@ -514,15 +689,16 @@ mod tests {
         assert_eq!(dirs(&sm), 0, "an empty state, not the half-loaded one");
         // What openraft does at start with a snapshot newer than the state:
         let current = sm.get_current_snapshot().await.unwrap().expect("current");
+        assert!(matches!(current.snapshot, SnapshotData::File(_)));
         sm.install_snapshot(&current.meta, current.snapshot)
             .await
             .unwrap();
         assert_eq!(dirs(&sm), 300);
         assert_eq!(sm.applied_state().await.unwrap().0.unwrap().index, 300);
-        // The file installed in place is still the current one, alone in its directory.
+        // Installed: the tables hold it, the file is gone.
         assert_eq!(
             std::fs::read_dir(snapshot_dir(dir.path())).unwrap().count(),
-            1
+            0
         );
     }
 
@@ -539,23 +715,23 @@ mod tests {
         for i in 1..=50 {
             mkdir(&sm, i);
         }
-        let snap = sm.build_snapshot().await.unwrap();
+        sm.build_snapshot().await.unwrap();
+        let good = dir.path().join("good.snap");
+        let meta = snapshot_file(&mut sm, &good).await;
         for i in 51..=60 {
             mkdir(&sm, i);
         }
-        let mut bytes = std::fs::read(&snap.snapshot.path).unwrap();
+        let mut bytes = std::fs::read(&good).unwrap();
         let n = bytes.len();
         bytes[n / 2] ^= 1;
         let bad = incoming_dir(dir.path()).join("bad.part");
         std::fs::write(&bad, &bytes).unwrap();
         let e = sm
-            .install_snapshot(&snap.meta, SnapshotFile::open(bad).unwrap())
+            .install_snapshot(&meta, SnapshotData::File(SnapshotFile::open(bad).unwrap()))
             .await
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
         assert_eq!(dirs(&sm), 60);
-        // The current snapshot (same log id, same file name) is still whole.
-        let current = sm.get_current_snapshot().await.unwrap().expect("current");
-        snapshot::verify(&current.snapshot.path, crate::state::disk::TABLES).unwrap();
+        assert_eq!(sm.applied_state().await.unwrap().0.unwrap().index, 60);
     }
 }

@@ -335,8 +335,8 @@ fn files_on_disk(dir: &std::path::Path) -> usize {
 /// A master whose state was in memory, snapshotted as JSON (`fixtures/json-snapshot-master`:
 /// the data directory a master of commit 1a7a65d left after creating `/t/f000`…`/t/f079`,
 /// a snapshot every 50 entries, and deleting `/t/f003`), starts with its state moved into
-/// the store's tables and a snapshot file in place of the JSON, and keeps it through
-/// restarts and further snapshots.
+/// the store's tables, which stand for the JSON snapshot (no copy in a file), and keeps it
+/// through restarts and further snapshots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_json_snapshot_master_moves_into_tables() {
     let dir = tempfile::tempdir().unwrap();
@@ -357,15 +357,22 @@ async fn a_json_snapshot_master_moves_into_tables() {
         port = m.addr.rsplit(':').next().unwrap().parse().unwrap();
         let c = Masters::new(std::slice::from_ref(&m.addr)).unwrap();
         assert_eq!(count_files(&c).await, expect, "round {round}");
-        // The JSON is gone: one snapshot file stands for it.
-        assert_eq!(snapshot_files(dir.path()).len(), 1, "round {round}");
+        // The JSON is gone, and no file stands for it: the tables are the snapshot.
+        assert_eq!(
+            snapshot_files(dir.path()),
+            Vec::<String>::new(),
+            "round {round}"
+        );
         create_files(&c, next, next + 70).await;
         (expect, next) = (expect + 70, next + 70);
         assert_eq!(count_files(&c).await, expect);
         m.stop().await;
         assert_eq!(files_on_disk(dir.path()), expect, "round {round}");
         let files = snapshot_files(dir.path());
-        assert_eq!(files.len(), 1, "older snapshots are removed: {files:?}");
+        assert!(
+            files.is_empty(),
+            "snapshots are not copied into files: {files:?}"
+        );
     }
 }
 
@@ -411,7 +418,7 @@ fn addr_of(l: &tokio::net::TcpListener) -> String {
 
 /// Three masters; one is stopped while the others write and purge their logs past it (a
 /// snapshot every 20 entries, 5 kept below it), so on its return it can only catch up by
-/// receiving the leader's snapshot file (chunked, checked, streamed into its tables). The
+/// receiving the leader's tables (streamed in chunks, kept as a file, checked, loaded). The
 /// proof: with another master stopped, writes need it, and its own data directory holds
 /// every file afterwards, also after a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -447,7 +454,6 @@ async fn a_master_far_behind_installs_the_leaders_snapshot() {
     create_files(&c, 0, 50).await;
     masters[2].take().unwrap().stop().await;
     create_files(&c, 50, 250).await;
-    let before = snapshot_files(dirs[2].path());
     let l = tokio::net::TcpListener::bind(addrs[2].as_str())
         .await
         .unwrap();
@@ -458,8 +464,6 @@ async fn a_master_far_behind_installs_the_leaders_snapshot() {
     assert_eq!(count_files(&c).await, 260);
     masters[1].take().unwrap().stop().await;
     masters[2].take().unwrap().stop().await;
-    let after = snapshot_files(dirs[2].path());
-    assert_ne!(before, after, "master 3 holds no new snapshot");
     let installed = log.lines("snapshot installed");
     assert!(
         installed
@@ -472,4 +476,9 @@ async fn a_master_far_behind_installs_the_leaders_snapshot() {
         .unwrap()
         .collect();
     assert!(incoming.is_empty(), "partial transfers left: {incoming:?}");
+    let kept = snapshot_files(dirs[2].path());
+    assert!(
+        kept.is_empty(),
+        "an installed snapshot's file is kept: {kept:?}"
+    );
 }

@@ -9,6 +9,7 @@ mod codec;
 mod convert;
 mod flood;
 mod floor;
+mod master_state;
 mod recovery;
 mod repair;
 mod s3;
@@ -25,6 +26,9 @@ pub enum BenchCommand {
     Chunkstore(chunkstore::Args),
     /// Recovery time of a store with data written after its last checkpoint.
     Recovery(recovery::Args),
+    /// What S3 object records cost a master's state machine alone (RSS, data bytes and CPU
+    /// per object), next to plain redb inserts of the same rows.
+    MasterState(master_state::Args),
     /// Appends through the SDK against a running cluster (one file per writer).
     Append(cluster::Args),
     /// Reads through the SDK against a running cluster.
@@ -57,6 +61,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Caps(a) => caps::run(a),
         BenchCommand::Chunkstore(a) => chunkstore::run(a),
         BenchCommand::Recovery(a) => recovery::run(a),
+        BenchCommand::MasterState(a) => master_state::run(a),
         BenchCommand::Append(a) => cluster::run(cluster::Op::Append, a),
         BenchCommand::Read(a) => cluster::run(cluster::Op::Read, a),
         BenchCommand::Create(a) => cluster::run(cluster::Op::Create, a),

@@ -22,7 +22,6 @@ use redb::{Database, ReadTransaction, ReadableDatabase, TableDefinition, WriteTr
 use std::collections::BTreeMap;
 use std::collections::btree_map;
 use std::iter::Peekable;
-use std::num::NonZeroUsize;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,8 +69,13 @@ fn sum_from(b: &[u8]) -> Option<Sum> {
 /// The records in the store are bytes to redb; [`codec`] gives them their types.
 type Raw = TableDefinition<'static, &'static [u8], &'static [u8]>;
 
-/// Default number of clean records a table keeps decoded in memory.
-pub const DEFAULT_CACHE_ENTRIES: usize = 65_536;
+/// Default bytes of clean records a table keeps decoded in memory (estimated: see
+/// [`TableDef::decoded`]).
+pub const DEFAULT_CACHE_BYTES: usize = 16 << 20;
+
+/// What a cached record costs besides its key and record: the LRU's node and hash slot, the
+/// `Arc`, the allocator's rounding (an estimate).
+const ENTRY_OVERHEAD: usize = 96;
 
 /// A master's database and the read transaction reads go through until the next commit.
 pub struct Store {
@@ -121,16 +125,37 @@ impl Store {
     }
 }
 
-/// A table's name in the store and the version of its records.
+/// A table's name in the store, the version of its records, and how much larger a record is
+/// decoded than encoded (for the cache's budget).
 #[derive(Debug, Clone, Copy)]
 pub struct TableDef {
     pub name: &'static str,
     pub version: u8,
+    /// Bytes of memory a decoded record takes per byte of its encoding (an estimate; strings
+    /// and numbers take ~2–4×, each map or vector adds its own allocation).
+    pub decoded: u16,
 }
 
 impl TableDef {
     pub const fn new(name: &'static str, version: u8) -> Self {
-        Self { name, version }
+        Self {
+            name,
+            version,
+            decoded: 4,
+        }
+    }
+
+    /// The same table with records `factor` times larger decoded than encoded.
+    pub const fn decoded(self, factor: u16) -> Self {
+        Self {
+            decoded: factor,
+            ..self
+        }
+    }
+
+    /// The estimated memory of a cached record of these encoded lengths.
+    fn weight(&self, key: usize, record: usize) -> usize {
+        ENTRY_OVERHEAD + 2 * key + record * usize::from(self.decoded)
     }
 
     fn raw(&self) -> Raw {
@@ -150,6 +175,7 @@ pub struct CacheStats {
 pub struct TableReport {
     pub name: &'static str,
     pub rows: u64,
+    pub cached_bytes: u64,
     pub hits: u64,
     pub misses: u64,
 }
@@ -160,7 +186,7 @@ pub struct Table<K: Key, V: Record> {
     store: Option<Arc<Store>>,
     /// Changes since the last flush (`None`: removed); everything when there is no store.
     overlay: BTreeMap<K, Option<Arc<V>>>,
-    cache: Mutex<LruCache<K, Arc<V>>>,
+    cache: Mutex<Cache<K, V>>,
     len: u64,
     stats: CacheStats,
     /// The table's sum, if it keeps one: the function, the sum of every record but those in
@@ -182,14 +208,14 @@ impl<K: Key, V: Record> Table<K, V> {
             def,
             store: None,
             overlay: BTreeMap::new(),
-            cache: Mutex::new(LruCache::new(NonZeroUsize::MIN)),
+            cache: Mutex::new(Cache::new(0)),
             len: 0,
             stats: CacheStats::default(),
             summary: None,
         }
     }
 
-    /// The table `def` of `store`, keeping up to `cache` clean records decoded.
+    /// The table `def` of `store`, keeping up to `cache` bytes of clean records decoded.
     pub fn open(def: TableDef, store: Arc<Store>, cache: usize) -> Result<Self, redb::Error> {
         let tx = store.db.begin_read()?;
         let len = match tx.open_table(COUNTS) {
@@ -201,9 +227,7 @@ impl<K: Key, V: Record> Table<K, V> {
             def,
             store: Some(store),
             overlay: BTreeMap::new(),
-            cache: Mutex::new(LruCache::new(
-                NonZeroUsize::new(cache).unwrap_or(NonZeroUsize::MIN),
-            )),
+            cache: Mutex::new(Cache::new(cache)),
             len,
             stats: CacheStats::default(),
             summary: None,
@@ -226,11 +250,13 @@ impl<K: Key, V: Record> Table<K, V> {
         &self.stats
     }
 
-    /// The table's name, rows, and reads its cache answered and did not.
+    /// The table's name, rows, its cache's estimated bytes, and reads the cache answered and
+    /// did not.
     pub fn report(&self) -> TableReport {
         TableReport {
             name: self.def.name,
             rows: self.len,
+            cached_bytes: self.cache.lock().bytes as u64,
             hits: self.stats.hits.load(Ordering::Relaxed),
             misses: self.stats.misses.load(Ordering::Relaxed),
         }
@@ -261,9 +287,10 @@ impl<K: Key, V: Record> Table<K, V> {
         let got = t
             .get(bytes.as_slice())
             .unwrap_or_else(|e| fatal(self.def.name, e))?;
+        let weight = self.def.weight(bytes.len(), got.value().len());
         let (_, v) = self.decode(&bytes, got.value());
         let v = Arc::new(v);
-        self.cache.lock().put(k.clone(), v.clone());
+        self.cache.lock().put(k.clone(), v.clone(), weight);
         Some(v)
     }
 
@@ -463,7 +490,7 @@ impl<K: Key, V: Record> Table<K, V> {
                     Some(v) => {
                         let vb = codec::encode_record(self.def.version, &*v);
                         t.insert(kb.as_slice(), vb.as_slice())?;
-                        cache.put(k, v);
+                        cache.put(k, v, self.def.weight(kb.len(), vb.len()));
                     }
                     None => {
                         t.remove(kb.as_slice())?;
@@ -477,7 +504,8 @@ impl<K: Key, V: Record> Table<K, V> {
     }
 
     /// Moves a memory table's records into `store` through `tx` (a state read from a JSON
-    /// snapshot being written out); the table then reads from the store.
+    /// snapshot being written out); the table then reads from the store, caching up to
+    /// `cache` bytes.
     pub fn write_out(
         &mut self,
         store: Arc<Store>,
@@ -522,12 +550,55 @@ impl<K: Key, V: Record> Table<K, V> {
             def,
             store: Some(store),
             overlay: BTreeMap::new(),
-            cache: Mutex::new(LruCache::new(
-                NonZeroUsize::new(cache).unwrap_or(NonZeroUsize::MIN),
-            )),
+            cache: Mutex::new(Cache::new(cache)),
             len: 0,
             stats: CacheStats::default(),
             summary: None,
+        }
+    }
+}
+
+/// Decoded records by key, the least recently used dropped first once their estimated bytes
+/// pass the budget (a record estimated larger than the whole budget is not kept).
+struct Cache<K: Key, V> {
+    lru: LruCache<K, (Arc<V>, usize)>,
+    bytes: usize,
+    budget: usize,
+}
+
+impl<K: Key, V> Cache<K, V> {
+    fn new(budget: usize) -> Self {
+        Self {
+            lru: LruCache::unbounded(),
+            bytes: 0,
+            budget,
+        }
+    }
+
+    fn get(&mut self, k: &K) -> Option<&Arc<V>> {
+        self.lru.get(k).map(|(v, _)| v)
+    }
+
+    fn put(&mut self, k: K, v: Arc<V>, weight: usize) {
+        if weight > self.budget {
+            self.pop(&k);
+            return;
+        }
+        if let Some((_, (_, old))) = self.lru.push(k, (v, weight)) {
+            self.bytes -= old;
+        }
+        self.bytes += weight;
+        while self.bytes > self.budget {
+            match self.lru.pop_lru() {
+                Some((_, (_, w))) => self.bytes -= w,
+                None => break,
+            }
+        }
+    }
+
+    fn pop(&mut self, k: &K) {
+        if let Some((_, w)) = self.lru.pop(k) {
+            self.bytes -= w;
         }
     }
 }
@@ -677,10 +748,32 @@ mod tests {
     use super::*;
     use redb::backends::InMemoryBackend;
 
-    const T: TableDef = TableDef {
-        name: "test",
-        version: 1,
-    };
+    const T: TableDef = TableDef::new("test", 1);
+
+    /// The cache keeps what its byte budget holds, dropping the least recently used first;
+    /// a record larger than the budget is not kept.
+    #[test]
+    fn the_cache_keeps_its_budget() {
+        let mut c: Cache<u64, u64> = Cache::new(1_000);
+        for k in 0..10 {
+            c.put(k, Arc::new(k), 300);
+        }
+        assert_eq!(c.bytes, 900);
+        assert_eq!(c.lru.len(), 3);
+        assert!(c.get(&7).is_some() && c.get(&6).is_none());
+        c.put(10, Arc::new(10), 300); // 8 is the least recently used now
+        assert!(c.get(&8).is_none() && c.get(&7).is_some() && c.get(&9).is_some());
+        c.put(9, Arc::new(9), 100); // replaced: its old weight is given back
+        assert_eq!(c.bytes, 700);
+        c.put(11, Arc::new(11), 1_001);
+        assert!(c.get(&11).is_none());
+        c.put(9, Arc::new(9), 5_000); // too large now: the old one goes too
+        assert!(c.get(&9).is_none());
+        assert_eq!(c.bytes, 600);
+        c.pop(&7);
+        c.pop(&10);
+        assert_eq!((c.bytes, c.lru.len()), (0, 0));
+    }
 
     fn store() -> Arc<Store> {
         let db = Database::builder()

@@ -10,7 +10,7 @@ use serde::{Deserialize, Deserializer};
 use std::sync::Arc;
 
 /// Objects by (bucket, key) (docs/formats/master-state.md).
-pub const OBJECTS: TableDef = TableDef::new("objects", 1);
+pub const OBJECTS: TableDef = TableDef::new("objects", 1).decoded(11);
 /// Multipart uploads by id.
 pub const UPLOADS: TableDef = TableDef::new("uploads", 1);
 /// Uploads' parts by (upload id, part number).

@@ -1,0 +1,126 @@
+//! `cairn bench master-state`: what S3 object records cost a master's state machine alone
+//! (`cairn_master::bench`): N PutObjects applied as Raft applies them, with RSS, data bytes
+//! and CPU per object, next to the floor of the same run — the same rows' bytes inserted into
+//! one redb table in the same transactions. Runs in a scratch directory under `--dir`
+//! (deleted afterwards).
+
+use serde::Serialize;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Objects to apply.
+    #[arg(long, default_value_t = 1_000_000)]
+    objects: u64,
+    /// MiB of decoded records each table caches (`cairn master --state-cache-mib`).
+    #[arg(long, default_value_t = cairn_master::kv::DEFAULT_CACHE_BYTES >> 20)]
+    state_cache_mib: usize,
+    /// MiB of redb pages cached (`cairn master --store-cache-mib`).
+    #[arg(long, default_value_t = cairn_master::store::DEFAULT_STORE_CACHE >> 20)]
+    store_cache_mib: usize,
+    /// Where the scratch directories go (the disk a master's data directory would be on).
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// Skip the floor.
+    #[arg(long)]
+    no_floor: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    objects: u64,
+    state_cache_mib: usize,
+    store_cache_mib: usize,
+    seconds: f64,
+    cpu_us_per_object: f64,
+    /// RSS growth over the run, per million objects (the process started near its floor).
+    rss_growth_mib: f64,
+    rss_mib_per_million: f64,
+    cached_mib: f64,
+    data_bytes_per_object: f64,
+    floor: &'static str,
+    floor_cpu_us_per_object: f64,
+    floor_data_bytes_per_object: f64,
+    cpu_ratio: f64,
+    data_ratio: f64,
+    loadavg: f64,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(a.objects > 0, "--objects must be at least 1");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let scratch = Scratch::new(&a.dir, "state")?;
+    let rss0 = rss_bytes();
+    let last = rt.block_on(cairn_master::bench::objects(
+        scratch.path(),
+        a.objects,
+        a.state_cache_mib << 20,
+        a.store_cache_mib << 20,
+        |s| println!("{}", serde_json::json!({ "step": s })),
+    ))?;
+    drop(scratch);
+    let (floor_cpu, floor_bytes) = if a.no_floor {
+        (f64::NAN, f64::NAN)
+    } else {
+        let floor = Scratch::new(&a.dir, "floor")?;
+        let (_, cpu, bytes) =
+            cairn_master::bench::objects_floor(floor.path(), a.objects, a.store_cache_mib << 20)?;
+        (cpu, bytes as f64)
+    };
+    let n = a.objects as f64;
+    let growth = last.rss_bytes.saturating_sub(rss0) as f64 / f64::from(1 << 20);
+    let r = Report {
+        objects: a.objects,
+        state_cache_mib: a.state_cache_mib,
+        store_cache_mib: a.store_cache_mib,
+        seconds: last.seconds,
+        cpu_us_per_object: last.cpu_seconds * 1e6 / n,
+        rss_growth_mib: growth,
+        rss_mib_per_million: growth * 1e6 / n,
+        cached_mib: last.cached_bytes as f64 / f64::from(1 << 20),
+        data_bytes_per_object: last.data_bytes as f64 / n,
+        floor: "the same keys and records inserted into one redb table, same transactions",
+        floor_cpu_us_per_object: floor_cpu * 1e6 / n,
+        floor_data_bytes_per_object: floor_bytes / n,
+        cpu_ratio: last.cpu_seconds / floor_cpu,
+        data_ratio: last.data_bytes as f64 / floor_bytes,
+        loadavg: super::loadavg(),
+    };
+    println!("{}", serde_json::to_string(&r)?);
+    Ok(())
+}
+
+/// A directory of this run's, removed when dropped (also after an error).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(under: &std::path::Path, what: &str) -> std::io::Result<Self> {
+        let p = under.join(format!(".cairn-bench-master-{what}-{}", std::process::id()));
+        std::fs::create_dir_all(&p)?;
+        Ok(Self(p))
+    }
+
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024
+}

@@ -1,0 +1,276 @@
+//! What S3 object records cost a master's state machine alone (`cairn bench master-state`):
+//! PutObject commands applied as Raft applies them — batches of [`BATCH`] in one transaction
+//! committed without fsync, a snapshot (a durable commit) every [`SNAPSHOT_EVERY`] — with
+//! the process's RSS and the data directory's bytes measured as they grow; and the floor of
+//! the same run: the same rows' bytes (key and encoded record) inserted into one redb table
+//! in the same transactions, which any store of these records must at least do.
+//!
+//! No Raft log, network or gateway: those are measured by `scripts/bench-meta-objects.py`
+//! against a running cluster.
+
+use crate::kv::codec::{Key, encode_record};
+use crate::state::Command;
+use crate::store::{StateMachine, TypeConfig, commit_batch, open_db_with};
+use cairn_rpc::object::{Extent, ObjectMeta, ObjectOp};
+use openraft::storage::RaftSnapshotBuilder;
+use redb::{Durability, TableDefinition};
+use std::io;
+use std::path::Path;
+use std::time::Instant;
+
+/// Commands per applied batch (what a loaded leader's batches hold, roughly).
+pub const BATCH: u64 = 32;
+/// Entries between snapshots (`cairn master --snapshot-every`'s default).
+pub const SNAPSHOT_EVERY: u64 = 10_000;
+
+const PACK: &str = "/.s3/packs/127.0.0.1:7000-000000000001";
+
+/// What the state machine had applied at one step.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Step {
+    pub objects: u64,
+    pub seconds: f64,
+    /// CPU seconds (user + system) of this process since the start.
+    pub cpu_seconds: f64,
+    pub rss_bytes: u64,
+    /// Allocated bytes of the data directory (database, snapshots).
+    pub data_bytes: u64,
+    /// Estimated bytes of the tables' record caches.
+    pub cached_bytes: u64,
+}
+
+/// The `i`th object's record: what a gateway's 1-byte PUT from boto3 records.
+fn meta(i: u64) -> ObjectMeta {
+    ObjectMeta {
+        size: 1,
+        etag: format!("{:032x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        mtime_ms: 1_764_000_000_000 + i,
+        put_id: format!("{:024x}", i.wrapping_mul(0xc2b2_ae3d_27d4_eb4f) >> 16),
+        headers: [("content-type".into(), "binary/octet-stream".into())].into(),
+        checksums: [("CRC32".into(), "AAAAAA==".into())].into(),
+        checksum_type: Some("FULL_OBJECT".into()),
+        extents: vec![Extent {
+            path: PACK.into(),
+            offset: i,
+            len: 1,
+            shared: true,
+        }],
+        ..Default::default()
+    }
+}
+
+fn key(i: u64) -> String {
+    format!("obj-{i:09}")
+}
+
+/// Applies `n` PutObjects to a new state machine in `dir` (`cache` bytes of record cache per
+/// table, `store_cache` bytes of redb pages), calling `step` ten times along the way and at
+/// the end.
+pub async fn objects(
+    dir: &Path,
+    n: u64,
+    cache: usize,
+    store_cache: usize,
+    mut step: impl FnMut(&Step),
+) -> io::Result<Step> {
+    let db = open_db_with(&dir.join("master.redb"), store_cache)?;
+    let mut sm = StateMachine::open(db, dir, cache)?;
+    let mut index = 0;
+    let apply = |sm: &StateMachine, index: &mut u64, c: Command| -> io::Result<()> {
+        let mut a = sm.inner.lock();
+        a.state
+            .apply(&c)
+            .map_err(|e| io::Error::other(format!("{e:?}")))?;
+        *index += 1;
+        a.last_applied = Some(openraft::testing::log_id::<TypeConfig>(1, 1, *index));
+        Ok(())
+    };
+    apply(
+        &sm,
+        &mut index,
+        Command::Create {
+            path: PACK.into(),
+            mode: None,
+            policy: crate::state::Policy {
+                replicas: 3,
+                compression: false,
+                min_copy: 0,
+                ec: None,
+            },
+            parents: true,
+            now_ms: 1,
+            lease: None,
+            placements: vec![vec![1, 2, 3]],
+            groups: false,
+        },
+    )?;
+    apply(
+        &sm,
+        &mut index,
+        Command::Object(Box::new(ObjectOp::CreateBucket {
+            user: "bench".into(),
+            bucket: "bench".into(),
+            now_ms: 1,
+        })),
+    )?;
+    commit_batch(&sm.store, &mut sm.inner.lock(), Durability::Immediate)?;
+    let t0 = Instant::now();
+    let cpu0 = cpu_seconds();
+    let every = (n / 10).max(1);
+    let mut last = None;
+    for i in 0..n {
+        apply(
+            &sm,
+            &mut index,
+            Command::Object(Box::new(ObjectOp::PutObject {
+                user: "bench".into(),
+                bucket: "bench".into(),
+                key: key(i),
+                meta: meta(i),
+                condition: None,
+            })),
+        )?;
+        let measure = (i + 1) % every == 0 || i + 1 == n;
+        if measure {
+            // Durable, so the directory holds everything measured (ten more fsyncs).
+            commit_batch(&sm.store, &mut sm.inner.lock(), Durability::Immediate)?;
+        } else if i % BATCH == BATCH - 1 {
+            commit_batch(&sm.store, &mut sm.inner.lock(), Durability::None)?;
+        }
+        if index % SNAPSHOT_EVERY == 0 {
+            sm.build_snapshot().await?;
+        }
+        if measure {
+            let cached = sm
+                .inner
+                .lock()
+                .state
+                .table_reports()
+                .iter()
+                .map(|t| t.cached_bytes)
+                .sum();
+            let s = Step {
+                objects: i + 1,
+                seconds: t0.elapsed().as_secs_f64(),
+                cpu_seconds: cpu_seconds() - cpu0,
+                rss_bytes: rss_bytes(),
+                data_bytes: du(dir),
+                cached_bytes: cached,
+            };
+            step(&s);
+            last = Some(s);
+        }
+    }
+    last.ok_or_else(|| io::Error::other("no objects"))
+}
+
+/// The floor: the same keys and encoded records inserted into one redb table of a new
+/// database in `dir`, in the same transactions (a durable commit every [`SNAPSHOT_EVERY`]
+/// and at the end).
+/// Returns (seconds, CPU seconds, allocated bytes of `dir`).
+pub fn objects_floor(dir: &Path, n: u64, store_cache: usize) -> io::Result<(f64, f64, u64)> {
+    let db = open_db_with(&dir.join("floor.redb"), store_cache)?;
+    let table: TableDefinition<&[u8], &[u8]> = TableDefinition::new("objects");
+    let t0 = Instant::now();
+    let cpu0 = cpu_seconds();
+    let io = |e: redb::Error| io::Error::other(e);
+    let mut i = 0;
+    while i < n {
+        let mut tx = db.begin_write().map_err(|e| io(e.into()))?;
+        let end = (i + BATCH).min(n);
+        let durable = i / SNAPSHOT_EVERY != end / SNAPSHOT_EVERY || end == n;
+        tx.set_durability(if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        })
+        .map_err(|e| io(e.into()))?;
+        {
+            let mut t = tx.open_table(table).map_err(|e| io(e.into()))?;
+            for j in i..end {
+                let k = ("bench".to_owned(), key(j)).to_bytes();
+                let v = encode_record(1, &meta(j));
+                t.insert(k.as_slice(), v.as_slice())
+                    .map_err(|e| io(e.into()))?;
+            }
+        }
+        tx.commit().map_err(|e| io(e.into()))?;
+        i = end;
+    }
+    Ok((t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0, du(dir)))
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024
+}
+
+/// User + system CPU seconds of this process.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (ticks(11) + ticks(12)) as f64 / hz
+}
+
+/// Allocated bytes of the files under `dir`.
+fn du(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut n = 0;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    for e in entries.flatten() {
+        let Ok(m) = e.metadata() else { continue };
+        n += if m.is_dir() {
+            du(&e.path())
+        } else {
+            m.blocks() * 512
+        };
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bench applies what it says: every object is there afterwards, and the floor
+    /// writes as many rows.
+    #[tokio::test]
+    async fn the_bench_stores_every_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut steps = 0;
+        let last = objects(dir.path(), 500, 1 << 20, 1 << 20, |_| steps += 1)
+            .await
+            .unwrap();
+        assert_eq!((last.objects, steps), (500, 10));
+        let db = crate::store::open_db(&dir.path().join("master.redb")).unwrap();
+        let sm = StateMachine::open(db, dir.path(), 1 << 20).unwrap();
+        let a = sm.shared();
+        let a = a.lock();
+        assert_eq!(a.state.objects().totals(), (1, 500, 0));
+        let pack = a.state.objects().packs().get(&PACK.to_owned()).unwrap();
+        assert_eq!((pack.live_objects, pack.live_bytes), (500, 500));
+        let floor = tempfile::tempdir().unwrap();
+        let (_, _, bytes) = objects_floor(floor.path(), 500, 1 << 20).unwrap();
+        assert!(bytes > 500 * 100, "{bytes}");
+    }
+}
