@@ -200,7 +200,8 @@ pub fn objects_floor(dir: &Path, n: u64, store_cache: usize) -> io::Result<(f64,
     Ok((t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0, du(dir)))
 }
 
-fn rss_bytes() -> u64 {
+/// This process's resident memory.
+pub fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

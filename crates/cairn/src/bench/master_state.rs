@@ -52,7 +52,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let scratch = Scratch::new(&a.dir, "state")?;
-    let rss0 = rss_bytes();
+    let rss0 = cairn_master::bench::rss_bytes();
     let last = rt.block_on(cairn_master::bench::objects(
         scratch.path(),
         a.objects,
@@ -111,16 +111,4 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024
 }
