@@ -1073,7 +1073,7 @@ async fn nemesis() {
         (vec![], vec![])
     };
     // Snapshots often and short logs behind them: a master killed for a while catches up by
-    // receiving the leader's snapshot file, under the faults too.
+    // receiving the leader's tables (streamed as a snapshot file), under the faults too.
     master_extra.extend(["--snapshot-every", "200", "--log-keep", "50"]);
     eprintln!("nemesis with TLS: {tls}");
     let mut cl = Cluster::start_full(dir.path(), 3, 4, &master_extra, &cs_extra).await;
