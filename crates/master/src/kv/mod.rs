@@ -10,13 +10,17 @@
 //! Reads between flushes see the overlay first, then the cache, then the store through one
 //! read transaction that is begun again after every commit.
 
+mod cache;
 mod cell;
 pub mod codec;
+mod sum;
 
+use cache::Cache;
 pub use cell::Cell;
 pub use codec::{Key, Record, RecordError};
+pub use sum::{SUM_WIDTH, Sum};
+use sum::{add, sub, sum_bytes, sum_from};
 
-use lru::LruCache;
 use parking_lot::Mutex;
 use redb::{Database, ReadTransaction, ReadableDatabase, TableDefinition, WriteTransaction};
 use std::collections::BTreeMap;
@@ -32,39 +36,6 @@ pub const COUNTS: TableDefinition<&str, u64> = TableDefinition::new("counts");
 /// The sums tables keep of their records ([`Table::summed`]): key the table's name, value
 /// [`SUM_WIDTH`] u64s little-endian. Carried in snapshots (it is in the state's table list).
 pub const SUMS: TableDef = TableDef::new("sums", 1);
-
-/// How many numbers a table's sum has.
-pub const SUM_WIDTH: usize = 4;
-
-/// What a record adds to its table's sum (e.g. an inode: files, directories, chunks, bytes).
-pub type Sum = [u64; SUM_WIDTH];
-
-fn add(to: &mut Sum, s: Sum) {
-    for (t, x) in to.iter_mut().zip(s) {
-        *t = t.wrapping_add(x);
-    }
-}
-
-fn sub(from: &mut Sum, s: Sum) {
-    for (t, x) in from.iter_mut().zip(s) {
-        *t = t.wrapping_sub(x);
-    }
-}
-
-fn sum_bytes(s: &Sum) -> Vec<u8> {
-    s.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn sum_from(b: &[u8]) -> Option<Sum> {
-    if b.len() != SUM_WIDTH * 8 {
-        return None;
-    }
-    let mut s = [0u64; SUM_WIDTH];
-    for (i, c) in b.chunks_exact(8).enumerate() {
-        s[i] = u64::from_le_bytes(c.try_into().ok()?);
-    }
-    Some(s)
-}
 
 /// The records in the store are bytes to redb; [`codec`] gives them their types.
 type Raw = TableDefinition<'static, &'static [u8], &'static [u8]>;
@@ -558,51 +529,6 @@ impl<K: Key, V: Record> Table<K, V> {
     }
 }
 
-/// Decoded records by key, the least recently used dropped first once their estimated bytes
-/// pass the budget (a record estimated larger than the whole budget is not kept).
-struct Cache<K: Key, V> {
-    lru: LruCache<K, (Arc<V>, usize)>,
-    bytes: usize,
-    budget: usize,
-}
-
-impl<K: Key, V> Cache<K, V> {
-    fn new(budget: usize) -> Self {
-        Self {
-            lru: LruCache::unbounded(),
-            bytes: 0,
-            budget,
-        }
-    }
-
-    fn get(&mut self, k: &K) -> Option<&Arc<V>> {
-        self.lru.get(k).map(|(v, _)| v)
-    }
-
-    fn put(&mut self, k: K, v: Arc<V>, weight: usize) {
-        if weight > self.budget {
-            self.pop(&k);
-            return;
-        }
-        if let Some((_, (_, old))) = self.lru.push(k, (v, weight)) {
-            self.bytes -= old;
-        }
-        self.bytes += weight;
-        while self.bytes > self.budget {
-            match self.lru.pop_lru() {
-                Some((_, (_, w))) => self.bytes -= w,
-                None => break,
-            }
-        }
-    }
-
-    fn pop(&mut self, k: &K) {
-        if let Some((_, w)) = self.lru.pop(k) {
-            self.bytes -= w;
-        }
-    }
-}
-
 type DiskRange = Peekable<redb::Range<'static, &'static [u8], &'static [u8]>>;
 
 /// A table's records in key order: the overlay's merged over the store's.
@@ -749,31 +675,6 @@ mod tests {
     use redb::backends::InMemoryBackend;
 
     const T: TableDef = TableDef::new("test", 1);
-
-    /// The cache keeps what its byte budget holds, dropping the least recently used first;
-    /// a record larger than the budget is not kept.
-    #[test]
-    fn the_cache_keeps_its_budget() {
-        let mut c: Cache<u64, u64> = Cache::new(1_000);
-        for k in 0..10 {
-            c.put(k, Arc::new(k), 300);
-        }
-        assert_eq!(c.bytes, 900);
-        assert_eq!(c.lru.len(), 3);
-        assert!(c.get(&7).is_some() && c.get(&6).is_none());
-        c.put(10, Arc::new(10), 300); // 8 is the least recently used now
-        assert!(c.get(&8).is_none() && c.get(&7).is_some() && c.get(&9).is_some());
-        c.put(9, Arc::new(9), 100); // replaced: its old weight is given back
-        assert_eq!(c.bytes, 700);
-        c.put(11, Arc::new(11), 1_001);
-        assert!(c.get(&11).is_none());
-        c.put(9, Arc::new(9), 5_000); // too large now: the old one goes too
-        assert!(c.get(&9).is_none());
-        assert_eq!(c.bytes, 600);
-        c.pop(&7);
-        c.pop(&10);
-        assert_eq!((c.bytes, c.lru.len()), (0, 0));
-    }
 
     fn store() -> Arc<Store> {
         let db = Database::builder()
