@@ -183,10 +183,10 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         // time; one is held back until the next shows whether it is the last.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(2);
         let meta = snapshot.meta.clone();
-        let producer = tokio::task::spawn_blocking(move || produce(snapshot.snapshot, &meta, tx));
+        let mut producer =
+            tokio::task::spawn_blocking(move || produce(snapshot.snapshot, &meta, tx));
         let ttl = option.hard_ttl();
         tokio::pin!(cancel);
-        let mut producer = producer;
         let mut offset = 0u64;
         let mut held = rx.recv().await;
         loop {

@@ -292,8 +292,10 @@ impl StateMachine {
             let (meta, _rx) = sm.checkpoint()?;
             sm.record_built(&meta)?;
         }
-        let keep = get_json::<Current>(&sm.db, SNAPSHOT, "current")?
+        // Only a file being installed stays (any other was just forgotten, or is left over).
+        let keep = current
             .and_then(|c| c.file)
+            .filter(|_| installing)
             .map(|f| sm.dir.join(f));
         snapshot::remove_others(&sm.dir, keep.as_deref())?;
         Ok(sm)
