@@ -64,9 +64,26 @@ pub enum AdminCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Partitions of the masters' state: Raft groups of their own (docs/partitions.md).
+    #[command(subcommand)]
+    Partition(PartitionCommand),
     /// Make a chunkserver (started with --fault-injection) slow, failing or frozen; `--clear`
     /// (or no fault option) removes every fault.
     Fault(FaultArgs),
+}
+
+#[derive(clap::Subcommand)]
+pub enum PartitionCommand {
+    /// Add a partition hosted by these masters (default: the root group's voters); it holds
+    /// nothing until a subtree or bucket is moved into it.
+    Create {
+        /// Master ids, e.g. 1,2,3.
+        #[arg(long, value_delimiter = ',')]
+        members: Vec<u64>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -233,6 +250,29 @@ pub fn run(a: AdminArgs) -> anyhow::Result<()> {
                             format!("; key {} dropped", r.dropped)
                         }
                     );
+                }
+            }
+            AdminCommand::Partition(PartitionCommand::Create { members, json }) => {
+                let before = m
+                    .call(|mut c| async move { c.status(pb::Empty {}).await })
+                    .await?;
+                let s = m
+                    .send(pb::PartitionRequest { members }, |mut c, r| async move {
+                        c.create_partition(r).await
+                    })
+                    .await?;
+                let new = s
+                    .partitions
+                    .iter()
+                    .find(|p| !before.partitions.iter().any(|b| b.id == p.id))
+                    .ok_or_else(|| anyhow::anyhow!("the new partition is not in the status"))?;
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"id": new.id, "members": new.members})
+                    );
+                } else {
+                    println!("partition {} hosted by masters {:?}", new.id, new.members);
                 }
             }
             AdminCommand::ServiceKey { .. } => unreachable!("answered without the masters"),

@@ -120,6 +120,12 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
             "term": s.term,
             "last_applied": s.last_applied,
             "masters": s.masters.iter().map(|m| serde_json::json!({"id": m.id, "addr": m.addr, "voter": m.voter, "leader": m.id == s.leader_id, "pid": master_pid(&m.addr), "state": master_state(&m.addr)})).collect::<Vec<_>>(),
+            "partitions": s.partitions.iter().map(|p| serde_json::json!({
+                "id": p.id, "members": p.members, "hosted": p.hosted,
+                "leader": (p.leader_id != 0).then_some(p.leader_id), "term": p.term,
+                "last_applied": p.last_applied, "files": p.files, "dirs": p.dirs,
+                "objects": p.objects,
+            })).collect::<Vec<_>>(),
             "s3": gateways,
             "nbd": nbd,
             "objects": objects.as_ref().map(|(_, b, o, u, t)| serde_json::json!({"buckets": b, "objects": o, "uploads": u, "trash_files": t})),
@@ -189,6 +195,43 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
             },
             if m.voter { "" } else { " (learner)" }
         );
+    }
+    // One partition (the root) is every cluster's start: shown only once there are more.
+    if s.partitions.len() > 1 {
+        println!("partitions (docs/partitions.md):");
+        println!(
+            "  {:>4}  {:<12} {:>6} {:>12} {:>10} {:>8} {:>10}",
+            "id", "members", "leader", "last applied", "files", "dirs", "objects"
+        );
+        for p in &s.partitions {
+            let members = p
+                .members
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            if p.hosted {
+                println!(
+                    "  {:>4}  {:<12} {:>6} {:>12} {:>10} {:>8} {:>10}",
+                    p.id,
+                    members,
+                    if p.leader_id == 0 {
+                        "-".to_string()
+                    } else {
+                        p.leader_id.to_string()
+                    },
+                    p.last_applied,
+                    p.files,
+                    p.dirs,
+                    p.objects
+                );
+            } else {
+                println!(
+                    "  {:>4}  {:<12} (not hosted by the root's leader)",
+                    p.id, members
+                );
+            }
+        }
     }
     if let Some((_, buckets, objects, uploads, _)) = &objects
         && (!gateways.is_empty() || *buckets > 0)

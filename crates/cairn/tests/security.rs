@@ -418,6 +418,7 @@ async fn servers_join_only_with_the_cluster_secret() {
         let msg = || pb::RaftMessage {
             kind: 2,
             body: b"{}".to_vec(),
+            group: 0,
         };
         for req in [
             tonic::Request::new(msg()),

@@ -7,6 +7,7 @@ pub mod caps;
 pub mod confine;
 pub mod conversion;
 pub mod convert;
+pub mod groups;
 pub mod kv;
 pub mod network;
 pub mod node;

@@ -1,16 +1,18 @@
-//! Raft between masters: openraft's messages as JSON inside one gRPC call (`Raft.Call`);
+//! Raft between masters: openraft's messages as JSON inside one gRPC call (`Raft.Call`),
+//! each naming the partition whose group it is for (docs/partitions.md);
 //! snapshots as the bytes of a snapshot file (docs/formats/master-state.md), written from the
 //! leader's tables as they are sent, in chunks of [`CHUNK`] bytes (each a call whose body is
 //! a little-endian `u32` length, the JSON of a [`ChunkHeader`], then the chunk's bytes),
 //! which the receiver appends to a file of its own and installs after the last one.
 
-use crate::store::{Raft, SnapshotData, SnapshotFile, TypeConfig};
+use crate::store::{SnapshotData, SnapshotFile, TypeConfig};
 use cairn_rpc::pb::{self, raft_client::RaftClient};
 use openraft::BasicNode;
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::type_config::alias::{SnapshotMetaOf, SnapshotOf, VoteOf};
 use serde::{Deserialize, Serialize};
@@ -25,6 +27,12 @@ pub const VOTE: u32 = 2;
 /// A whole snapshot as JSON in one call (masters before snapshot files; refused now).
 pub const SNAPSHOT: u32 = 3;
 pub const SNAPSHOT_CHUNK: u32 = 4;
+/// A leader hands its leadership to the receiver.
+pub const TRANSFER: u32 = 5;
+/// Added to the kind of every message for a partition other than the root: a master from
+/// before partitions, which would take the message for its root group's, refuses the kind
+/// as unknown instead.
+pub const PARTITIONED: u32 = 0x100;
 
 /// Bytes of a snapshot file per call.
 pub const CHUNK: usize = 1 << 20;
@@ -45,6 +53,8 @@ pub struct ChunkHeader {
 pub struct Network {
     /// This master's id (named in its proofs).
     pub id: u64,
+    /// The partition whose group this is.
+    pub group: crate::state::partitions::PartitionId,
     pub secret: Option<cairn_rpc::auth::ClusterSecret>,
     /// TLS to the peers, checked with the cluster's CA (cairn_rpc::tls).
     pub tls: Option<cairn_rpc::tls::ClientTlsConfig>,
@@ -69,6 +79,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         Peer {
             client: channel.map(RaftClient::new),
             addr: node.addr.clone(),
+            group: self.group,
             who: format!("master-{}", self.id),
             secret: self.secret.clone(),
         }
@@ -78,6 +89,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct Peer {
     client: Option<RaftClient<Channel>>,
     addr: String,
+    group: crate::state::partitions::PartitionId,
     who: String,
     secret: Option<cairn_rpc::auth::ClusterSecret>,
 }
@@ -107,7 +119,15 @@ impl Peer {
             .client
             .as_mut()
             .ok_or_else(|| unreachable(format!("bad master address {}", self.addr)))?;
-        let msg = pb::RaftMessage { kind, body };
+        let msg = pb::RaftMessage {
+            kind: if self.group == 0 {
+                kind
+            } else {
+                kind | PARTITIONED
+            },
+            body,
+            group: self.group,
+        };
         let call = client.call(match &self.secret {
             Some(secret) => cairn_rpc::auth::Credential::Server {
                 secret: secret.clone(),
@@ -169,6 +189,14 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.call(VOTE, &rpc, option.hard_ttl()).await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(TRANSFER, &req, option.hard_ttl()).await
     }
 
     async fn full_snapshot(
@@ -360,16 +388,15 @@ impl Incoming {
     }
 }
 
-/// The receiving side: hands a peer's message to the local Raft node.
+/// The receiving side: hands a peer's message to the local Raft node of the partition it
+/// names.
 pub struct RaftService {
-    pub raft: Raft,
+    pub groups: Arc<crate::groups::Groups>,
     /// Only masters that prove they hold the cluster secret may append, vote or install a
     /// snapshot.
     pub auth: Arc<cairn_rpc::auth::Verifier>,
     /// Rate of the warnings about refused messages (a flood must not fill the log).
     pub refusals: cairn_rpc::admission::LogBudget,
-    /// The snapshot being received.
-    pub incoming: Incoming,
 }
 
 fn answer<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> Result<Vec<u8>, tonic::Status> {
@@ -396,13 +423,26 @@ impl pb::raft_server::Raft for RaftService {
         }
         crate::service::prove_connection(&req)?;
         let m = req.into_inner();
-        let body = match m.kind {
-            APPEND => answer(self.raft.append_entries(parse(&m.body)?).await)?,
-            VOTE => answer(self.raft.vote(parse(&m.body)?).await)?,
+        let kind = m.kind & !PARTITIONED;
+        if (m.kind & PARTITIONED != 0) != (m.group != 0) {
+            return Err(tonic::Status::invalid_argument(format!(
+                "raft message kind {} does not match partition {}",
+                m.kind, m.group
+            )));
+        }
+        // A partition this master does not host (yet: it starts a group when its root
+        // replica applies the partition's creation) is unavailable to the sender, who retries.
+        let g = self.groups.get(m.group).ok_or_else(|| {
+            tonic::Status::unavailable(format!("partition {} is not hosted here", m.group))
+        })?;
+        let body = match kind {
+            APPEND => answer(g.raft.append_entries(parse(&m.body)?).await)?,
+            VOTE => answer(g.raft.vote(parse(&m.body)?).await)?,
+            TRANSFER => answer(g.raft.handle_transfer_leader(parse(&m.body)?).await)?,
             SNAPSHOT_CHUNK => {
                 let (header, data) =
                     parse_chunk(&m.body).map_err(tonic::Status::invalid_argument)?;
-                match self.incoming.take(&header, data).await {
+                match g.incoming.take(&header, data).await {
                     Err(e) => answer::<(), _>(Err(e))?,
                     Ok(None) => answer::<Option<()>, String>(Ok(None))?,
                     Ok(Some(file)) => {
@@ -411,7 +451,7 @@ impl pb::raft_server::Raft for RaftService {
                             meta: header.meta,
                             snapshot: SnapshotData::File(file),
                         };
-                        let r = self.raft.install_full_snapshot(header.vote, snap).await;
+                        let r = g.raft.install_full_snapshot(header.vote, snap).await;
                         // Installed: moved into the snapshots; refused: not wanted.
                         let _ = std::fs::remove_file(&path);
                         answer(r.map(Some))?
@@ -424,6 +464,10 @@ impl pb::raft_server::Raft for RaftService {
                 )));
             }
         };
-        Ok(tonic::Response::new(pb::RaftMessage { kind: m.kind, body }))
+        Ok(tonic::Response::new(pb::RaftMessage {
+            kind: m.kind,
+            body,
+            group: m.group,
+        }))
     }
 }

@@ -1,12 +1,12 @@
 //! Starting one master: storage, Raft, and the gRPC server for clients, chunkservers and peers.
 
-use crate::network::{Network, RaftService};
+use crate::groups::{Groups, Hosted};
+use crate::network::RaftService;
 use crate::registry::{Registry, RegistryOptions};
 use crate::service::{Inner, MetaService};
-use crate::store::{Raft, StateMachine, open_db_with};
-use crate::wal::LogStore;
+use crate::state::partitions::ROOT_PARTITION;
 use cairn_rpc::pb::{meta_server::MetaServer, raft_server::RaftServer};
-use openraft::{BasicNode, Config, SnapshotPolicy};
+use openraft::BasicNode;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -106,21 +106,6 @@ pub async fn serve(
     }
     std::fs::create_dir_all(&opts.data_dir)?;
     cairn_rpc::private::close_data_dir(&opts.data_dir);
-    let db = open_db_with(&opts.data_dir.join("master.redb"), opts.store_cache)?;
-    let log = LogStore::open(&opts.data_dir, &db, opts.log_flush_gap)?;
-    let log_open = log.open_handle();
-    let sm = StateMachine::open(db.clone(), &opts.data_dir, opts.state_cache)?;
-    let shared = sm.shared();
-    let config = Config {
-        cluster_name: "cairn".into(),
-        heartbeat_interval: 100,
-        election_timeout_min: 400,
-        election_timeout_max: 800,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(opts.snapshot_every),
-        max_in_snapshot_log_to_keep: opts.log_keep,
-        ..Default::default()
-    }
-    .validate()?;
     let tls = match &opts.tls_dir {
         Some(d) => Some((
             cairn_rpc::tls::server_config(d)?,
@@ -128,12 +113,10 @@ pub async fn serve(
         )),
         None => None,
     };
-    let network = Network {
-        id: opts.id,
-        secret: opts.cluster_secret.clone(),
-        tls: tls.as_ref().map(|t| t.1.clone()),
-    };
-    let raft: Raft = Raft::new(opts.id, Arc::new(config), network, log, sm).await?;
+    let groups = Arc::new(Groups::default());
+    let root = Hosted::open(&opts, ROOT_PARTITION, tls.as_ref().map(|t| t.1.clone())).await?;
+    groups.insert(root.clone());
+    let raft = root.raft.clone();
     if !raft.is_initialized().await? && opts.peers.keys().next() == Some(&opts.id) {
         let members: BTreeMap<u64, BasicNode> = opts
             .peers
@@ -143,28 +126,18 @@ pub async fn serve(
         tracing::info!(?members, "initializing a new master group");
         raft.initialize(members).await?;
     }
-    // The state machine is rebuilt from the last snapshot on start, and the committed log id
-    // is not persisted: until the cluster's commit covers this master's log and it is applied,
-    // the state may be older than what this master served before it stopped (openraft
-    // `save_committed` docs). Metadata calls wait for that (`leader_check` says unavailable).
-    let recovered = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    {
-        let (raft, recovered) = (raft.clone(), recovered.clone());
-        tokio::spawn(async move {
-            match raft.wait_for_recovery(None).await {
-                Ok(_) => recovered.store(true, std::sync::atomic::Ordering::Release),
-                Err(e) => tracing::error!(error = %e, "state machine recovery wait failed"),
-            }
-        });
-    }
     let auth = Arc::new(cairn_rpc::auth::Verifier::new(opts.cluster_secret.clone()));
     let meta = MetaService::new(Inner {
         id: opts.id,
         raft: raft.clone(),
-        sm: shared,
+        sm: root.sm.clone(),
+        groups: groups.clone(),
+        hosting: Default::default(),
+        tls: tls.as_ref().map(|t| t.1.clone()),
+        opts: opts.clone(),
         registry: parking_lot::Mutex::new(Registry::new(opts.registry.clone())),
         lease: opts.lease,
-        recovered,
+        recovered: root.recovered.clone(),
         auth: auth.clone(),
         led_term: std::sync::atomic::AtomicU64::new(0),
         sealed_term: std::sync::atomic::AtomicU64::new(0),
@@ -182,6 +155,7 @@ pub async fn serve(
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
+                meta.host_partitions().await;
                 meta.scan_repairs();
                 meta.scan_conversions().await;
                 meta.export_metrics();
@@ -202,24 +176,18 @@ pub async fn serve(
         .layer(cairn_rpc::auth::DigestLayer)
         .add_service(MetaServer::new(meta))
         .add_service(RaftServer::new(RaftService {
-            raft: raft.clone(),
+            groups: groups.clone(),
             auth,
             refusals: Default::default(),
-            incoming: crate::network::Incoming::new(crate::store::incoming_dir(&opts.data_dir)),
         }))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     scanner.abort();
     let _ = scanner.await;
-    let _ = raft.shutdown().await;
-    drop(raft);
-    // The database and the log close when their last users (storage tasks finishing their
-    // work, the log's flusher) let go; a restart in the same process must not find them still
-    // open (the log's directory lock would refuse it).
+    drop((raft, root));
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while (Arc::strong_count(&db) > 1 || log_open.is_open()) && std::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    for g in groups.take_all() {
+        g.shutdown(deadline).await;
     }
     result?;
     Ok(())

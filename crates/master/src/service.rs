@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 
 mod batch;
+mod partitions;
 mod principal;
 mod status;
 
@@ -60,8 +61,17 @@ fn frees(cmd: &Command) -> bool {
 
 pub(crate) struct Inner {
     pub id: u64,
+    /// The root partition's Raft node and state (docs/partitions.md).
     pub raft: Raft,
     pub sm: Arc<Mutex<Applied>>,
+    /// Every partition this master hosts, the root included.
+    pub groups: Arc<crate::groups::Groups>,
+    /// Held while partitions are being opened (one opening at a time).
+    pub hosting: tokio::sync::Mutex<()>,
+    /// TLS to the other masters (for partitions' groups).
+    pub tls: Option<cairn_rpc::tls::ClientTlsConfig>,
+    /// How this master runs (partitions open with the same settings as the root).
+    pub opts: crate::node::MasterOptions,
     pub registry: Mutex<Registry>,
     pub lease: Duration,
     /// Set once the state machine caught up with the cluster's commit after a start (until
@@ -835,6 +845,10 @@ impl pb::meta_server::Meta for MetaService {
             })
         }
         .await)
+    }
+
+    async fn create_partition(&self, req: Request<pb::PartitionRequest>) -> Rpc<pb::StatusReply> {
+        MetaService::create_partition(self, req).await
     }
 
     async fn status(&self, req: Request<pb::Empty>) -> Rpc<pb::StatusReply> {

@@ -17,6 +17,7 @@ use std::sync::Arc;
 pub(crate) mod disk;
 pub use disk::TABLES;
 mod objects;
+pub mod partitions;
 pub mod perm;
 pub mod revoke;
 mod volumes;
@@ -63,6 +64,9 @@ pub struct State {
     /// The permission generation and the capability revocations (revoke.rs).
     #[serde(default, skip_serializing_if = "revoke::Revocations::is_empty")]
     revocations: Cell<revoke::Revocations>,
+    /// The partitions besides this one (the root's state only; docs/partitions.md).
+    #[serde(default)]
+    partitions: Cell<partitions::PartitionMap>,
     /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
     #[serde(skip, default = "disk::dentries_table")]
     dentries: Table<(InodeId, String), InodeId>,
@@ -101,6 +105,7 @@ impl Default for State {
             conversions: Cell::default(),
             cap_keys: Cell::default(),
             revocations: Cell::default(),
+            partitions: Cell::default(),
             dentries: disk::dentries_table(),
             chunk_owner: disk::chunk_owner_table(),
             acting: None,
@@ -1001,14 +1006,12 @@ impl State {
                 self.objects.seal_secrets(sealed);
                 Ok(Reply::default())
             }
+            Command::AddPartition { members, now_ms } => self.add_partition(members, *now_ms),
             Command::PruneRevocations { upto } => {
                 self.revocations.prune(*upto);
                 Ok(Reply::default())
             }
             Command::Batch(cmds) => Ok(Reply {
-                object: None,
-                inode: None,
-                chunk: None,
                 batch: cmds
                     .iter()
                     .map(|c| match c {
@@ -1016,6 +1019,7 @@ impl State {
                         c => self.apply(c),
                     })
                     .collect(),
+                ..Reply::default()
             }),
         }
     }

@@ -183,6 +183,7 @@ pub struct LogStore {
 }
 
 /// See [`LogStore::open_handle`].
+#[derive(Clone)]
 pub struct OpenHandle(std::sync::Weak<Mutex<RaftLog<WalTypes>>>);
 
 impl OpenHandle {

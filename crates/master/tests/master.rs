@@ -482,3 +482,113 @@ async fn a_master_far_behind_installs_the_leaders_snapshot() {
         "an installed snapshot's file is kept: {kept:?}"
     );
 }
+
+async fn status(c: &Masters) -> pb::StatusReply {
+    c.call(|mut c| async move { c.status(pb::Empty {}).await })
+        .await
+        .unwrap()
+}
+
+/// Waits until partition `id` has a leader that is the root's leader and every member
+/// hosts it; returns the status then.
+async fn partition_follows_root(c: &Masters, id: u32) -> pb::StatusReply {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = status(c).await;
+        let p = s.partitions.iter().find(|p| p.id == id);
+        if p.is_some_and(|p| p.hosted && p.leader_id == s.leader_id && p.last_applied > 0) {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "partition {id} never followed the root's leader: {:?}",
+            s.partitions
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A partition is a Raft group of its own on the same masters (docs/partitions.md): created
+/// by one call, hosted by every member in a directory of its own, led by the root's leader
+/// (also after that master stops and another leads the root), and there again after every
+/// master restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_is_a_raft_group_that_follows_the_roots_leader() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut listeners = Vec::new();
+    for _ in 0..3 {
+        listeners.push(
+            tokio::net::TcpListener::bind(("127.0.0.1", 0))
+                .await
+                .unwrap(),
+        );
+    }
+    let addrs: Vec<String> = listeners.iter().map(addr_of).collect();
+    let peers: std::collections::BTreeMap<u64, String> =
+        (1..=3).zip(addrs.iter().cloned()).collect();
+    let opts = |i: usize| {
+        let mut o = MasterOptions::single(dirs[i].path().to_path_buf(), addrs[i].clone());
+        o.id = i as u64 + 1;
+        o.peers = peers.clone();
+        o
+    };
+    let mut masters: Vec<Option<Running>> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| Some(run(opts(i), l)))
+        .collect();
+    let c = Masters::new(&addrs).unwrap();
+    let made = c
+        .call(|mut c| async move {
+            c.create_partition(pb::PartitionRequest { members: vec![] })
+                .await
+        })
+        .await
+        .unwrap();
+    let p1 = made
+        .partitions
+        .iter()
+        .find(|p| p.id == 1)
+        .expect("partition 1");
+    assert_eq!(p1.members, vec![1, 2, 3]);
+    assert_eq!(made.partitions[0].id, 0, "the root comes first");
+    // A member the root does not have is refused.
+    let e = c
+        .call(|mut c| async move {
+            c.create_partition(pb::PartitionRequest {
+                members: vec![1, 9],
+            })
+            .await
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+
+    let s = partition_follows_root(&c, 1).await;
+    for d in &dirs {
+        let p = d.path().join("partitions/1");
+        assert!(p.join("master.redb").exists() && p.join("raft-log").is_dir());
+    }
+    // The root's leader stops: another leads the root, and partition 1 follows it there.
+    let old = s.leader_id as usize;
+    masters[old - 1].take().unwrap().stop().await;
+    let s = partition_follows_root(&c, 1).await;
+    assert_ne!(s.leader_id as usize, old);
+    let l = tokio::net::TcpListener::bind(addrs[old - 1].as_str())
+        .await
+        .unwrap();
+    masters[old - 1] = Some(run(opts(old - 1), l));
+    // Every master restarts: the partition is in the root's state and in its own store.
+    for m in &mut masters {
+        m.take().unwrap().stop().await;
+    }
+    for (i, a) in addrs.iter().enumerate() {
+        let l = tokio::net::TcpListener::bind(a.as_str()).await.unwrap();
+        masters[i] = Some(run(opts(i), l));
+    }
+    let s = partition_follows_root(&c, 1).await;
+    assert_eq!(s.partitions.len(), 2, "{:?}", s.partitions);
+    for m in &mut masters {
+        m.take().unwrap().stop().await;
+    }
+}

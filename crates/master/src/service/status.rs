@@ -95,6 +95,10 @@ impl MetaService {
                 conversions_waiting: reg.repairs.conversions_waiting,
                 convert_after_secs: a.state.config().convert_after_secs,
                 background_bytes_per_sec: a.state.config().background_bytes_per_sec,
+                partitions: {
+                    drop((a, reg));
+                    self.inner.partition_status()
+                },
             })
         }
         .await)

@@ -166,6 +166,12 @@ pub enum Command {
     PruneRevocations {
         upto: u64,
     },
+    /// Adds a partition hosted by `members` (the root's command; docs/partitions.md); its
+    /// number is in [`Reply::partition`].
+    AddPartition {
+        members: Vec<u64>,
+        now_ms: u64,
+    },
 }
 
 impl fmt::Display for Command {
@@ -208,6 +214,7 @@ impl fmt::Display for Command {
             Command::Object(op) => write!(f, "object {}", object_op_name(op)),
             Command::SealSecrets { sealed } => write!(f, "seal-secrets of {}", sealed.len()),
             Command::PruneRevocations { upto } => write!(f, "prune-revocations to {upto}"),
+            Command::AddPartition { members, .. } => write!(f, "add-partition on {members:?}"),
         }
     }
 }
@@ -226,6 +233,9 @@ pub struct Reply {
     /// last chunk opened again for the new writer to continue, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunk: Option<ChunkId>,
+    /// For [`Command::AddPartition`]: the new partition's number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
 }
 
 fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {

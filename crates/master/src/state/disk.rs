@@ -50,6 +50,7 @@ const DIR_POLICIES: TableDef = cell("dir_policies");
 const CONVERSIONS: TableDef = cell("conversions");
 const CAP_KEYS: TableDef = cell("cap_keys");
 const REVOCATIONS: TableDef = cell("revocations");
+const PARTITIONS: TableDef = cell("partitions");
 
 /// Every table of the state, cells included (what a snapshot file holds; `counts` is
 /// rebuilt when one is installed).
@@ -67,6 +68,7 @@ pub static TABLES: &[TableDef] = {
         CONVERSIONS,
         CAP_KEYS,
         REVOCATIONS,
+        PARTITIONS,
         o::OBJECTS,
         o::UPLOADS,
         o::PARTS,
@@ -116,6 +118,7 @@ impl State {
             conversions: open_cell(CONVERSIONS, store)?,
             cap_keys: open_cell(CAP_KEYS, store)?,
             revocations: open_cell(REVOCATIONS, store)?,
+            partitions: open_cell(PARTITIONS, store)?,
             dentries: Table::open(DENTRIES, store.clone(), cache)?,
             chunk_owner: Table::open(CHUNK_OWNER, store.clone(), cache)?,
             acting: None,
@@ -138,6 +141,7 @@ impl State {
         self.conversions.flush(CONVERSIONS, tx)?;
         self.cap_keys.flush(CAP_KEYS, tx)?;
         self.revocations.flush(REVOCATIONS, tx)?;
+        self.partitions.flush(PARTITIONS, tx)?;
         self.objects.flush(tx)
     }
 
@@ -161,6 +165,7 @@ impl State {
         self.conversions.touch();
         self.cap_keys.touch();
         self.revocations.touch();
+        self.partitions.touch();
         self.flush(tx)
     }
 }

@@ -175,12 +175,17 @@ impl ObjectIndex {
         Ok(u)
     }
 
-    /// A user by access key (for checking the proofs of calls).
     /// Files freed into the trash, not yet deleted.
     pub fn trash_len(&self) -> usize {
         self.trash.len() as usize
     }
 
+    /// Objects in every bucket.
+    pub fn object_count(&self) -> u64 {
+        self.by_key.len()
+    }
+
+    /// A user by access key (for checking the proofs of calls).
     pub fn user(&self, access_key: &str) -> Option<&User> {
         self.users.get(access_key)
     }
