@@ -416,6 +416,28 @@ fn addr_of(l: &tokio::net::TcpListener) -> String {
     l.local_addr().unwrap().to_string()
 }
 
+/// Listeners for three masters on loopback, and their addresses.
+async fn three_listeners() -> (Vec<tokio::net::TcpListener>, Vec<String>) {
+    let mut listeners = Vec::new();
+    for _ in 0..3 {
+        listeners.push(
+            tokio::net::TcpListener::bind(("127.0.0.1", 0))
+                .await
+                .unwrap(),
+        );
+    }
+    let addrs = listeners.iter().map(addr_of).collect();
+    (listeners, addrs)
+}
+
+/// Master `i + 1` of the group of masters at `addrs`, keeping its data in `dir`.
+fn member(dir: &std::path::Path, addrs: &[String], i: usize) -> MasterOptions {
+    let mut o = MasterOptions::single(dir.to_path_buf(), addrs[i].clone());
+    o.id = i as u64 + 1;
+    o.peers = (1..).zip(addrs.iter().cloned()).collect();
+    o
+}
+
 /// Three masters; one is stopped while the others write and purge their logs past it (a
 /// snapshot every 20 entries, 5 kept below it), so on its return it can only catch up by
 /// receiving the leader's tables (streamed in chunks, kept as a file, checked, loaded). The
@@ -425,21 +447,9 @@ fn addr_of(l: &tokio::net::TcpListener) -> String {
 async fn a_master_far_behind_installs_the_leaders_snapshot() {
     let log = Log::capture();
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut listeners = Vec::new();
-    for _ in 0..3 {
-        listeners.push(
-            tokio::net::TcpListener::bind(("127.0.0.1", 0))
-                .await
-                .unwrap(),
-        );
-    }
-    let addrs: Vec<String> = listeners.iter().map(addr_of).collect();
-    let peers: std::collections::BTreeMap<u64, String> =
-        (1..=3).zip(addrs.iter().cloned()).collect();
+    let (listeners, addrs) = three_listeners().await;
     let opts = |i: usize| {
-        let mut o = MasterOptions::single(dirs[i].path().to_path_buf(), addrs[i].clone());
-        o.id = i as u64 + 1;
-        o.peers = peers.clone();
+        let mut o = member(dirs[i].path(), &addrs, i);
         o.snapshot_every = 20;
         o.log_keep = 5;
         o.state_cache = 8;
@@ -515,23 +525,8 @@ async fn partition_follows_root(c: &Masters, id: u32) -> pb::StatusReply {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_is_a_raft_group_that_follows_the_roots_leader() {
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut listeners = Vec::new();
-    for _ in 0..3 {
-        listeners.push(
-            tokio::net::TcpListener::bind(("127.0.0.1", 0))
-                .await
-                .unwrap(),
-        );
-    }
-    let addrs: Vec<String> = listeners.iter().map(addr_of).collect();
-    let peers: std::collections::BTreeMap<u64, String> =
-        (1..=3).zip(addrs.iter().cloned()).collect();
-    let opts = |i: usize| {
-        let mut o = MasterOptions::single(dirs[i].path().to_path_buf(), addrs[i].clone());
-        o.id = i as u64 + 1;
-        o.peers = peers.clone();
-        o
-    };
+    let (listeners, addrs) = three_listeners().await;
+    let opts = |i: usize| member(dirs[i].path(), &addrs, i);
     let mut masters: Vec<Option<Running>> = listeners
         .into_iter()
         .enumerate()
