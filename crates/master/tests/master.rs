@@ -430,6 +430,18 @@ async fn three_listeners() -> (Vec<tokio::net::TcpListener>, Vec<String>) {
     (listeners, addrs)
 }
 
+/// Starts master `i + 1` on each listener with `opts(i)`.
+fn run_all(
+    listeners: Vec<tokio::net::TcpListener>,
+    opts: impl Fn(usize) -> MasterOptions,
+) -> Vec<Option<Running>> {
+    listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| Some(run(opts(i), l)))
+        .collect()
+}
+
 /// Master `i + 1` of the group of masters at `addrs`, keeping its data in `dir`.
 fn member(dir: &std::path::Path, addrs: &[String], i: usize) -> MasterOptions {
     let mut o = MasterOptions::single(dir.to_path_buf(), addrs[i].clone());
@@ -455,11 +467,7 @@ async fn a_master_far_behind_installs_the_leaders_snapshot() {
         o.state_cache = 8;
         o
     };
-    let mut masters: Vec<Option<Running>> = listeners
-        .into_iter()
-        .enumerate()
-        .map(|(i, l)| Some(run(opts(i), l)))
-        .collect();
+    let mut masters = run_all(listeners, opts);
     let c = Masters::new(&addrs).unwrap();
     create_files(&c, 0, 50).await;
     masters[2].take().unwrap().stop().await;
@@ -527,11 +535,7 @@ async fn a_partition_is_a_raft_group_that_follows_the_roots_leader() {
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let (listeners, addrs) = three_listeners().await;
     let opts = |i: usize| member(dirs[i].path(), &addrs, i);
-    let mut masters: Vec<Option<Running>> = listeners
-        .into_iter()
-        .enumerate()
-        .map(|(i, l)| Some(run(opts(i), l)))
-        .collect();
+    let mut masters = run_all(listeners, opts);
     let c = Masters::new(&addrs).unwrap();
     let made = c
         .call(|mut c| async move {
