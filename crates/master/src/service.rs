@@ -871,14 +871,7 @@ impl pb::meta_server::Meta for MetaService {
                 return Err(MetaError::invalid("a group needs at least one master"));
             }
             self.inner.leader_check()?;
-            let known: BTreeMap<u64, String> = {
-                let m = self.inner.raft.metrics().borrow_watched().clone();
-                m.membership_config
-                    .membership()
-                    .nodes()
-                    .map(|(id, n)| (*id, n.addr.clone()))
-                    .collect()
-            };
+            let known = self.inner.master_addrs();
             let map = |e: openraft::error::RaftError<_, _>| {
                 MetaError::new(ErrorKind::Unavailable, e.to_string())
             };

@@ -25,28 +25,17 @@ impl Inner {
                 .partitions()
                 .partitions
                 .iter()
-                .filter(|(_, p)| p.members.contains(&self.id))
+                .filter(|(id, p)| p.members.contains(&self.id) && self.groups.get(**id).is_none())
                 .map(|(id, p)| (*id, p.members.iter().copied().collect()))
                 .collect()
         };
-        let addrs: BTreeMap<u64, String> = {
-            let m = self.raft.metrics().borrow_watched().clone();
-            m.membership_config
-                .membership()
-                .nodes()
-                .map(|(id, n)| (*id, n.addr.clone()))
-                .collect()
-        };
         for (id, members) in wanted {
-            if self.groups.get(id).is_some() {
-                continue;
-            }
             match Hosted::open(&self.opts, id, self.tls.clone()).await {
                 Ok(h) => {
                     tracing::info!(partition = id, ?members, "hosting a partition");
                     self.groups.insert(h.clone());
                     if members.first() == Some(&self.id) {
-                        initialize(&h, &members, &addrs).await;
+                        initialize(&h, &members, &self.master_addrs()).await;
                     }
                 }
                 Err(e) => tracing::error!(partition = id, error = %e,
@@ -54,6 +43,16 @@ impl Inner {
             }
         }
         self.follow_root_leader();
+    }
+
+    /// The root group's masters (voters and learners) and their addresses.
+    pub(super) fn master_addrs(&self) -> BTreeMap<u64, String> {
+        let m = self.raft.metrics().borrow_watched().clone();
+        m.membership_config
+            .membership()
+            .nodes()
+            .map(|(id, n)| (*id, n.addr.clone()))
+            .collect()
     }
 
     /// Asks each partition this master leads to transfer its leadership to the root's
