@@ -9,7 +9,7 @@
 //! rename moves one entry and a listing is one range scan.
 
 use crate::kv::{Cell, Table};
-use cairn_rpc::{ErrorKind, MetaError, components};
+use cairn_rpc::{ErrorKind, MetaError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -67,6 +67,12 @@ pub struct State {
     /// The partitions besides this one (the root's state only; docs/partitions.md).
     #[serde(default)]
     partitions: Cell<partitions::PartitionMap>,
+    /// Subtrees held by other partitions, by top directory (the root's state only).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    subtrees: Cell<BTreeMap<String, partitions::PartitionId>>,
+    /// The subtree this state holds (a partition's; the root's is the default).
+    #[serde(default)]
+    home: Cell<partitions::Home>,
     /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
     #[serde(skip, default = "disk::dentries_table")]
     dentries: Table<(InodeId, String), InodeId>,
@@ -106,6 +112,8 @@ impl Default for State {
             cap_keys: Cell::default(),
             revocations: Cell::default(),
             partitions: Cell::default(),
+            subtrees: Cell::default(),
+            home: Cell::default(),
             dentries: disk::dentries_table(),
             chunk_owner: disk::chunk_owner_table(),
             acting: None,
@@ -156,7 +164,7 @@ impl State {
     pub fn inherited_policy(&self, path: &str) -> Option<Policy> {
         let mut id = ROOT;
         let mut found = self.dir_policies.get(&ROOT).copied();
-        for name in components(path).unwrap_or_default() {
+        for name in self.local_components(path).unwrap_or_default() {
             match self.dentries.get(&(id, name.to_owned())).map(|c| *c) {
                 Some(child) if self.inodes.get(&child).is_some_and(|i| i.file().is_none()) => {
                     id = child;
@@ -304,7 +312,7 @@ impl State {
 
     pub fn lookup(&self, path: &str) -> Result<Arc<Inode>, MetaError> {
         let mut cur = ROOT;
-        for name in components(path)? {
+        for name in self.local_components(path)? {
             let ino = self.ino(cur);
             if ino.file().is_some() {
                 return Err(MetaError::new(
@@ -345,9 +353,12 @@ impl State {
         parents: bool,
         now_ms: u64,
     ) -> Result<(InodeId, String), MetaError> {
-        let comps = components(path)?;
+        let comps = self.local_components(path)?;
         let Some((last, dirs)) = comps.split_last() else {
-            return Err(MetaError::new(ErrorKind::AlreadyExists, "/ already exists"));
+            return Err(MetaError::new(
+                ErrorKind::AlreadyExists,
+                format!("{path} already exists"),
+            ));
         };
         let mut cur = ROOT;
         for name in dirs {
@@ -816,7 +827,12 @@ impl State {
             Command::Rename { from, to, now_ms } => {
                 let src = self.lookup(from)?.id;
                 if src == ROOT {
-                    return Err(MetaError::invalid("cannot rename /"));
+                    return Err(MetaError::invalid(format!("cannot rename {from}")));
+                }
+                if self.holds_subtree(from) {
+                    return Err(MetaError::invalid(format!(
+                        "{from} holds a subtree of another partition: it cannot be renamed yet"
+                    )));
                 }
                 let (parent, name) = self.parent_for_new(to, false, *now_ms)?;
                 // A directory may not move under itself.
@@ -848,7 +864,7 @@ impl State {
                 let ino = self.lookup(path)?;
                 let id = ino.id;
                 if id == ROOT {
-                    return Err(MetaError::invalid("cannot delete /"));
+                    return Err(MetaError::invalid(format!("cannot delete {path}")));
                 }
                 if ino.file().is_none()
                     && self
@@ -1007,6 +1023,20 @@ impl State {
                 Ok(Reply::default())
             }
             Command::AddPartition { members, now_ms } => self.add_partition(members, *now_ms),
+            Command::InitPartition {
+                partition,
+                path,
+                owner,
+                mode,
+                now_ms,
+            } => self.init_partition(*partition, path, owner, *mode, *now_ms),
+            Command::AssignSubtree {
+                path,
+                partition,
+                owner,
+                mode,
+                now_ms,
+            } => self.assign_subtree(path, *partition, owner, *mode, *now_ms),
             Command::PruneRevocations { upto } => {
                 self.revocations.prune(*upto);
                 Ok(Reply::default())

@@ -172,6 +172,25 @@ pub enum Command {
         members: Vec<u64>,
         now_ms: u64,
     },
+    /// Makes a new partition's state the holder of the subtree at `path` (applied in that
+    /// partition before the root's [`Command::AssignSubtree`]): ids from its range, its top
+    /// directory with `owner` and `mode`.
+    InitPartition {
+        partition: u32,
+        path: String,
+        owner: String,
+        mode: u16,
+        now_ms: u64,
+    },
+    /// Sends the subtree at `path` (missing, or an empty directory with `owner` and `mode`)
+    /// to `partition` in the root's map.
+    AssignSubtree {
+        path: String,
+        partition: u32,
+        owner: String,
+        mode: u16,
+        now_ms: u64,
+    },
 }
 
 impl fmt::Display for Command {
@@ -215,6 +234,12 @@ impl fmt::Display for Command {
             Command::SealSecrets { sealed } => write!(f, "seal-secrets of {}", sealed.len()),
             Command::PruneRevocations { upto } => write!(f, "prune-revocations to {upto}"),
             Command::AddPartition { members, .. } => write!(f, "add-partition on {members:?}"),
+            Command::InitPartition {
+                partition, path, ..
+            } => write!(f, "init-partition {partition} {path}"),
+            Command::AssignSubtree {
+                path, partition, ..
+            } => write!(f, "assign-subtree {path} {partition}"),
         }
     }
 }

@@ -51,6 +51,8 @@ const CONVERSIONS: TableDef = cell("conversions");
 const CAP_KEYS: TableDef = cell("cap_keys");
 const REVOCATIONS: TableDef = cell("revocations");
 const PARTITIONS: TableDef = cell("partitions");
+const SUBTREES: TableDef = cell("subtrees");
+const HOME: TableDef = cell("home");
 
 /// Every table of the state, cells included (what a snapshot file holds; `counts` is
 /// rebuilt when one is installed).
@@ -69,6 +71,8 @@ pub static TABLES: &[TableDef] = {
         CAP_KEYS,
         REVOCATIONS,
         PARTITIONS,
+        SUBTREES,
+        HOME,
         o::OBJECTS,
         o::UPLOADS,
         o::PARTS,
@@ -119,6 +123,8 @@ impl State {
             cap_keys: open_cell(CAP_KEYS, store)?,
             revocations: open_cell(REVOCATIONS, store)?,
             partitions: open_cell(PARTITIONS, store)?,
+            subtrees: open_cell(SUBTREES, store)?,
+            home: open_cell(HOME, store)?,
             dentries: Table::open(DENTRIES, store.clone(), cache)?,
             chunk_owner: Table::open(CHUNK_OWNER, store.clone(), cache)?,
             acting: None,
@@ -142,6 +148,8 @@ impl State {
         self.cap_keys.flush(CAP_KEYS, tx)?;
         self.revocations.flush(REVOCATIONS, tx)?;
         self.partitions.flush(PARTITIONS, tx)?;
+        self.subtrees.flush(SUBTREES, tx)?;
+        self.home.flush(HOME, tx)?;
         self.objects.flush(tx)
     }
 
@@ -166,6 +174,8 @@ impl State {
         self.cap_keys.touch();
         self.revocations.touch();
         self.partitions.touch();
+        self.subtrees.touch();
+        self.home.touch();
         self.flush(tx)
     }
 }

@@ -9,7 +9,7 @@
 //! answers from.
 
 use super::{Command, Inode, InodeId, Kind, ROOT, State};
-use cairn_rpc::{ErrorKind, MetaError, components};
+use cairn_rpc::{ErrorKind, MetaError};
 use serde::{Deserialize, Serialize};
 
 /// Read: a file's bytes, a directory's entries.
@@ -129,14 +129,19 @@ impl State {
             id = ino.parent;
         }
         names.reverse();
-        format!("/{}", names.join("/"))
+        let top = self.home.path.as_str();
+        match (top.is_empty(), names.is_empty()) {
+            (true, _) => format!("/{}", names.join("/")),
+            (false, true) => top.to_owned(),
+            (false, false) => format!("{top}/{}", names.join("/")),
+        }
     }
 
     /// Checks that `user` may add an entry at `path`: write and search on the deepest
     /// directory of `path` that exists (missing ones between it and the entry are made by
     /// `parents`), search on every one above it.
     fn check_new(&self, path: &str, user: &str) -> Result<(), MetaError> {
-        let comps = components(path)?;
+        let comps = self.local_components(path)?;
         let mut cur = ROOT;
         for name in comps.iter().take(comps.len().saturating_sub(1)) {
             match self.dentries.get(&(cur, (*name).to_owned())) {
