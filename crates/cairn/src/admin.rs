@@ -84,6 +84,22 @@ pub enum PartitionCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Send a subtree to a partition (a new one unless --to names one): its files and
+    /// directories are then created, stored and served by that partition's Raft group. The
+    /// directory must be missing or empty (moving a populated subtree is not built yet).
+    Split {
+        /// The subtree's top directory, e.g. /projects/big.
+        path: String,
+        /// An existing partition that holds no subtree yet.
+        #[arg(long)]
+        to: Option<u32>,
+        /// Masters that host the new partition (default: the root group's voters).
+        #[arg(long, value_delimiter = ',', conflicts_with = "to")]
+        members: Vec<u64>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -273,6 +289,38 @@ pub fn run(a: AdminArgs) -> anyhow::Result<()> {
                     );
                 } else {
                     println!("partition {} hosted by masters {:?}", new.id, new.members);
+                }
+            }
+            AdminCommand::Partition(PartitionCommand::Split {
+                path,
+                to,
+                members,
+                json,
+            }) => {
+                let req = pb::SplitRequest {
+                    path: path.clone(),
+                    to: to.unwrap_or(0),
+                    members,
+                };
+                let s = m
+                    .send(req, |mut c, r| async move { c.split_partition(r).await })
+                    .await?;
+                let norm = cairn_rpc::normalize(&path).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+                let p = s
+                    .partitions
+                    .iter()
+                    .find(|p| p.subtree == norm)
+                    .ok_or_else(|| anyhow::anyhow!("{norm} is in no partition's status"))?;
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"id": p.id, "subtree": p.subtree, "members": p.members})
+                    );
+                } else {
+                    println!(
+                        "{} is held by partition {} (masters {:?})",
+                        p.subtree, p.id, p.members
+                    );
                 }
             }
             AdminCommand::ServiceKey { .. } => unreachable!("answered without the masters"),

@@ -125,6 +125,7 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
                 "leader": (p.leader_id != 0).then_some(p.leader_id), "term": p.term,
                 "last_applied": p.last_applied, "files": p.files, "dirs": p.dirs,
                 "objects": p.objects,
+                "subtree": (!p.subtree.is_empty()).then_some(&p.subtree),
             })).collect::<Vec<_>>(),
             "s3": gateways,
             "nbd": nbd,
@@ -200,7 +201,7 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
     if s.partitions.len() > 1 {
         println!("partitions (docs/partitions.md):");
         println!(
-            "  {:>4}  {:<12} {:>6} {:>12} {:>10} {:>8} {:>10}",
+            "  {:>4}  {:<12} {:>6} {:>12} {:>10} {:>8} {:>10}  subtree",
             "id", "members", "leader", "last applied", "files", "dirs", "objects"
         );
         for p in &s.partitions {
@@ -212,7 +213,7 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
                 .join(",");
             if p.hosted {
                 println!(
-                    "  {:>4}  {:<12} {:>6} {:>12} {:>10} {:>8} {:>10}",
+                    "  {:>4}  {:<12} {:>6} {:>12} {:>10} {:>8} {:>10}  {}",
                     p.id,
                     members,
                     if p.leader_id == 0 {
@@ -223,7 +224,8 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
                     p.last_applied,
                     p.files,
                     p.dirs,
-                    p.objects
+                    p.objects,
+                    if p.subtree.is_empty() { "-" } else { &p.subtree },
                 );
             } else {
                 println!(

@@ -14,9 +14,10 @@
 //!    conversion a new leader finds without a task, ends without the switch: the members
 //!    become orphans instead.
 
+use crate::view::StateView;
 use crate::registry::{Registry, ServerState};
 use crate::repair::SCAN_BUDGET;
-use crate::state::{ChunkId, Command, ServerId, State};
+use crate::state::{ChunkId, Command, ServerId};
 use cairn_rpc::pb;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -50,15 +51,15 @@ pub struct Plan {
 
 impl Registry {
     /// The conversion scan: what to abandon and what to start.
-    pub fn plan_conversions(&mut self, state: &State, now: Instant, now_ms: u64) -> Plan {
+    pub fn plan_conversions(&mut self, state: &impl StateView, now: Instant, now_ms: u64) -> Plan {
         let mut plan = Plan::default();
-        for &group in state.conversions().keys() {
+        for (group, _) in state.conversions() {
             if !self.repairs.is_running(group) {
                 plan.abandon.push(group);
             }
         }
         let age = Duration::from_secs(state.config().convert_after_secs);
-        let converting: BTreeSet<ChunkId> = state.conversions().values().map(|c| c.chunk).collect();
+        let converting: BTreeSet<ChunkId> = state.conversions().map(|(_, c)| c.chunk).collect();
         let mut per_worker: HashMap<ServerId, usize> = HashMap::new();
         let mut running = 0;
         for w in self.repairs.converters() {
@@ -132,7 +133,7 @@ impl Registry {
     }
 
     /// `ConvertBegin` of `b` committed as group `group`: its task goes to the worker.
-    pub fn conversion_started(&mut self, group: ChunkId, b: &Begin, state: &State, now: Instant) {
+    pub fn conversion_started(&mut self, group: ChunkId, b: &Begin, state: &impl StateView, now: Instant) {
         let cell = crate::state::DEFAULT_CELL;
         let stripe = u64::from(b.k) * u64::from(cell);
         // A compressed group's members are as long as the stream makes them: unknown yet.

@@ -360,12 +360,14 @@ pub fn file_reply(st: &State, ino: &Inode) -> pb::FileReply {
     }
 }
 
-pub fn node_reply(st: &State, path: &str, ino: &Inode) -> pb::NodeReply {
-    let r = file_reply(st, ino);
+/// A node's reply: `st` is its partition's state, `root` the root partition's (where the
+/// chunkservers are).
+pub fn node_reply(st: &State, root: &State, path: &str, ino: &Inode) -> pb::NodeReply {
+    let r = file_reply(root, ino);
     pb::NodeReply {
         path: path.to_owned(),
         is_dir: matches!(ino.kind, Kind::Dir),
-        inode: ino.id,
+        inode: st.public_id(ino.id),
         ctime_ms: ino.ctime_ms,
         mtime_ms: ino.mtime_ms,
         file: r.file,

@@ -6,7 +6,10 @@ use crate::node::MasterOptions;
 use crate::state::partitions::{PartitionId, ROOT_PARTITION};
 use crate::store::{Applied, Raft, StateMachine, open_db_with};
 use crate::wal::{LogStore, OpenHandle};
-use openraft::{Config, SnapshotPolicy};
+use crate::state::{Command, Reply};
+use cairn_rpc::{ErrorKind, MetaError};
+use openraft::async_runtime::WatchReceiver;
+use openraft::{Config, ReadPolicy, SnapshotPolicy};
 use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,6 +30,8 @@ pub fn dir(data_dir: &Path, id: PartitionId) -> PathBuf {
 /// One partition's Raft node on this master.
 pub struct Hosted {
     pub id: PartitionId,
+    /// This master's id in the group.
+    node_id: u64,
     pub raft: Raft,
     pub sm: Arc<Mutex<Applied>>,
     /// The snapshot being received for it.
@@ -89,6 +94,7 @@ impl Hosted {
         }
         Ok(Arc::new(Self {
             id,
+            node_id: opts.id,
             raft,
             sm: shared,
             incoming: Incoming::new(crate::store::incoming_dir(&dir)),
@@ -100,6 +106,67 @@ impl Hosted {
 
     pub fn recovered(&self) -> bool {
         self.recovered.load(Ordering::Acquire)
+    }
+
+    /// The term in which this master leads the partition; otherwise where its leader is.
+    ///
+    /// # Errors
+    /// `Unavailable` while recovering; `NotLeader` naming the partition's leader.
+    pub fn leader_check(&self) -> Result<u64, MetaError> {
+        if !self.recovered() {
+            return Err(MetaError::new(
+                ErrorKind::Unavailable,
+                format!("partition {} is still recovering its state", self.id),
+            ));
+        }
+        let m = self.raft.metrics().borrow_watched().clone();
+        if m.current_leader == Some(self.raft_id()) {
+            return Ok(m.current_term);
+        }
+        let addr = m.current_leader.and_then(|l| {
+            m.membership_config
+                .membership()
+                .get_node(&l)
+                .map(|n| n.addr.clone())
+        });
+        Err(MetaError::not_leader(addr))
+    }
+
+    /// A linearizable read point in the partition (as the root's: a lease read).
+    ///
+    /// # Errors
+    /// As [`Hosted::leader_check`].
+    pub async fn read_barrier(&self) -> Result<u64, MetaError> {
+        let term = self.leader_check()?;
+        self.raft
+            .ensure_linearizable(ReadPolicy::LeaseRead)
+            .await
+            .map_err(|e| match e.forward_to_leader() {
+                Some(f) => MetaError::not_leader(f.leader_node.as_ref().map(|n| n.addr.clone())),
+                None => MetaError::new(ErrorKind::Unavailable, e.to_string()),
+            })?;
+        Ok(term)
+    }
+
+    /// Proposes `cmd` to the partition's group and waits until it is applied here.
+    ///
+    /// # Errors
+    /// What applying it answered; `NotLeader` or `Unavailable` when it was not committed.
+    pub async fn write(&self, cmd: Command) -> Result<Reply, MetaError> {
+        let started = Instant::now();
+        let r = self.raft.client_write(cmd).await;
+        metrics::histogram!("cairn_master_raft_write_seconds").record(started.elapsed());
+        match r {
+            Ok(r) => r.data,
+            Err(e) => Err(match e.forward_to_leader() {
+                Some(f) => MetaError::not_leader(f.leader_node.as_ref().map(|n| n.addr.clone())),
+                None => MetaError::new(ErrorKind::Unavailable, e.to_string()),
+            }),
+        }
+    }
+
+    fn raft_id(&self) -> u64 {
+        self.node_id
     }
 
     /// Stops the Raft node and waits (up to `until`) for its store and log to close: a

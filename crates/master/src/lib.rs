@@ -18,6 +18,7 @@ pub mod service;
 pub mod snapshot;
 pub mod state;
 pub mod store;
+pub mod view;
 pub mod wal;
 
 pub use node::{MasterOptions, serve};

@@ -3,8 +3,9 @@
 //! None of this is replicated. A new leader starts empty, asks every server for a full chunk
 //! report on its first heartbeat, and counts a server as down until it has heard from it.
 
+use crate::view::StateView;
 use crate::repair::Repairs;
-use crate::state::{ChunkId, ServerId, ServerRecord, State};
+use crate::state::{ChunkId, ServerId, ServerRecord};
 use cairn_rpc::{ErrorKind, MetaError, pb};
 use rand::Rng;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -258,7 +259,7 @@ impl Registry {
     }
 
     /// Records a heartbeat and reconciles the server's chunks with the namespace.
-    pub fn heartbeat(&mut self, hb: Heartbeat, state: &State, now: Instant) -> HeartbeatAnswer {
+    pub fn heartbeat(&mut self, hb: Heartbeat, state: &impl StateView, now: Instant) -> HeartbeatAnswer {
         let live = self.live.entry(hb.server_id).or_insert_with(|| Live {
             last: now,
             capacity: 0,
@@ -329,7 +330,9 @@ impl Registry {
             let listed = state
                 .chunk(c)
                 .is_some_and(|(_, chunk)| chunk.servers.contains(&server));
-            !listed
+            // A chunk of a partition this view lacks is not known to be unwanted.
+            state.knows(c)
+                && !listed
                 && !live.repairing.contains(&c)
                 && !repairs.targets(c, server)
                 && !state.converting_on(c, server)
@@ -346,12 +349,14 @@ impl Registry {
         // owns was deleted or trimmed, and goes now. A higher id (allocated by a log entry this
         // master has not applied yet) waits out the grace period.
         let grace = self.opts.orphan_grace;
-        let next = state.next_chunk_id();
         let settled = self.settled;
         let delete = live
             .orphans
             .iter()
-            .filter(|(c, since)| settled && (**c < next || now.duration_since(**since) >= grace))
+            .filter(|(c, since)| {
+                settled
+                    && (**c < state.next_chunk_of(**c) || now.duration_since(**since) >= grace)
+            })
             .map(|(c, _)| *c)
             .collect();
         let repairs = self.repairs.take_tasks(server);
@@ -388,7 +393,7 @@ impl Registry {
     /// so this is non-zero exactly while repair counts chunks under-replicated for a missing
     /// copy. Empty chunks are not counted: a spare is created by its first append, and a chunk
     /// sealed empty (a spare passed over, a chunk whose first append failed) holds nothing.
-    pub fn missing_replicas(&self, state: &State, now: Instant) -> u64 {
+    pub fn missing_replicas(&self, state: &impl StateView, now: Instant) -> u64 {
         let mut n = 0;
         for c in state.chunks() {
             if c.length == 0 {

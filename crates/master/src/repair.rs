@@ -11,8 +11,9 @@
 //! leader's memory only: a new leader adopts the repairs targets say they are running and
 //! schedules the rest again.
 
+use crate::view::StateView;
 use crate::registry::{Registry, RepairResult, ServerState};
-use crate::state::{ChunkId, Command, MemberMove, ServerId, State};
+use crate::state::{ChunkId, Command, MemberMove, ServerId};
 use cairn_rpc::pb;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -199,7 +200,7 @@ impl Repairs {
 
     /// Repairs a server says it runs that this leader does not know (it was elected since):
     /// adopted, so the copy is not taken for an orphan and not scheduled twice.
-    pub fn adopt(&mut self, server: ServerId, repairing: &[ChunkId], state: &State, now: Instant) {
+    pub fn adopt(&mut self, server: ServerId, repairing: &[ChunkId], state: &impl StateView, now: Instant) {
         for &c in repairing {
             // A group's rebuild is not adopted: which member it rebuilds is not reported, so
             // it is scheduled again (the unrecorded copy becomes an orphan).
@@ -295,7 +296,7 @@ impl Registry {
     /// Good copies of a chunk among its locations.
     pub fn good_copies(
         &self,
-        state: &State,
+        state: &impl StateView,
         chunk: ChunkId,
         length: u64,
         servers: &[ServerId],
@@ -313,7 +314,7 @@ impl Registry {
     /// member takes its position.
     pub fn repaired(
         &self,
-        state: &State,
+        state: &impl StateView,
         chunk_id: ChunkId,
         length: u64,
         server: ServerId,
@@ -344,7 +345,7 @@ impl Registry {
     }
 
     /// The scan: counts what is short of copies and hands out new tasks.
-    pub fn scan_repairs(&mut self, state: &State, now: Instant) {
+    pub fn scan_repairs(&mut self, state: &impl StateView, now: Instant) {
         // Tasks whose target went down, or that the target never started.
         let lost: Vec<ChunkId> = self
             .repairs
@@ -583,14 +584,14 @@ impl Registry {
         }
     }
 
-    fn is_up(&self, state: &State, server: ServerId, now: Instant) -> bool {
+    fn is_up(&self, state: &impl StateView, server: ServerId, now: Instant) -> bool {
         state
             .servers()
             .get(&server)
             .is_some_and(|r| self.state_of(r, now) == ServerState::Up)
     }
 
-    fn addr(&self, state: &State, server: ServerId) -> Option<pb::ServerAddr> {
+    fn addr(&self, state: &impl StateView, server: ServerId) -> Option<pb::ServerAddr> {
         state.servers().get(&server).map(|r| pb::ServerAddr {
             id: server,
             addr: r.addr.clone(),
@@ -599,7 +600,7 @@ impl Registry {
 
     /// Says, once, which chunk nothing can be read back of and what each of its locations
     /// last reported of it: an operator's only lead to the copies.
-    fn log_lost(&self, state: &State, c: &crate::state::Chunk, now: Instant) {
+    fn log_lost(&self, state: &impl StateView, c: &crate::state::Chunk, now: Instant) {
         let copies: Vec<String> = c
             .servers
             .iter()

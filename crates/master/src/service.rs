@@ -2,7 +2,7 @@
 
 use crate::convert;
 use crate::registry::Registry;
-use crate::state::{Command, Inode, Lease, Policy, Reply, perm};
+use crate::state::{Command, Policy, Reply};
 use crate::store::{Applied, Raft};
 use cairn_proto::cap;
 use cairn_rpc::auth::Principal;
@@ -16,11 +16,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 
 mod batch;
+mod namespace;
 mod partitions;
 mod principal;
 mod status;
 
-use batch::delete_command;
 pub(crate) use principal::prove_connection;
 use principal::{as_user, check_read};
 
@@ -357,15 +357,15 @@ impl Inner {
         if self.leader_check().is_err() {
             return;
         }
-        let plan = {
-            let a = self.sm.lock();
+        let plan = self.with_view(|_, v| {
             self.registry
                 .lock()
-                .plan_conversions(&a.state, Instant::now(), now_ms())
-        };
+                .plan_conversions(v, Instant::now(), now_ms())
+        });
         for group in plan.abandon {
             tracing::info!(group, "conversion abandoned (no task runs it)");
-            if let Err(e) = self.write(crate::conversion::end(group, false, 0)).await {
+            let end = crate::conversion::end(group, false, 0);
+            if let Err(e) = self.write_for_chunk(group, end).await {
                 tracing::warn!(group, error = %e, "abandoning a conversion failed");
                 return;
             }
@@ -376,14 +376,15 @@ impl Inner {
                 servers: b.servers.clone(),
                 now_ms: now_ms(),
             };
-            match self.write(cmd).await {
+            match self.write_for_chunk(b.chunk_id, cmd).await {
                 Ok(Reply {
                     chunk: Some(group), ..
                 }) => {
-                    let a = self.sm.lock();
-                    self.registry
-                        .lock()
-                        .conversion_started(group, &b, &a.state, Instant::now());
+                    self.with_view(|_, v| {
+                        self.registry
+                            .lock()
+                            .conversion_started(group, &b, v, Instant::now());
+                    });
                 }
                 Ok(_) => tracing::warn!(chunk = b.chunk_id, "conversion begin returned no group"),
                 Err(e) => {
@@ -403,36 +404,7 @@ impl Inner {
             }
             return;
         }
-        let a = self.sm.lock();
-        self.registry.lock().scan_repairs(&a.state, Instant::now());
-    }
-
-    /// Applies `cmd` for `who` and answers with the node at `path` it touched.
-    async fn node_write(
-        &self,
-        who: &Principal,
-        cmd: Command,
-        path: &str,
-    ) -> Result<pb::NodeReply, MetaError> {
-        let reply = self.write(as_user(who, cmd)?).await?;
-        let ino = reply.inode.ok_or_else(|| MetaError::internal("no inode"))?;
-        Ok(convert::node_reply(&self.sm.lock().state, path, &ino))
-    }
-
-    /// The reply to a writer's call: its chunks signed for writing, with the file's writer
-    /// epoch.
-    fn file_reply(&self, ino: Option<Inode>, who: &Principal) -> Result<pb::FileReply, MetaError> {
-        let ino = ino.ok_or_else(|| MetaError::internal("command returned no inode"))?;
-        let (mut r, signer) = {
-            let a = self.sm.lock();
-            let signer = crate::caps::Signer::of(&a.state, now_ms(), who);
-            (convert::file_reply(&a.state, &ino), signer)
-        };
-        // Signed outside the state's lock: one HMAC per chunk of the file.
-        if let (Some(s), Some(f), Some(meta)) = (signer, r.file.as_mut(), ino.file()) {
-            s.sign_file(f, cap::WRITE, meta.writer_epoch);
-        }
-        Ok(r)
+        self.with_view(|_, v| self.registry.lock().scan_repairs(v, Instant::now()));
     }
 }
 
@@ -446,26 +418,8 @@ impl pb::meta_server::Meta for MetaService {
         let (who, call) = self.inner.call(&req, "Mkdir")?;
         let r = req.into_inner();
         let target = serde_json::json!(r.path);
-        self.inner.audited(
-            &call,
-            target,
-            async {
-                let path = convert::path(&r.path)?;
-                let cmd = Command::Mkdir {
-                    path: path.clone(),
-                    parents: r.parents,
-                    now_ms: now_ms(),
-                    policy: r
-                        .policy
-                        .as_ref()
-                        .map(|p| convert::policy(Some(p)))
-                        .transpose()?,
-                    mode: convert::mode(r.mode)?,
-                };
-                self.inner.node_write(&who, cmd, &path).await
-            }
-            .await,
-        )
+        self.inner
+            .audited(&call, target, self.inner.mkdir(&who, r).await)
     }
 
     async fn create(&self, req: Request<pb::CreateRequest>) -> Rpc<pb::FileReply> {
@@ -475,8 +429,8 @@ impl pb::meta_server::Meta for MetaService {
             &call,
             target,
             async {
-                let cmd = self.inner.create_command(req.into_inner())?;
-                let reply = self.inner.write(as_user(&who, cmd)?).await?;
+                let (routed, cmd) = self.inner.create_command(req.into_inner(), &who)?;
+                let reply = self.inner.write_to(&routed.h, cmd).await?;
                 self.inner.file_reply(reply.inode, &who)
             }
             .await,
@@ -487,60 +441,13 @@ impl pb::meta_server::Meta for MetaService {
         let (who, call) = self.inner.call(&req, "OpenWrite")?;
         let r = req.into_inner();
         let target = serde_json::json!(r.path);
-        self.inner.audited(
-            &call,
-            target,
-            async {
-                let path = convert::path(&r.path)?;
-                let holder = convert::client_id(&r.client_id)?;
-                let count = convert::chunk_count(r.chunks)?;
-                self.inner.read_barrier().await?;
-                let policy = self.inner.policy_of(&path)?;
-                let (placements, groups) =
-                    self.inner.place(&policy, false, count, &BTreeSet::new())?;
-                let now = now_ms();
-                let cmd = Command::OpenWrite {
-                    path,
-                    now_ms: now,
-                    lease: Lease {
-                        holder,
-                        expires_ms: self.inner.lease_until(now),
-                    },
-                    placements,
-                    groups,
-                    continue_below: r.continue_below,
-                };
-                let reply = self.inner.write(as_user(&who, cmd)?).await?;
-                let mut r = self.inner.file_reply(reply.inode, &who)?;
-                r.continued_chunk = reply.chunk.unwrap_or(0);
-                Ok(r)
-            }
-            .await,
-        )
+        self.inner
+            .audited(&call, target, self.inner.open_write(&who, r).await)
     }
 
     async fn stat(&self, req: Request<pb::PathRequest>) -> Rpc<pb::NodeReply> {
         let who = self.inner.who(&req, "Stat")?;
-        let r = req.into_inner();
-        ok(async {
-            let path = convert::path(&r.path)?;
-            self.inner.read_barrier().await?;
-            let (mut r, signer) = {
-                let a = self.inner.sm.lock();
-                let ino = a.state.lookup(&path)?;
-                // A file's stat hands out capabilities to read it: read permission; a
-                // directory's needs only the way to it.
-                let want = if ino.file().is_some() { perm::READ } else { 0 };
-                check_read(&a.state, &who, &ino, want)?;
-                let signer = crate::caps::Signer::of(&a.state, now_ms(), &who);
-                (convert::node_reply(&a.state, &path, &ino), signer)
-            };
-            if let (Some(s), Some(f)) = (signer, r.file.as_mut()) {
-                s.sign_file(f, cap::READ, 0);
-            }
-            Ok(r)
-        }
-        .await)
+        ok(self.inner.stat(&who, req.into_inner()).await)
     }
 
     async fn object_read(&self, req: Request<pb::ObjectBytes>) -> Rpc<pb::ObjectBytes> {
@@ -571,45 +478,15 @@ impl pb::meta_server::Meta for MetaService {
 
     async fn list(&self, req: Request<pb::PathRequest>) -> Rpc<pb::ListReply> {
         let who = self.inner.who(&req, "List")?;
-        let r = req.into_inner();
-        ok(async {
-            let path = convert::path(&r.path)?;
-            self.inner.read_barrier().await?;
-            let a = self.inner.sm.lock();
-            let dir = a.state.lookup(&path)?;
-            let want = if dir.file().is_some() { 0 } else { perm::READ };
-            check_read(&a.state, &who, &dir, want)?;
-            let entries = a
-                .state
-                .list(&path)?
-                .into_iter()
-                .map(|i| convert::dir_entry(&i))
-                .collect();
-            Ok(pb::ListReply { entries })
-        }
-        .await)
+        ok(self.inner.list(&who, req.into_inner()).await)
     }
 
     async fn rename(&self, req: Request<pb::RenameRequest>) -> Rpc<pb::Empty> {
         let (who, call) = self.inner.call(&req, "Rename")?;
         let r = req.into_inner();
         let target = serde_json::json!({"from": r.from, "to": r.to});
-        self.inner.audited(
-            &call,
-            target,
-            async {
-                let from = convert::path(&r.from)?;
-                let to = convert::path(&r.to)?;
-                let cmd = Command::Rename {
-                    from,
-                    to,
-                    now_ms: now_ms(),
-                };
-                self.inner.write(as_user(&who, cmd)?).await?;
-                Ok(pb::Empty {})
-            }
-            .await,
-        )
+        let res = self.inner.rename(&who, r).await.map(|()| pb::Empty {});
+        self.inner.audited(&call, target, res)
     }
 
     async fn delete(&self, req: Request<pb::PathRequest>) -> Rpc<pb::Empty> {
@@ -619,8 +496,8 @@ impl pb::meta_server::Meta for MetaService {
             &call,
             target,
             async {
-                let cmd = delete_command(&req.into_inner())?;
-                self.inner.write(as_user(&who, cmd)?).await?;
+                let (routed, cmd) = self.inner.delete_command(&req.into_inner(), &who)?;
+                self.inner.write_to(&routed.h, cmd).await?;
                 Ok(pb::Empty {})
             }
             .await,
@@ -631,49 +508,16 @@ impl pb::meta_server::Meta for MetaService {
         let (who, call) = self.inner.call(&req, "SetAttr")?;
         let r = req.into_inner();
         let target = serde_json::json!({"path": r.path, "mode": r.mode, "owner": r.owner});
-        self.inner.audited(
-            &call,
-            target,
-            async {
-                let path = convert::path(&r.path)?;
-                let cmd = Command::SetAttr {
-                    path: path.clone(),
-                    mode: convert::mode(r.mode)?,
-                    owner: r.owner,
-                };
-                self.inner.node_write(&who, cmd, &path).await
-            }
-            .await,
-        )
+        self.inner
+            .audited(&call, target, self.inner.set_attr(&who, r).await)
     }
 
     async fn allocate_chunks(&self, req: Request<pb::AllocateRequest>) -> Rpc<pb::FileReply> {
         let (who, call) = self.inner.call(&req, "AllocateChunks")?;
         let r = req.into_inner();
         let target = serde_json::json!(r.path);
-        self.inner.audited(
-            &call,
-            target,
-            async {
-                let path = convert::path(&r.path)?;
-                let holder = convert::client_id(&r.client_id)?;
-                let count = convert::chunk_count(r.chunks)?;
-                let exclude = convert::exclude(&r.exclude)?;
-                self.inner.read_barrier().await?;
-                let policy = self.inner.policy_of(&path)?;
-                let (placements, groups) = self.inner.place(&policy, r.tail, count, &exclude)?;
-                let cmd = Command::Allocate {
-                    path,
-                    holder,
-                    now_ms: now_ms(),
-                    placements,
-                    groups,
-                };
-                let reply = self.inner.write(as_user(&who, cmd)?).await?;
-                self.inner.file_reply(reply.inode, &who)
-            }
-            .await,
-        )
+        self.inner
+            .audited(&call, target, self.inner.allocate(&who, r).await)
     }
 
     async fn commit(&self, req: Request<pb::CommitRequest>) -> Rpc<pb::FileReply> {
@@ -683,8 +527,8 @@ impl pb::meta_server::Meta for MetaService {
             &call,
             target,
             async {
-                let cmd = self.inner.commit_command(&req.into_inner())?;
-                let reply = self.inner.write(as_user(&who, cmd)?).await?;
+                let (routed, cmd) = self.inner.commit_command(&req.into_inner(), &who)?;
+                let reply = self.inner.write_to(&routed.h, cmd).await?;
                 self.inner.file_reply(reply.inode, &who)
             }
             .await,
@@ -702,36 +546,7 @@ impl pb::meta_server::Meta for MetaService {
 
     async fn locate(&self, req: Request<pb::LocateRequest>) -> Rpc<pb::LocateReply> {
         let who = self.inner.who(&req, "Locate")?;
-        let r = req.into_inner();
-        ok(async {
-            let ids = convert::locate(&r)?;
-            self.inner.read_barrier().await?;
-            let (mut chunks, servers, signer) = {
-                let a = self.inner.sm.lock();
-                let chunks: Vec<pb::ChunkMeta> = ids
-                    .iter()
-                    .map(|id| match a.state.chunk(*id) {
-                        // Read permission on the chunk's file, as for a stat of it.
-                        Some((ino, c)) => check_read(&a.state, &who, &ino, perm::READ)
-                            .map(|()| convert::chunk(&c)),
-                        None => Ok(pb::ChunkMeta::default()),
-                    })
-                    .collect::<Result<_, MetaError>>()?;
-                let servers = convert::server_addrs(&a.state, &chunks);
-                (
-                    chunks,
-                    servers,
-                    crate::caps::Signer::of(&a.state, now_ms(), &who),
-                )
-            };
-            if let Some(s) = signer {
-                for c in chunks.iter_mut().filter(|c| c.id != 0) {
-                    c.cap = s.sign(c.id, c.version, cap::READ, 0);
-                }
-            }
-            Ok(pb::LocateReply { chunks, servers })
-        }
-        .await)
+        ok(self.inner.locate(&who, req.into_inner()).await)
     }
 
     async fn register(&self, req: Request<pb::RegisterRequest>) -> Rpc<pb::RegisterReply> {
@@ -770,8 +585,10 @@ impl pb::meta_server::Meta for MetaService {
             // off) may not have heard of the next term yet, and its answer names chunks to
             // delete from an older state. Its lease has run out, so the barrier refuses.
             let term = self.inner.read_barrier().await?;
-            let (answer, masters) = {
-                let a = self.inner.sm.lock();
+            // The same for each partition: a chunk of one whose leadership this master cannot
+            // confirm is unknown to the view, and kept.
+            let confirmed = self.inner.confirmed_partitions().await;
+            let (answer, masters) = self.inner.with_view_of(Some(&confirmed), |a, view| {
                 if !a.state.servers().contains_key(&hb.server_id) {
                     return Err(MetaError::not_found(format!(
                         "chunkserver {} (register first)",
@@ -784,7 +601,7 @@ impl pb::meta_server::Meta for MetaService {
                 reg.settled = a
                     .last_applied
                     .is_some_and(|l| l.committed_leader_id().term == term);
-                let answer = reg.heartbeat(hb, &a.state, Instant::now());
+                let answer = reg.heartbeat(hb, view, Instant::now());
                 drop(reg);
                 let masters: Vec<String> = a
                     .membership
@@ -792,8 +609,8 @@ impl pb::meta_server::Meta for MetaService {
                     .nodes()
                     .map(|(_, n)| n.addr.clone())
                     .collect();
-                (answer, masters)
-            };
+                Ok((answer, masters))
+            })?;
             // Finished repairs become locations (through Raft) before the task is forgotten,
             // so the new copy is never taken for an orphan. In a task of its own: a heartbeat
             // call dropped half way must not leave a repair waiting for its record forever.
@@ -806,7 +623,7 @@ impl pb::meta_server::Meta for MetaService {
                             Command::ConvertEnd { group_id, .. } => group_id,
                             _ => continue,
                         };
-                        let r = inner.write(cmd).await;
+                        let r = inner.write_for_chunk(chunk_id, cmd).await;
                         if let Err(e) = &r {
                             tracing::warn!(chunk = chunk_id, error = %e, "recording a repair or conversion failed");
                         }
@@ -849,6 +666,10 @@ impl pb::meta_server::Meta for MetaService {
 
     async fn create_partition(&self, req: Request<pb::PartitionRequest>) -> Rpc<pb::StatusReply> {
         MetaService::create_partition(self, req).await
+    }
+
+    async fn split_partition(&self, req: Request<pb::SplitRequest>) -> Rpc<pb::StatusReply> {
+        MetaService::split_partition(self, req).await
     }
 
     async fn status(&self, req: Request<pb::Empty>) -> Rpc<pb::StatusReply> {

@@ -1037,6 +1037,10 @@ impl State {
                 mode,
                 now_ms,
             } => self.assign_subtree(path, *partition, owner, *mode, *now_ms),
+            Command::Revoke { files } => {
+                self.revoke_files(files);
+                Ok(Reply::default())
+            }
             Command::PruneRevocations { upto } => {
                 self.revocations.prune(*upto);
                 Ok(Reply::default())

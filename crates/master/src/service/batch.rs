@@ -1,12 +1,16 @@
 //! Creates, commits, deletes and object-index changes of concurrent callers, checked one by
-//! one and applied as one Raft entry (`Batch`), and the commands they become.
+//! one and applied as one Raft entry (`Batch`) per partition they are in, the partitions'
+//! entries written concurrently.
 
-use super::{Inner, as_user, now_ms};
+use super::Inner;
 use crate::convert;
-use crate::state::{Command, Lease, Policy};
+use crate::groups::Hosted;
+use crate::state::Command;
+use crate::state::partitions::PartitionId;
 use cairn_rpc::auth::Principal;
-use cairn_rpc::{ErrorKind, MetaError, pb};
-use std::collections::BTreeSet;
+use cairn_rpc::{MetaError, pb};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// What a batched operation answers with.
 #[derive(Clone, Copy)]
@@ -17,59 +21,6 @@ enum Answer {
 }
 
 impl Inner {
-    /// A create's command: placement of its first chunks happens here, on the leader.
-    pub(super) fn create_command(&self, r: pb::CreateRequest) -> Result<Command, MetaError> {
-        let path = convert::path(&r.path)?;
-        let policy = match &r.policy {
-            Some(p) => convert::policy(Some(p))?,
-            None => self
-                .sm
-                .lock()
-                .state
-                .inherited_policy(&path)
-                .unwrap_or_default(),
-        };
-        let count = convert::chunk_count(r.chunks)?;
-        let now = now_ms();
-        let lease = if r.client_id.is_empty() {
-            None
-        } else {
-            Some(Lease {
-                holder: convert::client_id(&r.client_id)?,
-                expires_ms: self.lease_until(now),
-            })
-        };
-        self.leader_check()?;
-        self.check_placeable(&policy)?;
-        let (placements, groups) = self.place(&policy, false, count, &BTreeSet::new())?;
-        Ok(Command::Create {
-            path,
-            policy,
-            parents: r.parents,
-            now_ms: now,
-            lease,
-            placements,
-            groups,
-            mode: convert::mode(r.mode)?,
-        })
-    }
-
-    pub(super) fn commit_command(&self, r: &pb::CommitRequest) -> Result<Command, MetaError> {
-        let now = now_ms();
-        Ok(Command::Commit {
-            path: convert::path(&r.path)?,
-            holder: convert::client_id(&r.client_id)?,
-            now_ms: now,
-            updates: convert::updates(&r.updates)?,
-            trim: r.trim,
-            release: r.release,
-            seal: r.seal,
-            lease_until_ms: self.lease_until(now),
-            drops: convert::drops(&r.drops)?,
-            remove: convert::remove(&r.remove)?,
-        })
-    }
-
     /// Independent operations of concurrent callers: each is checked and becomes a command
     /// on its own (a bad one fails alone), and all that pass go into one Raft entry.
     pub(super) async fn batch(
@@ -83,20 +34,21 @@ impl Inner {
         self.leader_check()?;
         metrics::histogram!("cairn_master_batch_ops").record(ops.len() as f64);
         let mut results: Vec<Option<Outcome>> = vec![None; ops.len()];
-        let mut cmds = Vec::with_capacity(ops.len());
-        // (index in the request, what it answers with)
-        let mut at = Vec::with_capacity(ops.len());
+        // By partition: its group, then (index in the request, what it answers with) and the
+        // command of each of its operations.
+        type Part = (Arc<Hosted>, Vec<(usize, Answer)>, Vec<Command>);
+        let mut parts: BTreeMap<PartitionId, Part> = BTreeMap::new();
         for (i, op) in ops.into_iter().enumerate() {
             let prepared = match op.op {
                 Some(Op::Create(r)) => self
-                    .create_command(r)
-                    .and_then(|c| Ok((as_user(who, c)?, Answer::File))),
+                    .create_command(r, who)
+                    .map(|(r, c)| (r.h, c, Answer::File)),
                 Some(Op::Commit(r)) => self
-                    .commit_command(&r)
-                    .and_then(|c| Ok((as_user(who, c)?, Answer::File))),
-                Some(Op::Delete(r)) => {
-                    delete_command(&r).and_then(|c| Ok((as_user(who, c)?, Answer::Done)))
-                }
+                    .commit_command(&r, who)
+                    .map(|(r, c)| (r.h, c, Answer::File)),
+                Some(Op::Delete(r)) => self
+                    .delete_command(&r, who)
+                    .map(|(r, c)| (r.h, c, Answer::Done)),
                 Some(Op::Object(b)) => cairn_rpc::object::decode(&b)
                     .and_then(|op| {
                         crate::confine::object_op(who, &op)?;
@@ -105,22 +57,41 @@ impl Inner {
                         })?;
                         Ok(op)
                     })
-                    .map(|mut op| {
+                    .and_then(|mut op| {
                         self.seal_op(&mut op);
-                        (Command::Object(Box::new(op)), Answer::Object)
+                        let root = self.led(crate::state::partitions::ROOT_PARTITION)?;
+                        Ok((root, Command::Object(Box::new(op)), Answer::Object))
                     }),
                 None => Err(MetaError::invalid("a batch operation without an operation")),
             };
             match prepared {
-                Ok((cmd, file)) => {
-                    cmds.push(cmd);
-                    at.push((i, file));
+                Ok((h, cmd, answer)) => {
+                    let part = parts
+                        .entry(h.id)
+                        .or_insert_with(|| (h.clone(), Vec::new(), Vec::new()));
+                    part.1.push((i, answer));
+                    part.2.push(cmd);
                 }
                 Err(e) => results[i] = Some(Outcome::Error((&e).into())),
             }
         }
-        if !cmds.is_empty() {
-            let reply = self.write(Command::Batch(cmds)).await?;
+        let single = parts.len() == 1;
+        let writes = parts.into_values().map(|(h, at, cmds)| async move {
+            let r = self.write_to(&h, Command::Batch(cmds)).await;
+            (at, r)
+        });
+        for (at, reply) in futures::future::join_all(writes).await {
+            let reply = match reply {
+                Ok(r) => r,
+                // One partition: its error is the call's (a redirect the client follows).
+                Err(e) if single => return Err(e),
+                Err(e) => {
+                    for (i, _) in at {
+                        results[i] = Some(Outcome::Error((&e).into()));
+                    }
+                    continue;
+                }
+            };
             if reply.batch.len() != at.len() {
                 return Err(MetaError::internal(format!(
                     "a batch of {} commands returned {} results",
@@ -147,18 +118,4 @@ impl Inner {
                 .collect(),
         })
     }
-
-    pub(super) fn policy_of(&self, path: &str) -> Result<Policy, MetaError> {
-        let a = self.sm.lock();
-        let ino = a.state.lookup(path)?;
-        ino.file().map(|f| f.policy).ok_or_else(|| {
-            MetaError::new(ErrorKind::IsADirectory, format!("{path}: is a directory"))
-        })
-    }
-}
-
-pub(super) fn delete_command(r: &pb::PathRequest) -> Result<Command, MetaError> {
-    Ok(Command::Delete {
-        path: convert::path(&r.path)?,
-    })
 }

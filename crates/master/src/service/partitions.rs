@@ -4,15 +4,112 @@
 
 use super::{Inner, MetaService, Rpc};
 use crate::groups::Hosted;
-use crate::state::Command;
-use crate::state::partitions::{PartitionId, ROOT_PARTITION};
+use crate::state::partitions::{PartitionId, ROOT_PARTITION, partition_of};
+use crate::state::{ChunkId, Command, Reply};
+use crate::store::Applied;
+use crate::view::View;
 use cairn_rpc::{MetaError, pb};
 use openraft::BasicNode;
 use openraft::async_runtime::WatchReceiver;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use tonic::Request;
 
 impl Inner {
+    /// Adds a partition hosted by `members` (the root's voters when empty); its number.
+    async fn add_partition(&self, members: &[u64]) -> Result<PartitionId, MetaError> {
+        self.leader_check()?;
+        let voters: Vec<u64> = {
+            let m = self.raft.metrics().borrow_watched().clone();
+            m.membership_config.membership().voter_ids().collect()
+        };
+        let mut members = if members.is_empty() {
+            voters.clone()
+        } else {
+            members.to_vec()
+        };
+        members.sort_unstable();
+        members.dedup();
+        if let Some(m) = members.iter().find(|m| !voters.contains(m)) {
+            return Err(MetaError::invalid(format!(
+                "master {m} is not a voter of the root group (voters: {voters:?})"
+            )));
+        }
+        let reply = self
+            .write(Command::AddPartition {
+                members,
+                now_ms: super::now_ms(),
+            })
+            .await?;
+        reply
+            .partition
+            .ok_or_else(|| MetaError::internal("adding a partition named none"))
+    }
+
+    /// `f` on the root's applied state and the view (crate::view) of the root and every
+    /// partition this master leads whose state is settled (holds everything committed
+    /// before its leader's term): what heartbeats, repair, conversion and status read.
+    pub(crate) fn with_view<T>(&self, f: impl FnOnce(&Applied, &View<'_>) -> T) -> T {
+        self.with_view_of(None, f)
+    }
+
+    /// The partitions this master leads, each confirmed by a read barrier (its lease holds:
+    /// no other master can lead it now).
+    pub(crate) async fn confirmed_partitions(&self) -> BTreeSet<PartitionId> {
+        let mut out = BTreeSet::new();
+        for h in self.groups.all() {
+            if h.id != ROOT_PARTITION && h.leader_check().is_ok() && h.read_barrier().await.is_ok() {
+                out.insert(h.id);
+            }
+        }
+        out
+    }
+
+    /// [`Inner::with_view`] of the partitions in `only` (all it leads when `None`).
+    pub(crate) fn with_view_of<T>(
+        &self,
+        only: Option<&BTreeSet<PartitionId>>,
+        f: impl FnOnce(&Applied, &View<'_>) -> T,
+    ) -> T {
+        let root = self.sm.lock();
+        let led: Vec<(std::sync::Arc<Hosted>, u64)> = self
+            .groups
+            .all()
+            .into_iter()
+            .filter(|h| h.id != ROOT_PARTITION && only.is_none_or(|o| o.contains(&h.id)))
+            .filter_map(|h| {
+                let term = h.leader_check().ok()?;
+                Some((h, term))
+            })
+            .collect();
+        // Root first, then by partition: the order every holder of several takes them in.
+        let guards: Vec<_> = led.iter().map(|(h, t)| (h.id, *t, h.sm.lock())).collect();
+        let parts = guards
+            .iter()
+            .filter(|(_, term, g)| {
+                g.last_applied
+                    .is_some_and(|l| l.committed_leader_id().term == *term)
+            })
+            .map(|(p, _, g)| (*p, &g.state))
+            .collect();
+        f(
+            &root,
+            &View {
+                root: &root.state,
+                parts,
+            },
+        )
+    }
+
+    /// Applies `cmd`, about chunk `id`, in the partition that allocated the chunk.
+    pub(crate) async fn write_for_chunk(
+        &self,
+        id: ChunkId,
+        cmd: Command,
+    ) -> Result<Reply, MetaError> {
+        let h = self.led(partition_of(id))?;
+        self.write_to(&h, cmd).await
+    }
+
     /// Starts the Raft node of every partition in the root's map that names this master and
     /// has none here yet; the lowest-numbered member initializes a new group with the
     /// members' addresses from the root's membership. Then hands each partition this master
@@ -88,7 +185,12 @@ impl Inner {
 
     /// What `cairn status` shows of each partition, the root first.
     pub(super) fn partition_status(&self) -> Vec<pb::PartitionStatus> {
-        let map = self.sm.lock().state.partitions().partitions.clone();
+        let (map, subtrees) = {
+            let a = self.sm.lock();
+            let subtrees: BTreeMap<PartitionId, String> =
+                a.state.subtrees().iter().map(|(t, p)| (*p, t.clone())).collect();
+            (a.state.partitions().partitions.clone(), subtrees)
+        };
         let root_members = {
             let m = self.raft.metrics().borrow_watched().clone();
             m.membership_config.membership().voter_ids().collect()
@@ -102,6 +204,10 @@ impl Inner {
                 let mut s = pb::PartitionStatus {
                     id,
                     members,
+                    subtree: match id {
+                        ROOT_PARTITION => "/".to_owned(),
+                        _ => subtrees.get(&id).cloned().unwrap_or_default(),
+                    },
                     ..Default::default()
                 };
                 if let Some(g) = self.groups.get(id) {
@@ -156,37 +262,108 @@ impl MetaService {
         let (who, call) = self.inner.call(&req, "CreatePartition")?;
         let r = req.into_inner();
         let target = serde_json::json!({ "members": r.members });
-        let res: Result<(), MetaError> = async {
+        let res: Result<PartitionId, MetaError> = async {
             who.require_admin("creating a partition")?;
-            self.inner.leader_check()?;
-            let voters: Vec<u64> = {
-                let m = self.inner.raft.metrics().borrow_watched().clone();
-                m.membership_config.membership().voter_ids().collect()
+            self.inner.add_partition(&r.members).await
+        }
+        .await;
+        self.inner.audited(&call, target, res)?;
+        // Start hosting it now rather than at the next tick.
+        self.inner.host_partitions().await;
+        self.status_reply().await
+    }
+
+    /// `SplitPartition`: sends the subtree at a path (missing, or an empty directory in the
+    /// root partition) to a partition, a new one unless named. The partition takes the
+    /// subtree first (`InitPartition`: its top directory's owner, mode and default policy,
+    /// ids of its range), then the root's map sends the path there (`AssignSubtree`, which
+    /// checks the directory is still empty and unchanged); a split that stops between the
+    /// two leaves a partition that holds a subtree nothing routes to, which the same split
+    /// run again completes.
+    pub(super) async fn split_partition(
+        &self,
+        req: Request<pb::SplitRequest>,
+    ) -> Rpc<pb::StatusReply> {
+        let (who, call) = self.inner.call(&req, "SplitPartition")?;
+        let r = req.into_inner();
+        let target = serde_json::json!({ "path": r.path, "to": r.to, "members": r.members });
+        let res: Result<(), MetaError> = async {
+            who.require_admin("splitting a partition")?;
+            let path = crate::convert::path(&r.path)?;
+            self.inner.read_barrier().await?;
+            let to = match r.to {
+                0 => {
+                    let id = self.inner.add_partition(&r.members).await?;
+                    self.inner.host_partitions().await;
+                    id
+                }
+                id => {
+                    if !r.members.is_empty() {
+                        return Err(MetaError::invalid(
+                            "members are given for a new partition only (to = 0)",
+                        ));
+                    }
+                    id
+                }
             };
-            let mut members = if r.members.is_empty() {
-                voters.clone()
-            } else {
-                r.members.clone()
+            // Its leadership follows the root's: wait for it here.
+            let h = {
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
+                loop {
+                    match self.inner.led(to) {
+                        Ok(h) => break h,
+                        Err(e) if std::time::Instant::now() >= until => return Err(e),
+                        Err(_) => {
+                            self.inner.host_partitions().await;
+                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        }
+                    }
+                }
             };
-            members.sort_unstable();
-            members.dedup();
-            if let Some(m) = members.iter().find(|m| !voters.contains(m)) {
-                return Err(MetaError::invalid(format!(
-                    "master {m} is not a voter of the root group (voters: {voters:?})"
-                )));
+            let (owner, mode, policy) = {
+                let a = self.inner.sm.lock();
+                let (owner, mode) = match a.state.lookup(&path) {
+                    Ok(ino) => (ino.owner.clone(), ino.mode),
+                    Err(_) => (String::new(), crate::state::perm::DEFAULT_DIR_MODE),
+                };
+                (owner, mode, a.state.inherited_policy(&path))
+            };
+            let now = super::now_ms();
+            self.inner
+                .write_to(
+                    &h,
+                    Command::InitPartition {
+                        partition: to,
+                        path: path.clone(),
+                        owner: owner.clone(),
+                        mode,
+                        now_ms: now,
+                    },
+                )
+                .await?;
+            if let Some(p) = policy {
+                let keep = Command::Mkdir {
+                    path: path.clone(),
+                    parents: true,
+                    now_ms: now,
+                    policy: Some(p),
+                    mode: None,
+                };
+                self.inner.write_to(&h, keep).await?;
             }
             self.inner
-                .write(Command::AddPartition {
-                    members,
-                    now_ms: super::now_ms(),
+                .write(Command::AssignSubtree {
+                    path,
+                    partition: to,
+                    owner,
+                    mode,
+                    now_ms: now,
                 })
                 .await?;
             Ok(())
         }
         .await;
         self.inner.audited(&call, target, res)?;
-        // Start hosting it now rather than at the next tick.
-        self.inner.host_partitions().await;
         self.status_reply().await
     }
 

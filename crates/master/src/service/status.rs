@@ -22,9 +22,21 @@ impl MetaService {
                     voter: voters.contains(id),
                 })
                 .collect();
+            let now = Instant::now();
+            // Over the root and every partition this master leads.
+            let (missing_replicas, [files, dirs, chunks, logical_bytes]) =
+                self.inner.with_view(|_, v| {
+                    let mut sum = [0u64; 4];
+                    for (_, s) in v.all() {
+                        let t = s.totals();
+                        for (x, y) in sum.iter_mut().zip([t.0, t.1, t.2, t.3]) {
+                            *x += y;
+                        }
+                    }
+                    (self.inner.registry.lock().missing_replicas(v, now), sum)
+                });
             let a = self.inner.sm.lock();
             let reg = self.inner.registry.lock();
-            let now = Instant::now();
             let reporters = reg.reports.reporters(now);
             let avoided = reg.reports.avoided(a.state.servers().len(), now);
             let servers = a
@@ -65,7 +77,6 @@ impl MetaService {
                     }
                 })
                 .collect();
-            let (files, dirs, chunks, logical_bytes) = a.state.totals();
             Ok(pb::StatusReply {
                 leader_id: self.inner.id,
                 term: m.current_term,
@@ -76,7 +87,7 @@ impl MetaService {
                 dirs,
                 chunks,
                 logical_bytes,
-                missing_replicas: reg.missing_replicas(&a.state, Instant::now()),
+                missing_replicas,
                 pending_deletes: reg.pending_deletes(),
                 under_replicated: reg.repairs.under_replicated,
                 under_replicated_bytes: reg.repairs.under_replicated_bytes,

@@ -182,6 +182,12 @@ pub enum Command {
         mode: u16,
         now_ms: u64,
     },
+    /// Revokes capabilities on files of a partition whose mode or owner a change narrowed
+    /// (the root's command: it signs and revokes capabilities): (inode, holder kept, 0 for
+    /// none), one generation.
+    Revoke {
+        files: Vec<(u64, u64)>,
+    },
     /// Sends the subtree at `path` (missing, or an empty directory with `owner` and `mode`)
     /// to `partition` in the root's map.
     AssignSubtree {
@@ -240,6 +246,7 @@ impl fmt::Display for Command {
             Command::AssignSubtree {
                 path, partition, ..
             } => write!(f, "assign-subtree {path} {partition}"),
+            Command::Revoke { files } => write!(f, "revoke {} file(s)", files.len()),
         }
     }
 }

@@ -137,10 +137,36 @@ impl State {
     /// Revokes what a change to `id`'s mode or owner took away: capabilities of other
     /// holders than its owner on a file's chunks; of every holder on the files below a
     /// directory (its bits gate the way to them).
+    ///
+    /// Capabilities are signed and revoked by the root partition: a partition's state
+    /// records nothing, and its leader has the root apply [`Command::Revoke`] with
+    /// [`State::revocation_targets`] instead (docs/partitions.md).
     pub(super) fn revoke_below(&mut self, id: InodeId) {
-        let generation = self.revocations.next_generation();
-        let Some(ino) = self.inodes.get(&id) else {
+        if self.home().partition != super::partitions::ROOT_PARTITION {
             return;
+        }
+        let targets = self.revocation_targets(id);
+        self.revoke_files(&targets);
+    }
+
+    /// Records one generation's revocation of `files`: (inode, holder kept, 0 for none).
+    pub(super) fn revoke_files(&mut self, files: &[(InodeId, u64)]) {
+        let generation = self.revocations.next_generation();
+        for &(inode, except) in files {
+            self.revocations.add(Record::File {
+                inode,
+                generation,
+                except,
+            });
+        }
+    }
+
+    /// What a change to `id`'s mode or owner revokes: (file, holder kept, 0 for none) —
+    /// other holders than its owner on a file; every holder on the files below a
+    /// directory.
+    pub fn revocation_targets(&self, id: InodeId) -> Vec<(InodeId, u64)> {
+        let Some(ino) = self.inodes.get(&id) else {
+            return Vec::new();
         };
         if ino.file().is_some() {
             let except = if ino.owner.is_empty() {
@@ -148,13 +174,9 @@ impl State {
             } else {
                 cairn_proto::cap::holder_of(&ino.owner)
             };
-            self.revocations.add(Record::File {
-                inode: id,
-                generation,
-                except,
-            });
-            return;
+            return vec![(id, except)];
         }
+        let mut out = Vec::new();
         let mut dirs = vec![id];
         while let Some(dir) = dirs.pop() {
             let children: Vec<InodeId> = self
@@ -165,16 +187,13 @@ impl State {
                 .collect();
             for c in children {
                 if self.inodes.get(&c).is_some_and(|i| i.file().is_some()) {
-                    self.revocations.add(Record::File {
-                        inode: c,
-                        generation,
-                        except: 0,
-                    });
+                    out.push((c, 0));
                 } else {
                     dirs.push(c);
                 }
             }
         }
+        out
     }
 }
 

@@ -1,0 +1,499 @@
+//! The namespace's calls (files and directories). Each is answered by the partition that
+//! holds its path (docs/partitions.md): the root's map routes it, the partition's group
+//! applies it, and the root's state places new chunks and signs capabilities. Partitions'
+//! leadership follows the root's, so the root's leader answers every call.
+
+use super::{Inner, as_user, check_read, now_ms};
+use crate::convert;
+use crate::groups::Hosted;
+use crate::state::partitions::{PartitionId, ROOT_PARTITION, partition_of};
+use crate::state::{Command, Inode, Lease, Policy, Reply, State, perm};
+use cairn_proto::cap;
+use cairn_rpc::auth::Principal;
+use cairn_rpc::{ErrorKind, MetaError, pb};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A call's partition, hosted and led by this master (which leads the root too).
+pub(super) struct Routed {
+    pub h: Arc<Hosted>,
+    /// The partition's top directory (`/` for the root).
+    pub top: String,
+}
+
+impl Routed {
+    fn is_root(&self) -> bool {
+        self.h.id == ROOT_PARTITION
+    }
+
+    /// Refuses `path` when it is the top of a partition's subtree (which only a split or a
+    /// merge moves).
+    fn not_top(&self, path: &str, what: &str) -> Result<(), MetaError> {
+        if !self.is_root() && path == self.top {
+            return Err(MetaError::invalid(format!(
+                "{path} is the top of partition {}'s subtree: it cannot be {what}",
+                self.h.id
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The directory above `path` (`/` for a top-level name).
+fn parent_of(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &path[..i],
+    }
+}
+
+impl Inner {
+    /// The partition that holds `path`, when this master leads the root and that partition.
+    ///
+    /// # Errors
+    /// `NotLeader` (the root's leader), `Unavailable` while the partition's leadership moves
+    /// here.
+    pub(super) fn route(&self, path: &str) -> Result<Routed, MetaError> {
+        self.leader_check()?;
+        let r = self.sm.lock().state.route(path);
+        Ok(Routed {
+            h: self.led(r.partition)?,
+            top: r.top,
+        })
+    }
+
+    /// Partition `p`, hosted and led here.
+    pub(super) fn led(&self, p: PartitionId) -> Result<Arc<Hosted>, MetaError> {
+        let h = self.groups.get(p).ok_or_else(|| {
+            MetaError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "partition {p} is not hosted by this master, the root's leader (a \
+                     partition serves where the root's leader is one of its members)"
+                ),
+            )
+        })?;
+        if p != ROOT_PARTITION {
+            h.leader_check().map_err(|_| {
+                MetaError::new(
+                    ErrorKind::Unavailable,
+                    format!("partition {p}'s leadership is moving to the root's leader (retry)"),
+                )
+            })?;
+        }
+        Ok(h)
+    }
+
+    /// A linearizable read point in the call's partition.
+    pub(super) async fn barrier(&self, r: &Routed) -> Result<(), MetaError> {
+        if r.is_root() {
+            self.read_barrier().await.map(|_| ())
+        } else {
+            r.h.read_barrier().await.map(|_| ())
+        }
+    }
+
+    /// Applies `cmd` in partition `h`.
+    pub(super) async fn write_to(&self, h: &Hosted, cmd: Command) -> Result<Reply, MetaError> {
+        if h.id == ROOT_PARTITION {
+            return self.write(cmd).await;
+        }
+        if super::frees(&cmd) {
+            self.registry.lock().freed(Instant::now());
+        }
+        h.write(cmd).await
+    }
+
+    /// `f` on partition `h`'s state and the root's (locked root first, as everywhere).
+    pub(super) fn states<T>(&self, h: &Hosted, f: impl FnOnce(&State, &State) -> T) -> T {
+        let root = self.sm.lock();
+        if h.id == ROOT_PARTITION {
+            return f(&root.state, &root.state);
+        }
+        let part = h.sm.lock();
+        f(&part.state, &root.state)
+    }
+
+    /// For a call in a partition other than the root: a user must be able to search the
+    /// directories above its top, which are in the root (the partition checks the rest).
+    fn check_above(&self, r: &Routed, who: &Principal) -> Result<(), MetaError> {
+        let Principal::User { name, admin: false } = who else {
+            return Ok(());
+        };
+        if r.is_root() {
+            return Ok(());
+        }
+        let a = self.sm.lock();
+        let parent = a.state.lookup(parent_of(&r.top))?;
+        a.state.check_inode(parent.id, name, perm::SEARCH)
+    }
+
+    /// The default policy of a new file at `path`: its partition's nearest directory's, else
+    /// the root's above the partition's top.
+    fn inherited_policy(&self, r: &Routed, path: &str) -> Option<Policy> {
+        self.states(&r.h, |part, root| {
+            part.inherited_policy(path).or_else(|| match r.is_root() {
+                true => None,
+                false => root.inherited_policy(parent_of(&r.top)),
+            })
+        })
+    }
+
+    /// Applies `cmd` for `who` in `r` and answers with the node at `path` it touched.
+    async fn node_write(
+        &self,
+        r: &Routed,
+        who: &Principal,
+        cmd: Command,
+        path: &str,
+    ) -> Result<pb::NodeReply, MetaError> {
+        self.check_above(r, who)?;
+        let reply = self.write_to(&r.h, as_user(who, cmd)?).await?;
+        let ino = reply.inode.ok_or_else(|| MetaError::internal("no inode"))?;
+        Ok(self.states(&r.h, |part, root| {
+            convert::node_reply(part, root, path, &ino)
+        }))
+    }
+
+    /// The reply to a writer's call: its chunks signed for writing, with the file's writer
+    /// epoch.
+    pub(super) fn file_reply(
+        &self,
+        ino: Option<Inode>,
+        who: &Principal,
+    ) -> Result<pb::FileReply, MetaError> {
+        let ino = ino.ok_or_else(|| MetaError::internal("command returned no inode"))?;
+        let (mut r, signer) = {
+            let a = self.sm.lock();
+            let signer = crate::caps::Signer::of(&a.state, now_ms(), who);
+            (convert::file_reply(&a.state, &ino), signer)
+        };
+        // Signed outside the state's lock: one HMAC per chunk of the file.
+        if let (Some(s), Some(f), Some(meta)) = (signer, r.file.as_mut(), ino.file()) {
+            s.sign_file(f, cap::WRITE, meta.writer_epoch);
+        }
+        Ok(r)
+    }
+
+    /// A create's command, routed: placement of its first chunks happens here, on the
+    /// leader.
+    pub(super) fn create_command(
+        &self,
+        r: pb::CreateRequest,
+        who: &Principal,
+    ) -> Result<(Routed, Command), MetaError> {
+        let path = convert::path(&r.path)?;
+        let routed = self.route(&path)?;
+        self.check_above(&routed, who)?;
+        let policy = match &r.policy {
+            Some(p) => convert::policy(Some(p))?,
+            None => self.inherited_policy(&routed, &path).unwrap_or_default(),
+        };
+        let count = convert::chunk_count(r.chunks)?;
+        let now = now_ms();
+        let lease = if r.client_id.is_empty() {
+            None
+        } else {
+            Some(Lease {
+                holder: convert::client_id(&r.client_id)?,
+                expires_ms: self.lease_until(now),
+            })
+        };
+        self.check_placeable(&policy)?;
+        let (placements, groups) = self.place(&policy, false, count, &BTreeSet::new())?;
+        let cmd = Command::Create {
+            path,
+            policy,
+            parents: r.parents,
+            now_ms: now,
+            lease,
+            placements,
+            groups,
+            mode: convert::mode(r.mode)?,
+        };
+        Ok((routed, as_user(who, cmd)?))
+    }
+
+    /// A commit's command, routed.
+    pub(super) fn commit_command(
+        &self,
+        r: &pb::CommitRequest,
+        who: &Principal,
+    ) -> Result<(Routed, Command), MetaError> {
+        let now = now_ms();
+        let path = convert::path(&r.path)?;
+        let routed = self.route(&path)?;
+        self.check_above(&routed, who)?;
+        let cmd = Command::Commit {
+            path,
+            holder: convert::client_id(&r.client_id)?,
+            now_ms: now,
+            updates: convert::updates(&r.updates)?,
+            trim: r.trim,
+            release: r.release,
+            seal: r.seal,
+            lease_until_ms: self.lease_until(now),
+            drops: convert::drops(&r.drops)?,
+            remove: convert::remove(&r.remove)?,
+        };
+        Ok((routed, as_user(who, cmd)?))
+    }
+
+    /// A delete's command, routed.
+    pub(super) fn delete_command(
+        &self,
+        r: &pb::PathRequest,
+        who: &Principal,
+    ) -> Result<(Routed, Command), MetaError> {
+        let path = convert::path(&r.path)?;
+        let routed = self.route(&path)?;
+        routed.not_top(&path, "deleted")?;
+        self.check_above(&routed, who)?;
+        Ok((routed, as_user(who, Command::Delete { path })?))
+    }
+
+    /// The policy of the file at `path` in `r`.
+    fn policy_of(&self, r: &Routed, path: &str) -> Result<Policy, MetaError> {
+        let a = r.h.sm.lock();
+        let ino = a.state.lookup(path)?;
+        ino.file().map(|f| f.policy).ok_or_else(|| {
+            MetaError::new(ErrorKind::IsADirectory, format!("{path}: is a directory"))
+        })
+    }
+
+    pub(super) async fn mkdir(
+        &self,
+        who: &Principal,
+        r: pb::MkdirRequest,
+    ) -> Result<pb::NodeReply, MetaError> {
+        let path = convert::path(&r.path)?;
+        let routed = self.route(&path)?;
+        let cmd = Command::Mkdir {
+            path: path.clone(),
+            parents: r.parents,
+            now_ms: now_ms(),
+            policy: r
+                .policy
+                .as_ref()
+                .map(|p| convert::policy(Some(p)))
+                .transpose()?,
+            mode: convert::mode(r.mode)?,
+        };
+        self.node_write(&routed, who, cmd, &path).await
+    }
+
+    pub(super) async fn open_write(
+        &self,
+        who: &Principal,
+        r: pb::OpenWriteRequest,
+    ) -> Result<pb::FileReply, MetaError> {
+        let path = convert::path(&r.path)?;
+        let holder = convert::client_id(&r.client_id)?;
+        let count = convert::chunk_count(r.chunks)?;
+        let routed = self.route(&path)?;
+        self.check_above(&routed, who)?;
+        self.read_barrier().await?;
+        self.barrier(&routed).await?;
+        let policy = self.policy_of(&routed, &path)?;
+        let (placements, groups) = self.place(&policy, false, count, &BTreeSet::new())?;
+        let now = now_ms();
+        let cmd = Command::OpenWrite {
+            path,
+            now_ms: now,
+            lease: Lease {
+                holder,
+                expires_ms: self.lease_until(now),
+            },
+            placements,
+            groups,
+            continue_below: r.continue_below,
+        };
+        let reply = self.write_to(&routed.h, as_user(who, cmd)?).await?;
+        let mut r = self.file_reply(reply.inode, who)?;
+        r.continued_chunk = reply.chunk.unwrap_or(0);
+        Ok(r)
+    }
+
+    pub(super) async fn stat(
+        &self,
+        who: &Principal,
+        r: pb::PathRequest,
+    ) -> Result<pb::NodeReply, MetaError> {
+        let path = convert::path(&r.path)?;
+        let routed = self.route(&path)?;
+        self.check_above(&routed, who)?;
+        self.barrier(&routed).await?;
+        let (mut r, signer) = self.states(&routed.h, |part, root| {
+            let ino = part.lookup(&path)?;
+            // A file's stat hands out capabilities to read it: read permission; a directory's
+            // needs only the way to it.
+            let want = if ino.file().is_some() { perm::READ } else { 0 };
+            check_read(part, who, &ino, want)?;
+            let signer = crate::caps::Signer::of(root, now_ms(), who);
+            Ok::<_, MetaError>((convert::node_reply(part, root, &path, &ino), signer))
+        })?;
+        if let (Some(s), Some(f)) = (signer, r.file.as_mut()) {
+            s.sign_file(f, cap::READ, 0);
+        }
+        Ok(r)
+    }
+
+    pub(super) async fn list(
+        &self,
+        who: &Principal,
+        r: pb::PathRequest,
+    ) -> Result<pb::ListReply, MetaError> {
+        let path = convert::path(&r.path)?;
+        let routed = self.route(&path)?;
+        self.check_above(&routed, who)?;
+        self.barrier(&routed).await?;
+        let a = routed.h.sm.lock();
+        let dir = a.state.lookup(&path)?;
+        let want = if dir.file().is_some() { 0 } else { perm::READ };
+        check_read(&a.state, who, &dir, want)?;
+        let entries = a
+            .state
+            .list(&path)?
+            .into_iter()
+            .map(|i| convert::dir_entry(&i))
+            .collect();
+        Ok(pb::ListReply { entries })
+    }
+
+    pub(super) async fn rename(
+        &self,
+        who: &Principal,
+        r: pb::RenameRequest,
+    ) -> Result<(), MetaError> {
+        let from = convert::path(&r.from)?;
+        let to = convert::path(&r.to)?;
+        let routed = self.route(&from)?;
+        let dest = self.sm.lock().state.route(&to);
+        if dest.partition != routed.h.id {
+            return Err(MetaError::invalid(format!(
+                "rename {from} → {to}: across partitions ({} and {}), which is not built yet \
+                 (docs/partitions.md)",
+                routed.h.id, dest.partition
+            )));
+        }
+        routed.not_top(&from, "renamed")?;
+        self.check_above(&routed, who)?;
+        let cmd = Command::Rename {
+            from,
+            to,
+            now_ms: now_ms(),
+        };
+        self.write_to(&routed.h, as_user(who, cmd)?).await?;
+        Ok(())
+    }
+
+    pub(super) async fn set_attr(
+        &self,
+        who: &Principal,
+        r: pb::SetAttrRequest,
+    ) -> Result<pb::NodeReply, MetaError> {
+        let path = convert::path(&r.path)?;
+        let routed = self.route(&path)?;
+        let mode = convert::mode(r.mode)?;
+        let cmd = Command::SetAttr {
+            path: path.clone(),
+            mode,
+            owner: r.owner.clone(),
+        };
+        let before = match routed.is_root() {
+            true => None,
+            false => routed.h.sm.lock().state.lookup(&path).ok(),
+        };
+        let reply = self.node_write(&routed, who, cmd, &path).await?;
+        // A partition's narrowed rights are revoked by the root (revoke.rs). A master that
+        // stops between the two writes leaves the capabilities already handed out valid
+        // until they expire.
+        if let Some(b) = before {
+            let narrowed = mode.is_some_and(|m| b.mode & !m != 0)
+                || r.owner.as_ref().is_some_and(|o| *o != b.owner);
+            if narrowed {
+                let files = routed.h.sm.lock().state.revocation_targets(b.id);
+                self.write(Command::Revoke { files }).await?;
+            }
+        }
+        Ok(reply)
+    }
+
+    pub(super) async fn allocate(
+        &self,
+        who: &Principal,
+        r: pb::AllocateRequest,
+    ) -> Result<pb::FileReply, MetaError> {
+        let path = convert::path(&r.path)?;
+        let holder = convert::client_id(&r.client_id)?;
+        let count = convert::chunk_count(r.chunks)?;
+        let exclude = convert::exclude(&r.exclude)?;
+        let routed = self.route(&path)?;
+        self.check_above(&routed, who)?;
+        self.read_barrier().await?;
+        self.barrier(&routed).await?;
+        let policy = self.policy_of(&routed, &path)?;
+        let (placements, groups) = self.place(&policy, r.tail, count, &exclude)?;
+        let cmd = Command::Allocate {
+            path,
+            holder,
+            now_ms: now_ms(),
+            placements,
+            groups,
+        };
+        let reply = self.write_to(&routed.h, as_user(who, cmd)?).await?;
+        self.file_reply(reply.inode, who)
+    }
+
+    /// Chunks by id, each from the partition that allocated it.
+    pub(super) async fn locate(
+        &self,
+        who: &Principal,
+        r: pb::LocateRequest,
+    ) -> Result<pb::LocateReply, MetaError> {
+        let ids = convert::locate(&r)?;
+        self.read_barrier().await?;
+        let mut parts = BTreeMap::new();
+        for p in ids.iter().map(|id| partition_of(*id)) {
+            if p != ROOT_PARTITION && !parts.contains_key(&p) {
+                let h = self.led(p)?;
+                h.read_barrier().await?;
+                parts.insert(p, h);
+            }
+        }
+        let (mut chunks, servers, signer) = {
+            let root = self.sm.lock();
+            let guards: BTreeMap<_, _> = parts.iter().map(|(p, h)| (*p, h.sm.lock())).collect();
+            let state_of = |id: u64| match partition_of(id) {
+                ROOT_PARTITION => &root.state,
+                p => &guards[&p].state,
+            };
+            let chunks: Vec<pb::ChunkMeta> = ids
+                .iter()
+                .map(|id| {
+                    let st = state_of(*id);
+                    match st.chunk(*id) {
+                        // Read permission on the chunk's file, as for a stat of it.
+                        Some((ino, c)) => {
+                            check_read(st, who, &ino, perm::READ).map(|()| convert::chunk(&c))
+                        }
+                        None => Ok(pb::ChunkMeta::default()),
+                    }
+                })
+                .collect::<Result<_, MetaError>>()?;
+            let servers = convert::server_addrs(&root.state, &chunks);
+            (
+                chunks,
+                servers,
+                crate::caps::Signer::of(&root.state, now_ms(), who),
+            )
+        };
+        if let Some(s) = signer {
+            for c in chunks.iter_mut().filter(|c| c.id != 0) {
+                c.cap = s.sign(c.id, c.version, cap::READ, 0);
+            }
+        }
+        Ok(pb::LocateReply { chunks, servers })
+    }
+}

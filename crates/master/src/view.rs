@@ -1,0 +1,161 @@
+//! What the chunkservers' heartbeats, repair and conversion read (docs/partitions.md): chunks
+//! by id from the partition that allocated them, servers, settings and keys from the root.
+//! The leader reads the states of the partitions it leads; a chunk of a partition outside its
+//! view is unknown: never deleted as an orphan, never repaired, until the view holds it.
+
+use crate::state::partitions::{PartitionId, ROOT_PARTITION, id_base, partition_of};
+use crate::state::{
+    Chunk, ChunkId, Config, Conversion, Inode, InodeId, KeyRecord, ServerId, ServerRecord, State,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The replicated state as the leader's background work reads it.
+pub trait StateView {
+    fn servers(&self) -> &BTreeMap<ServerId, ServerRecord>;
+    fn config(&self) -> &Config;
+    fn cap_keys(&self) -> &[KeyRecord];
+    /// The chunk and the file that owns it.
+    fn chunk(&self, id: ChunkId) -> Option<(Arc<Inode>, Chunk)>;
+    /// Whether the state of chunk `id`'s partition is in the view.
+    fn knows(&self, id: ChunkId) -> bool;
+    /// Whether `server` is being written member `group` of a conversion.
+    fn converting_on(&self, group: ChunkId, server: ServerId) -> bool;
+    /// The next chunk id that chunk `id`'s partition will allocate.
+    fn next_chunk_of(&self, id: ChunkId) -> ChunkId;
+    /// Every chunk of every file.
+    fn chunks(&self) -> impl Iterator<Item = Chunk> + '_;
+    /// Conversions under way, by group id.
+    fn conversions(&self) -> impl Iterator<Item = (ChunkId, &Conversion)> + '_;
+    /// Up to `budget` inodes after `after`, in id order, and where the next call goes on.
+    fn inodes_after(
+        &self,
+        after: Option<InodeId>,
+        budget: usize,
+    ) -> (Vec<Arc<Inode>>, Option<InodeId>);
+}
+
+impl StateView for State {
+    fn servers(&self) -> &BTreeMap<ServerId, ServerRecord> {
+        State::servers(self)
+    }
+    fn config(&self) -> &Config {
+        State::config(self)
+    }
+    fn cap_keys(&self) -> &[KeyRecord] {
+        State::cap_keys(self)
+    }
+    fn chunk(&self, id: ChunkId) -> Option<(Arc<Inode>, Chunk)> {
+        State::chunk(self, id)
+    }
+    fn knows(&self, id: ChunkId) -> bool {
+        partition_of(id) == self.home().partition
+    }
+    fn converting_on(&self, group: ChunkId, server: ServerId) -> bool {
+        State::converting_on(self, group, server)
+    }
+    fn next_chunk_of(&self, _id: ChunkId) -> ChunkId {
+        State::next_chunk_id(self)
+    }
+    fn chunks(&self) -> impl Iterator<Item = Chunk> + '_ {
+        State::chunks(self)
+    }
+    fn conversions(&self) -> impl Iterator<Item = (ChunkId, &Conversion)> + '_ {
+        State::conversions(self).iter().map(|(g, c)| (*g, c))
+    }
+    fn inodes_after(
+        &self,
+        after: Option<InodeId>,
+        budget: usize,
+    ) -> (Vec<Arc<Inode>>, Option<InodeId>) {
+        State::inodes_after(self, after, budget)
+    }
+}
+
+/// The root's state and those of the partitions the leader leads.
+pub struct View<'a> {
+    pub root: &'a State,
+    pub parts: BTreeMap<PartitionId, &'a State>,
+}
+
+impl<'a> View<'a> {
+    fn of(&self, id: u64) -> Option<&'a State> {
+        match partition_of(id) {
+            ROOT_PARTITION => Some(self.root),
+            p => self.parts.get(&p).copied(),
+        }
+    }
+
+    /// The root's state, then each partition's.
+    pub fn all(&self) -> impl Iterator<Item = (PartitionId, &'a State)> + '_ {
+        std::iter::once((ROOT_PARTITION, self.root)).chain(self.parts.iter().map(|(p, s)| (*p, *s)))
+    }
+}
+
+impl StateView for View<'_> {
+    fn servers(&self) -> &BTreeMap<ServerId, ServerRecord> {
+        self.root.servers()
+    }
+    fn config(&self) -> &Config {
+        self.root.config()
+    }
+    fn cap_keys(&self) -> &[KeyRecord] {
+        self.root.cap_keys()
+    }
+    fn chunk(&self, id: ChunkId) -> Option<(Arc<Inode>, Chunk)> {
+        self.of(id)?.chunk(id)
+    }
+    fn knows(&self, id: ChunkId) -> bool {
+        self.of(id).is_some()
+    }
+    fn converting_on(&self, group: ChunkId, server: ServerId) -> bool {
+        self.of(group)
+            .is_some_and(|s| s.converting_on(group, server))
+    }
+    fn next_chunk_of(&self, id: ChunkId) -> ChunkId {
+        // An unknown partition's: nothing below the id counts as allocated.
+        self.of(id).map_or(0, State::next_chunk_id)
+    }
+    fn chunks(&self) -> impl Iterator<Item = Chunk> + '_ {
+        self.all().flat_map(|(_, s)| s.chunks())
+    }
+    fn conversions(&self) -> impl Iterator<Item = (ChunkId, &Conversion)> + '_ {
+        self.all()
+            .flat_map(|(_, s)| s.conversions().iter().map(|(g, c)| (*g, c)))
+    }
+    /// Partitions' ids are ordered by partition (their top 16 bits), so one cursor walks
+    /// them all: the root's inodes, then each partition's in turn. A partition's top
+    /// directory (inode 1 in its state) is skipped, as is every other directory by the
+    /// scans that read files.
+    fn inodes_after(
+        &self,
+        after: Option<InodeId>,
+        budget: usize,
+    ) -> (Vec<Arc<Inode>>, Option<InodeId>) {
+        let budget = budget.max(1);
+        let start = after.map_or(ROOT_PARTITION, partition_of);
+        let mut out = Vec::new();
+        for (p, st) in self.all().filter(|(p, _)| *p >= start) {
+            let mut cursor = if p == start { after } else { None };
+            if p != ROOT_PARTITION {
+                cursor = Some(cursor.map_or(id_base(p), |c| c.max(id_base(p))));
+            }
+            loop {
+                let (got, next) = st.inodes_after(cursor, budget - out.len());
+                out.extend(got);
+                if out.len() >= budget && next.is_some() {
+                    return (out, next);
+                }
+                match next {
+                    Some(n) => cursor = Some(n),
+                    None => break,
+                }
+            }
+            if out.len() >= budget {
+                let last = out.last().map(|i| i.id);
+                return (out, last);
+            }
+        }
+        (out, None)
+    }
+}
