@@ -291,6 +291,8 @@ impl MetaService {
             who.require_admin("splitting a partition")?;
             let path = crate::convert::path(&r.path)?;
             self.inner.read_barrier().await?;
+            // Checked before a new partition is made for it (and again as it applies).
+            self.inner.sm.lock().state.check_splittable(&path)?;
             let to = match r.to {
                 0 => {
                     let id = self.inner.add_partition(&r.members).await?;

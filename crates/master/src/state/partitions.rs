@@ -213,51 +213,14 @@ impl State {
         if !self.partitions.partitions.contains_key(&partition) {
             return Err(MetaError::not_found(format!("partition {partition}")));
         }
-        let comps = components(path)?;
-        if comps.is_empty() {
-            return Err(MetaError::invalid("/ stays in the root partition"));
-        }
-        if comps[0].starts_with('.') {
-            return Err(MetaError::invalid(format!(
-                "{path}: the services' own directories (/.name) stay in the root partition"
-            )));
-        }
         if let Some((top, _)) = self.subtrees.iter().find(|(_, p)| **p == partition) {
             return Err(MetaError::new(
                 ErrorKind::AlreadyExists,
                 format!("partition {partition} holds {top} already"),
             ));
         }
-        let r = self.route(path);
-        if r.partition != ROOT_PARTITION {
-            return Err(MetaError::invalid(format!(
-                "{path} is inside {}, held by partition {}: subtrees are split from the root \
-                 partition only",
-                r.top, r.partition
-            )));
-        }
-        if self.holds_subtree(path) {
-            return Err(MetaError::invalid(format!(
-                "{path} holds another partition's subtree"
-            )));
-        }
-        let id = match self.lookup(path) {
-            Ok(ino) => {
-                if ino.file().is_some() {
-                    return Err(MetaError::new(
-                        ErrorKind::NotADirectory,
-                        format!("{path}: not a directory"),
-                    ));
-                }
-                if self.dentries.range((ino.id, String::new())..).next().is_some_and(|((p, _), _)| p == ino.id) {
-                    return Err(MetaError::new(
-                        ErrorKind::DirectoryNotEmpty,
-                        format!(
-                            "{path} is not empty: moving a populated subtree into a partition \
-                             (split with copying) is not built yet"
-                        ),
-                    ));
-                }
+        let id = match self.check_splittable(path)? {
+            Some(ino) => {
                 if ino.owner != owner || ino.mode != mode {
                     return Err(MetaError::new(
                         ErrorKind::Unavailable,
@@ -266,11 +229,10 @@ impl State {
                 }
                 ino.id
             }
-            Err(e) if e.kind == ErrorKind::NotFound => {
+            None => {
                 let (parent, name) = self.parent_for_new(path, true, now_ms)?;
                 self.insert(parent, &name, now_ms, Kind::Dir, Some(mode))
             }
-            Err(e) => return Err(e),
         };
         if let Some(ino) = self.inodes.get_mut(&id) {
             ino.owner = owner.to_owned();
@@ -305,6 +267,65 @@ impl State {
             partition: Some(id),
             ..Reply::default()
         })
+    }
+
+    /// Whether the subtree at `path` can go to another partition (root's state): not `/`, not
+    /// a service's directory, not inside or above another partition's subtree, and missing
+    /// (`None`) or an empty directory (returned).
+    ///
+    /// # Errors
+    /// Why not.
+    pub fn check_splittable(&self, path: &str) -> Result<Option<std::sync::Arc<super::Inode>>, MetaError> {
+        let comps = components(path)?;
+        if comps.is_empty() {
+            return Err(MetaError::invalid("/ stays in the root partition"));
+        }
+        if comps[0].starts_with('.') {
+            return Err(MetaError::invalid(format!(
+                "{path}: the services' own directories (/.name) stay in the root partition"
+            )));
+        }
+        let r = self.route(path);
+        if r.partition != ROOT_PARTITION {
+            return Err(MetaError::invalid(format!(
+                "{path} is inside {}, held by partition {}: subtrees are split from the root \
+                 partition only",
+                r.top, r.partition
+            )));
+        }
+        if self.holds_subtree(path) {
+            return Err(MetaError::invalid(format!(
+                "{path} holds another partition's subtree"
+            )));
+        }
+        match self.lookup(path) {
+            Ok(ino) => {
+                if ino.file().is_some() {
+                    return Err(MetaError::new(
+                        ErrorKind::NotADirectory,
+                        format!("{path}: not a directory"),
+                    ));
+                }
+                let id = ino.id;
+                if self
+                    .dentries
+                    .range((id, String::new())..)
+                    .next()
+                    .is_some_and(|((p, _), _)| p == id)
+                {
+                    return Err(MetaError::new(
+                        ErrorKind::DirectoryNotEmpty,
+                        format!(
+                            "{path} is not empty: moving a populated subtree into a partition \
+                             (split with copying) is not built yet"
+                        ),
+                    ));
+                }
+                Ok(Some(ino))
+            }
+            Err(e) if e.kind == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 }
 

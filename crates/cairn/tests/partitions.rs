@@ -1,0 +1,167 @@
+//! Partitions end to end (docs/partitions.md): real masters and chunkservers on loopback. A
+//! subtree split into a partition of its own is served by that partition's Raft group through
+//! the SDK and the CLI; its chunks carry the partition in their ids and are never taken for
+//! orphans; it survives the loss of the leader and a restart of every master.
+
+mod common;
+
+use cairn_client::{ClientOptions, CreateOptions, Error};
+use cairn_rpc::ErrorKind;
+use common::{Cluster, bytes, cairn, run_ok};
+use std::time::{Duration, Instant};
+
+fn small_chunks() -> ClientOptions {
+    ClientOptions {
+        chunk_size: 256 << 10,
+        renew_every: Duration::from_millis(500),
+        ..ClientOptions::default()
+    }
+}
+
+fn kind(e: &Error) -> Option<ErrorKind> {
+    match e {
+        Error::Meta(m) => Some(m.kind),
+        _ => None,
+    }
+}
+
+async fn write(c: &cairn_client::Client, path: &str, seed: u64, len: usize) {
+    let mut w = c
+        .create(
+            path,
+            CreateOptions {
+                parents: true,
+                ..CreateOptions::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    for piece in bytes(seed, 0, len).chunks(100_000) {
+        w.append(piece).await.unwrap();
+    }
+    w.close().await.unwrap();
+}
+
+async fn check(c: &cairn_client::Client, files: &[(String, u64, usize)]) {
+    for (path, seed, len) in files {
+        let got = c
+            .read(path, 0, *len)
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(got == bytes(*seed, 0, *len), "{path}: other bytes");
+    }
+}
+
+/// The partition `id`'s row of the status.
+async fn partition(cl: &Cluster, id: u32) -> cairn_rpc::pb::PartitionStatus {
+    let s = cl.status().await.unwrap();
+    s.partitions
+        .into_iter()
+        .find(|p| p.id == id)
+        .unwrap_or_else(|| panic!("partition {id} is not in the status"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    // Orphans go after 1 s: a chunk the root's state does not know is deleted at once unless
+    // the leader asks the partition that allocated it.
+    let mut cl = Cluster::start_full(dir.path(), 3, 3, &["--orphan-grace-secs", "1"], &[]).await;
+    let c = cl.client_with(small_chunks()).await;
+    let mut files = vec![("/root-file".to_owned(), 1, 300_000)];
+    write(&c, "/root-file", 1, 300_000).await;
+    c.mkdir("/full/x", true).await.unwrap();
+    let addrs = cl.master_addrs().join(",");
+    let split = |path: &str| {
+        cairn()
+            .args(["admin", "--cluster", &addrs, "partition", "split", path, "--json"])
+            .output()
+            .unwrap()
+    };
+    // A populated directory is refused (moving what is in it is not built yet).
+    let out = split("/full");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not empty"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = split("/p");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["id"], 1, "{v}");
+    assert_eq!(v["subtree"], "/p");
+    for i in 0..12u64 {
+        let path = format!("/p/d{}/f{i}", i % 3);
+        let len = 50_000 + (i as usize * 104_729) % 600_000;
+        write(&c, &path, 100 + i, len).await;
+        files.push((path, 100 + i, len));
+    }
+    // Ids carry the partition: chunks, and the subtree's top directory.
+    for (path, _, _) in &files {
+        let want = u64::from(path.starts_with("/p/"));
+        for ch in common::chunks(&c, path).await {
+            assert_eq!(ch.id >> 48, want, "{path}: chunk {}", ch.id);
+        }
+    }
+    let p = partition(&cl, 1).await;
+    assert_eq!((p.files, p.dirs, p.subtree.as_str()), (12, 4, "/p"));
+    assert_eq!(partition(&cl, 0).await.files, 1);
+    let listed: Vec<String> = c
+        .list("/p")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(listed, ["d0", "d1", "d2"]);
+    // Renames inside the partition; across partitions and of its top: refused, typed.
+    c.rename("/p/d0/f0", "/p/d1/moved").await.unwrap();
+    files[1].0 = "/p/d1/moved".into();
+    let e = c.rename("/p/d1/moved", "/elsewhere").await.unwrap_err();
+    assert_eq!(kind(&e), Some(ErrorKind::InvalidArgument), "{e}");
+    let e = c.delete("/p").await.unwrap_err();
+    assert_eq!(kind(&e), Some(ErrorKind::InvalidArgument), "{e}");
+    // The orphan grace passes many times over; every chunk stays.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let s = cl.status().await.unwrap();
+    assert_eq!(s.pending_deletes, 0);
+    check(&c, &files).await;
+    // The leader is lost: the partition's leadership follows the root's to the new leader.
+    let old = cl.leader().await;
+    cl.masters[old as usize - 1].kill();
+    let t = Instant::now();
+    loop {
+        if let Ok(s) = cl.status().await
+            && s.leader_id != old
+            && s.partitions.iter().all(|p| p.leader_id == s.leader_id)
+        {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "no new leader for every partition");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    write(&c, "/p/d2/after-kill", 7, 400_000).await;
+    files.push(("/p/d2/after-kill".into(), 7, 400_000));
+    check(&c, &files).await;
+    // Every master is killed and starts again: the map, the partition's files and ids stay.
+    for m in &mut cl.masters {
+        m.kill();
+    }
+    for m in &mut cl.masters {
+        m.start();
+    }
+    let fresh = cl.client_with(small_chunks()).await;
+    let t = Instant::now();
+    while fresh.stat("/p/d2/after-kill").await.is_err() {
+        assert!(t.elapsed() < Duration::from_secs(30), "the partition does not serve again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    check(&fresh, &files).await;
+    write(&fresh, "/p/d0/after-restart", 8, 10_000).await;
+    let ch = common::chunks(&fresh, "/p/d0/after-restart").await;
+    assert_eq!(ch[0].id >> 48, 1);
+    assert_eq!(partition(&cl, 1).await.files, 14);
+    cl.wait_fully_replicated(Duration::from_secs(30)).await;
+    assert_eq!(cl.status().await.unwrap().pending_deletes, 0);
+}
