@@ -225,7 +225,11 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
                     p.files,
                     p.dirs,
                     p.objects,
-                    if p.subtree.is_empty() { "-" } else { &p.subtree },
+                    if p.subtree.is_empty() {
+                        "-"
+                    } else {
+                        &p.subtree
+                    },
                 );
             } else {
                 println!(

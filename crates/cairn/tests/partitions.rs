@@ -7,7 +7,7 @@ mod common;
 
 use cairn_client::{ClientOptions, CreateOptions, Error};
 use cairn_rpc::ErrorKind;
-use common::{Cluster, bytes, cairn, run_ok};
+use common::{Cluster, bytes, cairn};
 use std::time::{Duration, Instant};
 
 fn small_chunks() -> ClientOptions {
@@ -74,7 +74,15 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
     let addrs = cl.master_addrs().join(",");
     let split = |path: &str| {
         cairn()
-            .args(["admin", "--cluster", &addrs, "partition", "split", path, "--json"])
+            .args([
+                "admin",
+                "--cluster",
+                &addrs,
+                "partition",
+                "split",
+                path,
+                "--json",
+            ])
             .output()
             .unwrap()
     };
@@ -87,7 +95,11 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
         String::from_utf8_lossy(&out.stderr)
     );
     let out = split("/p");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["id"], 1, "{v}");
     assert_eq!(v["subtree"], "/p");
@@ -138,7 +150,10 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
         {
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(30), "no new leader for every partition");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no new leader for every partition"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     write(&c, "/p/d2/after-kill", 7, 400_000).await;
@@ -154,7 +169,10 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
     let fresh = cl.client_with(small_chunks()).await;
     let t = Instant::now();
     while fresh.stat("/p/d2/after-kill").await.is_err() {
-        assert!(t.elapsed() < Duration::from_secs(30), "the partition does not serve again");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the partition does not serve again"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     check(&fresh, &files).await;

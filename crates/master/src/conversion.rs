@@ -14,10 +14,10 @@
 //!    conversion a new leader finds without a task, ends without the switch: the members
 //!    become orphans instead.
 
-use crate::view::StateView;
 use crate::registry::{Registry, ServerState};
 use crate::repair::SCAN_BUDGET;
 use crate::state::{ChunkId, Command, ServerId};
+use crate::view::StateView;
 use cairn_rpc::pb;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -133,7 +133,13 @@ impl Registry {
     }
 
     /// `ConvertBegin` of `b` committed as group `group`: its task goes to the worker.
-    pub fn conversion_started(&mut self, group: ChunkId, b: &Begin, state: &impl StateView, now: Instant) {
+    pub fn conversion_started(
+        &mut self,
+        group: ChunkId,
+        b: &Begin,
+        state: &impl StateView,
+        now: Instant,
+    ) {
         let cell = crate::state::DEFAULT_CELL;
         let stripe = u64::from(b.k) * u64::from(cell);
         // A compressed group's members are as long as the stream makes them: unknown yet.

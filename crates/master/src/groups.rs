@@ -4,9 +4,9 @@
 use crate::network::{Incoming, Network};
 use crate::node::MasterOptions;
 use crate::state::partitions::{PartitionId, ROOT_PARTITION};
+use crate::state::{Command, Reply};
 use crate::store::{Applied, Raft, StateMachine, open_db_with};
 use crate::wal::{LogStore, OpenHandle};
-use crate::state::{Command, Reply};
 use cairn_rpc::{ErrorKind, MetaError};
 use openraft::async_runtime::WatchReceiver;
 use openraft::{Config, ReadPolicy, SnapshotPolicy};

@@ -3,9 +3,9 @@
 //! None of this is replicated. A new leader starts empty, asks every server for a full chunk
 //! report on its first heartbeat, and counts a server as down until it has heard from it.
 
-use crate::view::StateView;
 use crate::repair::Repairs;
 use crate::state::{ChunkId, ServerId, ServerRecord};
+use crate::view::StateView;
 use cairn_rpc::{ErrorKind, MetaError, pb};
 use rand::Rng;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -259,7 +259,12 @@ impl Registry {
     }
 
     /// Records a heartbeat and reconciles the server's chunks with the namespace.
-    pub fn heartbeat(&mut self, hb: Heartbeat, state: &impl StateView, now: Instant) -> HeartbeatAnswer {
+    pub fn heartbeat(
+        &mut self,
+        hb: Heartbeat,
+        state: &impl StateView,
+        now: Instant,
+    ) -> HeartbeatAnswer {
         let live = self.live.entry(hb.server_id).or_insert_with(|| Live {
             last: now,
             capacity: 0,
@@ -354,8 +359,7 @@ impl Registry {
             .orphans
             .iter()
             .filter(|(c, since)| {
-                settled
-                    && (**c < state.next_chunk_of(**c) || now.duration_since(**since) >= grace)
+                settled && (**c < state.next_chunk_of(**c) || now.duration_since(**since) >= grace)
             })
             .map(|(c, _)| *c)
             .collect();
@@ -566,6 +570,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::State;
 
     fn rec(id: u64, host: &str, rack: &str) -> ServerRecord {
         ServerRecord {

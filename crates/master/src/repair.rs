@@ -11,9 +11,9 @@
 //! leader's memory only: a new leader adopts the repairs targets say they are running and
 //! schedules the rest again.
 
-use crate::view::StateView;
 use crate::registry::{Registry, RepairResult, ServerState};
 use crate::state::{ChunkId, Command, MemberMove, ServerId};
+use crate::view::StateView;
 use cairn_rpc::pb;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -200,7 +200,13 @@ impl Repairs {
 
     /// Repairs a server says it runs that this leader does not know (it was elected since):
     /// adopted, so the copy is not taken for an orphan and not scheduled twice.
-    pub fn adopt(&mut self, server: ServerId, repairing: &[ChunkId], state: &impl StateView, now: Instant) {
+    pub fn adopt(
+        &mut self,
+        server: ServerId,
+        repairing: &[ChunkId],
+        state: &impl StateView,
+        now: Instant,
+    ) {
         for &c in repairing {
             // A group's rebuild is not adopted: which member it rebuilds is not reported, so
             // it is scheduled again (the unrecorded copy becomes an orphan).

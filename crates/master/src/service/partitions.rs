@@ -57,7 +57,8 @@ impl Inner {
     pub(crate) async fn confirmed_partitions(&self) -> BTreeSet<PartitionId> {
         let mut out = BTreeSet::new();
         for h in self.groups.all() {
-            if h.id != ROOT_PARTITION && h.leader_check().is_ok() && h.read_barrier().await.is_ok() {
+            if h.id != ROOT_PARTITION && h.leader_check().is_ok() && h.read_barrier().await.is_ok()
+            {
                 out.insert(h.id);
             }
         }
@@ -187,8 +188,12 @@ impl Inner {
     pub(super) fn partition_status(&self) -> Vec<pb::PartitionStatus> {
         let (map, subtrees) = {
             let a = self.sm.lock();
-            let subtrees: BTreeMap<PartitionId, String> =
-                a.state.subtrees().iter().map(|(t, p)| (*p, t.clone())).collect();
+            let subtrees: BTreeMap<PartitionId, String> = a
+                .state
+                .subtrees()
+                .iter()
+                .map(|(t, p)| (*p, t.clone()))
+                .collect();
             (a.state.partitions().partitions.clone(), subtrees)
         };
         let root_members = {

@@ -83,10 +83,7 @@ impl State {
             for n in (1..=comps.len()).rev() {
                 let top = format!("/{}", comps[..n].join("/"));
                 if let Some(p) = self.subtrees.get(&top) {
-                    return Route {
-                        partition: *p,
-                        top,
-                    };
+                    return Route { partition: *p, top };
                 }
             }
         }
@@ -168,13 +165,21 @@ impl State {
             return self.reply(ROOT);
         }
         if self.home.partition != ROOT_PARTITION
-            || self.dentries.range((ROOT, String::new())..).next().is_some()
+            || self
+                .dentries
+                .range((ROOT, String::new())..)
+                .next()
+                .is_some()
         {
             return Err(MetaError::new(
                 ErrorKind::AlreadyExists,
                 format!(
                     "this partition holds {} already",
-                    if self.home.path.is_empty() { "entries" } else { &self.home.path }
+                    if self.home.path.is_empty() {
+                        "entries"
+                    } else {
+                        &self.home.path
+                    }
                 ),
             ));
         }
@@ -186,7 +191,10 @@ impl State {
         let base = id_base(partition);
         *self.next_inode = (*self.next_inode).max(base | (ROOT + 1));
         *self.next_chunk = (*self.next_chunk).max(base | 1);
-        let top = self.inodes.get_mut(&ROOT).expect("the top directory exists");
+        let top = self
+            .inodes
+            .get_mut(&ROOT)
+            .expect("the top directory exists");
         top.owner = owner.to_owned();
         top.mode = mode;
         top.ctime_ms = now_ms;
@@ -208,7 +216,9 @@ impl State {
         now_ms: u64,
     ) -> Response {
         if self.home.partition != ROOT_PARTITION {
-            return Err(MetaError::invalid("subtrees are assigned by the root partition"));
+            return Err(MetaError::invalid(
+                "subtrees are assigned by the root partition",
+            ));
         }
         if !self.partitions.partitions.contains_key(&partition) {
             return Err(MetaError::not_found(format!("partition {partition}")));
@@ -275,7 +285,10 @@ impl State {
     ///
     /// # Errors
     /// Why not.
-    pub fn check_splittable(&self, path: &str) -> Result<Option<std::sync::Arc<super::Inode>>, MetaError> {
+    pub fn check_splittable(
+        &self,
+        path: &str,
+    ) -> Result<Option<std::sync::Arc<super::Inode>>, MetaError> {
         let comps = components(path)?;
         if comps.is_empty() {
             return Err(MetaError::invalid("/ stays in the root partition"));
@@ -374,8 +387,11 @@ mod tests {
     fn a_subtree_routes_to_its_partition_by_longest_top() {
         let mut root = State::default();
         for m in [vec![1], vec![1]] {
-            root.apply(&Command::AddPartition { members: m, now_ms: 1 })
-                .unwrap();
+            root.apply(&Command::AddPartition {
+                members: m,
+                now_ms: 1,
+            })
+            .unwrap();
         }
         mkdir(&mut root, "/a/full/x").unwrap();
         mkdir(&mut root, "/a/empty").unwrap();
@@ -468,7 +484,15 @@ mod tests {
         assert_eq!(partition_of(c.id), 3);
         // Paths outside the subtree are not here.
         assert_eq!(p.lookup("/a").unwrap_err().kind, ErrorKind::Unavailable);
-        assert_eq!(mkdir(&mut p, "/c").unwrap_err().kind, ErrorKind::Unavailable);
-        assert!(p.apply(&Command::Delete { path: "/a/b".into() }).is_err());
+        assert_eq!(
+            mkdir(&mut p, "/c").unwrap_err().kind,
+            ErrorKind::Unavailable
+        );
+        assert!(
+            p.apply(&Command::Delete {
+                path: "/a/b".into()
+            })
+            .is_err()
+        );
     }
 }
