@@ -66,7 +66,9 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
     let dir = tempfile::tempdir().unwrap();
     // Orphans go after 1 s: a chunk the root's state does not know is deleted at once unless
     // the leader asks the partition that allocated it.
-    let mut cl = Cluster::start_full(dir.path(), 3, 3, &["--orphan-grace-secs", "1"], &[]).await;
+    // (The harness's masters take a silent chunkserver for down after 4 s.)
+    let fast = ["--orphan-grace-secs", "1"];
+    let mut cl = Cluster::start_full(dir.path(), 3, 4, &fast, &[]).await;
     let c = cl.client_with(small_chunks()).await;
     let mut files = vec![("/root-file".to_owned(), 1, 300_000)];
     write(&c, "/root-file", 1, 300_000).await;
@@ -138,6 +140,34 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let s = cl.status().await.unwrap();
     assert_eq!(s.pending_deletes, 0);
+    check(&c, &files).await;
+    // A chunkserver is lost: the partition's chunks are repaired like the root's.
+    let lost = cl.server_id(0).await;
+    cl.chunkservers[0].kill();
+    let t = Instant::now();
+    while !cl
+        .status()
+        .await
+        .is_ok_and(|s| s.servers.iter().any(|s| s.state == "down"))
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the chunkserver is never down"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cl.wait_fully_replicated(Duration::from_secs(60)).await;
+    // Not only "nothing counted missing": every chunk is on three servers, none the lost one.
+    for (path, _, _) in &files {
+        for ch in common::chunks(&c, path).await {
+            assert_eq!(ch.servers.len(), 3, "{path}: chunk {}", ch.id);
+            assert!(
+                !ch.servers.contains(&lost),
+                "{path}: chunk {} on the lost server",
+                ch.id
+            );
+        }
+    }
     check(&c, &files).await;
     // The leader is lost: the partition's leadership follows the root's to the new leader.
     let old = cl.leader().await;

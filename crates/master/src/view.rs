@@ -159,3 +159,86 @@ impl StateView for View<'_> {
         (out, None)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Command, Policy};
+
+    fn create(st: &mut State, path: &str) {
+        st.apply(&Command::Create {
+            path: path.into(),
+            policy: Policy::default(),
+            parents: true,
+            now_ms: 1,
+            lease: None,
+            placements: vec![vec![1, 2, 3]],
+            groups: false,
+            mode: None,
+        })
+        .unwrap();
+    }
+
+    fn partition(id: PartitionId, top: &str) -> State {
+        let mut st = State::default();
+        st.apply(&Command::InitPartition {
+            partition: id,
+            path: top.into(),
+            owner: String::new(),
+            mode: 0o755,
+            now_ms: 1,
+        })
+        .unwrap();
+        st
+    }
+
+    #[test]
+    fn one_cursor_walks_every_partition_and_chunks_resolve_by_id() {
+        let mut root = State::default();
+        let (mut p1, mut p3) = (partition(1, "/a"), partition(3, "/c"));
+        for i in 0..5 {
+            create(&mut root, &format!("/r{i}"));
+            create(&mut p1, &format!("/a/x/f{i}"));
+            create(&mut p3, &format!("/c/f{i}"));
+        }
+        let view = View {
+            root: &root,
+            parts: BTreeMap::from([(1, &p1), (3, &p3)]),
+        };
+        // Budgets that end inside and at the end of a partition's inodes.
+        for budget in [1, 2, 3, 6, 7, 100] {
+            let mut cursor = None;
+            let mut files = Vec::new();
+            let mut calls = 0;
+            loop {
+                let (got, next) = view.inodes_after(cursor, budget);
+                assert!(got.len() <= budget);
+                files.extend(got.into_iter().filter(|i| i.file().is_some()).map(|i| i.id));
+                calls += 1;
+                assert!(calls < 100, "the scan does not end");
+                match next {
+                    Some(n) => cursor = Some(n),
+                    None => break,
+                }
+            }
+            assert_eq!(files.len(), 15, "budget {budget}");
+            assert!(files.windows(2).all(|w| w[0] < w[1]), "in id order");
+        }
+        assert_eq!(view.chunks().count(), 15);
+        for st in [&root, &p1, &p3] {
+            for c in st.chunks() {
+                assert!(view.knows(c.id));
+                assert_eq!(view.chunk(c.id).unwrap().1.id, c.id);
+                assert!(c.id < view.next_chunk_of(c.id));
+            }
+        }
+        // Partition 3 outside the view: its chunks are unknown, not absent.
+        let part = View {
+            root: &root,
+            parts: BTreeMap::from([(1, &p1)]),
+        };
+        let c3 = p3.chunks().next().unwrap().id;
+        assert!(!part.knows(c3) && part.chunk(c3).is_none());
+        assert_eq!(part.chunks().count(), 10);
+    }
+}
