@@ -45,6 +45,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const WRITERS: usize = 3;
+
+/// A subtree split into a partition of its own (docs/partitions.md) at the start: the files
+/// of every writer but the first are in it, so its Raft group, ids, repair and conversion run
+/// under the faults.
+const PARTITIONED: &str = "/nemesis-p";
 /// How long the workload runs in each scenario; faults start and end inside it.
 const ACTIVE: Duration = Duration::from_millis(3000);
 
@@ -522,6 +527,8 @@ struct Totals {
     s3_losses: u64,
     /// Chunks of the `then:ec` files found converted at the end of their scenario.
     converted: u64,
+    /// Chunks of files in the split partition (`PARTITIONED`), allocated by it.
+    partition_chunks: u64,
     nbd_writes: u64,
     nbd_errors: u64,
     /// Blocks read back and checked against the model.
@@ -832,7 +839,10 @@ async fn scenario(
     let c = cl.client_with(opts.clone()).await;
     let stop = Arc::new(AtomicBool::new(false));
     let files: Vec<(String, u64)> = (0..WRITERS)
-        .map(|w| (format!("/nemesis/s{index}/w{w}"), seed * 16 + w as u64))
+        .map(|w| {
+            let top = if w == 0 { "/nemesis" } else { PARTITIONED };
+            (format!("{top}/s{index}/w{w}"), seed * 16 + w as u64)
+        })
         .collect();
     let writers: Vec<_> = files
         .iter()
@@ -986,6 +996,14 @@ async fn scenario(
                 if ch.lz4_stream > 0 {
                     converted += 1;
                 }
+                // Ids carry the partition that allocated them.
+                let want = u64::from(path.starts_with(PARTITIONED));
+                assert_eq!(
+                    ch.id >> 48,
+                    want,
+                    "{path}: chunk {} from another partition",
+                    ch.id
+                );
                 // A group has all its members; an EC file's tail M+1 copies; else 3.
                 let width = match (ch.ec_data, policy_of_path(path)) {
                     (k, _) if k > 0 => (k + ch.ec_parity) as usize,
@@ -1001,6 +1019,9 @@ async fn scenario(
         let clean = s.under_replicated == 0 && s.repairs_running == 0 && s.lost_chunks == 0;
         if short.is_empty() && clean {
             t.converted += converted;
+            for (path, _) in files.iter().filter(|(p, _)| p.starts_with(PARTITIONED)) {
+                t.partition_chunks += chunks(&c, path).await.len() as u64;
+            }
             break s;
         }
         if Instant::now() > deadline {
@@ -1089,6 +1110,14 @@ async fn nemesis() {
         )
         .await
         .unwrap();
+    common::run_ok(common::cairn().args([
+        "admin",
+        "--cluster",
+        &masters.join(","),
+        "partition",
+        "split",
+        PARTITIONED,
+    ]));
     // Small packs and frequent compaction passes, so that pack rotation and compaction run
     // under the faults too.
     // The gateway and the NBD server run with their service keys, as `cairn up` runs them.
@@ -1198,6 +1227,10 @@ async fn nemesis() {
     );
     println!("faults by kind: {:?}", t.faults);
     println!("chunks converted to compressed groups: {}", t.converted);
+    println!(
+        "chunks in partition 1 ({PARTITIONED}): {}",
+        t.partition_chunks
+    );
     // Canary: a run that acknowledged and verified nothing proves nothing; one that converted
     // nothing did not test conversion.
     assert!(
@@ -1211,6 +1244,10 @@ async fn nemesis() {
         "{t:?}"
     );
     assert!(t.converted > 0, "no chunk was converted: {t:?}");
+    assert!(
+        t.partition_chunks > 0,
+        "no chunk was written in a partition: {t:?}"
+    );
     assert_eq!(t.s3_losses, 0, "S3 keys not as acknowledged: {t:?}");
     assert_eq!(
         t.s3_bad_gets, 0,
