@@ -165,9 +165,18 @@ impl MetaService {
             gauge!("cairn_master_server_avoided", "server" => server)
                 .set(if avoided.contains(id) { 1.0 } else { 0.0 });
         }
-        let (files, _dirs, chunks, _bytes) = a.state.totals();
+        drop(reg);
+        drop(a);
+        // Over the root and every partition this master leads.
+        let (files, chunks) = self.inner.with_view(|_, v| {
+            v.all().fold((0, 0), |(f, c), (_, s)| {
+                let (files, _dirs, chunks, _bytes) = s.totals();
+                (f + files, c + chunks)
+            })
+        });
         gauge!("cairn_master_files").set(files as f64);
         gauge!("cairn_master_chunks").set(chunks as f64);
+        let a = self.inner.sm.lock();
         for t in a.state.table_reports() {
             gauge!("cairn_master_state_rows", "table" => t.name).set(t.rows as f64);
             gauge!("cairn_master_state_cache_bytes", "table" => t.name).set(t.cached_bytes as f64);

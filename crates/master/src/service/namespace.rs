@@ -94,6 +94,16 @@ impl Inner {
         }
     }
 
+    /// A read point for a call that places chunks: the root's (placement reads its servers)
+    /// and the call's partition's.
+    async fn barrier_placing(&self, r: &Routed) -> Result<(), MetaError> {
+        self.read_barrier().await?;
+        if !r.is_root() {
+            r.h.read_barrier().await?;
+        }
+        Ok(())
+    }
+
     /// Applies `cmd` in partition `h`.
     pub(super) async fn write_to(&self, h: &Hosted, cmd: Command) -> Result<Reply, MetaError> {
         if h.id == ROOT_PARTITION {
@@ -293,8 +303,7 @@ impl Inner {
         let count = convert::chunk_count(r.chunks)?;
         let routed = self.route(&path)?;
         self.check_above(&routed, who)?;
-        self.read_barrier().await?;
-        self.barrier(&routed).await?;
+        self.barrier_placing(&routed).await?;
         let policy = self.policy_of(&routed, &path)?;
         let (placements, groups) = self.place(&policy, false, count, &BTreeSet::new())?;
         let now = now_ms();
@@ -369,6 +378,7 @@ impl Inner {
         let from = convert::path(&r.from)?;
         let to = convert::path(&r.to)?;
         let routed = self.route(&from)?;
+        routed.not_top(&from, "renamed")?;
         let dest = self.sm.lock().state.route(&to);
         if dest.partition != routed.h.id {
             return Err(MetaError::invalid(format!(
@@ -377,7 +387,6 @@ impl Inner {
                 routed.h.id, dest.partition
             )));
         }
-        routed.not_top(&from, "renamed")?;
         self.check_above(&routed, who)?;
         let cmd = Command::Rename {
             from,
@@ -431,8 +440,7 @@ impl Inner {
         let exclude = convert::exclude(&r.exclude)?;
         let routed = self.route(&path)?;
         self.check_above(&routed, who)?;
-        self.read_barrier().await?;
-        self.barrier(&routed).await?;
+        self.barrier_placing(&routed).await?;
         let policy = self.policy_of(&routed, &path)?;
         let (placements, groups) = self.place(&policy, r.tail, count, &exclude)?;
         let cmd = Command::Allocate {
