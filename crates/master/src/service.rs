@@ -438,7 +438,7 @@ impl pb::meta_server::Meta for MetaService {
             &call,
             target,
             async {
-                let (routed, cmd) = self.inner.create_command(req.into_inner(), &who)?;
+                let (routed, cmd) = self.inner.create_command(req.into_inner(), &who).await?;
                 let reply = self.inner.write_to(&routed.h, cmd).await?;
                 self.inner.file_reply(reply.inode, &who)
             }
@@ -505,7 +505,7 @@ impl pb::meta_server::Meta for MetaService {
             &call,
             target,
             async {
-                let (routed, cmd) = self.inner.delete_command(&req.into_inner(), &who)?;
+                let (routed, cmd) = self.inner.delete_command(&req.into_inner(), &who).await?;
                 self.inner.write_to(&routed.h, cmd).await?;
                 Ok(pb::Empty {})
             }
@@ -536,7 +536,7 @@ impl pb::meta_server::Meta for MetaService {
             &call,
             target,
             async {
-                let (routed, cmd) = self.inner.commit_command(&req.into_inner(), &who)?;
+                let (routed, cmd) = self.inner.commit_command(&req.into_inner(), &who).await?;
                 let reply = self.inner.write_to(&routed.h, cmd).await?;
                 self.inner.file_reply(reply.inode, &who)
             }

@@ -54,6 +54,10 @@ pub struct Args {
     /// line's `vs_healthy_mib` is the ratio.
     #[arg(long)]
     fail_servers: Option<usize>,
+    /// Directories to work under, writer or reader d in the (d mod N)-th, e.g. the subtrees
+    /// of different partitions (`cairn admin partition split`); default: `/`.
+    #[arg(long, value_delimiter = ',')]
+    under: Vec<String>,
     /// The client's metadata batching (`ClientOptions::meta_batch_in_flight`; 0 = off).
     #[arg(long, default_value_t = ClientOptions::default().meta_batch_in_flight)]
     meta_batch_in_flight: usize,
@@ -173,19 +177,28 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
-    let prefix = format!(
+    let name = format!(
         "/bench-{}-{}",
         std::process::id(),
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos())
     );
+    let prefixes: Vec<String> = if a.under.is_empty() {
+        vec![name]
+    } else {
+        a.under
+            .iter()
+            .map(|u| format!("{}{name}", u.trim_end_matches('/')))
+            .collect()
+    };
+    let prefix_of = |d: usize| prefixes[d % prefixes.len()].as_str();
     // Reads need data: one file per reader, 64 operations long, sealed.
     if op == Op::Read {
         rt.block_on(async {
             for d in 0..a.depth {
                 let mut w = client
-                    .create(&format!("{prefix}/r{d}"), create_opts(&a))
+                    .create(&format!("{}/r{d}", prefix_of(d)), create_opts(&a))
                     .await?;
                 let buf = vec![0x5Au8; size];
                 for _ in 0..64 {
@@ -267,7 +280,7 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             client.meta_batch_stats(),
             client.traffic(),
         );
-        let (ops, errors, secs, lat) = rt.block_on(measure(op, &client, &prefix, run, &a))?;
+        let (ops, errors, secs, lat) = rt.block_on(measure(op, &client, &prefixes, run, &a))?;
         let (h1, b1, t1) = (
             client.health_stats(),
             client.meta_batch_stats(),
@@ -352,7 +365,7 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
             let delay_ms = ((factor - 1.0) * lat.p50_us / 1000.0).ceil().max(1.0) as u32;
             let (server, how) = rt.block_on(slow_one(&masters, delay_ms))?;
             let (h0, b0) = (client.health_stats(), client.meta_batch_stats());
-            let slow = rt.block_on(measure(op, &client, &prefix, run + 1000, &a));
+            let slow = rt.block_on(measure(op, &client, &prefixes, run + 1000, &a));
             let (h1, b1) = (client.health_stats(), client.meta_batch_stats());
             rt.block_on(async {
                 let m = crate::cluster::masters_client(&masters)?;
@@ -391,7 +404,7 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
         if let Some(n) = a.fail_servers {
             let (servers, how) = rt.block_on(fail_some(&masters, n))?;
             let (h0, t0) = (client.health_stats(), client.traffic());
-            let failed = rt.block_on(measure(op, &client, &prefix, run + 2000, &a));
+            let failed = rt.block_on(measure(op, &client, &prefixes, run + 2000, &a));
             let (h1, t1) = (client.health_stats(), client.traffic());
             rt.block_on(async {
                 let m = crate::cluster::masters_client(&masters)?;
@@ -424,11 +437,17 @@ pub fn run(op: Op, a: Args) -> anyhow::Result<()> {
         }
         // What this run appended goes before the next run (runs of 1 MiB appends would
         // otherwise fill small stores); readers' files stay for the next run.
-        rt.block_on(clean(&client, &prefix, |name| !name.starts_with('r')));
+        rt.block_on(async {
+            for prefix in &prefixes {
+                clean(&client, prefix, |name| !name.starts_with('r')).await;
+            }
+        });
     }
     rt.block_on(async {
-        clean(&client, &prefix, |_| true).await;
-        let _ = client.delete(&prefix).await;
+        for prefix in &prefixes {
+            clean(&client, prefix, |_| true).await;
+            let _ = client.delete(prefix).await;
+        }
     });
     Ok(())
 }
@@ -531,7 +550,7 @@ async fn clean(client: &Client, prefix: &str, which: impl Fn(&str) -> bool) {
 async fn measure(
     op: Op,
     client: &Client,
-    prefix: &str,
+    prefixes: &[String],
     run: usize,
     a: &Args,
 ) -> anyhow::Result<(u64, u64, f64, Latency)> {
@@ -542,7 +561,8 @@ async fn measure(
     for d in 0..a.depth {
         let client = client.clone();
         let path = format!(
-            "{prefix}/{}{run}-{d}",
+            "{}/{}{run}-{d}",
+            prefixes[d % prefixes.len()],
             if op == Op::Create { "c" } else { "w" }
         );
         let opts = create_opts(a);

@@ -42,12 +42,15 @@ impl Inner {
             let prepared = match op.op {
                 Some(Op::Create(r)) => self
                     .create_command(r, who)
+                    .await
                     .map(|(r, c)| (r.h, c, Answer::File)),
                 Some(Op::Commit(r)) => self
                     .commit_command(&r, who)
+                    .await
                     .map(|(r, c)| (r.h, c, Answer::File)),
                 Some(Op::Delete(r)) => self
                     .delete_command(&r, who)
+                    .await
                     .map(|(r, c)| (r.h, c, Answer::Done)),
                 Some(Op::Object(b)) => cairn_rpc::object::decode(&b)
                     .and_then(|op| {

@@ -40,6 +40,9 @@ impl Routed {
     }
 }
 
+/// How long a call waits for its partition's leadership to come to the root's leader.
+const LEAD_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The directory above `path` (`/` for a top-level name).
 fn parent_of(path: &str) -> &str {
     match path.rfind('/') {
@@ -54,13 +57,28 @@ impl Inner {
     /// # Errors
     /// `NotLeader` (the root's leader), `Unavailable` while the partition's leadership moves
     /// here.
-    pub(super) fn route(&self, path: &str) -> Result<Routed, MetaError> {
+    pub(super) async fn route(&self, path: &str) -> Result<Routed, MetaError> {
         self.leader_check()?;
         let r = self.sm.lock().state.route(path);
         Ok(Routed {
-            h: self.led(r.partition)?,
+            h: self.led_soon(r.partition).await?,
             top: r.top,
         })
+    }
+
+    /// [`Inner::led`], waiting up to [`LEAD_WAIT`] for a hosted partition's leadership to
+    /// follow the root's here (after a new root leader: about a second).
+    pub(super) async fn led_soon(&self, p: PartitionId) -> Result<Arc<Hosted>, MetaError> {
+        let until = Instant::now() + LEAD_WAIT;
+        loop {
+            match self.led(p) {
+                Ok(h) => return Ok(h),
+                Err(e) if Instant::now() >= until || self.groups.get(p).is_none() => {
+                    return Err(e);
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        }
     }
 
     /// Partition `p`, hosted and led here.
@@ -188,13 +206,13 @@ impl Inner {
 
     /// A create's command, routed: placement of its first chunks happens here, on the
     /// leader.
-    pub(super) fn create_command(
+    pub(super) async fn create_command(
         &self,
         r: pb::CreateRequest,
         who: &Principal,
     ) -> Result<(Routed, Command), MetaError> {
         let path = convert::path(&r.path)?;
-        let routed = self.route(&path)?;
+        let routed = self.route(&path).await?;
         self.check_above(&routed, who)?;
         let policy = match &r.policy {
             Some(p) => convert::policy(Some(p))?,
@@ -226,14 +244,14 @@ impl Inner {
     }
 
     /// A commit's command, routed.
-    pub(super) fn commit_command(
+    pub(super) async fn commit_command(
         &self,
         r: &pb::CommitRequest,
         who: &Principal,
     ) -> Result<(Routed, Command), MetaError> {
         let now = now_ms();
         let path = convert::path(&r.path)?;
-        let routed = self.route(&path)?;
+        let routed = self.route(&path).await?;
         self.check_above(&routed, who)?;
         let cmd = Command::Commit {
             path,
@@ -251,13 +269,13 @@ impl Inner {
     }
 
     /// A delete's command, routed.
-    pub(super) fn delete_command(
+    pub(super) async fn delete_command(
         &self,
         r: &pb::PathRequest,
         who: &Principal,
     ) -> Result<(Routed, Command), MetaError> {
         let path = convert::path(&r.path)?;
-        let routed = self.route(&path)?;
+        let routed = self.route(&path).await?;
         routed.not_top(&path, "deleted")?;
         self.check_above(&routed, who)?;
         Ok((routed, as_user(who, Command::Delete { path })?))
@@ -278,7 +296,7 @@ impl Inner {
         r: pb::MkdirRequest,
     ) -> Result<pb::NodeReply, MetaError> {
         let path = convert::path(&r.path)?;
-        let routed = self.route(&path)?;
+        let routed = self.route(&path).await?;
         let cmd = Command::Mkdir {
             path: path.clone(),
             parents: r.parents,
@@ -301,7 +319,7 @@ impl Inner {
         let path = convert::path(&r.path)?;
         let holder = convert::client_id(&r.client_id)?;
         let count = convert::chunk_count(r.chunks)?;
-        let routed = self.route(&path)?;
+        let routed = self.route(&path).await?;
         self.check_above(&routed, who)?;
         self.barrier_placing(&routed).await?;
         let policy = self.policy_of(&routed, &path)?;
@@ -330,7 +348,7 @@ impl Inner {
         r: pb::PathRequest,
     ) -> Result<pb::NodeReply, MetaError> {
         let path = convert::path(&r.path)?;
-        let routed = self.route(&path)?;
+        let routed = self.route(&path).await?;
         self.check_above(&routed, who)?;
         self.barrier(&routed).await?;
         let (mut r, signer) = self.states(&routed.h, |part, root| {
@@ -354,7 +372,7 @@ impl Inner {
         r: pb::PathRequest,
     ) -> Result<pb::ListReply, MetaError> {
         let path = convert::path(&r.path)?;
-        let routed = self.route(&path)?;
+        let routed = self.route(&path).await?;
         self.check_above(&routed, who)?;
         self.barrier(&routed).await?;
         let a = routed.h.sm.lock();
@@ -377,7 +395,7 @@ impl Inner {
     ) -> Result<(), MetaError> {
         let from = convert::path(&r.from)?;
         let to = convert::path(&r.to)?;
-        let routed = self.route(&from)?;
+        let routed = self.route(&from).await?;
         routed.not_top(&from, "renamed")?;
         let dest = self.sm.lock().state.route(&to);
         if dest.partition != routed.h.id {
@@ -403,7 +421,7 @@ impl Inner {
         r: pb::SetAttrRequest,
     ) -> Result<pb::NodeReply, MetaError> {
         let path = convert::path(&r.path)?;
-        let routed = self.route(&path)?;
+        let routed = self.route(&path).await?;
         let mode = convert::mode(r.mode)?;
         let cmd = Command::SetAttr {
             path: path.clone(),
@@ -438,7 +456,7 @@ impl Inner {
         let holder = convert::client_id(&r.client_id)?;
         let count = convert::chunk_count(r.chunks)?;
         let exclude = convert::exclude(&r.exclude)?;
-        let routed = self.route(&path)?;
+        let routed = self.route(&path).await?;
         self.check_above(&routed, who)?;
         self.barrier_placing(&routed).await?;
         let policy = self.policy_of(&routed, &path)?;
@@ -465,7 +483,7 @@ impl Inner {
         let mut parts = BTreeMap::new();
         for p in ids.iter().map(|id| partition_of(*id)) {
             if p != ROOT_PARTITION && !parts.contains_key(&p) {
-                let h = self.led(p)?;
+                let h = self.led_soon(p).await?;
                 h.read_barrier().await?;
                 parts.insert(p, h);
             }

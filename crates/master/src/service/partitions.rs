@@ -107,7 +107,7 @@ impl Inner {
         id: ChunkId,
         cmd: Command,
     ) -> Result<Reply, MetaError> {
-        let h = self.led(partition_of(id))?;
+        let h = self.led_soon(partition_of(id)).await?;
         self.write_to(&h, cmd).await
     }
 
