@@ -22,13 +22,8 @@ UP_PID=
 trap '[ -n "$UP_PID" ] && kill "$UP_PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$SCRATCH"' EXIT
 TICK=$(getconf CLK_TCK)
 
-cluster_cpu() { # seconds of CPU of the children of $UP_PID
-    local t=0
-    for p in $(pgrep -P "$UP_PID"); do
-        t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
-    done
-    python3 -c "print($t / $TICK)"
-}
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 
 run() { # flags -> "creates_per_sec cpu_us_per_create"
     local dir="$SCRATCH/c" out
@@ -48,14 +43,7 @@ run() { # flags -> "creates_per_sec cpu_us_per_create"
         --seconds "$SECONDS_RUN" --json 2>&1)
     c1=$(cluster_cpu)
     kill "$UP_PID"; wait "$UP_PID" 2>/dev/null || true; UP_PID=
-    echo "$out" | python3 -c "
-import json, sys
-lines = sys.stdin.read().splitlines()
-r = json.loads([l for l in lines if l.startswith('{')][-1])
-u, s = [float(x) for x in [l for l in lines if l.startswith('CPU ')][-1].split()[1:]]
-n = r['ops']
-cpu = $c1 - $c0 + u + s
-print(round(r['ops_per_s']), round(cpu / max(n, 1) * 1e6))"
+    echo "$out" | creates_and_cpu "$c0" "$c1"
 }
 
 echo "round,tls_creates_per_sec,tls_cpu_us_per_create,plain_creates_per_sec,plain_cpu_us_per_create,ratio_creates,ratio_cpu"

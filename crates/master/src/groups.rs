@@ -138,13 +138,7 @@ impl Hosted {
     /// As [`Hosted::leader_check`].
     pub async fn read_barrier(&self) -> Result<u64, MetaError> {
         let term = self.leader_check()?;
-        self.raft
-            .ensure_linearizable(ReadPolicy::LeaseRead)
-            .await
-            .map_err(|e| match e.forward_to_leader() {
-                Some(f) => MetaError::not_leader(f.leader_node.as_ref().map(|n| n.addr.clone())),
-                None => MetaError::new(ErrorKind::Unavailable, e.to_string()),
-            })?;
+        lease_read(&self.raft).await?;
         Ok(term)
     }
 
@@ -153,16 +147,7 @@ impl Hosted {
     /// # Errors
     /// What applying it answered; `NotLeader` or `Unavailable` when it was not committed.
     pub async fn write(&self, cmd: Command) -> Result<Reply, MetaError> {
-        let started = Instant::now();
-        let r = self.raft.client_write(cmd).await;
-        metrics::histogram!("cairn_master_raft_write_seconds").record(started.elapsed());
-        match r {
-            Ok(r) => r.data,
-            Err(e) => Err(match e.forward_to_leader() {
-                Some(f) => MetaError::not_leader(f.leader_node.as_ref().map(|n| n.addr.clone())),
-                None => MetaError::new(ErrorKind::Unavailable, e.to_string()),
-            }),
-        }
+        write(&self.raft, cmd).await
     }
 
     fn raft_id(&self) -> u64 {
@@ -180,6 +165,38 @@ impl Hosted {
         while (db.strong_count() > 0 || log.is_open()) && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+}
+
+/// Waits until `raft`'s state machine has applied everything committed before now, while this
+/// master leads (openraft's lease read).
+///
+/// # Errors
+/// `NotLeader` naming the leader, or `Unavailable`.
+pub async fn lease_read(raft: &Raft) -> Result<(), MetaError> {
+    raft.ensure_linearizable(ReadPolicy::LeaseRead)
+        .await
+        .map(|_| ())
+        .map_err(|e| match e.forward_to_leader() {
+            Some(f) => MetaError::not_leader(f.leader_node.as_ref().map(|n| n.addr.clone())),
+            None => MetaError::new(ErrorKind::Unavailable, e.to_string()),
+        })
+}
+
+/// Proposes `cmd` to `raft`'s group and waits until it is applied here.
+///
+/// # Errors
+/// What applying it answered; `NotLeader` or `Unavailable` when it was not committed.
+pub async fn write(raft: &Raft, cmd: Command) -> Result<Reply, MetaError> {
+    let started = Instant::now();
+    let r = raft.client_write(cmd).await;
+    metrics::histogram!("cairn_master_raft_write_seconds").record(started.elapsed());
+    match r {
+        Ok(r) => r.data,
+        Err(e) => Err(match e.forward_to_leader() {
+            Some(f) => MetaError::not_leader(f.leader_node.as_ref().map(|n| n.addr.clone())),
+            None => MetaError::new(ErrorKind::Unavailable, e.to_string()),
+        }),
     }
 }
 

@@ -7,8 +7,8 @@ use crate::store::{Applied, Raft};
 use cairn_proto::cap;
 use cairn_rpc::auth::Principal;
 use cairn_rpc::{ErrorKind, MetaError, pb};
+use openraft::BasicNode;
 use openraft::async_runtime::WatchReceiver;
-use openraft::{BasicNode, ReadPolicy};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -231,13 +231,7 @@ impl Inner {
     /// machine has applied everything committed before the read.
     async fn read_barrier(&self) -> Result<u64, MetaError> {
         let term = self.leader_check()?;
-        self.raft
-            .ensure_linearizable(ReadPolicy::LeaseRead)
-            .await
-            .map_err(|e| match e.forward_to_leader() {
-                Some(f) => MetaError::not_leader(f.leader_node.as_ref().map(|n| n.addr.clone())),
-                None => MetaError::new(ErrorKind::Unavailable, e.to_string()),
-            })?;
+        crate::groups::lease_read(&self.raft).await?;
         Ok(term)
     }
 
@@ -245,16 +239,7 @@ impl Inner {
         if frees(&cmd) {
             self.registry.lock().freed(Instant::now());
         }
-        let started = Instant::now();
-        let r = self.raft.client_write(cmd).await;
-        metrics::histogram!("cairn_master_raft_write_seconds").record(started.elapsed());
-        match r {
-            Ok(r) => r.data,
-            Err(e) => Err(match e.forward_to_leader() {
-                Some(f) => MetaError::not_leader(f.leader_node.as_ref().map(|n| n.addr.clone())),
-                None => MetaError::new(ErrorKind::Unavailable, e.to_string()),
-            }),
-        }
+        crate::groups::write(&self.raft, cmd).await
     }
 
     /// Places `count` new chunks of a file with `policy`: replicated chunks, or for a file

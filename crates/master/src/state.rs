@@ -328,6 +328,14 @@ impl State {
         Ok(self.ino(cur))
     }
 
+    /// Whether directory `id` has any entry.
+    pub(crate) fn has_entries(&self, id: InodeId) -> bool {
+        self.dentries
+            .range((id, String::new())..)
+            .next()
+            .is_some_and(|((p, _), _)| p == id)
+    }
+
     /// Entries of a directory, by name.
     pub fn list(&self, path: &str) -> Result<Vec<Arc<Inode>>, MetaError> {
         let dir = self.lookup(path)?;
@@ -866,13 +874,7 @@ impl State {
                 if id == ROOT {
                     return Err(MetaError::invalid(format!("cannot delete {path}")));
                 }
-                if ino.file().is_none()
-                    && self
-                        .dentries
-                        .range((id, String::new())..)
-                        .next()
-                        .is_some_and(|((p, _), _)| p == id)
-                {
+                if ino.file().is_none() && self.has_entries(id) {
                     return Err(MetaError::new(
                         ErrorKind::DirectoryNotEmpty,
                         format!("{path}: directory not empty"),

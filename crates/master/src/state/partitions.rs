@@ -164,13 +164,7 @@ impl State {
         if *self.home == home {
             return self.reply(ROOT);
         }
-        if self.home.partition != ROOT_PARTITION
-            || self
-                .dentries
-                .range((ROOT, String::new())..)
-                .next()
-                .is_some()
-        {
+        if self.home.partition != ROOT_PARTITION || self.has_entries(ROOT) {
             return Err(MetaError::new(
                 ErrorKind::AlreadyExists,
                 format!(
@@ -319,13 +313,7 @@ impl State {
                         format!("{path}: not a directory"),
                     ));
                 }
-                let id = ino.id;
-                if self
-                    .dentries
-                    .range((id, String::new())..)
-                    .next()
-                    .is_some_and(|((p, _), _)| p == id)
-                {
+                if self.has_entries(ino.id) {
                     return Err(MetaError::new(
                         ErrorKind::DirectoryNotEmpty,
                         format!(

@@ -1,0 +1,21 @@
+# Shared by the benchmark scripts that run `cairn bench create` against a `cairn up`: sourced,
+# not run. Needs UP_PID (the `cairn up` process) and TICK (getconf CLK_TCK).
+
+cluster_cpu() { # seconds of CPU of the children of $UP_PID
+    local t=0
+    for p in $(pgrep -P "$UP_PID"); do
+        t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    python3 -c "print($t / $TICK)"
+}
+
+creates_and_cpu() { # C0 C1 < bench output with /usr/bin/time's "CPU U S" -> "creates_per_sec cpu_us_per_create"
+    python3 -c "
+import json, sys
+lines = sys.stdin.read().splitlines()
+r = json.loads([l for l in lines if l.startswith('{')][-1])
+u, s = [float(x) for x in [l for l in lines if l.startswith('CPU ')][-1].split()[1:]]
+n = r['ops']
+cpu = $2 - $1 + u + s
+print(round(r['ops_per_s']), round(cpu / max(n, 1) * 1e6))"
+}
