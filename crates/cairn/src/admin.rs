@@ -67,6 +67,14 @@ pub enum AdminCommand {
     /// Partitions of the masters' state: Raft groups of their own (docs/partitions.md).
     #[command(subcommand)]
     Partition(PartitionCommand),
+    /// Check the masters' metadata for consistency: every partition's inodes, directory
+    /// entries, chunk index, counters and totals, and the object index against the files
+    /// that hold the objects' data. Exits 1 when a problem is found (docs/operations.md).
+    Check {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Make a chunkserver (started with --fault-injection) slow, failing or frozen; `--clear`
     /// (or no fault option) removes every fault.
     Fault(FaultArgs),
@@ -321,6 +329,51 @@ pub fn run(a: AdminArgs) -> anyhow::Result<()> {
                         "{} is held by partition {} (masters {:?})",
                         p.subtree, p.id, p.members
                     );
+                }
+            }
+            AdminCommand::Check { json } => {
+                let r = m
+                    .send(pb::Empty {}, |mut c, r| async move { c.check_metadata(r).await })
+                    .await?;
+                let problems: u64 = r.partitions.iter().map(|p| p.problems).sum();
+                if json {
+                    let parts: Vec<_> = r
+                        .partitions
+                        .iter()
+                        .map(|p| {
+                            serde_json::json!({
+                                "partition": p.partition, "inodes": p.inodes, "chunks": p.chunks,
+                                "objects": p.objects, "problems": p.problems, "listed": p.listed,
+                            })
+                        })
+                        .collect();
+                    println!(
+                        "{}",
+                        serde_json::json!({"problems": problems, "partitions": parts})
+                    );
+                } else {
+                    for p in &r.partitions {
+                        println!(
+                            "partition {}: {} inodes, {} chunks, {} objects: {}",
+                            p.partition,
+                            p.inodes,
+                            p.chunks,
+                            p.objects,
+                            match p.problems {
+                                0 => "consistent".to_string(),
+                                n => format!("{n} problems"),
+                            }
+                        );
+                        for l in &p.listed {
+                            println!("  {l}");
+                        }
+                        if p.problems > p.listed.len() as u64 {
+                            println!("  … and {} more", p.problems - p.listed.len() as u64);
+                        }
+                    }
+                }
+                if problems > 0 {
+                    anyhow::bail!("the metadata check found {problems} problems");
                 }
             }
             AdminCommand::ServiceKey { .. } => unreachable!("answered without the masters"),

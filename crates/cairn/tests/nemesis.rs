@@ -537,6 +537,10 @@ struct Totals {
     nbd_bad_blocks: u64,
     /// Scenarios whose volume could not be read back within a minute of their end.
     nbd_unreadable: u64,
+    /// Metadata consistency checks run (one per scenario, every partition) and the
+    /// problems they found.
+    metadata_checks: u64,
+    metadata_problems: u64,
 }
 
 /// Blocks of the nemesis's volume (4 KiB each).
@@ -1034,6 +1038,7 @@ async fn scenario(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
+    check_metadata(cl, t).await;
     eprintln!(
         "  appends {} (errors {}), reads {} (errors {}), lost {lost}, corrupt reads {}, chunks {}; \
          s3 puts {}, deletes {}, gets {} (errors {}, bad {}), keys lost {s3_lost}; \
@@ -1056,6 +1061,40 @@ async fn scenario(
     );
     for (path, _) in &files {
         c.delete(path).await.expect("delete");
+    }
+}
+
+/// The masters' metadata consistency check (`cairn admin check`) of every partition, through
+/// leader changes for up to 30 s; its problems are counted and printed.
+async fn check_metadata(cl: &Cluster, t: &mut Totals) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let reply = loop {
+        match cl
+            .masters()
+            .send(cairn_rpc::pb::Empty {}, |mut c, r| async move {
+                c.check_metadata(r).await
+            })
+            .await
+        {
+            Ok(r) => break r,
+            Err(e) if Instant::now() > deadline => {
+                eprintln!("  METADATA CHECK could not run within 30 s: {e}");
+                t.metadata_problems += 1;
+                return;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    };
+    t.metadata_checks += 1;
+    assert!(
+        reply.partitions.len() >= 2 && reply.partitions.iter().all(|p| p.inodes > 0),
+        "the check read nothing: {reply:?}"
+    );
+    for p in &reply.partitions {
+        for l in &p.listed {
+            eprintln!("  METADATA partition {}: {l}", p.partition);
+        }
+        t.metadata_problems += p.problems;
     }
 }
 
@@ -1231,6 +1270,10 @@ async fn nemesis() {
         "chunks in partition 1 ({PARTITIONED}): {}",
         t.partition_chunks
     );
+    println!(
+        "metadata checks: {} (problems {})",
+        t.metadata_checks, t.metadata_problems
+    );
     // Canary: a run that acknowledged and verified nothing proves nothing; one that converted
     // nothing did not test conversion.
     assert!(
@@ -1272,6 +1315,11 @@ async fn nemesis() {
         "appends acknowledged at the wrong offset: {t:?}"
     );
     assert_eq!(t.under_replicated, 0, "chunks left short of copies: {t:?}");
+    assert!(t.metadata_checks > 0, "no metadata check ran: {t:?}");
+    assert_eq!(
+        t.metadata_problems, 0,
+        "the metadata consistency check found problems: {t:?}"
+    );
 }
 
 /// Canary for the checker: a file one byte shorter than "acknowledged", or with a wrong byte,

@@ -212,4 +212,27 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
     assert_eq!(partition(&cl, 1).await.files, 14);
     cl.wait_fully_replicated(Duration::from_secs(30)).await;
     assert_eq!(cl.status().await.unwrap().pending_deletes, 0);
+    // A chunk id of a partition the map does not hold is an unknown chunk, not an outage.
+    let unknown = fresh.locate((7 << 48) | 1).await.unwrap();
+    assert!(
+        unknown.servers.is_empty() && unknown.length == 0,
+        "{unknown:?}"
+    );
+    // The metadata check reads both partitions and finds them consistent.
+    let out = cairn()
+        .args(["admin", "--cluster", &addrs, "check", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["problems"], 0, "{v}");
+    assert_eq!(v["partitions"][1]["partition"], 1, "{v}");
+    // The top, d0..d2 and 14 files; their chunks.
+    assert_eq!(v["partitions"][1]["inodes"], 18, "{v}");
+    assert!(v["partitions"][1]["chunks"].as_u64().unwrap() >= 14, "{v}");
 }

@@ -666,6 +666,10 @@ impl pb::meta_server::Meta for MetaService {
         MetaService::split_partition(self, req).await
     }
 
+    async fn check_metadata(&self, req: Request<pb::Empty>) -> Rpc<pb::CheckReply> {
+        MetaService::check_metadata(self, req).await
+    }
+
     async fn status(&self, req: Request<pb::Empty>) -> Rpc<pb::StatusReply> {
         self.inner.who(&req, "Status")?;
         self.status_reply().await

@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+mod check;
+pub use check::Report as CheckReport;
 pub(crate) mod disk;
 pub use disk::TABLES;
 mod objects;

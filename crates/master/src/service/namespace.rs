@@ -480,9 +480,14 @@ impl Inner {
     ) -> Result<pb::LocateReply, MetaError> {
         let ids = convert::locate(&r)?;
         self.read_barrier().await?;
+        // Ids of partitions the map does not hold are unknown chunks, as any id never issued.
+        let known: BTreeSet<PartitionId> = {
+            let root = self.sm.lock();
+            root.state.partitions().partitions.keys().copied().collect()
+        };
         let mut parts = BTreeMap::new();
         for p in ids.iter().map(|id| partition_of(*id)) {
-            if p != ROOT_PARTITION && !parts.contains_key(&p) {
+            if p != ROOT_PARTITION && known.contains(&p) && !parts.contains_key(&p) {
                 let h = self.led_soon(p).await?;
                 h.read_barrier().await?;
                 parts.insert(p, h);
@@ -492,13 +497,15 @@ impl Inner {
             let root = self.sm.lock();
             let guards: BTreeMap<_, _> = parts.iter().map(|(p, h)| (*p, h.sm.lock())).collect();
             let state_of = |id: u64| match partition_of(id) {
-                ROOT_PARTITION => &root.state,
-                p => &guards[&p].state,
+                ROOT_PARTITION => Some(&root.state),
+                p => guards.get(&p).map(|g| &g.state),
             };
             let chunks: Vec<pb::ChunkMeta> = ids
                 .iter()
                 .map(|id| {
-                    let st = state_of(*id);
+                    let Some(st) = state_of(*id) else {
+                        return Ok(pb::ChunkMeta::default());
+                    };
                     match st.chunk(*id) {
                         // Read permission on the chunk's file, as for a stat of it.
                         Some((ino, c)) => {

@@ -377,4 +377,76 @@ impl MetaService {
     pub(crate) async fn host_partitions(&self) {
         self.inner.host_partitions().await;
     }
+
+    /// `CheckMetadata`: the consistency check (state/check.rs) of the root and of every
+    /// partition in its map, each at a read barrier, and of the map against what each
+    /// partition holds. A partition not led here within the routing wait is a problem (it
+    /// could not be checked).
+    pub(super) async fn check_metadata(&self, req: Request<pb::Empty>) -> Rpc<pb::CheckReply> {
+        let (who, call) = self.inner.call(&req, "CheckMetadata")?;
+        let res: Result<pb::CheckReply, MetaError> = async {
+            who.require_admin("checking the metadata")?;
+            self.inner.read_barrier().await?;
+            let (root, map, subtrees) = {
+                let a = self.inner.sm.lock();
+                let st = &a.state;
+                let tops: BTreeMap<PartitionId, String> =
+                    st.subtrees().iter().map(|(t, p)| (*p, t.clone())).collect();
+                let ids: Vec<PartitionId> = st.partitions().partitions.keys().copied().collect();
+                (st.check(), ids, tops)
+            };
+            let mut out = vec![check_reply(ROOT_PARTITION, root)];
+            for p in map {
+                let r = match self.inner.led_soon(p).await {
+                    Ok(h) => match h.read_barrier().await {
+                        Ok(_) => {
+                            let st = &h.sm.lock().state;
+                            let mut r = st.check();
+                            let home = st.home();
+                            match subtrees.get(&p) {
+                                Some(top) if home.partition != p || home.path != *top => {
+                                    r.problem(format!(
+                                        "the root sends {top} here; the partition holds {:?} \
+                                         of partition {}",
+                                        home.path, home.partition
+                                    ));
+                                }
+                                None if home.partition == p => r.problem(format!(
+                                    "the partition holds {}, which the root does not send here \
+                                     (a split that stopped: run it again)",
+                                    home.path
+                                )),
+                                _ => {}
+                            }
+                            r
+                        }
+                        Err(e) => unchecked(&e),
+                    },
+                    Err(e) => unchecked(&e),
+                };
+                out.push(check_reply(p, r));
+            }
+            Ok(pb::CheckReply { partitions: out })
+        }
+        .await;
+        self.inner.audited(&call, serde_json::json!({}), res)
+    }
+}
+
+/// A partition that could not be checked.
+fn unchecked(e: &MetaError) -> crate::state::CheckReport {
+    let mut r = crate::state::CheckReport::default();
+    r.problem(format!("not checked: {}", e.message));
+    r
+}
+
+fn check_reply(partition: PartitionId, r: crate::state::CheckReport) -> pb::PartitionCheck {
+    pb::PartitionCheck {
+        partition,
+        inodes: r.inodes,
+        chunks: r.chunks,
+        objects: r.objects,
+        problems: r.problems,
+        listed: r.listed,
+    }
 }

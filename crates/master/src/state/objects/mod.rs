@@ -1063,5 +1063,6 @@ fn check_meta(meta: &ObjectMeta) -> Result<(), ObjectError> {
     Ok(())
 }
 
+mod check;
 #[cfg(test)]
 mod tests;
