@@ -94,8 +94,15 @@ fn plan(seed: u64) -> Vec<Fault> {
     let mut servers: Vec<usize> = (0..4).collect();
     let mut faults: Vec<Fault> = Vec::new();
     let mut killed = false;
-    for _ in 0..n {
-        let kind = match rng.random_range(0..7) {
+    // CAIRN_NEMESIS_MASTER_FAULTS=1: every scenario's first fault kills or pauses a master (to
+    // chase failures of master failover faster; other plans than the default seed's).
+    let masters_first = std::env::var("CAIRN_NEMESIS_MASTER_FAULTS").is_ok_and(|v| v == "1");
+    for i in 0..n {
+        let draw = match masters_first && i == 0 {
+            true => 1,
+            false => rng.random_range(0..7),
+        };
+        let kind = match draw {
             0 if !killed => Kind::KillChunkserver,
             1 if !killed => match rng.random_bool(0.5) {
                 true => Kind::KillMaster,
