@@ -123,13 +123,7 @@ impl Hosted {
         if m.current_leader == Some(self.raft_id()) {
             return Ok(m.current_term);
         }
-        let addr = m.current_leader.and_then(|l| {
-            m.membership_config
-                .membership()
-                .get_node(&l)
-                .map(|n| n.addr.clone())
-        });
-        Err(MetaError::not_leader(addr))
+        Err(not_leader(&m))
     }
 
     /// A linearizable read point in the partition (as the root's: a lease read).
@@ -166,6 +160,17 @@ impl Hosted {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// `NotLeader`, naming the group's leader as `m` knows it (if it does).
+pub fn not_leader(m: &openraft::RaftMetrics<crate::store::TypeConfig>) -> MetaError {
+    let addr = m.current_leader.and_then(|l| {
+        m.membership_config
+            .membership()
+            .get_node(&l)
+            .map(|n| n.addr.clone())
+    });
+    MetaError::not_leader(addr)
 }
 
 /// Waits until `raft`'s state machine has applied everything committed before now, while this

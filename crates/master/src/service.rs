@@ -217,14 +217,7 @@ impl Inner {
             }
             return Ok(term);
         }
-        let m = metrics.borrow_watched().clone();
-        let addr = m.current_leader.and_then(|l| {
-            m.membership_config
-                .membership()
-                .get_node(&l)
-                .map(|n| n.addr.clone())
-        });
-        Err(MetaError::not_leader(addr))
+        Err(crate::groups::not_leader(&metrics.borrow_watched()))
     }
 
     /// A linearizable read point: this master leads (the term returned) and its state
