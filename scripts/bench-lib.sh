@@ -9,6 +9,16 @@ cluster_cpu() { # seconds of CPU of the children of $UP_PID
     python3 -c "print($t / $TICK)"
 }
 
+master_cpu() { # seconds of CPU of the `cairn master` children of $UP_PID
+    local t=0
+    for p in $(pgrep -P "$UP_PID"); do
+        if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q '^[^ ]* master '; then
+            t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+        fi
+    done
+    python3 -c "print($t / $TICK)"
+}
+
 creates_and_cpu() { # C0 C1 < bench output with /usr/bin/time's "CPU U S" -> "creates_per_sec cpu_us_per_create"
     python3 -c "
 import json, sys
