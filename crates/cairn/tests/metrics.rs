@@ -159,7 +159,12 @@ async fn master_and_chunkserver_export_metrics() {
             // The state's tables report their rows (the file, the root and its directory
             // entry at least) and cache reads.
             assert!(
-                value(&m, "cairn_master_state_rows", "table=\"inodes\"").is_some_and(|v| v >= 2.0),
+                value(
+                    &m,
+                    "cairn_master_state_rows",
+                    "table=\"inodes\",partition=\"0\""
+                )
+                .is_some_and(|v| v >= 2.0),
                 "{m}"
             );
             assert!(

@@ -176,14 +176,18 @@ impl MetaService {
         });
         gauge!("cairn_master_files").set(files as f64);
         gauge!("cairn_master_chunks").set(chunks as f64);
-        let a = self.inner.sm.lock();
-        for t in a.state.table_reports() {
-            gauge!("cairn_master_state_rows", "table" => t.name).set(t.rows as f64);
-            gauge!("cairn_master_state_cache_bytes", "table" => t.name).set(t.cached_bytes as f64);
-            metrics::counter!("cairn_master_state_cache_hits_total", "table" => t.name)
-                .absolute(t.hits);
-            metrics::counter!("cairn_master_state_cache_misses_total", "table" => t.name)
-                .absolute(t.misses);
+        // Every partition this master hosts (the root is partition 0), led here or not.
+        for h in self.inner.groups.all() {
+            let reports = h.sm.lock().state.table_reports();
+            let p = h.id.to_string();
+            for t in reports {
+                let labels = [("table", t.name.to_string()), ("partition", p.clone())];
+                gauge!("cairn_master_state_rows", &labels).set(t.rows as f64);
+                gauge!("cairn_master_state_cache_bytes", &labels).set(t.cached_bytes as f64);
+                metrics::counter!("cairn_master_state_cache_hits_total", &labels).absolute(t.hits);
+                metrics::counter!("cairn_master_state_cache_misses_total", &labels)
+                    .absolute(t.misses);
+            }
         }
     }
 }
