@@ -399,13 +399,37 @@ pub struct RaftService {
     pub refusals: cairn_rpc::admission::LogBudget,
 }
 
+/// A Raft message's body, decoded by its kind (what a peer sent; nothing acted on yet).
+pub enum Message<'a> {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<TypeConfig>),
+    Transfer(TransferLeaderRequest<TypeConfig>),
+    SnapshotChunk(ChunkHeader, &'a [u8]),
+}
+
+/// Decodes a message of `kind` (the partition flag removed) from `body`.
+///
+/// # Errors
+/// An unknown kind, or a body that is not the kind's JSON (or chunk framing).
+pub fn decode_message(kind: u32, body: &[u8]) -> Result<Message<'_>, String> {
+    fn json<T: for<'a> Deserialize<'a>>(body: &[u8]) -> Result<T, String> {
+        serde_json::from_slice(body).map_err(|e| e.to_string())
+    }
+    Ok(match kind {
+        APPEND => Message::Append(json(body)?),
+        VOTE => Message::Vote(json(body)?),
+        TRANSFER => Message::Transfer(json(body)?),
+        SNAPSHOT_CHUNK => {
+            let (header, data) = parse_chunk(body)?;
+            Message::SnapshotChunk(header, data)
+        }
+        k => return Err(format!("unknown raft message {k}")),
+    })
+}
+
 fn answer<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> Result<Vec<u8>, tonic::Status> {
     serde_json::to_vec(&r.map_err(|e| e.to_string()))
         .map_err(|e| tonic::Status::internal(e.to_string()))
-}
-
-fn parse<T: for<'a> Deserialize<'a>>(body: &[u8]) -> Result<T, tonic::Status> {
-    serde_json::from_slice(body).map_err(|e| tonic::Status::invalid_argument(e.to_string()))
 }
 
 #[tonic::async_trait]
@@ -435,39 +459,96 @@ impl pb::raft_server::Raft for RaftService {
         let g = self.groups.get(m.group).ok_or_else(|| {
             tonic::Status::unavailable(format!("partition {} is not hosted here", m.group))
         })?;
-        let body = match kind {
-            APPEND => answer(g.raft.append_entries(parse(&m.body)?).await)?,
-            VOTE => answer(g.raft.vote(parse(&m.body)?).await)?,
-            TRANSFER => answer(g.raft.handle_transfer_leader(parse(&m.body)?).await)?,
-            SNAPSHOT_CHUNK => {
-                let (header, data) =
-                    parse_chunk(&m.body).map_err(tonic::Status::invalid_argument)?;
-                match g.incoming.take(&header, data).await {
-                    Err(e) => answer::<(), _>(Err(e))?,
-                    Ok(None) => answer::<Option<()>, String>(Ok(None))?,
-                    Ok(Some(file)) => {
-                        let path = file.path.clone();
-                        let snap = SnapshotOf::<TypeConfig, SnapshotData> {
-                            meta: header.meta,
-                            snapshot: SnapshotData::File(file),
-                        };
-                        let r = g.raft.install_full_snapshot(header.vote, snap).await;
-                        // Installed: moved into the snapshots; refused: not wanted.
-                        let _ = std::fs::remove_file(&path);
-                        answer(r.map(Some))?
-                    }
+        let msg = decode_message(kind, &m.body).map_err(tonic::Status::invalid_argument)?;
+        let body = match msg {
+            Message::Append(r) => answer(g.raft.append_entries(r).await)?,
+            Message::Vote(r) => answer(g.raft.vote(r).await)?,
+            Message::Transfer(r) => answer(g.raft.handle_transfer_leader(r).await)?,
+            Message::SnapshotChunk(header, data) => match g.incoming.take(&header, data).await {
+                Err(e) => answer::<(), _>(Err(e))?,
+                Ok(None) => answer::<Option<()>, String>(Ok(None))?,
+                Ok(Some(file)) => {
+                    let path = file.path.clone();
+                    let snap = SnapshotOf::<TypeConfig, SnapshotData> {
+                        meta: header.meta,
+                        snapshot: SnapshotData::File(file),
+                    };
+                    let r = g.raft.install_full_snapshot(header.vote, snap).await;
+                    // Installed: moved into the snapshots; refused: not wanted.
+                    let _ = std::fs::remove_file(&path);
+                    answer(r.map(Some))?
                 }
-            }
-            k => {
-                return Err(tonic::Status::invalid_argument(format!(
-                    "unknown raft message {k}"
-                )));
-            }
+            },
         };
         Ok(tonic::Response::new(pb::RaftMessage {
             kind: m.kind,
             body,
             group: m.group,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Command;
+    use openraft::testing::log_id;
+    use openraft::type_config::alias::{EntryOf, VoteOf};
+
+    /// Messages of each kind, as a peer encodes them: decoded back to their kind. With
+    /// `CAIRN_FUZZ_SEEDS=DIR` they are written there as the `raft_messages` fuzz target's
+    /// seeds (its first byte is the kind).
+    #[test]
+    fn messages_decode_by_kind() {
+        let vote = VoteOf::<TypeConfig>::new_committed(3, 1);
+        let entry = EntryOf::<TypeConfig> {
+            log_id: log_id::<TypeConfig>(3, 1, 7),
+            payload: openraft::EntryPayload::Normal(Command::Delete { path: "/a".into() }),
+        };
+        let append = AppendEntriesRequest::<TypeConfig> {
+            vote,
+            prev_log_id: Some(log_id::<TypeConfig>(3, 1, 6)),
+            entries: vec![entry],
+            leader_commit: Some(log_id::<TypeConfig>(3, 1, 6)),
+        };
+        let vote_req = VoteRequest::<TypeConfig> {
+            vote: VoteOf::<TypeConfig>::new(4, 2),
+            last_log_id: Some(log_id::<TypeConfig>(3, 1, 7)),
+            leadership_transfer: false,
+        };
+        let transfer =
+            TransferLeaderRequest::<TypeConfig>::new(vote, 2, Some(log_id::<TypeConfig>(3, 1, 7)));
+        let header = ChunkHeader {
+            vote,
+            meta: SnapshotMetaOf::<TypeConfig>::default(),
+            offset: 0,
+            last: true,
+        };
+        let cases = [
+            (APPEND, serde_json::to_vec(&append).unwrap()),
+            (VOTE, serde_json::to_vec(&vote_req).unwrap()),
+            (TRANSFER, serde_json::to_vec(&transfer).unwrap()),
+            (SNAPSHOT_CHUNK, chunk_body(&header, b"bytes").unwrap()),
+        ];
+        for (kind, body) in &cases {
+            let ok = match decode_message(*kind, body).unwrap() {
+                Message::Append(r) => *kind == APPEND && r.entries.len() == 1,
+                Message::Vote(r) => *kind == VOTE && r.vote == vote_req.vote,
+                Message::Transfer(_) => *kind == TRANSFER,
+                Message::SnapshotChunk(h, data) => {
+                    *kind == SNAPSHOT_CHUNK && h.last && data == b"bytes"
+                }
+            };
+            assert!(ok, "kind {kind}");
+        }
+        assert!(decode_message(APPEND, b"{}").is_err());
+        assert!(decode_message(9, b"{}").is_err());
+        if let Ok(dir) = std::env::var("CAIRN_FUZZ_SEEDS") {
+            for (kind, body) in &cases {
+                let mut seed = vec![*kind as u8];
+                seed.extend_from_slice(body);
+                std::fs::write(format!("{dir}/kind-{kind}"), seed).unwrap();
+            }
+        }
     }
 }
