@@ -23,7 +23,9 @@
 //!
 //! `cargo test --test nemesis` runs 10 scenarios (seed 1). More:
 //! `CAIRN_NEMESIS_SCENARIOS=200 CAIRN_NEMESIS_SEED=7 cargo test --release --test nemesis -- --nocapture`
-//! (RELIABILITY.md holds the long runs). `CAIRN_NEMESIS_FIRST=146` starts at that scenario
+//! (RELIABILITY.md holds the long runs). `CAIRN_NEMESIS_STARVE=N` spins N threads while each
+//! scenario's faults run; `CAIRN_NEMESIS_MASTER_FAULTS=1` makes every scenario's first fault a
+//! master's. `CAIRN_NEMESIS_FIRST=146` starts at that scenario
 //! index: with the run's seed it replays a failed scenario's plan (on a fresh cluster).
 
 mod common;
@@ -905,6 +907,28 @@ async fn scenario(
         tokio::task::spawn_blocking(move || nbd_client(addr, model, seed, stop))
     };
 
+    // CAIRN_NEMESIS_STARVE=N: N threads spin on the CPU while the faults run (to the last
+    // one's end), so the cluster's processes are starved as they fail over (the runs that
+    // lost metadata had other work starving the machine: RELIABILITY.md, session 40).
+    let starve: usize = std::env::var("CAIRN_NEMESIS_STARVE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let spinning = Arc::new(AtomicBool::new(true));
+    let spinners: Vec<_> = (0..starve)
+        .map(|i| {
+            let spinning = spinning.clone();
+            std::thread::spawn(move || {
+                let mut x = i as u64;
+                while spinning.load(Ordering::Relaxed) {
+                    for _ in 0..1024 {
+                        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    }
+                }
+                std::hint::black_box(x);
+            })
+        })
+        .collect();
     // The faults, in time order: (when, fault index, begin?).
     let mut events: Vec<(Duration, usize, bool)> = faults
         .iter()
@@ -943,6 +967,10 @@ async fn scenario(
         if begin {
             *t.faults.entry(format!("{:?}", f.kind)).or_default() += 1;
         }
+    }
+    spinning.store(false, Ordering::Relaxed);
+    for s in spinners {
+        s.join().expect("spinner");
     }
     tokio::time::sleep(ACTIVE.saturating_sub(t0.elapsed())).await;
     stop.store(true, Ordering::Relaxed);
