@@ -259,6 +259,17 @@ async fn keys_rotate_without_downtime() {
     let first = common::chunks(&c, "/k").await[0].clone();
     let key_of = |cap: &[u8]| Capability::decode(cap).unwrap().key_id;
     let k1 = key_of(&first.cap);
+    // A writer open through the rotations, its capabilities signed with the first key (it
+    // renews its lease too rarely here for a renewal to bring fresh ones first).
+    let w = cl
+        .client_with(cairn_client::ClientOptions {
+            renew_every: Duration::from_secs(600),
+            ..Default::default()
+        })
+        .await;
+    let mut open = w.create("/open", CreateOptions::default()).await.unwrap();
+    let head = common::bytes(3, 0, 50_000);
+    open.append(&head).await.unwrap();
     let rotate = || {
         common::cairn()
             .args(["admin", "--cluster", &masters, "rotate-key", "--json"])
@@ -322,6 +333,68 @@ async fn keys_rotate_without_downtime() {
     assert_eq!(stat(&mut s, first.id, &second.cap).await, Status::Ok);
     // The SDK goes on reading through all of it.
     assert_eq!(c.read("/k", 0, data.len()).await.unwrap(), data);
+    // The open writer's capabilities (first key) are refused now. A reader in the same
+    // process brings read-only ones (new key) for the same chunk; the writer neither takes
+    // those nor gives up its replicas: it asks the masters for fresh ones and goes on in the
+    // same chunk, nothing sealed short (RELIABILITY.md, 2026-11-28).
+    assert_eq!(w.read("/open", 0, head.len()).await.unwrap(), head);
+    let tail = common::bytes(3, head.len() as u64, 50_000);
+    open.append(&tail).await.unwrap();
+    let stats = open.stats().clone();
+    assert_eq!(open.close().await.unwrap(), 100_000);
+    assert_eq!(
+        (stats.switches, stats.dropped, stats.rewritten),
+        (0, 0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(
+        c.read("/open", 0, 100_000).await.unwrap(),
+        common::bytes(3, 0, 100_000)
+    );
+    assert_eq!(common::chunks(&c, "/open").await[0].length, 100_000);
+}
+
+/// A chunkserver that has not heard from the masters since it started holds no keys: it
+/// answers NOT_READY (retried by clients like a lost connection), not UNAUTHORIZED (which a
+/// client acts on: a refused capability is forgotten or refreshed), until its first
+/// heartbeat reply brings them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_chunkserver_is_not_ready_until_it_has_its_keys() {
+    let _shared = QUIET.read().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cl = Cluster::start(dir.path(), 1, 3).await;
+    let c = cl.client().await;
+    let data = common::bytes(4, 0, 20_000);
+    let mut w = c.create("/r", CreateOptions::default()).await.unwrap();
+    w.append(&data).await.unwrap();
+    w.close().await.unwrap();
+    let chunk = common::chunks(&c, "/r").await[0].clone();
+    let i = cl.index_of(chunk.servers[0]).await;
+    cl.masters[0].kill();
+    cl.chunkservers[i].kill();
+    cl.chunkservers[i].start();
+    let mut s = TcpStream::connect(&cl.chunkservers[i].addr).await.unwrap();
+    let (st, _, why) = raw(
+        &mut s,
+        Header::request(Opcode::Stat, 1, chunk.id),
+        Some(&chunk.cap),
+        b"",
+    )
+    .await;
+    assert_eq!(st, Status::NotReady, "{}", String::from_utf8_lossy(&why));
+    cl.masters[0].start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut s = TcpStream::connect(&cl.chunkservers[i].addr).await.unwrap();
+        match stat(&mut s, chunk.id, &chunk.cap).await {
+            Status::Ok => break,
+            Status::NotReady if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            st => panic!("{st:?} after the masters came back"),
+        }
+    }
+    assert_eq!(c.read("/r", 0, data.len()).await.unwrap(), data);
 }
 
 /// A chunkserver joins only with the cluster's secret, and only masters holding it can send

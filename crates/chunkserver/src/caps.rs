@@ -75,6 +75,12 @@ impl Checker {
         }
     }
 
+    /// Whether the keys have come (the first heartbeat reply since the start): before, every
+    /// capability is refused `NOT_READY` (retry), not `UNAUTHORIZED` (refresh or give up).
+    pub(crate) fn ready(&self) -> bool {
+        !self.keys.read().is_empty()
+    }
+
     /// The number of the last revocation held, for the next heartbeat.
     pub(crate) fn revocations_seen(&self) -> u64 {
         self.revocations_seen.load(Ordering::Relaxed)
@@ -206,11 +212,13 @@ mod tests {
         let c = Checker::default();
         let h = Header::request(Opcode::Append, 1, 9);
         // No keys yet: nothing verifies.
+        assert!(!c.ready());
         assert_eq!(
             c.check_frame(&h, Some(&cap(APPEND, 1)), true),
             Err(CapError::UnknownKey(3))
         );
         c.set_keys(vec![key()]);
+        assert!(c.ready());
         assert!(c.check_frame(&h, Some(&cap(APPEND, 1)), true).is_ok());
         assert_eq!(c.check_frame(&h, None, true), Err(CapError::Missing));
         assert!(matches!(

@@ -577,7 +577,14 @@ impl Chunkserver {
                         .await
                         .map_err(timed("a refused payload", frame))??;
                     let one = count.clone().acquire_owned().await.expect("never closed");
-                    let (header, payload) = error_reply(&h, Status::Unauthorized, e.to_string());
+                    let (header, payload) = match self.caps.ready() {
+                        true => error_reply(&h, Status::Unauthorized, e.to_string()),
+                        false => error_reply(
+                            &h,
+                            Status::NotReady,
+                            format!("no capability keys from the masters yet ({e})"),
+                        ),
+                    };
                     record(&h, &header, std::time::Duration::ZERO, 0, 0);
                     let _ = tx.send(Reply {
                         header,

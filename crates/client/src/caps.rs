@@ -1,74 +1,123 @@
 //! The capabilities a client holds, by chunk (docs/security.md).
 //!
 //! The masters sign one into every chunk they describe (`ChunkMeta.cap`); the client keeps
-//! the newest per chunk here, and its data-plane connections attach it to every request on
-//! that chunk. A writer's capability (append, seal) is never replaced by a reader's one for the
-//! same chunk that expires no later. The table is bounded: past [`MAX_CAPS`] entries, expired
-//! ones go first, then the oldest-expiring half.
+//! them here, and its data-plane connections attach one to every request on that chunk. Each
+//! chunk has two places: a writer's capability (one that may append or seal, signed with the
+//! writer's epoch into the replies to its open and commits) and a reader's. A reader's never
+//! takes a writer's place, whatever happens to the writer's: a writer in the same process as
+//! readers of its file (a gateway, a volume) keeps appending and sealing with its own. A
+//! request that needs to append, create or seal carries the writer's; a read or stat carries
+//! the reader's, else the writer's. A refused reader's capability is forgotten (the next
+//! lookup brings a fresh one); a refused writer's stays until the writer's next commit brings
+//! a fresh one, since the refusal may be one server's alone (docs/security.md, "Refusals").
+//!
+//! The table is bounded: past [`MAX_CAPS`] chunks, expired capabilities go first, then the
+//! oldest-expiring half.
 
-use cairn_proto::cap::{CAP_BYTES, Capability};
+use cairn_proto::cap::{APPEND, CAP_BYTES, CREATE, Capability, SEAL};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 
-/// Entries kept at most (~100 bytes each).
+/// Chunks held at most (~200 bytes each).
 pub const MAX_CAPS: usize = 1 << 18;
+
+/// A chunk's two places.
+#[derive(Debug, Default, Clone)]
+struct Held {
+    writer: Option<Capability>,
+    reader: Option<Capability>,
+}
+
+impl Held {
+    fn expires(&self) -> u32 {
+        let e = |c: &Option<Capability>| c.as_ref().map_or(0, |c| c.claims.expires_secs);
+        e(&self.writer).max(e(&self.reader))
+    }
+}
+
+/// Whether a capability with these rights goes to the writer's place, and a request that
+/// needs them takes the writer's.
+fn writes(rights: u8) -> bool {
+    rights & (APPEND | SEAL | CREATE) != 0
+}
+
+/// Whether `new` should take the place `old` holds.
+fn replaces(old: &Capability, new: &Capability) -> bool {
+    if u64::from(old.claims.expires_secs) <= now_secs() {
+        return true;
+    }
+    let (o, n) = (&old.claims, &new.claims);
+    // A newer version or writer epoch; else a right the old one lacks, or the same rights
+    // for at least as long.
+    (n.chunk_version, n.epoch) > (o.chunk_version, o.epoch)
+        || (n.chunk_version, n.epoch) == (o.chunk_version, o.epoch)
+            && (n.rights & !o.rights != 0
+                || n.rights == o.rights && n.expires_secs >= o.expires_secs)
+}
 
 /// Capabilities by chunk id.
 #[derive(Debug, Default)]
 pub struct Caps {
-    by_chunk: RwLock<HashMap<u64, Capability>>,
+    by_chunk: RwLock<HashMap<u64, Held>>,
 }
 
 impl Caps {
-    /// Keeps the capability in `bytes` (as the masters sent it) for its chunk. Empty bytes
-    /// (masters that sign none) and undecodable ones are ignored: the chunkserver will answer
-    /// UNAUTHORIZED with the reason.
+    /// Keeps the capability in `bytes` (as the masters sent it) in its chunk's place for its
+    /// rights. Empty bytes (masters that sign none) and undecodable ones are ignored: the
+    /// chunkserver will answer UNAUTHORIZED with the reason.
     pub fn remember(&self, bytes: &[u8]) {
         let Ok(cap) = Capability::decode(bytes) else {
             return;
         };
         let mut m = self.by_chunk.write();
-        let keep = match m.get(&cap.claims.chunk_id) {
-            Some(old) if u64::from(old.claims.expires_secs) <= now_secs() => true,
-            Some(old) => {
-                let (o, n) = (&old.claims, &cap.claims);
-                // A newer version or writer epoch; else a right the old one lacks, or the
-                // same rights for at least as long.
-                (n.chunk_version, n.epoch) > (o.chunk_version, o.epoch)
-                    || (n.chunk_version, n.epoch) == (o.chunk_version, o.epoch)
-                        && (n.rights & !o.rights != 0
-                            || n.rights == o.rights && n.expires_secs >= o.expires_secs)
-            }
-            None => true,
+        let held = m.entry(cap.claims.chunk_id).or_default();
+        let place = match writes(cap.claims.rights) {
+            true => &mut held.writer,
+            false => &mut held.reader,
         };
-        if keep {
-            m.insert(cap.claims.chunk_id, cap);
+        if place.as_ref().is_none_or(|old| replaces(old, &cap)) {
+            *place = Some(cap);
         }
         if m.len() > MAX_CAPS {
             shrink(&mut m);
         }
     }
 
-    /// The capability to send with a request on `chunk_id`, encoded.
-    pub fn get(&self, chunk_id: u64) -> Option<[u8; CAP_BYTES]> {
-        self.by_chunk.read().get(&chunk_id).map(Capability::encode)
+    /// The capability to send with a request on `chunk_id` that needs `rights`, encoded: the
+    /// writer's for a request that appends, creates or seals; the reader's, else the
+    /// writer's, for one that reads.
+    pub fn get(&self, chunk_id: u64, rights: u8) -> Option<[u8; CAP_BYTES]> {
+        let m = self.by_chunk.read();
+        let held = m.get(&chunk_id)?;
+        let cap = match writes(rights) {
+            true => held.writer.as_ref(),
+            false => held.reader.as_ref().or(held.writer.as_ref()),
+        };
+        cap.map(Capability::encode)
     }
 
-    /// Forgets the capability of a chunk (refused by a chunkserver: the next lookup brings
-    /// a fresh one).
+    /// Forgets a chunk's capabilities.
     pub fn forget(&self, chunk_id: u64) {
         self.by_chunk.write().remove(&chunk_id);
     }
 
-    /// [`Caps::forget`] if the capability held is still `sent` (not a fresher one that
-    /// arrived meanwhile).
-    pub fn forget_if(&self, chunk_id: u64, sent: &[u8; CAP_BYTES]) {
+    /// A chunkserver refused `sent`: forgets it if it is the reader's capability the chunk
+    /// still holds (not a fresher one that arrived meanwhile), so that the next lookup's
+    /// takes its place. A writer's is kept: its next commit brings a fresh one.
+    pub fn refused(&self, chunk_id: u64, sent: &[u8; CAP_BYTES]) {
         let mut m = self.by_chunk.write();
-        if m.get(&chunk_id).is_some_and(|c| c.encode() == *sent) {
-            m.remove(&chunk_id);
+        let Some(held) = m.get_mut(&chunk_id) else {
+            return;
+        };
+        if held.reader.as_ref().is_some_and(|c| c.encode() == *sent) {
+            held.reader = None;
+            if held.writer.is_none() {
+                m.remove(&chunk_id);
+            }
         }
     }
 
+    /// Chunks with a capability held.
     pub fn len(&self) -> usize {
         self.by_chunk.read().len()
     }
@@ -84,15 +133,15 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn shrink(m: &mut HashMap<u64, Capability>) {
+fn shrink(m: &mut HashMap<u64, Held>) {
     let now = now_secs();
-    m.retain(|_, c| u64::from(c.claims.expires_secs) > now);
+    m.retain(|_, h| u64::from(h.expires()) > now);
     if m.len() > MAX_CAPS / 2 {
-        let mut exp: Vec<u32> = m.values().map(|c| c.claims.expires_secs).collect();
+        let mut exp: Vec<u32> = m.values().map(Held::expires).collect();
         let mid = exp.len() / 2;
         let (_, cut, _) = exp.select_nth_unstable(mid);
         let cut = *cut;
-        m.retain(|_, c| c.claims.expires_secs > cut);
+        m.retain(|_, h| h.expires() > cut);
     }
 }
 
@@ -127,26 +176,52 @@ mod tests {
         let far = (now_secs() + 1000) as u32;
         c.remember(&cap(WRITE, 1, 2, far));
         c.remember(&cap(READ, 1, 0, far + 100));
-        assert_eq!(c.get(7), Some(cap(WRITE, 1, 2, far)));
+        assert_eq!(c.get(7, APPEND), Some(cap(WRITE, 1, 2, far)));
+        assert_eq!(c.get(7, SEAL), Some(cap(WRITE, 1, 2, far)));
+        assert_eq!(c.get(7, READ), Some(cap(READ, 1, 0, far + 100)));
         // A fresher writer capability replaces it; so does a newer version.
         c.remember(&cap(WRITE, 1, 2, far + 200));
-        assert_eq!(c.get(7), Some(cap(WRITE, 1, 2, far + 200)));
-        c.remember(&cap(READ, 2, 0, far));
-        assert_eq!(c.get(7), Some(cap(READ, 2, 0, far)));
+        assert_eq!(c.get(7, APPEND), Some(cap(WRITE, 1, 2, far + 200)));
+        c.remember(&cap(WRITE, 2, 1, far));
+        assert_eq!(c.get(7, APPEND), Some(cap(WRITE, 2, 1, far)));
+        // An older writer's does not.
+        c.remember(&cap(WRITE, 2, 0, far + 300));
+        assert_eq!(c.get(7, APPEND), Some(cap(WRITE, 2, 1, far)));
         // An expired one is replaced by anything.
         c.forget(7);
         c.remember(&cap(WRITE, 9, 9, 1));
-        c.remember(&cap(READ, 1, 0, far));
-        assert_eq!(c.get(7), Some(cap(READ, 1, 0, far)));
+        c.remember(&cap(WRITE, 1, 0, far));
+        assert_eq!(c.get(7, APPEND), Some(cap(WRITE, 1, 0, far)));
         c.remember(b"garbage");
         assert_eq!(c.len(), 1);
-        // Forgetting what was refused leaves a fresher one alone.
-        c.forget_if(7, &cap(READ, 1, 0, far + 1));
+        // Reads take the writer's when no reader's is held.
+        assert_eq!(c.get(7, READ), Some(cap(WRITE, 1, 0, far)));
+        assert_eq!(c.get(8, READ), None);
+    }
+
+    /// The loss the nemesis found under CPU starvation (RELIABILITY.md, 2026-11-28): a
+    /// writer's capability refused by one restarted server was forgotten, a reader in the
+    /// same process brought a read-only one into its place, and the writer's appends and
+    /// seals at the healthy replicas were refused until the chunk was sealed short.
+    #[test]
+    fn a_refusal_forgets_only_a_reader_capability() {
+        let c = Caps::default();
+        let far = (now_secs() + 1000) as u32;
+        let w = cap(WRITE, 1, 2, far);
+        c.remember(&w);
+        c.refused(7, &w);
+        c.remember(&cap(READ, 1, 0, far + 100));
+        assert_eq!(c.get(7, APPEND), Some(w));
+        assert_eq!(c.get(7, READ), Some(cap(READ, 1, 0, far + 100)));
+        // A refused reader's goes; one that arrived since stays.
+        c.refused(7, &cap(READ, 1, 0, far + 1));
+        assert_eq!(c.get(7, READ), Some(cap(READ, 1, 0, far + 100)));
+        c.refused(7, &cap(READ, 1, 0, far + 100));
+        assert_eq!(c.get(7, READ), Some(w));
         assert_eq!(c.len(), 1);
-        c.forget_if(7, &cap(READ, 1, 0, far));
-        assert!(c.is_empty());
-        c.remember(&cap(READ, 1, 0, far));
         c.forget(7);
+        c.remember(&cap(READ, 1, 0, far));
+        c.refused(7, &cap(READ, 1, 0, far));
         assert!(c.is_empty());
     }
 }

@@ -62,7 +62,7 @@ impl Error {
         matches!(
             self,
             Error::Connect { .. } | Error::ConnectionLost { .. } | Error::Timeout { .. }
-        ) || self.status() == Some(Status::ShuttingDown)
+        ) || matches!(self.status(), Some(Status::ShuttingDown | Status::NotReady))
     }
 }
 
@@ -296,10 +296,8 @@ impl DataConn {
             None => h.with_payload(&payload),
         };
         h.request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let cap = match (&self.caps, h.op()) {
-            (Some(caps), Some(op)) if cairn_proto::cap::needed(op).is_some() => {
-                caps.get(h.chunk_id)
-            }
+        let cap = match (&self.caps, h.op().and_then(cairn_proto::cap::needed)) {
+            (Some(caps), Some(rights)) => caps.get(h.chunk_id, rights),
             _ => None,
         };
         if cap.is_some() {
@@ -340,12 +338,13 @@ impl DataConn {
                 });
             }
         };
-        // A refused capability (expired, its key rotated out, a superseded writer's) is
-        // forgotten, so that the caller's next lookup of the chunk brings a fresh one.
+        // A refused reader's capability (expired, its key rotated out) is forgotten, so that
+        // the caller's next lookup of the chunk brings a fresh one; a writer's is refreshed by
+        // its writer's next commit (crate::caps).
         if rh.status() == Some(Status::Unauthorized)
             && let (Some(caps), Some(sent)) = (&self.caps, &cap)
         {
-            caps.forget_if(h.chunk_id, sent);
+            caps.refused(h.chunk_id, sent);
         }
         match rh.status() {
             Some(Status::Ok) => Ok((rh, rp)),

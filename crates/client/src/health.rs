@@ -349,7 +349,12 @@ impl Health {
             DataError::Connect { .. } | DataError::ConnectionLost { .. } => ListKind::Failed,
             DataError::Timeout { .. } => ListKind::Slow,
             DataError::Status {
-                status: Status::Io | Status::StoreFailed | Status::NoSpace | Status::ShuttingDown,
+                status:
+                    Status::Io
+                    | Status::StoreFailed
+                    | Status::NoSpace
+                    | Status::ShuttingDown
+                    | Status::NotReady,
                 ..
             } => ListKind::Failed,
             _ => return,

@@ -47,6 +47,10 @@ impl Piece {
 struct Progress {
     state: Mutex<Vec<ReplicaState>>,
     changed: Notify,
+    /// A replica refused the writer's capability: the writer's next commit brings fresh
+    /// ones (a refusal is not a replica's failure: its key was rotated out, or the capability
+    /// expired).
+    refresh: AtomicBool,
 }
 
 #[derive(Default, Clone)]
@@ -145,6 +149,8 @@ pub struct FlatLogFile {
     /// Acknowledged bytes no replica of their chunk held when it was finished: written again
     /// at the head of the next chunk before any new byte (their file offsets do not change).
     rewrite: VecDeque<Bytes>,
+    /// When a refused capability last made this writer ask the masters for fresh ones.
+    refreshed: Option<Instant>,
     stats: WriterStats,
 }
 
@@ -186,6 +192,13 @@ impl FlatLogFile {
                         ..Default::default()
                     };
                     let r = client.inner.masters.commit(req).await;
+                    // Each renewal brings the chunks signed afresh: a writer open for longer
+                    // than a capability lives keeps valid ones.
+                    if let Ok(reply) = &r
+                        && let Some(f) = &reply.file
+                    {
+                        client.remember_caps(&f.chunks);
+                    }
                     if let Err(e) = r
                         && matches!(
                             e.kind,
@@ -225,6 +238,7 @@ impl FlatLogFile {
             remove: Vec::new(),
             bad: BTreeSet::new(),
             rewrite: VecDeque::new(),
+            refreshed: None,
             stats: WriterStats::default(),
         }
     }
@@ -498,6 +512,7 @@ impl FlatLogFile {
         let deadline = Instant::now() + opts.request_timeout;
         let tick = (opts.chase_timeout / 4).max(Duration::from_millis(10));
         loop {
+            self.refresh_caps().await;
             let a = self.active.as_mut().expect("active");
             let progress = a.progress.clone();
             let changed = progress.changed.notified();
@@ -555,6 +570,27 @@ impl FlatLogFile {
                 () = &mut changed => {}
                 () = tokio::time::sleep(tick.min(deadline - now)) => {}
             }
+        }
+    }
+
+    /// When a replica refused the writer's capability: asks the masters for fresh ones (a
+    /// commit without updates answers with every chunk signed again), at most every 100 ms.
+    async fn refresh_caps(&mut self) {
+        let Some(a) = self.active.as_ref() else {
+            return;
+        };
+        let now = Instant::now();
+        if self
+            .refreshed
+            .is_some_and(|t| now.duration_since(t) < Duration::from_millis(100))
+            || !a.progress.refresh.swap(false, Ordering::AcqRel)
+        {
+            return;
+        }
+        self.refreshed = Some(now);
+        metrics::counter!("cairn_client_capability_refreshes_total").increment(1);
+        if let Err(e) = self.commit(Vec::new(), false, false, false).await {
+            tracing::warn!(path = %self.path, error = %e, "refreshing capabilities failed");
         }
     }
 
@@ -781,8 +817,35 @@ impl FlatLogFile {
         self.commit(vec![update], false, false, false).await
     }
 
-    /// Seals `servers`' replicas of chunk `id` at `len`.
-    async fn seal_all(&self, id: u64, len: u64, servers: &[u64]) -> Sealed {
+    /// Seals `servers`' replicas of chunk `id` at `len`. Those that refused the writer's
+    /// capability are asked again once the masters have signed fresh ones.
+    async fn seal_all(&mut self, id: u64, len: u64, servers: &[u64]) -> Sealed {
+        let mut sealed = self.seal_at(id, len, servers).await;
+        let refused: Vec<u64> = sealed
+            .iter()
+            .filter(|(_, r)| {
+                matches!(r, Err(Error::Data { source, .. })
+                if source.status() == Some(Status::Unauthorized))
+            })
+            .map(|(s, _)| *s)
+            .collect();
+        if refused.is_empty() {
+            return sealed;
+        }
+        metrics::counter!("cairn_client_capability_refreshes_total").increment(1);
+        if let Err(e) = self.commit(Vec::new(), false, false, false).await {
+            tracing::warn!(path = %self.path, error = %e, "refreshing capabilities failed");
+            return sealed;
+        }
+        for (s, r) in self.seal_at(id, len, &refused).await {
+            if let Some(x) = sealed.iter_mut().find(|x| x.0 == s) {
+                x.1 = r;
+            }
+        }
+        sealed
+    }
+
+    async fn seal_at(&self, id: u64, len: u64, servers: &[u64]) -> Sealed {
         join_all(servers.iter().map(|&s| {
             let client = &self.client;
             async move {
@@ -811,7 +874,7 @@ impl FlatLogFile {
     /// (Keeping the acknowledged length with a live replica that had not acknowledged it —
     /// behind, its stat failing — left a location short of acknowledged bytes: nemesis seed
     /// 35, scenario 35.)
-    async fn seal_short(&self, a: &Active, live: &[u64]) -> Option<(u64, Sealed)> {
+    async fn seal_short(&mut self, a: &Active, live: &[u64]) -> Option<(u64, Sealed)> {
         let kept = a.unsettled.front().map_or(a.acked, |p| p.offset);
         if kept >= a.acked {
             return None;
@@ -959,6 +1022,7 @@ impl FlatLogFile {
                 c.servers.len()
             ]),
             changed: Notify::new(),
+            refresh: AtomicBool::new(false),
         });
         let pipes = c
             .servers
@@ -1190,8 +1254,14 @@ async fn pipe(
                     break;
                 }
                 Err(e) => {
-                    let transient =
-                        matches!(&e, Error::Data { source, .. } if source.is_transient());
+                    // A refused capability is retried once the writer has a fresh one.
+                    let refused = matches!(&e, Error::Data { source, .. }
+                        if source.status() == Some(Status::Unauthorized));
+                    if refused {
+                        progress.refresh.store(true, Ordering::Release);
+                    }
+                    let transient = refused
+                        || matches!(&e, Error::Data { source, .. } if source.is_transient());
                     progress.update(i, |s| {
                         s.error = Some(e.to_string());
                         s.hard = !transient;

@@ -123,6 +123,9 @@ pub enum Status {
     /// The request's capability is missing, forged, expired, for another chunk or version,
     /// lacks a right, or belongs to a superseded writer (docs/security.md).
     Unauthorized = 14,
+    /// The server cannot check capabilities yet (restarted, it has not had its keys from the
+    /// masters' first heartbeat reply): retry shortly.
+    NotReady = 15,
 }
 
 impl Status {
@@ -144,11 +147,12 @@ impl Status {
             Self::Io => "io",
             Self::ShuttingDown => "shutting_down",
             Self::Unauthorized => "unauthorized",
+            Self::NotReady => "not_ready",
         }
     }
 
     /// Every status, at index `code`.
-    const ALL: [Self; 15] = [
+    const ALL: [Self; 16] = [
         Self::Ok,
         Self::NotFound,
         Self::AlreadyExists,
@@ -164,6 +168,7 @@ impl Status {
         Self::Io,
         Self::ShuttingDown,
         Self::Unauthorized,
+        Self::NotReady,
     ];
 
     pub fn from_u16(v: u16) -> Option<Self> {
@@ -451,7 +456,7 @@ mod tests {
             assert_eq!(*st as usize, i);
             assert_eq!(Status::from_u16(*st as u16), Some(*st));
         }
-        assert_eq!(Status::from_u16(15), None);
+        assert_eq!(Status::from_u16(16), None);
     }
 
     #[test]
