@@ -4,6 +4,7 @@
 use crate::cluster::ClusterArgs;
 use cairn_client::{DataConn, FaultSpec};
 use cairn_rpc::{Masters, pb};
+use std::collections::BTreeMap;
 
 #[derive(clap::Args)]
 pub struct AdminArgs {
@@ -71,6 +72,18 @@ pub enum AdminCommand {
     /// entries, chunk index, counters and totals, and the object index against the files
     /// that hold the objects' data. Exits 1 when a problem is found (docs/operations.md).
     Check {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compare the masters' copies of each partition: every master's digest of what it has
+    /// applied (rows and a CRC of its tables); copies at the same log entry must be equal.
+    /// Asks up to `--rounds` times, 200 ms apart, until every partition's masters stood at one
+    /// entry together. Exits 1 when two copies at one entry differ (docs/operations.md).
+    Digests {
+        /// Rounds of asking at most.
+        #[arg(long, default_value_t = 10)]
+        rounds: u32,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -156,6 +169,144 @@ impl FaultArgs {
             disk_only: self.disk_only,
         })
     }
+}
+
+/// What `admin digests` found of one partition.
+#[derive(Default)]
+struct Copies {
+    /// The last digests seen, by master: (term, index, rows, crc).
+    last: BTreeMap<u64, (u64, u64, u64, u32)>,
+    /// Every master reporting it stood at one entry in some round.
+    together: bool,
+    /// Two copies at one entry differed: (entry index, master, rows, crc) of each.
+    diverged: Vec<String>,
+}
+
+/// `cairn admin digests`: asks every master for its digests, round after round, and
+/// compares the copies standing at the same entry.
+async fn digests(m: &Masters, rounds: u32, json: bool) -> anyhow::Result<()> {
+    let st = m
+        .call(|mut c| async move { c.status(pb::Empty {}).await })
+        .await?;
+    let clients: Vec<(u64, Masters)> = st
+        .masters
+        .iter()
+        .map(|x| {
+            Ok((
+                x.id,
+                crate::cluster::masters_client(std::slice::from_ref(&x.addr))?,
+            ))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut parts: BTreeMap<u32, Copies> = BTreeMap::new();
+    let mut unreachable: BTreeMap<u64, String> = BTreeMap::new();
+    for round in 0..rounds.max(1) {
+        if round > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        let replies = futures::future::join_all(clients.iter().map(|(id, c)| async move {
+            let r = c
+                .send(
+                    pb::Empty {},
+                    |mut c, r| async move { c.state_digest(r).await },
+                )
+                .await;
+            (*id, r)
+        }))
+        .await;
+        let mut at: BTreeMap<u32, Vec<(u64, pb::GroupDigest)>> = BTreeMap::new();
+        for (id, r) in replies {
+            match r {
+                Ok(r) => {
+                    unreachable.remove(&id);
+                    for g in r.groups {
+                        at.entry(g.partition).or_default().push((id, g));
+                    }
+                }
+                Err(e) => {
+                    unreachable.insert(id, e.to_string());
+                }
+            }
+        }
+        for (p, copies) in at {
+            let part = parts.entry(p).or_default();
+            let mut by_entry: BTreeMap<(u64, u64), Vec<&(u64, pb::GroupDigest)>> = BTreeMap::new();
+            for c in &copies {
+                part.last
+                    .insert(c.0, (c.1.term, c.1.index, c.1.rows, c.1.crc));
+                by_entry.entry((c.1.term, c.1.index)).or_default().push(c);
+            }
+            if by_entry.len() == 1 && copies.len() > 1 {
+                part.together = true;
+            }
+            for ((_, index), same) in by_entry {
+                let first = &same[0].1;
+                if same
+                    .iter()
+                    .any(|c| (c.1.rows, c.1.crc) != (first.rows, first.crc))
+                {
+                    part.diverged.push(format!(
+                        "at entry {index}: {}",
+                        same.iter()
+                            .map(|c| format!(
+                                "master {} {} rows crc {:08x}",
+                                c.0, c.1.rows, c.1.crc
+                            ))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                }
+            }
+        }
+        if parts.values().all(|p| p.together) && unreachable.is_empty() {
+            break;
+        }
+    }
+    let diverged = parts.values().filter(|p| !p.diverged.is_empty()).count();
+    if json {
+        let list: Vec<_> = parts
+            .iter()
+            .map(|(p, c)| {
+                let masters: Vec<_> = c
+                    .last
+                    .iter()
+                    .map(|(id, (term, index, rows, crc))| {
+                        serde_json::json!({"master": id, "term": term, "index": index,
+                            "rows": rows, "crc": crc})
+                    })
+                    .collect();
+                serde_json::json!({"partition": p, "compared": c.together,
+                    "diverged": c.diverged, "masters": masters})
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"diverged": diverged, "partitions": list,
+                "unreachable": unreachable.iter().map(|(id, e)| serde_json::json!({"master": id, "error": e})).collect::<Vec<_>>()})
+        );
+    } else {
+        for (p, c) in &parts {
+            let state = match (c.diverged.is_empty(), c.together) {
+                (false, _) => "DIVERGED",
+                (true, true) => "equal",
+                (true, false) => "not compared (its masters never stood at one entry together)",
+            };
+            println!("partition {p}: {state}");
+            for (id, (term, index, rows, crc)) in &c.last {
+                println!("  master {id}: entry {term}:{index}, {rows} rows, crc {crc:08x}");
+            }
+            for d in &c.diverged {
+                println!("  {d}");
+            }
+        }
+        for (id, e) in &unreachable {
+            println!("master {id}: not answering: {e}");
+        }
+    }
+    if diverged > 0 {
+        anyhow::bail!("{diverged} partitions have copies that differ at the same entry");
+    }
+    Ok(())
 }
 
 /// Sends a fault spec to a chunkserver found through the masters.
@@ -376,6 +527,7 @@ pub fn run(a: AdminArgs) -> anyhow::Result<()> {
                     anyhow::bail!("the metadata check found {problems} problems");
                 }
             }
+            AdminCommand::Digests { rounds, json } => digests(&m, rounds, json).await?,
             AdminCommand::ServiceKey { .. } => unreachable!("answered without the masters"),
             AdminCommand::Fault(f) => {
                 let spec = f.spec()?;

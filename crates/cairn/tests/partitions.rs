@@ -235,4 +235,33 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
     // The top, d0..d2 and 14 files; their chunks.
     assert_eq!(v["partitions"][1]["inodes"], 18, "{v}");
     assert!(v["partitions"][1]["chunks"].as_u64().unwrap() >= 14, "{v}");
+    // The three masters' copies of both partitions, compared at one entry: equal.
+    let out = cairn()
+        .args([
+            "admin",
+            "--cluster",
+            &addrs,
+            "digests",
+            "--json",
+            "--rounds",
+            "50",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["diverged"], 0, "{v}");
+    let parts = v["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 2, "{v}");
+    for p in parts {
+        assert_eq!(p["compared"], true, "{v}");
+        let m = p["masters"].as_array().unwrap();
+        assert_eq!(m.len(), 3, "{v}");
+        assert!(m[0]["rows"].as_u64().unwrap() > 0, "{v}");
+    }
 }

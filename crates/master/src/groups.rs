@@ -34,6 +34,8 @@ pub struct Hosted {
     node_id: u64,
     pub raft: Raft,
     pub sm: Arc<Mutex<Applied>>,
+    /// The state machine itself (its store), for digests.
+    pub machine: StateMachine,
     /// The snapshot being received for it.
     pub incoming: Incoming,
     /// Its state caught up with what this master applied before it last stopped (the
@@ -60,6 +62,7 @@ impl Hosted {
         let log_open = log.open_handle();
         let sm = StateMachine::open(db.clone(), &dir, opts.state_cache)?;
         let shared = sm.shared();
+        let machine = sm.clone();
         let config = Config {
             cluster_name: format!("cairn-{id}"),
             heartbeat_interval: 100,
@@ -97,6 +100,7 @@ impl Hosted {
             node_id: opts.id,
             raft,
             sm: shared,
+            machine,
             incoming: Incoming::new(crate::store::incoming_dir(&dir)),
             recovered,
             db,

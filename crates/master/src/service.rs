@@ -667,6 +667,10 @@ impl pb::meta_server::Meta for MetaService {
         MetaService::check_metadata(self, req).await
     }
 
+    async fn state_digest(&self, req: Request<pb::Empty>) -> Rpc<pb::DigestReply> {
+        MetaService::state_digest(self, req).await
+    }
+
     async fn status(&self, req: Request<pb::Empty>) -> Rpc<pb::StatusReply> {
         self.inner.who(&req, "Status")?;
         self.status_reply().await

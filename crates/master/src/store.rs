@@ -318,6 +318,22 @@ impl StateMachine {
         Ok((meta, rx))
     }
 
+    /// The digest of this copy of the state ([`crate::snapshot::digest`]) at the log entry it
+    /// has applied: what it applied is committed (not durably) first, so the tables read hold
+    /// exactly that entry's state.
+    ///
+    /// # Errors
+    /// The store cannot be written or read.
+    pub fn digest(&self) -> io::Result<(Option<LogIdOf<TypeConfig>>, u64, u32)> {
+        let (at, rx) = {
+            let mut a = self.inner.lock();
+            commit_batch(&self.store, &mut a, Durability::None)?;
+            (a.last_applied, self.db.begin_read().map_err(io_err)?)
+        };
+        let (rows, crc) = snapshot::digest(&rx, crate::state::disk::TABLES).map_err(io_err)?;
+        Ok((at, rows, crc))
+    }
+
     /// Records the durably committed state at `meta` as the current snapshot (unless a newer
     /// one is: an installed snapshot may overtake a build).
     fn record_built(&self, meta: &SnapshotMetaOf<TypeConfig>) -> io::Result<()> {
