@@ -53,6 +53,22 @@ async fn check(c: &cairn_client::Client, files: &[(String, u64, usize)]) {
 }
 
 /// The partition `id`'s row of the status.
+/// `cairn admin --cluster ADDRS ARGS…`, which must succeed; its JSON output.
+fn admin_json(addrs: &str, args: &[&str]) -> serde_json::Value {
+    let out = cairn()
+        .args(["admin", "--cluster", addrs])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 async fn partition(cl: &Cluster, id: u32) -> cairn_rpc::pb::PartitionStatus {
     let s = cl.status().await.unwrap();
     s.partitions
@@ -219,42 +235,14 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
         "{unknown:?}"
     );
     // The metadata check reads both partitions and finds them consistent.
-    let out = cairn()
-        .args(["admin", "--cluster", &addrs, "check", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = admin_json(&addrs, &["check", "--json"]);
     assert_eq!(v["problems"], 0, "{v}");
     assert_eq!(v["partitions"][1]["partition"], 1, "{v}");
     // The top, d0..d2 and 14 files; their chunks.
     assert_eq!(v["partitions"][1]["inodes"], 18, "{v}");
     assert!(v["partitions"][1]["chunks"].as_u64().unwrap() >= 14, "{v}");
     // The three masters' copies of both partitions, compared at one entry: equal.
-    let out = cairn()
-        .args([
-            "admin",
-            "--cluster",
-            &addrs,
-            "digests",
-            "--json",
-            "--rounds",
-            "50",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = admin_json(&addrs, &["digests", "--json", "--rounds", "50"]);
     assert_eq!(v["diverged"], 0, "{v}");
     let parts = v["partitions"].as_array().unwrap();
     assert_eq!(parts.len(), 2, "{v}");
