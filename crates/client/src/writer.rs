@@ -588,10 +588,18 @@ impl FlatLogFile {
             return;
         }
         self.refreshed = Some(now);
+        self.fresh_caps().await;
+    }
+
+    /// Asks the masters for the file's chunks signed afresh (a commit without updates).
+    /// Whether it succeeded.
+    async fn fresh_caps(&mut self) -> bool {
         metrics::counter!("cairn_client_capability_refreshes_total").increment(1);
-        if let Err(e) = self.commit(Vec::new(), false, false, false).await {
+        let r = self.commit(Vec::new(), false, false, false).await;
+        if let Err(e) = &r {
             tracing::warn!(path = %self.path, error = %e, "refreshing capabilities failed");
         }
+        r.is_ok()
     }
 
     /// After an acknowledgement: note who is behind, give up on those too far behind, account
@@ -829,12 +837,7 @@ impl FlatLogFile {
             })
             .map(|(s, _)| *s)
             .collect();
-        if refused.is_empty() {
-            return sealed;
-        }
-        metrics::counter!("cairn_client_capability_refreshes_total").increment(1);
-        if let Err(e) = self.commit(Vec::new(), false, false, false).await {
-            tracing::warn!(path = %self.path, error = %e, "refreshing capabilities failed");
+        if refused.is_empty() || !self.fresh_caps().await {
             return sealed;
         }
         for (s, r) in self.seal_at(id, len, &refused).await {
