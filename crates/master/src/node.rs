@@ -6,6 +6,9 @@ use crate::registry::{Registry, RegistryOptions};
 use crate::service::{Inner, MetaService};
 use crate::state::partitions::ROOT_PARTITION;
 use cairn_rpc::pb::{meta_server::MetaServer, raft_server::RaftServer};
+
+/// The largest Raft message a master takes (tonic's default is 4 MiB).
+const RAFT_MESSAGE_BYTES: usize = 64 << 20;
 use openraft::BasicNode;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -133,6 +136,7 @@ pub async fn serve(
         sm: root.sm.clone(),
         groups: groups.clone(),
         hosting: Default::default(),
+        moving: Default::default(),
         tls: tls.as_ref().map(|t| t.1.clone()),
         opts: opts.clone(),
         registry: parking_lot::Mutex::new(Registry::new(opts.registry.clone())),
@@ -156,6 +160,7 @@ pub async fn serve(
             loop {
                 tick.tick().await;
                 meta.host_partitions().await;
+                meta.resume_move();
                 meta.scan_repairs();
                 meta.scan_conversions().await;
                 meta.export_metrics();
@@ -175,11 +180,16 @@ pub async fn serve(
     let result = builder
         .layer(cairn_rpc::auth::DigestLayer)
         .add_service(MetaServer::new(meta))
-        .add_service(RaftServer::new(RaftService {
-            groups: groups.clone(),
-            auth,
-            refusals: Default::default(),
-        }))
+        .add_service(
+            // Entries of a lagging follower's catch-up travel together (up to openraft's 300
+            // per message): room for many full ones (a subtree's rows, moves.rs).
+            RaftServer::new(RaftService {
+                groups: groups.clone(),
+                auth,
+                refusals: Default::default(),
+            })
+            .max_decoding_message_size(RAFT_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     scanner.abort();

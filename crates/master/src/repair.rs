@@ -71,7 +71,7 @@ pub struct Repairs {
     pub converted_bytes: u64,
     pub conversions_waiting: u64,
     /// The conversion scan's place in its pass, and the chunks waiting it counted so far.
-    pub(crate) conversion_cursor: Option<crate::state::InodeId>,
+    pub(crate) conversion_cursor: Option<crate::view::Cursor>,
     pub(crate) conversions_counting: u64,
 }
 
@@ -84,7 +84,7 @@ pub const SCAN_BUDGET: usize = 20_000;
 #[derive(Default)]
 struct Pass {
     /// The last inode looked at (`None`: the pass starts at the first).
-    cursor: Option<crate::state::InodeId>,
+    cursor: Option<crate::view::Cursor>,
     short: HashMap<ChunkId, Instant>,
     under: u64,
     under_bytes: u64,

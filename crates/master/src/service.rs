@@ -68,6 +68,8 @@ pub(crate) struct Inner {
     pub groups: Arc<crate::groups::Groups>,
     /// Held while partitions are being opened (one opening at a time).
     pub hosting: tokio::sync::Mutex<()>,
+    /// Held while a subtree's move is driven (one driver per master; state/moves.rs).
+    pub moving: tokio::sync::Mutex<()>,
     /// TLS to the other masters (for partitions' groups).
     pub tls: Option<cairn_rpc::tls::ClientTlsConfig>,
     /// How this master runs (partitions open with the same settings as the root).

@@ -20,6 +20,7 @@ mod namespace;
 pub use check::Report as CheckReport;
 pub(crate) mod disk;
 pub use disk::TABLES;
+pub mod moves;
 mod objects;
 pub mod partitions;
 pub mod perm;
@@ -77,6 +78,17 @@ pub struct State {
     /// The subtree this state holds (a partition's; the root's is the default).
     #[serde(default)]
     home: Cell<partitions::Home>,
+    /// A populated subtree being moved into a partition (the root's only; moves.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    moving: Cell<Option<moves::Move>>,
+    /// A partition's: the rows of the subtree moved into it are all loaded (moves.rs); no
+    /// more load.
+    #[serde(default, skip_serializing_if = "is_false")]
+    load_sealed: Cell<bool>,
+    /// Chunks this partition allocated whose files moved to another partition, and where
+    /// they went (moves.rs).
+    #[serde(skip, default = "disk::forwards_table")]
+    forwards: Table<ChunkId, partitions::PartitionId>,
     /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
     #[serde(skip, default = "disk::dentries_table")]
     dentries: Table<(InodeId, String), InodeId>,
@@ -118,11 +130,18 @@ impl Default for State {
             partitions: Cell::default(),
             subtrees: Cell::default(),
             home: Cell::default(),
+            moving: Cell::default(),
+            load_sealed: Cell::default(),
+            forwards: disk::forwards_table(),
             dentries: disk::dentries_table(),
             chunk_owner: disk::chunk_owner_table(),
             acting: None,
         }
     }
+}
+
+fn is_false(v: &Cell<bool>) -> bool {
+    !**v
 }
 
 fn is_zero_u64(v: &u64) -> bool {
@@ -381,6 +400,7 @@ impl State {
                 remove,
                 member,
             } => {
+                self.refuse_chunk_moving(*chunk_id)?;
                 let Some(owner) = self.chunk_owner.get(chunk_id).map(|o| *o) else {
                     return Ok(Reply::default());
                 };
@@ -438,12 +458,18 @@ impl State {
                 chunk_id,
                 servers,
                 now_ms,
-            } => self.convert_begin(*chunk_id, servers, *now_ms),
+            } => {
+                self.refuse_chunk_moving(*chunk_id)?;
+                self.convert_begin(*chunk_id, servers, *now_ms)
+            }
             Command::ConvertEnd {
                 group_id,
                 switch,
                 stream,
             } => {
+                if *switch && let Some(c) = self.conversions.get(group_id) {
+                    self.refuse_chunk_moving(c.chunk)?;
+                }
                 self.convert_end(*group_id, *switch, *stream);
                 Ok(Reply::default())
             }
@@ -470,6 +496,14 @@ impl State {
                 mode,
                 now_ms,
             } => self.assign_subtree(path, *partition, owner, *mode, *now_ms),
+            Command::BeginMove { path, to, now_ms } => self.begin_move(path, *to, *now_ms),
+            Command::LoadRows {
+                top,
+                inodes,
+                policies,
+            } => self.load_rows(top, inodes, policies),
+            Command::SealLoad { top } => self.seal_load(top),
+            Command::FinishMove { path, to } => self.finish_move(path, *to),
             Command::Revoke { files } => {
                 self.revoke_files(files);
                 Ok(Reply::default())

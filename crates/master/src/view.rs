@@ -3,12 +3,21 @@
 //! The leader reads the states of the partitions it leads; a chunk of a partition outside its
 //! view is unknown: never deleted as an orphan, never repaired, until the view holds it.
 
-use crate::state::partitions::{PartitionId, ROOT_PARTITION, id_base, partition_of};
+use crate::state::partitions::{PartitionId, ROOT_PARTITION, partition_of};
 use crate::state::{
     Chunk, ChunkId, Config, Conversion, Inode, InodeId, KeyRecord, ServerId, ServerRecord, State,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// Where a walk of the inodes goes on: in partition `partition`, after inode `after`. (A
+/// partition's inodes are not all in its id range: those of a subtree moved into it keep
+/// their ids, moves.rs.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    pub partition: PartitionId,
+    pub after: InodeId,
+}
 
 /// The replicated state as the leader's background work reads it.
 pub trait StateView {
@@ -27,12 +36,13 @@ pub trait StateView {
     fn chunks(&self) -> impl Iterator<Item = Chunk> + '_;
     /// Conversions under way, by group id.
     fn conversions(&self) -> impl Iterator<Item = (ChunkId, &Conversion)> + '_;
-    /// Up to `budget` inodes after `after`, in id order, and where the next call goes on.
+    /// Up to `budget` inodes after `after` (from the first when `None`), each partition's
+    /// in id order, and where the next call goes on (`None`: this one reached the end).
     fn inodes_after(
         &self,
-        after: Option<InodeId>,
+        after: Option<Cursor>,
         budget: usize,
-    ) -> (Vec<Arc<Inode>>, Option<InodeId>);
+    ) -> (Vec<Arc<Inode>>, Option<Cursor>);
 }
 
 impl StateView for State {
@@ -49,7 +59,7 @@ impl StateView for State {
         State::chunk(self, id)
     }
     fn knows(&self, id: ChunkId) -> bool {
-        partition_of(id) == self.home().partition
+        self.owns_chunk(id) || self.chunk_partition(id) == self.home().partition
     }
     fn converting_on(&self, group: ChunkId, server: ServerId) -> bool {
         State::converting_on(self, group, server)
@@ -65,10 +75,12 @@ impl StateView for State {
     }
     fn inodes_after(
         &self,
-        after: Option<InodeId>,
+        after: Option<Cursor>,
         budget: usize,
-    ) -> (Vec<Arc<Inode>>, Option<InodeId>) {
-        State::inodes_after(self, after, budget)
+    ) -> (Vec<Arc<Inode>>, Option<Cursor>) {
+        let partition = self.home().partition;
+        let (got, next) = State::inodes_after(self, after.map(|c| c.after), budget);
+        (got, next.map(|after| Cursor { partition, after }))
     }
 }
 
@@ -79,8 +91,14 @@ pub struct View<'a> {
 }
 
 impl<'a> View<'a> {
+    /// The state that holds chunk `id` (its allocating partition's, unless the root
+    /// forwards it), if in the view.
     fn of(&self, id: u64) -> Option<&'a State> {
-        match partition_of(id) {
+        self.state(self.root.chunk_partition(id))
+    }
+
+    fn state(&self, p: PartitionId) -> Option<&'a State> {
+        match p {
             ROOT_PARTITION => Some(self.root),
             p => self.parts.get(&p).copied(),
         }
@@ -114,7 +132,7 @@ impl StateView for View<'_> {
     }
     fn next_chunk_of(&self, id: ChunkId) -> ChunkId {
         // An unknown partition's: nothing below the id counts as allocated.
-        self.of(id).map_or(0, State::next_chunk_id)
+        self.state(partition_of(id)).map_or(0, State::next_chunk_id)
     }
     fn chunks(&self) -> impl Iterator<Item = Chunk> + '_ {
         self.all().flat_map(|(_, s)| s.chunks())
@@ -123,28 +141,31 @@ impl StateView for View<'_> {
         self.all()
             .flat_map(|(_, s)| s.conversions().iter().map(|(g, c)| (*g, c)))
     }
-    /// Partitions' ids are ordered by partition (their top 16 bits), so one cursor walks
-    /// them all: the root's inodes, then each partition's in turn. A partition's top
-    /// directory (inode 1 in its state) is skipped, as is every other directory by the
-    /// scans that read files.
+    /// One cursor walks every partition: the root's inodes, then each partition's in turn,
+    /// each from its first inode (those moved into it from the root's range, then its own).
+    /// A partition's top directory (inode 1 in its state) is walked too; the scans that read
+    /// files skip it as every directory.
     fn inodes_after(
         &self,
-        after: Option<InodeId>,
+        after: Option<Cursor>,
         budget: usize,
-    ) -> (Vec<Arc<Inode>>, Option<InodeId>) {
+    ) -> (Vec<Arc<Inode>>, Option<Cursor>) {
         let budget = budget.max(1);
-        let start = after.map_or(ROOT_PARTITION, partition_of);
-        let mut out = Vec::new();
+        let start = after.map_or(ROOT_PARTITION, |c| c.partition);
+        let mut out: Vec<Arc<Inode>> = Vec::new();
         for (p, st) in self.all().filter(|(p, _)| *p >= start) {
-            let mut cursor = if p == start { after } else { None };
-            if p != ROOT_PARTITION {
-                cursor = Some(cursor.map_or(id_base(p), |c| c.max(id_base(p))));
-            }
+            let mut cursor = after.filter(|c| c.partition == p).map(|c| c.after);
             loop {
                 let (got, next) = st.inodes_after(cursor, budget - out.len());
                 out.extend(got);
                 if out.len() >= budget && next.is_some() {
-                    return (out, next);
+                    return (
+                        out,
+                        next.map(|after| Cursor {
+                            partition: p,
+                            after,
+                        }),
+                    );
                 }
                 match next {
                     Some(n) => cursor = Some(n),
@@ -152,7 +173,10 @@ impl StateView for View<'_> {
                 }
             }
             if out.len() >= budget {
-                let last = out.last().map(|i| i.id);
+                let last = out.last().map(|i| Cursor {
+                    partition: p,
+                    after: i.id,
+                });
                 return (out, last);
             }
         }

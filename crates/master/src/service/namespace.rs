@@ -6,7 +6,7 @@
 use super::{Inner, as_user, check_read, now_ms};
 use crate::convert;
 use crate::groups::Hosted;
-use crate::state::partitions::{PartitionId, ROOT_PARTITION, partition_of};
+use crate::state::partitions::{PartitionId, ROOT_PARTITION};
 use crate::state::{Command, Inode, Lease, Policy, Reply, State, perm};
 use cairn_proto::cap;
 use cairn_rpc::auth::Principal;
@@ -485,8 +485,14 @@ impl Inner {
             let root = self.sm.lock();
             root.state.partitions().partitions.keys().copied().collect()
         };
+        let homes: Vec<PartitionId> = {
+            let root = self.sm.lock();
+            ids.iter()
+                .map(|id| root.state.chunk_partition(*id))
+                .collect()
+        };
         let mut parts = BTreeMap::new();
-        for p in ids.iter().map(|id| partition_of(*id)) {
+        for p in homes.iter().copied() {
             if p != ROOT_PARTITION && known.contains(&p) && !parts.contains_key(&p) {
                 let h = self.led_soon(p).await?;
                 h.read_barrier().await?;
@@ -496,16 +502,24 @@ impl Inner {
         let (mut chunks, servers, signer) = {
             let root = self.sm.lock();
             let guards: BTreeMap<_, _> = parts.iter().map(|(p, h)| (*p, h.sm.lock())).collect();
-            let state_of = |id: u64| match partition_of(id) {
+            let state_of = |p: PartitionId| match p {
                 ROOT_PARTITION => Some(&root.state),
                 p => guards.get(&p).map(|g| &g.state),
             };
             let chunks: Vec<pb::ChunkMeta> = ids
                 .iter()
-                .map(|id| {
-                    let Some(st) = state_of(*id) else {
+                .zip(&homes)
+                .map(|(id, p)| {
+                    let Some(st) = state_of(*p) else {
                         return Ok(pb::ChunkMeta::default());
                     };
+                    // Its file moved since `homes` was read: asked again.
+                    if root.state.chunk_partition(*id) != *p {
+                        return Err(MetaError::new(
+                            cairn_rpc::ErrorKind::Unavailable,
+                            format!("chunk {id}'s file moved to another partition (retry)"),
+                        ));
+                    }
                     match st.chunk(*id) {
                         // Read permission on the chunk's file, as for a stat of it.
                         Some((ino, c)) => {

@@ -4,7 +4,7 @@
 
 use super::{Inner, MetaService, Rpc};
 use crate::groups::Hosted;
-use crate::state::partitions::{PartitionId, ROOT_PARTITION, partition_of};
+use crate::state::partitions::{PartitionId, ROOT_PARTITION};
 use crate::state::{ChunkId, Command, Reply};
 use crate::store::Applied;
 use crate::view::View;
@@ -107,8 +107,63 @@ impl Inner {
         id: ChunkId,
         cmd: Command,
     ) -> Result<Reply, MetaError> {
-        let h = self.led_soon(partition_of(id)).await?;
+        let p = self.sm.lock().state.chunk_partition(id);
+        let h = self.led_soon(p).await?;
         self.write_to(&h, cmd).await
+    }
+
+    /// Drives the move under way in the root's state, if any (state/moves.rs), to its end:
+    /// the rows loaded into the receiving partition in batches, loading sealed there, then
+    /// the root's `FinishMove`. Each step is idempotent, so a driver that stops anywhere is
+    /// taken over by the next leader of the root ([`MetaService::resume_move`]). Returns the
+    /// rows loaded (0 when loading was sealed already or no move is under way).
+    pub(crate) async fn drive_move(&self) -> Result<u64, MetaError> {
+        let _one = self.moving.lock().await;
+        self.read_barrier().await?;
+        let Some(m) = self.sm.lock().state.moving().cloned() else {
+            return Ok(0);
+        };
+        let h = self.led_soon(m.to).await?;
+        h.read_barrier().await?;
+        let started = std::time::Instant::now();
+        let mut rows = 0u64;
+        if !h.sm.lock().state.load_sealed() {
+            let mut cursor = crate::state::moves::RowsCursor::new(&self.sm.lock().state, &m.path)?;
+            loop {
+                let batch = {
+                    let a = self.sm.lock();
+                    if a.state.moving() != Some(&m) {
+                        return Err(MetaError::new(
+                            cairn_rpc::ErrorKind::Unavailable,
+                            format!("the move of {} ended elsewhere", m.path),
+                        ));
+                    }
+                    a.state.rows_batch(&mut cursor)
+                };
+                let Some((inodes, policies)) = batch else {
+                    break;
+                };
+                rows += inodes.len() as u64;
+                let load = Command::LoadRows {
+                    top: m.path.clone(),
+                    inodes,
+                    policies,
+                };
+                self.write_to(&h, load).await?;
+            }
+            let seal = Command::SealLoad {
+                top: m.path.clone(),
+            };
+            self.write_to(&h, seal).await?;
+        }
+        self.write(Command::FinishMove {
+            path: m.path.clone(),
+            to: m.to,
+        })
+        .await?;
+        tracing::info!(path = %m.path, partition = m.to, rows,
+            ms = started.elapsed().as_millis() as u64, "subtree moved");
+        Ok(rows)
     }
 
     /// Starts the Raft node of every partition in the root's map that names this master and
@@ -278,13 +333,14 @@ impl MetaService {
         self.status_reply().await
     }
 
-    /// `SplitPartition`: sends the subtree at a path (missing, or an empty directory in the
-    /// root partition) to a partition, a new one unless named. The partition takes the
-    /// subtree first (`InitPartition`: its top directory's owner, mode and default policy,
-    /// ids of its range), then the root's map sends the path there (`AssignSubtree`, which
-    /// checks the directory is still empty and unchanged); a split that stops between the
-    /// two leaves a partition that holds a subtree nothing routes to, which the same split
-    /// run again completes.
+    /// `SplitPartition`: sends the subtree at a path in the root partition to a partition, a
+    /// new one unless named. The partition takes the subtree first (`InitPartition`: its top
+    /// directory's owner, mode and default policy, ids of its range). A missing or empty
+    /// directory is then sent there by the root's map (`AssignSubtree`, which checks the
+    /// directory is still empty and unchanged); a split that stops between the two leaves a
+    /// partition that holds a subtree nothing routes to, which the same split run again
+    /// completes. A populated one is moved (`BeginMove`, then [`Inner::drive_move`]: its
+    /// rows copied while writes to it wait).
     pub(super) async fn split_partition(
         &self,
         req: Request<pb::SplitRequest>,
@@ -297,7 +353,11 @@ impl MetaService {
             let path = crate::convert::path(&r.path)?;
             self.inner.read_barrier().await?;
             // Checked before a new partition is made for it (and again as it applies).
-            self.inner.sm.lock().state.check_splittable(&path)?;
+            let populated = match self.inner.sm.lock().state.check_splittable(&path) {
+                Ok(_) => false,
+                Err(e) if e.kind == cairn_rpc::ErrorKind::DirectoryNotEmpty => true,
+                Err(e) => return Err(e),
+            };
             let to = match r.to {
                 0 => {
                     let id = self.inner.add_partition(&r.members).await?;
@@ -358,15 +418,26 @@ impl MetaService {
                 };
                 self.inner.write_to(&h, keep).await?;
             }
-            self.inner
-                .write(Command::AssignSubtree {
-                    path,
-                    partition: to,
-                    owner,
-                    mode,
-                    now_ms: now,
-                })
-                .await?;
+            if populated {
+                self.inner
+                    .write(Command::BeginMove {
+                        path,
+                        to,
+                        now_ms: now,
+                    })
+                    .await?;
+                self.inner.drive_move().await?;
+            } else {
+                self.inner
+                    .write(Command::AssignSubtree {
+                        path,
+                        partition: to,
+                        owner,
+                        mode,
+                        now_ms: now,
+                    })
+                    .await?;
+            }
             Ok(())
         }
         .await;
@@ -376,6 +447,23 @@ impl MetaService {
 
     pub(crate) async fn host_partitions(&self) {
         self.inner.host_partitions().await;
+    }
+
+    /// At the root's leader, takes over a move under way that no driver here runs (its
+    /// driver stopped, or another master's was).
+    pub(crate) fn resume_move(&self) {
+        if self.inner.leader_check().is_err()
+            || self.inner.sm.lock().state.moving().is_none()
+            || self.inner.moving.try_lock().is_err()
+        {
+            return;
+        }
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            if let Err(e) = inner.drive_move().await {
+                tracing::warn!(error = %e, "moving a subtree: not finished (retried)");
+            }
+        });
     }
 
     /// `CheckMetadata`: the consistency check (state/check.rs) of the root and of every

@@ -40,7 +40,10 @@ impl State {
     pub fn check(&self) -> Report {
         let mut r = Report::default();
         let own = self.home.partition;
-        let in_range = |id: u64| id == ROOT || partition_of(id) == own;
+        // A partition also holds inodes and chunks of a subtree moved into it from the root,
+        // with the root's ids (moves.rs).
+        let moved_in = |id: u64| own != ROOT_PARTITION && partition_of(id) == ROOT_PARTITION;
+        let in_range = |id: u64| id == ROOT || partition_of(id) == own || moved_in(id);
         let mut sum = [0u64; 4];
         let mut rows = 0u64;
         let mut owners: BTreeMap<ChunkId, InodeId> = BTreeMap::new();
@@ -49,7 +52,9 @@ impl State {
             if k != ino.id {
                 r.problem(format!("inode row {k} holds inode {}", ino.id));
             }
-            if !in_range(ino.id) || (ino.id != ROOT && ino.id >= *self.next_inode) {
+            if !in_range(ino.id)
+                || (ino.id != ROOT && !moved_in(ino.id) && ino.id >= *self.next_inode)
+            {
                 r.problem(format!(
                     "inode {} is outside partition {own}'s range or at or past its next id {}",
                     ino.id, *self.next_inode
@@ -105,7 +110,9 @@ impl State {
                                 c.id, ino.id
                             ));
                         }
-                        if partition_of(c.id) != own || c.id >= *self.next_chunk {
+                        if !moved_in(c.id)
+                            && (partition_of(c.id) != own || c.id >= *self.next_chunk)
+                        {
                             r.problem(format!(
                                 "chunk {} of file {} is outside partition {own}'s range or at \
                                  or past its next id {}",
@@ -214,8 +221,29 @@ impl State {
                     None => r.problem(format!("subtree {top} has no directory in the root")),
                 }
             }
-        } else if !self.subtrees.is_empty() || !self.partitions.partitions.is_empty() {
-            r.problem(format!("partition {own} holds a partition map or subtrees"));
+            for (c, p) in self.forwards.iter() {
+                if !self.partitions.partitions.contains_key(&*p) {
+                    r.problem(format!(
+                        "chunk {c} is forwarded to partition {}, not in the map",
+                        *p
+                    ));
+                }
+                if owners.contains_key(&c) || partition_of(c) != ROOT_PARTITION {
+                    r.problem(format!(
+                        "chunk {c} is forwarded to partition {} but listed here or not \
+                         allocated here",
+                        *p
+                    ));
+                }
+            }
+        } else if !self.subtrees.is_empty()
+            || !self.partitions.partitions.is_empty()
+            || !self.forwards.is_empty()
+            || self.moving.is_some()
+        {
+            r.problem(format!(
+                "partition {own} holds a partition map, subtrees, forwards or a move"
+            ));
         }
         self.check_objects(&mut r);
         r

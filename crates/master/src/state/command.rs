@@ -197,6 +197,37 @@ pub enum Command {
         mode: u16,
         now_ms: u64,
     },
+    /// Freezes the populated directory at `path` for its move into partition `to` (the
+    /// root's command; moves.rs): writes below it answer unavailable until
+    /// [`Command::FinishMove`].
+    BeginMove {
+        path: String,
+        to: u32,
+        now_ms: u64,
+    },
+    /// Rows of the subtree moving into this partition, whose top is `top` (the receiving
+    /// partition's command): inodes as the root holds them, except that the moved
+    /// directory's own entries name this partition's top (inode 1) as their parent; and the
+    /// default policies of directories among them.
+    LoadRows {
+        top: String,
+        inodes: Vec<Inode>,
+        policies: Vec<(u64, Policy)>,
+    },
+    /// Closes loading in the partition that holds `top` (after its last
+    /// [`Command::LoadRows`], before the root's [`Command::FinishMove`]): a load sent later —
+    /// by a driver that lost the root's leadership — is refused, so it cannot put back rows
+    /// the subtree's users changed once it was theirs.
+    SealLoad {
+        top: String,
+    },
+    /// Ends the move of `path` into `to` (the root's command, once `to` holds every row):
+    /// the subtree's rows leave the root, its chunks are forwarded to `to`, and the map
+    /// sends `path` there.
+    FinishMove {
+        path: String,
+        to: u32,
+    },
 }
 
 impl fmt::Display for Command {
@@ -247,6 +278,12 @@ impl fmt::Display for Command {
                 path, partition, ..
             } => write!(f, "assign-subtree {path} {partition}"),
             Command::Revoke { files } => write!(f, "revoke {} file(s)", files.len()),
+            Command::BeginMove { path, to, .. } => write!(f, "begin-move {path} {to}"),
+            Command::LoadRows { top, inodes, .. } => {
+                write!(f, "load-rows {top} +{}", inodes.len())
+            }
+            Command::SealLoad { top } => write!(f, "seal-load {top}"),
+            Command::FinishMove { path, to } => write!(f, "finish-move {path} {to}"),
         }
     }
 }

@@ -15,6 +15,8 @@ pub const INODES: TableDef = TableDef::new("inodes", 1);
 pub const DENTRIES: TableDef = TableDef::new("dentries", 1);
 /// chunk → the file that owns it.
 pub const CHUNK_OWNER: TableDef = TableDef::new("chunk_owner", 1);
+/// chunk → the partition its file moved to.
+pub const FORWARDS: TableDef = TableDef::new("forwards", 1);
 
 pub(super) fn inodes_from_rows<'de, D: Deserializer<'de>>(
     d: D,
@@ -38,6 +40,10 @@ pub(super) fn chunk_owner_table() -> Table<ChunkId, InodeId> {
     Table::memory(CHUNK_OWNER)
 }
 
+pub(super) fn forwards_table() -> Table<ChunkId, super::partitions::PartitionId> {
+    Table::memory(FORWARDS)
+}
+
 /// The cells (one record each, key `()`), by table name.
 pub(super) const fn cell(name: &'static str) -> TableDef {
     TableDef::new(name, 1)
@@ -53,6 +59,8 @@ const REVOCATIONS: TableDef = cell("revocations");
 const PARTITIONS: TableDef = cell("partitions");
 const SUBTREES: TableDef = cell("subtrees");
 const HOME: TableDef = cell("home");
+const MOVING: TableDef = cell("moving");
+const LOAD_SEALED: TableDef = cell("load_sealed");
 
 /// Every table of the state, cells included (what a snapshot file holds; `counts` is
 /// rebuilt when one is installed).
@@ -62,6 +70,7 @@ pub static TABLES: &[TableDef] = {
         INODES,
         DENTRIES,
         CHUNK_OWNER,
+        FORWARDS,
         NEXT_INODE,
         NEXT_CHUNK,
         SERVERS,
@@ -73,6 +82,8 @@ pub static TABLES: &[TableDef] = {
         PARTITIONS,
         SUBTREES,
         HOME,
+        MOVING,
+        LOAD_SEALED,
         o::OBJECTS,
         o::UPLOADS,
         o::PARTS,
@@ -100,6 +111,7 @@ impl State {
             self.inodes.report(),
             self.dentries.report(),
             self.chunk_owner.report(),
+            self.forwards.report(),
         ];
         v.extend(self.objects.table_reports());
         v
@@ -125,6 +137,9 @@ impl State {
             partitions: open_cell(PARTITIONS, store)?,
             subtrees: open_cell(SUBTREES, store)?,
             home: open_cell(HOME, store)?,
+            moving: open_cell(MOVING, store)?,
+            load_sealed: open_cell(LOAD_SEALED, store)?,
+            forwards: Table::open(FORWARDS, store.clone(), cache)?,
             dentries: Table::open(DENTRIES, store.clone(), cache)?,
             chunk_owner: Table::open(CHUNK_OWNER, store.clone(), cache)?,
             acting: None,
@@ -139,6 +154,7 @@ impl State {
         self.inodes.flush(tx)?;
         self.dentries.flush(tx)?;
         self.chunk_owner.flush(tx)?;
+        self.forwards.flush(tx)?;
         self.next_inode.flush(NEXT_INODE, tx)?;
         self.next_chunk.flush(NEXT_CHUNK, tx)?;
         self.servers.flush(SERVERS, tx)?;
@@ -150,6 +166,8 @@ impl State {
         self.partitions.flush(PARTITIONS, tx)?;
         self.subtrees.flush(SUBTREES, tx)?;
         self.home.flush(HOME, tx)?;
+        self.moving.flush(MOVING, tx)?;
+        self.load_sealed.flush(LOAD_SEALED, tx)?;
         self.objects.flush(tx)
     }
 
@@ -164,6 +182,7 @@ impl State {
         self.inodes.write_out(store.clone(), tx, cache)?;
         self.dentries.write_out(store.clone(), tx, cache)?;
         self.chunk_owner.write_out(store.clone(), tx, cache)?;
+        self.forwards.write_out(store.clone(), tx, cache)?;
         self.objects.write_out(store, tx, cache)?;
         self.next_inode.touch();
         self.next_chunk.touch();
@@ -176,6 +195,8 @@ impl State {
         self.partitions.touch();
         self.subtrees.touch();
         self.home.touch();
+        self.moving.touch();
+        self.load_sealed.touch();
         self.flush(tx)
     }
 }

@@ -61,6 +61,7 @@ pub(super) fn check_writer(
 impl State {
     /// Applies a namespace command; [`State::apply`] sends only those here.
     pub(super) fn apply_namespace(&mut self, cmd: &Command) -> Response {
+        self.check_moving(cmd)?;
         match cmd {
             Command::Mkdir {
                 path,

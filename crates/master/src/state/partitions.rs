@@ -130,10 +130,13 @@ impl State {
         Ok(comps[top.len()..].to_vec())
     }
 
-    /// Whether a subtree held by another partition is at `path` or below it (root's state).
+    /// Whether a subtree held by another partition, or being moved into one, is at `path`
+    /// or below it (root's state).
     pub(super) fn holds_subtree(&self, path: &str) -> bool {
         let below = format!("{}/", path.trim_end_matches('/'));
-        self.subtrees.contains_key(path)
+        self.moving()
+            .is_some_and(|m| super::moves::at_or_below(&m.path, path))
+            || self.subtrees.contains_key(path)
             || self
                 .subtrees
                 .range(below.clone()..)
@@ -214,15 +217,7 @@ impl State {
                 "subtrees are assigned by the root partition",
             ));
         }
-        if !self.partitions.partitions.contains_key(&partition) {
-            return Err(MetaError::not_found(format!("partition {partition}")));
-        }
-        if let Some((top, _)) = self.subtrees.iter().find(|(_, p)| **p == partition) {
-            return Err(MetaError::new(
-                ErrorKind::AlreadyExists,
-                format!("partition {partition} holds {top} already"),
-            ));
-        }
+        self.check_target(partition)?;
         let id = match self.check_splittable(path)? {
             Some(ino) => {
                 if ino.owner != owner || ino.mode != mode {
@@ -273,13 +268,35 @@ impl State {
         })
     }
 
-    /// Whether the subtree at `path` can go to another partition (root's state): not `/`, not
-    /// a service's directory, not inside or above another partition's subtree, and missing
-    /// (`None`) or an empty directory (returned).
+    /// Whether the subtree at `path` can go to another partition as it is (root's state):
+    /// [`State::check_movable`], and missing (`None`) or an empty directory (returned).
+    ///
+    /// # Errors
+    /// Why not; `DirectoryNotEmpty` for a populated directory (which moves by copying:
+    /// moves.rs).
+    pub fn check_splittable(
+        &self,
+        path: &str,
+    ) -> Result<Option<std::sync::Arc<super::Inode>>, MetaError> {
+        let ino = self.check_movable(path)?;
+        if let Some(i) = &ino
+            && self.has_entries(i.id)
+        {
+            return Err(MetaError::new(
+                ErrorKind::DirectoryNotEmpty,
+                format!("{path} is not empty: its rows move by copying"),
+            ));
+        }
+        Ok(ino)
+    }
+
+    /// Whether the subtree at `path` can go to another partition (root's state): not `/`,
+    /// not a service's directory, not inside or above another partition's subtree (or the
+    /// one being moved), and missing (`None`) or a directory (returned).
     ///
     /// # Errors
     /// Why not.
-    pub fn check_splittable(
+    pub fn check_movable(
         &self,
         path: &str,
     ) -> Result<Option<std::sync::Arc<super::Inode>>, MetaError> {
@@ -305,6 +322,14 @@ impl State {
                 "{path} holds another partition's subtree"
             )));
         }
+        if let Some(m) = self.moving()
+            && super::moves::at_or_below(path, &m.path)
+        {
+            return Err(MetaError::new(
+                ErrorKind::Unavailable,
+                format!("{path} is inside {}, being moved (retry)", m.path),
+            ));
+        }
         match self.lookup(path) {
             Ok(ino) => {
                 if ino.file().is_some() {
@@ -313,20 +338,34 @@ impl State {
                         format!("{path}: not a directory"),
                     ));
                 }
-                if self.has_entries(ino.id) {
-                    return Err(MetaError::new(
-                        ErrorKind::DirectoryNotEmpty,
-                        format!(
-                            "{path} is not empty: moving a populated subtree into a partition \
-                             (split with copying) is not built yet"
-                        ),
-                    ));
-                }
                 Ok(Some(ino))
             }
             Err(e) if e.kind == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether partition `to` can take a subtree (root's state): it is in the map and holds
+    /// none, nor is one moving into it.
+    pub(super) fn check_target(&self, to: PartitionId) -> Result<(), MetaError> {
+        if !self.partitions.partitions.contains_key(&to) {
+            return Err(MetaError::not_found(format!("partition {to}")));
+        }
+        if let Some((top, _)) = self.subtrees.iter().find(|(_, p)| **p == to) {
+            return Err(MetaError::new(
+                ErrorKind::AlreadyExists,
+                format!("partition {to} holds {top} already"),
+            ));
+        }
+        if let Some(m) = self.moving()
+            && m.to == to
+        {
+            return Err(MetaError::new(
+                ErrorKind::AlreadyExists,
+                format!("{} is moving into partition {to}", m.path),
+            ));
+        }
+        Ok(())
     }
 }
 

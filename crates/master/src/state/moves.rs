@@ -1,0 +1,656 @@
+//! Moving a populated subtree from the root partition into another one (docs/partitions.md,
+//! "Split with copying"). Three commands, each idempotent, driven by the root's leader:
+//!
+//! 1. root, [`Command::BeginMove`]: records the move ([`Move`]); from then on every write at
+//!    or below the subtree's top, by path or by chunk, answers `unavailable` (retried by
+//!    clients), so the rows stop changing while they are copied; reads go on;
+//! 2. the receiving partition, [`Command::LoadRows`] batches: the subtree's inodes (parents
+//!    first; ids kept) and its directories' default policies, put as they are (loading a
+//!    batch twice changes nothing);
+//!    then [`Command::SealLoad`]: loading is closed there for good, so a load from a driver
+//!    that lost the root's leadership cannot land after the subtree's users wrote to it;
+//! 3. root, [`Command::FinishMove`]: the rows leave the root, each of their chunks gets a
+//!    *forward* (`chunk → partition`; chunk ids name the partition that allocated them and
+//!    chunkservers store chunks under them, so the ids stay), the map sends the top there
+//!    and the freeze ends — one entry, so no write sees the subtree in both places or in
+//!    neither.
+//!
+//! A driver that stops anywhere leaves the move record, and the next leader of the root runs
+//! the steps again from 2 (from 3 when loading was sealed).
+
+use super::partitions::{PartitionId, ROOT_PARTITION, partition_of};
+use super::{ChunkId, Command, Inode, InodeId, Policy, ROOT, Response, State};
+use cairn_rpc::{ErrorKind, MetaError, components};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// A subtree being moved into a partition (the root's `moving` cell).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Move {
+    /// The subtree's top directory.
+    pub path: String,
+    /// The partition it moves into.
+    pub to: PartitionId,
+    pub started_ms: u64,
+}
+
+/// Whether `path` is `top` or below it.
+pub fn at_or_below(path: &str, top: &str) -> bool {
+    match (components(path), components(top)) {
+        (Ok(p), Ok(t)) => p.len() >= t.len() && p[..t.len()] == t[..],
+        _ => false,
+    }
+}
+
+impl State {
+    /// The move under way, if any (the root's state).
+    pub fn moving(&self) -> Option<&Move> {
+        self.moving.as_ref()
+    }
+
+    /// The partition that holds chunk `id`'s file, by this (the root's) state: the one that
+    /// allocated it, unless its file moved and left a forward here.
+    pub fn chunk_partition(&self, id: ChunkId) -> PartitionId {
+        match partition_of(id) {
+            ROOT_PARTITION => self.forwards.get(&id).map_or(ROOT_PARTITION, |p| *p),
+            p => p,
+        }
+    }
+
+    /// Chunks forwarded to other partitions.
+    pub fn forwards(&self) -> impl Iterator<Item = (ChunkId, PartitionId)> + '_ {
+        self.forwards.iter().map(|(c, p)| (c, *p))
+    }
+
+    /// Refuses a write at or below the subtree being moved: `Unavailable`, which clients
+    /// retry; once the move ends the map routes it to the subtree's new partition.
+    pub(super) fn refuse_moving(&self, path: &str) -> Result<(), MetaError> {
+        match self.moving.as_ref() {
+            Some(m) if at_or_below(path, &m.path) => Err(MetaError::new(
+                ErrorKind::Unavailable,
+                format!("{path} is being moved to partition {} (retry)", m.to),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// A namespace command's paths against the move under way.
+    pub(super) fn check_moving(&self, cmd: &Command) -> Result<(), MetaError> {
+        if self.moving.is_none() {
+            return Ok(());
+        }
+        match cmd {
+            Command::Mkdir { path, .. }
+            | Command::Create { path, .. }
+            | Command::OpenWrite { path, .. }
+            | Command::Allocate { path, .. }
+            | Command::Commit { path, .. }
+            | Command::Delete { path }
+            | Command::SetAttr { path, .. } => self.refuse_moving(path),
+            // A rename of a directory above the subtree is refused by `holds_subtree`.
+            Command::Rename { from, to, .. } => {
+                self.refuse_moving(from)?;
+                self.refuse_moving(to)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether chunk `id` belongs to a file in the subtree being moved.
+    pub(super) fn chunk_moving(&self, id: ChunkId) -> bool {
+        let Some(m) = self.moving.as_ref() else {
+            return false;
+        };
+        let (Ok(top), Some(owner)) = (self.lookup(&m.path), self.chunk_owner.get(&id)) else {
+            return false;
+        };
+        let mut cur = *owner;
+        loop {
+            if cur == top.id {
+                return true;
+            }
+            if cur == ROOT {
+                return false;
+            }
+            cur = self.ino(cur).parent;
+        }
+    }
+
+    /// Chunk `id`'s file is being moved: refused (retried after the move).
+    pub(super) fn refuse_chunk_moving(&self, id: ChunkId) -> Result<(), MetaError> {
+        if self.chunk_moving(id) {
+            return Err(MetaError::new(
+                ErrorKind::Unavailable,
+                format!("chunk {id}'s file is being moved to another partition (retry)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Step 1 (root): freezes the directory at `path` for its move into `to`. Repeating it
+    /// is a no-op; another move under way refuses it.
+    pub(super) fn begin_move(&mut self, path: &str, to: PartitionId, now_ms: u64) -> Response {
+        if let Some(m) = self.moving.as_ref() {
+            if m.path == path && m.to == to {
+                return self.reply(self.lookup(path)?.id);
+            }
+            return Err(MetaError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "{} is being moved to partition {} (one move at a time; retry)",
+                    m.path, m.to
+                ),
+            ));
+        }
+        self.check_target(to)?;
+        let Some(top) = self.check_movable(path)? else {
+            return Err(MetaError::not_found(path));
+        };
+        *self.moving = Some(Move {
+            path: path.to_owned(),
+            to,
+            started_ms: now_ms,
+        });
+        self.reply(top.id)
+    }
+
+    /// Step 2 (the receiving partition): puts the rows of a subtree moving into it.
+    ///
+    /// # Errors
+    /// This partition does not hold `top`; an inode from outside the root's id range, the
+    /// top itself, or whose parent is in neither this state nor the batch; a policy of a
+    /// directory not loaded, or out of bounds. Nothing is changed then.
+    pub(super) fn load_rows(
+        &mut self,
+        top: &str,
+        inodes: &[Inode],
+        policies: &[(InodeId, Policy)],
+    ) -> Response {
+        self.check_loading(top)?;
+        let mut batch: BTreeSet<InodeId> = BTreeSet::new();
+        for ino in inodes {
+            if ino.id == ROOT || partition_of(ino.id) != ROOT_PARTITION {
+                return Err(MetaError::invalid(format!(
+                    "inode {} cannot move in: moved inodes come from the root's range",
+                    ino.id
+                )));
+            }
+            let parent_here = ino.parent == ROOT
+                || batch.contains(&ino.parent)
+                || self
+                    .inodes
+                    .get(&ino.parent)
+                    .is_some_and(|p| p.file().is_none());
+            if !parent_here {
+                return Err(MetaError::invalid(format!(
+                    "inode {}'s parent {} is not loaded (parents come first)",
+                    ino.id, ino.parent
+                )));
+            }
+            if ino.file().is_none() {
+                batch.insert(ino.id);
+            }
+        }
+        for (id, p) in policies {
+            if !batch.contains(id) && self.inodes.get(id).is_none_or(|i| i.file().is_some()) {
+                return Err(MetaError::invalid(format!(
+                    "a policy for inode {id}, which is not a directory loaded here"
+                )));
+            }
+            p.check()?;
+        }
+        for ino in inodes {
+            if let Some(old) = self.inodes.get(&ino.id) {
+                self.dentries.remove(&(old.parent, old.name.clone()));
+                for c in old.file().map(|f| f.chunks.as_slice()).unwrap_or_default() {
+                    self.chunk_owner.remove(&c.id);
+                }
+            }
+            self.dentries.insert((ino.parent, ino.name.clone()), ino.id);
+            for c in ino.file().map(|f| f.chunks.as_slice()).unwrap_or_default() {
+                self.chunk_owner.insert(c.id, ino.id);
+            }
+            self.inodes.insert(ino.id, ino.clone());
+        }
+        for (id, p) in policies {
+            self.dir_policies.insert(*id, *p);
+        }
+        self.reply(ROOT)
+    }
+
+    /// Whether the rows moved into this partition are all loaded.
+    pub fn load_sealed(&self) -> bool {
+        *self.load_sealed
+    }
+
+    fn check_loading(&self, top: &str) -> Result<(), MetaError> {
+        if self.home.partition == ROOT_PARTITION || self.home.path != top {
+            return Err(MetaError::invalid(format!(
+                "partition {} holds {:?}, not {top}: rows moving there cannot load here",
+                self.home.partition, self.home.path
+            )));
+        }
+        if *self.load_sealed {
+            return Err(MetaError::new(
+                ErrorKind::AlreadyExists,
+                format!("the rows of {top} are loaded already; loading is closed"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Step 2, end (the receiving partition): closes loading. Repeating it is a no-op.
+    pub(super) fn seal_load(&mut self, top: &str) -> Response {
+        if !*self.load_sealed {
+            self.check_loading(top)?;
+            *self.load_sealed = true;
+        }
+        self.reply(ROOT)
+    }
+
+    /// The next batch of rows of the subtree being moved, as [`Command::LoadRows`] carries
+    /// them: parents first, about [`ROWS_BATCH_BYTES`] of inodes (as JSON), from where
+    /// `cursor` stands; `None` when it has walked the whole subtree. The root's state, while
+    /// the subtree is frozen (the lock is let go between batches: memory is one batch and the
+    /// directories still to walk).
+    pub fn rows_batch(&self, cursor: &mut RowsCursor) -> Option<LoadBatch> {
+        let (mut inodes, mut policies, mut bytes) = (Vec::new(), Vec::new(), 0usize);
+        while let Some(d) = cursor.dirs.front().copied() {
+            let after = cursor.after.take().unwrap_or_default();
+            for ((_, name), child) in self
+                .dentries
+                .range((d, after.clone())..)
+                .take_while(|((p, _), _)| *p == d)
+            {
+                if !after.is_empty() && name == after {
+                    continue;
+                }
+                let mut ino = (*self.ino(*child)).clone();
+                if ino.parent == cursor.top {
+                    ino.parent = ROOT;
+                }
+                if ino.file().is_none() {
+                    cursor.dirs.push_back(ino.id);
+                    if let Some(p) = self.dir_policies.get(&ino.id) {
+                        policies.push((ino.id, *p));
+                    }
+                }
+                bytes += serde_json::to_vec(&ino).map_or(0, |v| v.len());
+                inodes.push(ino);
+                if bytes >= ROWS_BATCH_BYTES {
+                    cursor.after = Some(name);
+                    return Some((inodes, policies));
+                }
+            }
+            cursor.dirs.pop_front();
+        }
+        (!inodes.is_empty() || !policies.is_empty()).then_some((inodes, policies))
+    }
+
+    /// Step 3 (root): the subtree's rows leave this state, its chunks are forwarded to `to`
+    /// (conversions of them under way are dropped: their groups' members become orphans, and
+    /// `to` converts the chunks again), and the map sends `path` to `to`.
+    pub(super) fn finish_move(&mut self, path: &str, to: PartitionId) -> Response {
+        match self.moving.as_ref() {
+            Some(m) if m.path == path && m.to == to => {}
+            _ => {
+                return Err(MetaError::new(
+                    ErrorKind::NotFound,
+                    format!("no move of {path} to partition {to} is under way"),
+                ));
+            }
+        }
+        let top = self.lookup(path)?.id;
+        let mut moved: BTreeSet<ChunkId> = BTreeSet::new();
+        let mut dirs = vec![top];
+        while let Some(d) = dirs.pop() {
+            let children: Vec<(String, InodeId)> = self
+                .dentries
+                .range((d, String::new())..)
+                .take_while(|((p, _), _)| *p == d)
+                .map(|((_, name), c)| (name, *c))
+                .collect();
+            for (name, c) in children {
+                self.dentries.remove(&(d, name));
+                let Some(ino) = self.inodes.remove(&c) else {
+                    continue;
+                };
+                match ino.file() {
+                    Some(f) => {
+                        for ch in &f.chunks {
+                            self.chunk_owner.remove(&ch.id);
+                            self.forwards.insert(ch.id, to);
+                            moved.insert(ch.id);
+                        }
+                    }
+                    None => {
+                        self.dir_policies.remove(&c);
+                        dirs.push(c);
+                    }
+                }
+            }
+        }
+        if self.conversions.values().any(|c| moved.contains(&c.chunk)) {
+            self.conversions.retain(|_, c| !moved.contains(&c.chunk));
+        }
+        self.subtrees.insert(path.to_owned(), to);
+        *self.moving = None;
+        self.reply(top)
+    }
+}
+
+/// Inodes and directories' policies of one [`Command::LoadRows`].
+pub type LoadBatch = (Vec<Inode>, Vec<(InodeId, Policy)>);
+
+/// Where [`State::rows_batch`] goes on: the directories whose entries are still to copy, the
+/// first from after the entry named `after`.
+#[derive(Debug, Clone)]
+pub struct RowsCursor {
+    top: InodeId,
+    dirs: std::collections::VecDeque<InodeId>,
+    after: Option<String>,
+}
+
+impl RowsCursor {
+    /// A walk of the subtree at `path` of `state`.
+    pub fn new(state: &State, path: &str) -> Result<Self, MetaError> {
+        let top = state.lookup(path)?.id;
+        Ok(Self {
+            top,
+            dirs: std::collections::VecDeque::from([top]),
+            after: None,
+        })
+    }
+}
+
+/// Bytes of inodes (as JSON) per [`Command::LoadRows`]: well inside a Raft message even when
+/// a lagging follower is sent many entries at once.
+pub const ROWS_BATCH_BYTES: usize = 128 << 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{ChunkUpdate, Kind};
+    use crate::view::{StateView, View};
+    use std::collections::BTreeMap;
+
+    fn mkdir(st: &mut State, path: &str, policy: Option<Policy>) -> Response {
+        st.apply(&Command::Mkdir {
+            path: path.into(),
+            parents: true,
+            now_ms: 1,
+            policy,
+            mode: None,
+        })
+    }
+
+    fn create(st: &mut State, path: &str) -> Response {
+        let dir = &path[..path.rfind('/').unwrap()];
+        if !dir.is_empty() && st.lookup(dir).is_err() {
+            mkdir(st, dir, None).unwrap();
+        }
+        crate::state::tests::create(st, path, Some("w"), 1)
+    }
+
+    fn unavailable(r: Response) -> bool {
+        matches!(r, Err(e) if e.kind == ErrorKind::Unavailable)
+    }
+
+    /// The root with partition 1 and files in /a (some in a directory with a policy) and /b;
+    /// partition 1 initialized to hold /a.
+    fn setup(files: usize) -> (State, State) {
+        let mut root = State::default();
+        root.apply(&Command::AddPartition {
+            members: vec![1],
+            now_ms: 1,
+        })
+        .unwrap();
+        let ec = Policy {
+            replicas: 2,
+            compression: true,
+            min_copy: 2,
+            ec: None,
+        };
+        mkdir(&mut root, "/a/d", Some(ec)).unwrap();
+        for i in 0..files {
+            create(&mut root, &format!("/a/x{}/f{i}", i % 7)).unwrap();
+        }
+        create(&mut root, "/a/d/g").unwrap();
+        create(&mut root, "/a/top").unwrap();
+        create(&mut root, "/b/f").unwrap();
+        let mut p1 = State::default();
+        p1.apply(&Command::InitPartition {
+            partition: 1,
+            path: "/a".into(),
+            owner: String::new(),
+            mode: 0o755,
+            now_ms: 2,
+        })
+        .unwrap();
+        (root, p1)
+    }
+
+    /// Steps 2 and 3 as the driver runs them; the number of `LoadRows` batches.
+    fn copy_and_finish(root: &mut State, p1: &mut State) -> usize {
+        let mut cursor = RowsCursor::new(root, "/a").unwrap();
+        let mut batches = 0;
+        while let Some((inodes, policies)) = root.rows_batch(&mut cursor) {
+            batches += 1;
+            let load = Command::LoadRows {
+                top: "/a".into(),
+                inodes,
+                policies,
+            };
+            p1.apply(&load).unwrap();
+            // A batch loaded twice changes nothing.
+            p1.apply(&load).unwrap();
+        }
+        p1.apply(&Command::SealLoad { top: "/a".into() }).unwrap();
+        root.apply(&Command::FinishMove {
+            path: "/a".into(),
+            to: 1,
+        })
+        .unwrap();
+        batches
+    }
+
+    #[test]
+    fn a_populated_subtree_moves_with_its_ids_and_its_chunks_forwarded() {
+        let (mut root, mut p1) = setup(20);
+        let f = root.lookup("/a/x3/f3").unwrap();
+        let chunk = f.file().unwrap().chunks[0].id;
+        let (files_before, dirs_before, _, _) = root.totals();
+        root.apply(&Command::BeginMove {
+            path: "/a".into(),
+            to: 1,
+            now_ms: 3,
+        })
+        .unwrap();
+        // Frozen: every write at or below /a waits; reads and writes elsewhere go on.
+        assert!(unavailable(create(&mut root, "/a/new")));
+        assert!(unavailable(root.apply(&Command::Delete {
+            path: "/a/top".into()
+        })));
+        assert!(unavailable(root.apply(&Command::Rename {
+            from: "/b/f".into(),
+            to: "/a/f".into(),
+            now_ms: 4
+        })));
+        assert!(unavailable(root.apply(&Command::Commit {
+            path: "/a/x3/f3".into(),
+            holder: "w".into(),
+            now_ms: 4,
+            updates: vec![ChunkUpdate {
+                chunk_id: chunk,
+                length: 10,
+                sealed: false
+            }],
+            trim: false,
+            release: false,
+            seal: false,
+            lease_until_ms: 0,
+            drops: vec![],
+            remove: vec![],
+        })));
+        assert!(unavailable(root.apply(&Command::Repaired {
+            chunk_id: chunk,
+            length: 0,
+            server: 9,
+            remove: vec![],
+            member: None,
+        })));
+        // Renaming a directory above it is refused outright, as for any partition's subtree.
+        assert!(mkdir(&mut root, "/up/a2", None).is_ok());
+        assert!(
+            root.apply(&Command::Rename {
+                from: "/a".into(),
+                to: "/c".into(),
+                now_ms: 4
+            })
+            .is_err()
+        );
+        assert!(root.lookup("/a/x3/f3").is_ok());
+        create(&mut root, "/b/g").unwrap();
+        // One move at a time; the same one again is a no-op.
+        root.apply(&Command::AddPartition {
+            members: vec![1],
+            now_ms: 1,
+        })
+        .unwrap();
+        assert!(unavailable(root.apply(&Command::BeginMove {
+            path: "/b".into(),
+            to: 2,
+            now_ms: 3
+        })));
+        root.apply(&Command::BeginMove {
+            path: "/a".into(),
+            to: 1,
+            now_ms: 5,
+        })
+        .unwrap();
+
+        copy_and_finish(&mut root, &mut p1);
+        // A late load (a driver that lost the root's leadership) is refused.
+        assert!(
+            p1.apply(&Command::LoadRows {
+                top: "/a".into(),
+                inodes: vec![(*f).clone()],
+                policies: vec![],
+            })
+            .is_err()
+        );
+        assert!(root.moving().is_none());
+        assert_eq!(root.route("/a/x3/f3").partition, 1);
+        assert!(unavailable(
+            root.lookup("/a/x3/f3").map(|_| Default::default())
+        ));
+        let moved = p1.lookup("/a/x3/f3").unwrap();
+        assert_eq!((moved.id, moved.file()), (f.id, f.file()));
+        // Counts moved: /a's files and its directories below the top.
+        let (files, dirs, _, _) = p1.totals();
+        let (root_files, root_dirs, _, _) = root.totals();
+        assert_eq!(files, 22);
+        assert_eq!(
+            root_files + files,
+            files_before + 1,
+            "/b/g was created meanwhile"
+        );
+        assert_eq!(
+            root_dirs + dirs,
+            dirs_before + 2 + 1,
+            "/up, /up/a2 and p1's top"
+        );
+        // The policy went with its directory.
+        assert_eq!(p1.inherited_policy("/a/d/new").unwrap().replicas, 2);
+        // Chunks: forwarded by the root, owned by the partition.
+        assert_eq!(root.chunk_partition(chunk), 1);
+        assert!(root.chunk(chunk).is_none() && p1.chunk(chunk).is_some());
+        let view = View {
+            root: &root,
+            parts: BTreeMap::from([(1, &p1)]),
+        };
+        assert!(view.knows(chunk));
+        assert_eq!(view.chunk(chunk).unwrap().0.id, f.id);
+        assert!(chunk < view.next_chunk_of(chunk));
+        let mut seen = 0;
+        let mut cursor = None;
+        loop {
+            let (got, next) = view.inodes_after(cursor, 5);
+            seen += got
+                .iter()
+                .filter(|i| matches!(i.kind, Kind::File(_)))
+                .count();
+            match next {
+                Some(n) => cursor = Some(n),
+                None => break,
+            }
+        }
+        assert_eq!(seen, 24, "the scans' walk meets the moved files");
+        let without = View {
+            root: &root,
+            parts: BTreeMap::new(),
+        };
+        assert!(
+            !without.knows(chunk),
+            "outside the view: kept, not an orphan"
+        );
+        // Both states check clean.
+        for st in [&root, &p1] {
+            let r = st.check();
+            assert_eq!(r.problems, 0, "{:?}", r.listed);
+        }
+        // The files go on in the partition.
+        p1.apply(&Command::Delete {
+            path: "/a/top".into(),
+        })
+        .unwrap();
+        create(&mut p1, "/a/x3/new").unwrap();
+        assert_eq!(p1.check().problems, 0);
+    }
+
+    #[test]
+    fn a_large_subtree_loads_in_bounded_batches() {
+        let (mut root, mut p1) = setup(1500);
+        root.apply(&Command::BeginMove {
+            path: "/a".into(),
+            to: 1,
+            now_ms: 3,
+        })
+        .unwrap();
+        let batches = copy_and_finish(&mut root, &mut p1);
+        assert!(batches > 1, "{batches} batch(es)");
+        assert_eq!(p1.totals().0, 1502);
+        assert_eq!(p1.check().problems, 0, "{:?}", p1.check().listed);
+        assert_eq!(root.check().problems, 0, "{:?}", root.check().listed);
+    }
+
+    #[test]
+    fn loads_are_checked() {
+        let (root, mut p1) = setup(2);
+        let f = root.lookup("/a/x1/f1").unwrap();
+        let load = |inodes: Vec<Inode>, policies| Command::LoadRows {
+            top: "/a".into(),
+            inodes,
+            policies,
+        };
+        // Its parent (/a/x1) is not loaded.
+        assert!(p1.apply(&load(vec![(*f).clone()], vec![])).is_err());
+        // Another subtree's rows.
+        let mut other = load(vec![], vec![]);
+        if let Command::LoadRows { top, .. } = &mut other {
+            *top = "/b".into();
+        }
+        assert!(p1.apply(&other).is_err());
+        // An id of the partition's own range.
+        let mut own = (*root.lookup("/a/x1").unwrap()).clone();
+        own.id |= crate::state::partitions::id_base(1);
+        own.parent = ROOT;
+        assert!(p1.apply(&load(vec![own], vec![])).is_err());
+        // A policy for a file.
+        assert!(
+            p1.apply(&load(vec![], vec![(f.id, Policy::default())]))
+                .is_err()
+        );
+        assert_eq!(p1.totals(), (0, 1, 0, 0), "nothing loaded");
+    }
+}
