@@ -1,7 +1,8 @@
 //! Partitions end to end (docs/partitions.md): real masters and chunkservers on loopback. A
 //! subtree split into a partition of its own is served by that partition's Raft group through
 //! the SDK and the CLI; its chunks carry the partition in their ids and are never taken for
-//! orphans; it survives the loss of the leader and a restart of every master.
+//! orphans; it survives the loss of the leader and a restart of every master. A populated
+//! subtree moves into a partition while it is written, its chunks forwarded.
 
 mod common;
 
@@ -88,7 +89,6 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
     let c = cl.client_with(small_chunks()).await;
     let mut files = vec![("/root-file".to_owned(), 1, 300_000)];
     write(&c, "/root-file", 1, 300_000).await;
-    c.mkdir("/full/x", true).await.unwrap();
     let addrs = cl.master_addrs().join(",");
     let split = |path: &str| {
         cairn()
@@ -104,11 +104,11 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
             .output()
             .unwrap()
     };
-    // A populated directory is refused (moving what is in it is not built yet).
-    let out = split("/full");
+    // A file cannot be a partition's top (a populated directory moves: the next test).
+    let out = split("/root-file");
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("not empty"),
+        String::from_utf8_lossy(&out.stderr).contains("not a directory"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -252,4 +252,121 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
         assert_eq!(m.len(), 3, "{v}");
         assert!(m[0]["rows"].as_u64().unwrap() > 0, "{v}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_populated_subtree_moves_into_a_partition_while_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let fast = ["--orphan-grace-secs", "1"];
+    let mut cl = Cluster::start_full(dir.path(), 3, 4, &fast, &[]).await;
+    let c = cl.client_with(small_chunks()).await;
+    let mut files = Vec::new();
+    for i in 0..30u64 {
+        let path = format!("/full/d{}/e{}/f{i}", i % 4, i % 3);
+        let len = 1_000 + (i as usize * 65_537) % 700_000;
+        write(&c, &path, 200 + i, len).await;
+        files.push((path, 200 + i, len));
+    }
+    write(&c, "/stays/f", 9, 5_000).await;
+    files.push(("/stays/f".into(), 9, 5_000));
+    // A writer keeps its file open across the move.
+    let live = bytes(77, 0, 900_000);
+    let mut w = c
+        .create(
+            "/full/live",
+            CreateOptions {
+                parents: true,
+                ..CreateOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    w.append(&live[..300_000]).await.unwrap();
+    let addrs = cl.master_addrs().join(",");
+    let split = {
+        let addrs = addrs.clone();
+        tokio::task::spawn_blocking(move || {
+            cairn()
+                .args(["admin", "--cluster", &addrs, "partition", "split", "/full"])
+                .args(["--json"])
+                .output()
+                .unwrap()
+        })
+    };
+    // Calls under /full while it moves: they wait for the move, then land in the partition.
+    for i in 0..6u64 {
+        let path = format!("/full/new/n{i}");
+        write(&c, &path, 300 + i, 20_000).await;
+        files.push((path, 300 + i, 20_000));
+    }
+    w.append(&live[300_000..600_000]).await.unwrap();
+    let out = split.await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    w.append(&live[600_000..]).await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(c.read("/full/live", 0, live.len()).await.unwrap(), live);
+    let p = partition(&cl, 1).await;
+    assert_eq!((p.subtree.as_str(), p.files), ("/full", 37), "{p:?}");
+    assert_eq!(partition(&cl, 0).await.files, 1);
+    check(&c, &files).await;
+    // The moved files' chunks keep their ids (allocated by the root); new ones are the
+    // partition's.
+    let old = common::chunks(&c, "/full/d1/e1/f1").await;
+    assert!(old.iter().all(|ch| ch.id >> 48 == 0), "{old:?}");
+    write(&c, "/full/d1/after", 5, 10_000).await;
+    files.push(("/full/d1/after".into(), 5, 10_000));
+    assert_eq!(common::chunks(&c, "/full/d1/after").await[0].id >> 48, 1);
+    let located = c.locate(old[0].id).await.unwrap();
+    assert_eq!(
+        located.id, old[0].id,
+        "a moved chunk is located through its forward"
+    );
+    // The orphan grace passes many times over: no moved chunk is taken for an orphan.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(cl.status().await.unwrap().pending_deletes, 0);
+    check(&c, &files).await;
+    // A chunkserver is lost: the moved chunks are repaired through their forwards.
+    let lost = cl.server_id(1).await;
+    cl.chunkservers[1].kill();
+    let t = Instant::now();
+    while !cl
+        .status()
+        .await
+        .is_ok_and(|s| s.servers.iter().any(|s| s.state == "down"))
+    {
+        assert!(t.elapsed() < Duration::from_secs(30), "never down");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cl.wait_fully_replicated(Duration::from_secs(90)).await;
+    for ch in common::chunks(&c, "/full/d1/e1/f1").await {
+        assert_eq!(ch.servers.len(), 3, "chunk {}", ch.id);
+        assert!(
+            !ch.servers.contains(&lost),
+            "chunk {} on the lost server",
+            ch.id
+        );
+    }
+    // Every master restarts: the map, the rows and the forwards stay.
+    for m in &mut cl.masters {
+        m.kill();
+    }
+    for m in &mut cl.masters {
+        m.start();
+    }
+    let fresh = cl.client_with(small_chunks()).await;
+    let t = Instant::now();
+    while fresh.stat("/full/live").await.is_err() {
+        assert!(t.elapsed() < Duration::from_secs(30), "not served again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    check(&fresh, &files).await;
+    let v = admin_json(&addrs, &["check", "--json"]);
+    assert_eq!(v["problems"], 0, "{v}");
+    let v = admin_json(&addrs, &["digests", "--json", "--rounds", "50"]);
+    assert_eq!(v["diverged"], 0, "{v}");
 }

@@ -63,6 +63,13 @@ const WRITERS: usize = 3;
 /// of every writer but the first are in it, so its Raft group, ids, repair and conversion run
 /// under the faults.
 const PARTITIONED: &str = "/nemesis-p";
+/// Every `MOVE_EVERY`-th scenario (from the `MOVE_AT`-th) moves its directory of the root
+/// partition, populated and being written, into a new partition while the faults run
+/// (state/moves.rs): a master killed mid-move leaves the driving to the next leader.
+const MOVE_EVERY: u64 = 25;
+const MOVE_AT: u64 = 3;
+/// Empty files made in a moving scenario's directory first: rows for the move to copy.
+const MOVE_FILES: usize = 50;
 /// How long the workload runs in each scenario; faults start and end inside it.
 const ACTIVE: Duration = Duration::from_millis(3000);
 
@@ -108,6 +115,11 @@ struct Totals {
     copies_compared: u64,
     copies_uncompared: u64,
     copies_diverged: u64,
+    /// Populated directories moved into a partition under the faults, moves not finished
+    /// within a minute of the faults' end, and moves that lost rows.
+    moves: u64,
+    moves_unfinished: u64,
+    moves_lost_rows: u64,
 }
 
 async fn scenario(
@@ -133,6 +145,29 @@ async fn scenario(
             (format!("{top}/s{index}/w{w}"), seed * 16 + w as u64)
         })
         .collect();
+    let moving = (index % MOVE_EVERY == MOVE_AT).then(|| format!("/nemesis/s{index}"));
+    if let Some(dir) = &moving {
+        for i in 0..MOVE_FILES {
+            let path = format!("{dir}/m/f{i}");
+            let create = CreateOptions {
+                parents: true,
+                ..CreateOptions::default()
+            };
+            let w = c.create(&path, create).await;
+            w.unwrap_or_else(|e| panic!("{path}: {e}"))
+                .close()
+                .await
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
+        }
+    }
+    let split = |dir: String, addrs: String| {
+        tokio::task::spawn_blocking(move || {
+            common::cairn()
+                .args(["admin", "--cluster", &addrs, "partition", "split", &dir])
+                .output()
+                .expect("cairn runs")
+        })
+    };
     let writers: Vec<_> = files
         .iter()
         .enumerate()
@@ -212,6 +247,9 @@ async fn scenario(
         .flat_map(|(i, f)| [(f.start, i, true), (f.end, i, false)])
         .collect();
     events.sort();
+    let mover = moving
+        .clone()
+        .map(|dir| split(dir, cl.master_addrs().join(",")));
     let t0 = Instant::now();
     for (at, i, begin) in events {
         tokio::time::sleep(at.saturating_sub(t0.elapsed())).await;
@@ -277,6 +315,50 @@ async fn scenario(
         t.s3_bad_gets += s.bad_gets;
     }
 
+    // The move ends: its driver, or the next leader's, or the split asked again.
+    let mut moved_to = None;
+    if let (Some(dir), Some(m)) = (&moving, mover) {
+        let out = m.await.expect("split task");
+        if !out.status.success() {
+            eprintln!(
+                "  split {dir} under the faults: {} (asked again)",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            let out = split(dir.clone(), cl.master_addrs().join(","))
+                .await
+                .expect("split task");
+            if !out.status.success() {
+                eprintln!(
+                    "  split {dir} again: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(s) = cl.status().await
+                && let Some(p) = s.partitions.iter().find(|p| p.subtree == *dir)
+            {
+                moved_to = Some(u64::from(p.id));
+                break;
+            }
+            if Instant::now() > deadline {
+                eprintln!("  MOVE of {dir} not finished 60 s after the faults");
+                t.moves_unfinished += 1;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        if moved_to.is_some() {
+            t.moves += 1;
+            let listed = c.list(&format!("{dir}/m")).await.map_or(0, |l| l.len());
+            if listed != MOVE_FILES {
+                eprintln!("  MOVED {dir}/m lists {listed} files of {MOVE_FILES}");
+                t.moves_lost_rows += 1;
+            }
+        }
+    }
+
     let mut lost = 0;
     for ((path, fseed), w) in files.iter().zip(&written) {
         let l = verify(&c, path, *fseed, w.acked).await;
@@ -311,11 +393,11 @@ async fn scenario(
                 if ch.lz4_stream > 0 {
                     converted += 1;
                 }
-                // Ids carry the partition that allocated them.
+                // Ids carry the partition that allocated them: a moved file's, the root's
+                // (before its move) or its new partition's.
                 let want = u64::from(path.starts_with(PARTITIONED));
-                assert_eq!(
-                    ch.id >> 48,
-                    want,
+                assert!(
+                    ch.id >> 48 == want || moved_to == Some(ch.id >> 48),
                     "{path}: chunk {} from another partition",
                     ch.id
                 );
@@ -633,6 +715,10 @@ async fn nemesis() {
         t.partition_chunks
     );
     println!(
+        "subtrees moved into partitions: {} (not finished {}, rows lost {})",
+        t.moves, t.moves_unfinished, t.moves_lost_rows
+    );
+    println!(
         "metadata checks: {} (problems {})",
         t.metadata_checks, t.metadata_problems
     );
@@ -653,6 +739,12 @@ async fn nemesis() {
         "{t:?}"
     );
     assert!(t.converted > 0, "no chunk was converted: {t:?}");
+    assert!(
+        t.scenarios <= MOVE_AT || t.moves > 0,
+        "no subtree was moved: {t:?}"
+    );
+    assert_eq!(t.moves_unfinished, 0, "moves not finished: {t:?}");
+    assert_eq!(t.moves_lost_rows, 0, "moves lost rows: {t:?}");
     assert!(
         t.partition_chunks > 0,
         "no chunk was written in a partition: {t:?}"

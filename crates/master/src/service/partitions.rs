@@ -352,6 +352,24 @@ impl MetaService {
             who.require_admin("splitting a partition")?;
             let path = crate::convert::path(&r.path)?;
             self.inner.read_barrier().await?;
+            // Asked again (a client's retry after the leader changed): the move under way is
+            // driven to its end; a subtree split already is left as it is.
+            let (moving, split_to) = {
+                let st = &self.inner.sm.lock().state;
+                (
+                    st.moving().is_some_and(|m| m.path == path),
+                    st.subtrees().get(&path).copied(),
+                )
+            };
+            if moving {
+                self.inner.drive_move().await?;
+                return Ok(());
+            }
+            if let Some(p) = split_to
+                && (r.to == 0 || r.to == p)
+            {
+                return Ok(());
+            }
             // Checked before a new partition is made for it (and again as it applies).
             let populated = match self.inner.sm.lock().state.check_splittable(&path) {
                 Ok(_) => false,
