@@ -4,6 +4,7 @@
 //! canonical, so two byte strings never name one key); a record that decodes encodes to
 //! bytes that decode to the same record.
 use cairn_master::kv::codec::{Key, decode_record, encode_record};
+use cairn_master::state::moves::Move;
 use cairn_master::state::partitions::{Home, PartitionMap};
 use cairn_rpc::object::ObjectMeta;
 use libfuzzer_sys::fuzz_target;
@@ -34,5 +35,8 @@ fuzz_target!(|data: &[u8]| {
     record::<ObjectMeta>(data);
     record::<PartitionMap>(data);
     record::<Home>(data);
+    record::<Option<Move>>(data);
+    record::<u32>(data);
+    record::<bool>(data);
     record::<std::collections::BTreeMap<String, u32>>(data);
 });
