@@ -145,10 +145,23 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
         .map(|e| e.name)
         .collect();
     assert_eq!(listed, ["d0", "d1", "d2"]);
-    // Renames inside the partition; across partitions and of its top: refused, typed.
+    // Renames inside the partition; across partitions both ways (two-phase commit through
+    // the root; the files keep their chunks, which resolve through forwards); of its top and
+    // of a directory across partitions: refused, typed.
     c.rename("/p/d0/f0", "/p/d1/moved").await.unwrap();
     files[1].0 = "/p/d1/moved".into();
-    let e = c.rename("/p/d1/moved", "/elsewhere").await.unwrap_err();
+    c.rename("/p/d1/moved", "/elsewhere").await.unwrap();
+    files[1].0 = "/elsewhere".into();
+    c.rename("/root-file", "/p/d2/arrived").await.unwrap();
+    files[0].0 = "/p/d2/arrived".into();
+    assert_eq!(
+        kind(&c.stat("/root-file").await.unwrap_err()),
+        Some(ErrorKind::NotFound)
+    );
+    check(&c, &files).await;
+    let e = c.rename("/p/d0", "/d0").await.unwrap_err();
+    assert_eq!(kind(&e), Some(ErrorKind::InvalidArgument), "{e}");
+    let e = c.rename("/elsewhere", "/p").await.unwrap_err();
     assert_eq!(kind(&e), Some(ErrorKind::InvalidArgument), "{e}");
     let e = c.delete("/p").await.unwrap_err();
     assert_eq!(kind(&e), Some(ErrorKind::InvalidArgument), "{e}");

@@ -137,6 +137,7 @@ pub async fn serve(
         groups: groups.clone(),
         hosting: Default::default(),
         moving: Default::default(),
+        renaming: Default::default(),
         tls: tls.as_ref().map(|t| t.1.clone()),
         opts: opts.clone(),
         registry: parking_lot::Mutex::new(Registry::new(opts.registry.clone())),
@@ -161,6 +162,7 @@ pub async fn serve(
                 tick.tick().await;
                 meta.host_partitions().await;
                 meta.resume_move();
+                meta.resume_renames();
                 meta.scan_repairs();
                 meta.scan_conversions().await;
                 meta.export_metrics();

@@ -20,6 +20,7 @@ mod namespace;
 mod partitions;
 mod principal;
 mod status;
+mod txn;
 
 pub(crate) use principal::prove_connection;
 use principal::{as_user, check_read};
@@ -70,6 +71,8 @@ pub(crate) struct Inner {
     pub hosting: tokio::sync::Mutex<()>,
     /// Held while a subtree's move is driven (one driver per master; state/moves.rs).
     pub moving: tokio::sync::Mutex<()>,
+    /// Renames across partitions driven here (service/txn.rs).
+    pub renaming: Mutex<std::collections::BTreeSet<u64>>,
     /// TLS to the other masters (for partitions' groups).
     pub tls: Option<cairn_rpc::tls::ClientTlsConfig>,
     /// How this master runs (partitions open with the same settings as the root).

@@ -25,6 +25,7 @@ mod objects;
 pub mod partitions;
 pub mod perm;
 pub mod revoke;
+pub mod txn;
 mod volumes;
 pub use objects::{ObjectIndex, PackUse};
 pub use perm::Actor;
@@ -85,6 +86,12 @@ pub struct State {
     /// more load.
     #[serde(default, skip_serializing_if = "is_false")]
     load_sealed: Cell<bool>,
+    /// Renames across partitions under way (the root's only; txn.rs).
+    #[serde(default, skip_serializing_if = "no_txns")]
+    txns: Cell<txn::Txns>,
+    /// What this partition holds locked for renames across partitions (txn.rs).
+    #[serde(default, skip_serializing_if = "no_locks")]
+    locks: Cell<BTreeMap<u64, txn::Lock>>,
     /// Chunks this partition allocated whose files moved to another partition, and where
     /// they went (moves.rs).
     #[serde(skip, default = "disk::forwards_table")]
@@ -132,12 +139,22 @@ impl Default for State {
             home: Cell::default(),
             moving: Cell::default(),
             load_sealed: Cell::default(),
+            txns: Cell::default(),
+            locks: Cell::default(),
             forwards: disk::forwards_table(),
             dentries: disk::dentries_table(),
             chunk_owner: disk::chunk_owner_table(),
             acting: None,
         }
     }
+}
+
+fn no_txns(v: &Cell<txn::Txns>) -> bool {
+    v.open.is_empty() && v.next == 0
+}
+
+fn no_locks(v: &Cell<BTreeMap<u64, txn::Lock>>) -> bool {
+    v.is_empty()
 }
 
 fn is_false(v: &Cell<bool>) -> bool {
@@ -504,6 +521,21 @@ impl State {
             } => self.load_rows(top, inodes, policies),
             Command::SealLoad { top } => self.seal_load(top),
             Command::FinishMove { path, to } => self.finish_move(path, *to),
+            Command::TxBegin {
+                from,
+                to,
+                src,
+                dst,
+                now_ms,
+            } => self.tx_begin(from, to, *src, *dst, *now_ms),
+            Command::TxLockSource { txid, path } => self.tx_lock_source(*txid, path),
+            Command::TxLockDest { txid, path } => self.tx_lock_dest(*txid, path),
+            Command::TxDecide { txid, record } => self.tx_decide(*txid, record.as_ref()),
+            Command::TxInstall { txid, inode } => self.tx_install(*txid, inode),
+            Command::TxForward { chunks, to } => self.tx_forward(chunks, *to),
+            Command::TxRemove { txid } => self.tx_remove(*txid),
+            Command::TxUnlock { txid } => self.tx_unlock(*txid),
+            Command::TxEnd { txid } => self.tx_end(*txid),
             Command::Revoke { files } => {
                 self.revoke_files(files);
                 Ok(Reply::default())

@@ -94,7 +94,8 @@ impl<'a> View<'a> {
     /// The state that holds chunk `id` (its allocating partition's, unless the root
     /// forwards it), if in the view.
     fn of(&self, id: u64) -> Option<&'a State> {
-        self.state(self.root.chunk_partition(id))
+        let alloc = self.state(partition_of(id))?;
+        self.state(alloc.chunk_partition(id))
     }
 
     fn state(&self, p: PartitionId) -> Option<&'a State> {

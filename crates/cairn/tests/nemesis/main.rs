@@ -37,6 +37,7 @@ mod s3client;
 mod files;
 mod nbd;
 mod plan;
+mod renames;
 mod s3;
 
 use files::*;
@@ -120,6 +121,10 @@ struct Totals {
     moves: u64,
     moves_unfinished: u64,
     moves_lost_rows: u64,
+    /// Renames across partitions answered, failed, and files they lost (txn.rs).
+    renames: u64,
+    rename_errors: u64,
+    renames_lost: u64,
 }
 
 async fn scenario(
@@ -176,6 +181,13 @@ async fn scenario(
             tokio::spawn(run)
         })
         .collect();
+    let renamer = tokio::spawn(renames::renamer(
+        c.clone(),
+        format!("/nemesis/s{index}/renamed"),
+        format!("{PARTITIONED}/s{index}/renamed"),
+        seed * 16 + 12,
+        stop.clone(),
+    ));
     let reader_client = cl.client_with(opts).await;
     let rd = tokio::spawn(reader(reader_client, files.clone(), stop.clone(), seed));
     let s3_log = S3Log::default();
@@ -293,6 +305,10 @@ async fn scenario(
         written.push(w.await.expect("writer task"));
     }
     let seen = rd.await.expect("reader task");
+    let renamed = renamer.await.expect("renamer task");
+    t.renames += renamed.renames;
+    t.rename_errors += renamed.errors;
+    t.renames_lost += renamed.lost;
     let mut s3_seen = Vec::new();
     for w in s3_writers {
         s3_seen.push(w.await.expect("s3 writer task"));
@@ -433,6 +449,7 @@ async fn scenario(
     };
     check_metadata(cl, t).await;
     compare_copies(cl, t).await;
+    eprintln!("  renames {renamed:?}");
     eprintln!(
         "  appends {} (errors {}), reads {} (errors {}), lost {lost}, corrupt reads {}, chunks {}; \
          s3 puts {}, deletes {}, gets {} (errors {}, bad {}), keys lost {s3_lost}; \
@@ -719,6 +736,10 @@ async fn nemesis() {
         t.moves, t.moves_unfinished, t.moves_lost_rows
     );
     println!(
+        "renames across partitions: {} (errors {}, files lost {})",
+        t.renames, t.rename_errors, t.renames_lost
+    );
+    println!(
         "metadata checks: {} (problems {})",
         t.metadata_checks, t.metadata_problems
     );
@@ -745,6 +766,11 @@ async fn nemesis() {
     );
     assert_eq!(t.moves_unfinished, 0, "moves not finished: {t:?}");
     assert_eq!(t.moves_lost_rows, 0, "moves lost rows: {t:?}");
+    assert!(t.renames > 0, "no rename across partitions: {t:?}");
+    assert_eq!(
+        t.renames_lost, 0,
+        "renames across partitions lost files: {t:?}"
+    );
     assert!(
         t.partition_chunks > 0,
         "no chunk was written in a partition: {t:?}"

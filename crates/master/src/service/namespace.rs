@@ -398,14 +398,18 @@ impl Inner {
         let routed = self.route(&from).await?;
         routed.not_top(&from, "renamed")?;
         let dest = self.sm.lock().state.route(&to);
-        if dest.partition != routed.h.id {
-            return Err(MetaError::invalid(format!(
-                "rename {from} → {to}: across partitions ({} and {}), which is not built yet \
-                 (docs/partitions.md)",
-                routed.h.id, dest.partition
-            )));
-        }
         self.check_above(&routed, who)?;
+        if dest.partition != routed.h.id {
+            let dest = Routed {
+                h: self.led_soon(dest.partition).await?,
+                top: dest.top,
+            };
+            dest.not_top(&to, "replaced")?;
+            self.check_above(&dest, who)?;
+            return self
+                .rename_across(who, from, to, routed.h.id, dest.h.id)
+                .await;
+        }
         let cmd = Command::Rename {
             from,
             to,
@@ -485,13 +489,20 @@ impl Inner {
             let root = self.sm.lock();
             root.state.partitions().partitions.keys().copied().collect()
         };
-        let homes: Vec<PartitionId> = {
-            let root = self.sm.lock();
-            ids.iter()
-                .map(|id| root.state.chunk_partition(*id))
-                .collect()
-        };
+        // Each chunk's partition: the one that allocated it, unless its forwards say the
+        // file moved (each read at a barrier of the allocating partition).
         let mut parts = BTreeMap::new();
+        for p in ids
+            .iter()
+            .map(|id| crate::state::partitions::partition_of(*id))
+        {
+            if p != ROOT_PARTITION && known.contains(&p) && !parts.contains_key(&p) {
+                let h = self.led_soon(p).await?;
+                h.read_barrier().await?;
+                parts.insert(p, h);
+            }
+        }
+        let homes: Vec<PartitionId> = ids.iter().map(|id| self.chunk_home(*id)).collect();
         for p in homes.iter().copied() {
             if p != ROOT_PARTITION && known.contains(&p) && !parts.contains_key(&p) {
                 let h = self.led_soon(p).await?;
@@ -499,6 +510,7 @@ impl Inner {
                 parts.insert(p, h);
             }
         }
+        let mut missing = Vec::new();
         let (mut chunks, servers, signer) = {
             let root = self.sm.lock();
             let guards: BTreeMap<_, _> = parts.iter().map(|(p, h)| (*p, h.sm.lock())).collect();
@@ -509,23 +521,20 @@ impl Inner {
             let chunks: Vec<pb::ChunkMeta> = ids
                 .iter()
                 .zip(&homes)
-                .map(|(id, p)| {
+                .enumerate()
+                .map(|(i, (id, p))| {
                     let Some(st) = state_of(*p) else {
                         return Ok(pb::ChunkMeta::default());
                     };
-                    // Its file moved since `homes` was read: asked again.
-                    if root.state.chunk_partition(*id) != *p {
-                        return Err(MetaError::new(
-                            cairn_rpc::ErrorKind::Unavailable,
-                            format!("chunk {id}'s file moved to another partition (retry)"),
-                        ));
-                    }
                     match st.chunk(*id) {
                         // Read permission on the chunk's file, as for a stat of it.
                         Some((ino, c)) => {
                             check_read(st, who, &ino, perm::READ).map(|()| convert::chunk(&c))
                         }
-                        None => Ok(pb::ChunkMeta::default()),
+                        None => {
+                            missing.push(i);
+                            Ok(pb::ChunkMeta::default())
+                        }
                     }
                 })
                 .collect::<Result<_, MetaError>>()?;
@@ -536,6 +545,16 @@ impl Inner {
                 crate::caps::Signer::of(&root.state, now_ms(), who),
             )
         };
+        // A chunk not where its forwards said: its file moved meanwhile; asked again.
+        if missing
+            .iter()
+            .any(|i| self.chunk_home(ids[*i]) != homes[*i])
+        {
+            return Err(MetaError::new(
+                ErrorKind::Unavailable,
+                "a chunk's file moved to another partition (retry)",
+            ));
+        }
         if let Some(s) = signer {
             for c in chunks.iter_mut().filter(|c| c.id != 0) {
                 c.cap = s.sign(c.id, c.version, cap::READ, 0);

@@ -107,9 +107,20 @@ impl Inner {
         id: ChunkId,
         cmd: Command,
     ) -> Result<Reply, MetaError> {
-        let p = self.sm.lock().state.chunk_partition(id);
-        let h = self.led_soon(p).await?;
+        let h = self.led_soon(self.chunk_home(id)).await?;
         self.write_to(&h, cmd).await
+    }
+
+    /// The partition holding chunk `id`'s file: the one that allocated it, unless that one
+    /// (hosted here) forwards it (state/moves.rs, state/txn.rs).
+    pub(crate) fn chunk_home(&self, id: ChunkId) -> PartitionId {
+        let alloc = crate::state::partitions::partition_of(id);
+        if alloc == ROOT_PARTITION {
+            return self.sm.lock().state.chunk_partition(id);
+        }
+        self.groups
+            .get(alloc)
+            .map_or(alloc, |h| h.sm.lock().state.chunk_partition(id))
     }
 
     /// Drives the move under way in the root's state, if any (state/moves.rs), to its end:

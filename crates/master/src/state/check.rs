@@ -40,9 +40,9 @@ impl State {
     pub fn check(&self) -> Report {
         let mut r = Report::default();
         let own = self.home.partition;
-        // A partition also holds inodes and chunks of a subtree moved into it from the root,
-        // with the root's ids (moves.rs).
-        let moved_in = |id: u64| own != ROOT_PARTITION && partition_of(id) == ROOT_PARTITION;
+        // A partition also holds inodes and chunks that moved into it with their ids: a
+        // subtree split from the root (moves.rs), files renamed from other partitions (txn.rs).
+        let moved_in = |id: u64| partition_of(id) != own;
         let in_range = |id: u64| id == ROOT || partition_of(id) == own || moved_in(id);
         let mut sum = [0u64; 4];
         let mut rows = 0u64;
@@ -222,28 +222,30 @@ impl State {
                 }
             }
             for (c, p) in self.forwards.iter() {
-                if !self.partitions.partitions.contains_key(&*p) {
+                if *p != ROOT_PARTITION && !self.partitions.partitions.contains_key(&*p) {
                     r.problem(format!(
                         "chunk {c} is forwarded to partition {}, not in the map",
-                        *p
-                    ));
-                }
-                if owners.contains_key(&c) || partition_of(c) != ROOT_PARTITION {
-                    r.problem(format!(
-                        "chunk {c} is forwarded to partition {} but listed here or not \
-                         allocated here",
                         *p
                     ));
                 }
             }
         } else if !self.subtrees.is_empty()
             || !self.partitions.partitions.is_empty()
-            || !self.forwards.is_empty()
             || self.moving.is_some()
+            || !self.txns.open.is_empty()
         {
             r.problem(format!(
-                "partition {own} holds a partition map, subtrees, forwards or a move"
+                "partition {own} holds a partition map, subtrees, a move or renames' intents"
             ));
+        }
+        for (c, p) in self.forwards.iter() {
+            if owners.contains_key(&c) || partition_of(c) != own || *p == own {
+                r.problem(format!(
+                    "chunk {c} is forwarded to partition {} but listed here, not allocated \
+                     here, or forwarded here",
+                    *p
+                ));
+            }
         }
         self.check_objects(&mut r);
         r

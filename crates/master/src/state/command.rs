@@ -228,6 +228,54 @@ pub enum Command {
         path: String,
         to: u32,
     },
+    /// Logs the intent of a rename across partitions, `from` in `src` to `to` in `dst` (the
+    /// root's; txn.rs): its transaction id is in [`Reply::txid`].
+    TxBegin {
+        from: String,
+        to: String,
+        src: u32,
+        dst: u32,
+        now_ms: u64,
+    },
+    /// Locks the file at `path` for `txid` (the source partition's); its record is in the
+    /// reply.
+    TxLockSource {
+        txid: u64,
+        path: String,
+    },
+    /// Locks `path`, absent or a file, for `txid` (the destination partition's).
+    TxLockDest {
+        txid: u64,
+        path: String,
+    },
+    /// Decides `txid` (the root's): commit with the file's record, or abort (`None`). A
+    /// decision made already stands; the reply holds it.
+    TxDecide {
+        txid: u64,
+        record: Option<Inode>,
+    },
+    /// Installs the file at the path locked for `txid` and unlocks (the destination's).
+    TxInstall {
+        txid: u64,
+        inode: Inode,
+    },
+    /// The chunks this partition allocated now live in partition `to` (forwards).
+    TxForward {
+        chunks: Vec<ChunkId>,
+        to: u32,
+    },
+    /// Drops the file locked for `txid` and unlocks (the source's).
+    TxRemove {
+        txid: u64,
+    },
+    /// Unlocks what `txid` locked here (after an abort).
+    TxUnlock {
+        txid: u64,
+    },
+    /// Forgets the intent `txid` (the root's).
+    TxEnd {
+        txid: u64,
+    },
 }
 
 impl fmt::Display for Command {
@@ -284,6 +332,19 @@ impl fmt::Display for Command {
             }
             Command::SealLoad { top } => write!(f, "seal-load {top}"),
             Command::FinishMove { path, to } => write!(f, "finish-move {path} {to}"),
+            Command::TxBegin { from, to, .. } => write!(f, "tx-begin {from} {to}"),
+            Command::TxLockSource { txid, path } => write!(f, "tx-lock-source {txid} {path}"),
+            Command::TxLockDest { txid, path } => write!(f, "tx-lock-dest {txid} {path}"),
+            Command::TxDecide { txid, record } => {
+                write!(f, "tx-decide {txid} commit={}", record.is_some())
+            }
+            Command::TxInstall { txid, .. } => write!(f, "tx-install {txid}"),
+            Command::TxForward { chunks, to } => {
+                write!(f, "tx-forward {} chunk(s) to {to}", chunks.len())
+            }
+            Command::TxRemove { txid } => write!(f, "tx-remove {txid}"),
+            Command::TxUnlock { txid } => write!(f, "tx-unlock {txid}"),
+            Command::TxEnd { txid } => write!(f, "tx-end {txid}"),
         }
     }
 }
@@ -305,6 +366,9 @@ pub struct Reply {
     /// For [`Command::AddPartition`]: the new partition's number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<u32>,
+    /// For [`Command::TxBegin`] and [`Command::TxDecide`]: the transaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub txid: Option<u64>,
 }
 
 fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {

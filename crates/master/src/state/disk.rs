@@ -61,6 +61,8 @@ const SUBTREES: TableDef = cell("subtrees");
 const HOME: TableDef = cell("home");
 const MOVING: TableDef = cell("moving");
 const LOAD_SEALED: TableDef = cell("load_sealed");
+const TXNS: TableDef = cell("txns");
+const LOCKS: TableDef = cell("locks");
 
 /// Every table of the state, cells included (what a snapshot file holds; `counts` is
 /// rebuilt when one is installed).
@@ -84,6 +86,8 @@ pub static TABLES: &[TableDef] = {
         HOME,
         MOVING,
         LOAD_SEALED,
+        TXNS,
+        LOCKS,
         o::OBJECTS,
         o::UPLOADS,
         o::PARTS,
@@ -139,6 +143,8 @@ impl State {
             home: open_cell(HOME, store)?,
             moving: open_cell(MOVING, store)?,
             load_sealed: open_cell(LOAD_SEALED, store)?,
+            txns: open_cell(TXNS, store)?,
+            locks: open_cell(LOCKS, store)?,
             forwards: Table::open(FORWARDS, store.clone(), cache)?,
             dentries: Table::open(DENTRIES, store.clone(), cache)?,
             chunk_owner: Table::open(CHUNK_OWNER, store.clone(), cache)?,
@@ -168,6 +174,8 @@ impl State {
         self.home.flush(HOME, tx)?;
         self.moving.flush(MOVING, tx)?;
         self.load_sealed.flush(LOAD_SEALED, tx)?;
+        self.txns.flush(TXNS, tx)?;
+        self.locks.flush(LOCKS, tx)?;
         self.objects.flush(tx)
     }
 
@@ -197,6 +205,8 @@ impl State {
         self.home.touch();
         self.moving.touch();
         self.load_sealed.touch();
+        self.txns.touch();
+        self.locks.touch();
         self.flush(tx)
     }
 }

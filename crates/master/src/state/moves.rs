@@ -48,11 +48,12 @@ impl State {
         self.moving.as_ref()
     }
 
-    /// The partition that holds chunk `id`'s file, by this (the root's) state: the one that
-    /// allocated it, unless its file moved and left a forward here.
+    /// The partition that holds chunk `id`'s file, by this state: the one that allocated
+    /// it, unless that is this one and its file moved (a forward here). Ask the allocating
+    /// partition's state.
     pub fn chunk_partition(&self, id: ChunkId) -> PartitionId {
         match partition_of(id) {
-            ROOT_PARTITION => self.forwards.get(&id).map_or(ROOT_PARTITION, |p| *p),
+            p if p == self.home.partition => self.forwards.get(&id).map_or(p, |f| *f),
             p => p,
         }
     }
@@ -75,10 +76,16 @@ impl State {
     }
 
     /// A namespace command's paths against the move under way.
+    /// A namespace command's paths against the move under way and the paths locked by
+    /// renames across partitions (txn.rs).
     pub(super) fn check_moving(&self, cmd: &Command) -> Result<(), MetaError> {
-        if self.moving.is_none() {
+        if self.moving.is_none() && self.locks.is_empty() {
             return Ok(());
         }
+        let check = |path: &str| {
+            self.refuse_moving(path)?;
+            self.refuse_locked(path)
+        };
         match cmd {
             Command::Mkdir { path, .. }
             | Command::Create { path, .. }
@@ -86,11 +93,11 @@ impl State {
             | Command::Allocate { path, .. }
             | Command::Commit { path, .. }
             | Command::Delete { path }
-            | Command::SetAttr { path, .. } => self.refuse_moving(path),
-            // A rename of a directory above the subtree is refused by `holds_subtree`.
+            | Command::SetAttr { path, .. } => check(path),
+            // A rename of a directory above the moving subtree is refused by `holds_subtree`.
             Command::Rename { from, to, .. } => {
-                self.refuse_moving(from)?;
-                self.refuse_moving(to)
+                check(from)?;
+                check(to)
             }
             _ => Ok(()),
         }
@@ -116,9 +123,15 @@ impl State {
         }
     }
 
-    /// Chunk `id`'s file is being moved: refused (retried after the move).
+    /// Chunk `id`'s file is being moved, or renamed across partitions: refused (retried
+    /// after).
     pub(super) fn refuse_chunk_moving(&self, id: ChunkId) -> Result<(), MetaError> {
-        if self.chunk_moving(id) {
+        let locked = !self.locks.is_empty()
+            && self
+                .chunk_owner
+                .get(&id)
+                .is_some_and(|o| self.inode_locked(*o));
+        if locked || self.chunk_moving(id) {
             return Err(MetaError::new(
                 ErrorKind::Unavailable,
                 format!("chunk {id}'s file is being moved to another partition (retry)"),

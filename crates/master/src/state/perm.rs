@@ -191,7 +191,10 @@ impl State {
                 self.check_unlink(from, user)?;
                 self.check_new(to, user)
             }
-            Command::Delete { path } => self.check_unlink(path, user),
+            Command::Delete { path } | Command::TxLockSource { path, .. } => {
+                self.check_unlink(path, user)
+            }
+            Command::TxLockDest { path, .. } => self.check_new(path, user),
             Command::SetAttr { path, owner, .. } => {
                 if owner.is_some() {
                     return Err(denied(format_args!(

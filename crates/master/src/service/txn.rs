@@ -1,0 +1,185 @@
+//! Renames across partitions at the service (state/txn.rs): the root's leader drives each
+//! two-phase commit; its once-a-second tick takes over those no driver here runs (a driver
+//! that stopped, or one at a master that lost the root's leadership).
+
+use super::{Inner, MetaService, as_user, now_ms};
+use crate::state::partitions::PartitionId;
+use crate::state::txn::Decision;
+use crate::state::{Command, Inode};
+use cairn_rpc::auth::Principal;
+use cairn_rpc::{ErrorKind, MetaError};
+use std::collections::BTreeMap;
+
+/// An intent older than this with no driver here is taken over by the tick.
+const ORPHANED_AFTER_MS: u64 = 5_000;
+
+impl Inner {
+    /// Renames the file `from` (in partition `src`) to `to` (in `dst`) for `who`.
+    pub(super) async fn rename_across(
+        &self,
+        who: &Principal,
+        from: String,
+        to: String,
+        src: PartitionId,
+        dst: PartitionId,
+    ) -> Result<(), MetaError> {
+        let begin = Command::TxBegin {
+            from,
+            to,
+            src,
+            dst,
+            now_ms: now_ms(),
+        };
+        let txid = self
+            .write(begin)
+            .await?
+            .txid
+            .ok_or_else(|| MetaError::internal("a rename's intent got no transaction id"))?;
+        self.renaming.lock().insert(txid);
+        let r = self.drive_rename(txid, Some(who)).await;
+        self.renaming.lock().remove(&txid);
+        r
+    }
+
+    /// Drives transaction `txid` to its end. With `who` (its caller) an undecided one is
+    /// prepared and decided; without (a takeover) it is aborted. The caller's error is a
+    /// prepare's refusal (the source is missing, the destination a directory, no right…),
+    /// or `Unavailable` when the transaction ended other than its caller asked.
+    pub(crate) async fn drive_rename(
+        &self,
+        txid: u64,
+        who: Option<&Principal>,
+    ) -> Result<(), MetaError> {
+        self.read_barrier().await?;
+        let Some(intent) = self.sm.lock().state.txns().open.get(&txid).cloned() else {
+            return Ok(());
+        };
+        let src = self.led_soon(intent.src).await?;
+        let dst = self.led_soon(intent.dst).await?;
+        let mut refused = None;
+        let decided = match (&intent.decision, who) {
+            (Some(d), _) => d.clone(),
+            (None, None) => Decision::Abort,
+            (None, Some(who)) => {
+                let lock_source = Command::TxLockSource {
+                    txid,
+                    path: intent.from.clone(),
+                };
+                let lock_dest = Command::TxLockDest {
+                    txid,
+                    path: intent.to.clone(),
+                };
+                let prepared: Result<Inode, MetaError> = async {
+                    let r = self.write_to(&src, as_user(who, lock_source)?).await?;
+                    let record = r
+                        .inode
+                        .ok_or_else(|| MetaError::internal("a locked source without its record"))?;
+                    self.write_to(&dst, as_user(who, lock_dest)?).await?;
+                    Ok(record)
+                }
+                .await;
+                match prepared {
+                    Ok(record) => Decision::Commit(Box::new(record)),
+                    Err(e) if e.kind == ErrorKind::NotLeader => return Err(e),
+                    Err(e) => {
+                        refused = Some(e);
+                        Decision::Abort
+                    }
+                }
+            }
+        };
+        let record = match &decided {
+            Decision::Commit(r) => Some((**r).clone()),
+            Decision::Abort => None,
+        };
+        let wanted = record.is_some();
+        // A decision made already (by another driver) stands: the reply holds it.
+        let record = self.write(Command::TxDecide { txid, record }).await?.inode;
+        match &record {
+            Some(inode) => {
+                let install = Command::TxInstall {
+                    txid,
+                    inode: inode.clone(),
+                };
+                self.write_to(&dst, install).await?;
+                // The allocating partitions forward the chunks to the destination before the
+                // source lets the file go: a chunk always resolves to a file that lists it.
+                let mut by_alloc: BTreeMap<PartitionId, Vec<u64>> = BTreeMap::new();
+                for c in inode
+                    .file()
+                    .map(|f| f.chunks.as_slice())
+                    .unwrap_or_default()
+                {
+                    by_alloc
+                        .entry(crate::state::partitions::partition_of(c.id))
+                        .or_default()
+                        .push(c.id);
+                }
+                for (p, chunks) in by_alloc {
+                    let h = self.led_soon(p).await?;
+                    let fwd = Command::TxForward {
+                        chunks,
+                        to: intent.dst,
+                    };
+                    self.write_to(&h, fwd).await?;
+                }
+                self.write_to(&src, Command::TxRemove { txid }).await?;
+            }
+            None => {
+                self.write_to(&src, Command::TxUnlock { txid }).await?;
+                self.write_to(&dst, Command::TxUnlock { txid }).await?;
+            }
+        }
+        self.write(Command::TxEnd { txid }).await?;
+        tracing::info!(txid, from = %intent.from, to = %intent.to, src = intent.src,
+            dst = intent.dst, committed = record.is_some(), "rename across partitions");
+        if let Some(e) = refused {
+            return Err(e);
+        }
+        if wanted && record.is_none() {
+            return Err(MetaError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "rename {} → {}: aborted by a takeover (retry)",
+                    intent.from, intent.to
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl MetaService {
+    /// At the root's leader, takes over renames across partitions that no driver here runs
+    /// and that began more than a few seconds ago: decided ones are finished, undecided ones
+    /// aborted.
+    pub(crate) fn resume_renames(&self) {
+        if self.inner.leader_check().is_err() {
+            return;
+        }
+        let now = now_ms();
+        let orphaned: Vec<u64> = {
+            let a = self.inner.sm.lock();
+            let driving = self.inner.renaming.lock();
+            a.state
+                .txns()
+                .open
+                .iter()
+                .filter(|(tx, i)| {
+                    !driving.contains(tx) && now.saturating_sub(i.started_ms) > ORPHANED_AFTER_MS
+                })
+                .map(|(tx, _)| *tx)
+                .collect()
+        };
+        for txid in orphaned {
+            self.inner.renaming.lock().insert(txid);
+            let inner = self.inner.clone();
+            tokio::spawn(async move {
+                if let Err(e) = inner.drive_rename(txid, None).await {
+                    tracing::warn!(txid, error = %e, "taking over a rename: not finished (retried)");
+                }
+                inner.renaming.lock().remove(&txid);
+            });
+        }
+    }
+}

@@ -1,0 +1,634 @@
+//! Renaming a file across partitions (docs/partitions.md, "Operations across partitions"):
+//! two-phase commit with the root as the coordinator. The root logs the intent
+//! ([`Command::TxBegin`]); the source partition locks the file and hands out its record
+//! ([`Command::TxLockSource`]); the destination locks the new path ([`Command::TxLockDest`]);
+//! the root logs the decision ([`Command::TxDecide`]: commit with the record, or abort); then
+//! the destination installs the record ([`Command::TxInstall`]), the partitions that allocated
+//! the file's chunks forward them to the destination ([`Command::TxForward`]), the source
+//! drops the file ([`Command::TxRemove`]) — or, on abort, both unlock ([`Command::TxUnlock`])
+//! — and the root forgets the intent ([`Command::TxEnd`]).
+//!
+//! A lock makes every write at, above or below its path answer `unavailable` (retried), and
+//! a locked source file's chunks refuse repairs and conversions, so the record the root
+//! decides on is the file as it stays until it moves. Every step after the decision is
+//! idempotent (a lock that is gone means the step was done), so the next leader of the root
+//! repeats them; an intent not decided when its driver stopped is aborted.
+
+use super::moves::at_or_below;
+use super::partitions::{PartitionId, partition_of};
+use super::{ChunkId, Inode, InodeId, ROOT, Reply, Response, State};
+use cairn_rpc::{ErrorKind, MetaError, components};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A rename across partitions, in the root's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    pub from: String,
+    pub to: String,
+    /// The partitions holding `from` and `to`.
+    pub src: PartitionId,
+    pub dst: PartitionId,
+    pub started_ms: u64,
+    /// `None` until decided.
+    pub decision: Option<Decision>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Decision {
+    /// The file as the source locked it: the destination installs it.
+    Commit(Box<Inode>),
+    Abort,
+}
+
+/// The root's renames across partitions: the next transaction id and those under way.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Txns {
+    pub next: u64,
+    pub open: BTreeMap<u64, Intent>,
+}
+
+/// What a partition holds locked for a transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Lock {
+    /// The file leaving: inode `inode` at `path`.
+    Source { path: String, inode: InodeId },
+    /// The path a file arrives at (absent, or a file it replaces).
+    Dest { path: String },
+}
+
+impl Lock {
+    fn path(&self) -> &str {
+        match self {
+            Lock::Source { path, .. } | Lock::Dest { path } => path,
+        }
+    }
+}
+
+/// The directory above `path` (`/` for a top-level name) and the last name.
+fn split_last(path: &str) -> Result<(String, String), MetaError> {
+    let comps = components(path)?;
+    let Some((last, dirs)) = comps.split_last() else {
+        return Err(MetaError::invalid("/ cannot be renamed"));
+    };
+    Ok((format!("/{}", dirs.join("/")), (*last).to_owned()))
+}
+
+impl State {
+    /// Renames across partitions under way (the root's state).
+    pub fn txns(&self) -> &Txns {
+        &self.txns
+    }
+
+    /// What this partition holds locked, by transaction.
+    pub fn locks(&self) -> &BTreeMap<u64, Lock> {
+        &self.locks
+    }
+
+    /// Refuses a write at, above or below a path locked by a rename across partitions.
+    pub(super) fn refuse_locked(&self, path: &str) -> Result<(), MetaError> {
+        for (tx, l) in self.locks.iter() {
+            if at_or_below(path, l.path()) || at_or_below(l.path(), path) {
+                return Err(MetaError::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "{path}: {} is being renamed across partitions (tx {tx}; retry)",
+                        l.path()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether inode `id` is a file locked as the source of a rename.
+    pub(super) fn inode_locked(&self, id: InodeId) -> bool {
+        self.locks
+            .values()
+            .any(|l| matches!(l, Lock::Source { inode, .. } if *inode == id))
+    }
+
+    /// Root: logs the intent; its transaction id is in the reply.
+    pub(super) fn tx_begin(
+        &mut self,
+        from: &str,
+        to: &str,
+        src: PartitionId,
+        dst: PartitionId,
+        now_ms: u64,
+    ) -> Response {
+        if self.home.partition != super::partitions::ROOT_PARTITION {
+            return Err(MetaError::invalid(
+                "renames across partitions are the root's",
+            ));
+        }
+        let txid = self.txns.next.max(1);
+        self.txns.next = txid + 1;
+        self.txns.open.insert(
+            txid,
+            Intent {
+                from: from.to_owned(),
+                to: to.to_owned(),
+                src,
+                dst,
+                started_ms: now_ms,
+                decision: None,
+            },
+        );
+        Ok(Reply {
+            txid: Some(txid),
+            ..Reply::default()
+        })
+    }
+
+    /// Source: locks the file at `path` for `txid`; its record is in the reply. Repeating it
+    /// answers the same.
+    pub(super) fn tx_lock_source(&mut self, txid: u64, path: &str) -> Response {
+        if let Some(l) = self.locks.get(&txid) {
+            return match l {
+                Lock::Source { inode, .. } => self.reply(*inode),
+                Lock::Dest { .. } => Err(MetaError::invalid(format!(
+                    "tx {txid} is not a source here"
+                ))),
+            };
+        }
+        self.refuse_locked(path)?;
+        self.refuse_moving(path)?;
+        let ino = self.lookup(path)?;
+        if ino.id == ROOT {
+            return Err(MetaError::invalid(format!("{path} cannot be renamed")));
+        }
+        if ino.file().is_none() {
+            return Err(MetaError::invalid(format!(
+                "{path} is a directory: a directory does not move across partitions (split it, \
+                 or move its files)"
+            )));
+        }
+        self.locks.insert(
+            txid,
+            Lock::Source {
+                path: path.to_owned(),
+                inode: ino.id,
+            },
+        );
+        self.reply(ino.id)
+    }
+
+    /// Destination: locks `path` for `txid` (its directory must exist; it must be absent or a
+    /// file, which the rename replaces). Repeating it is a no-op.
+    pub(super) fn tx_lock_dest(&mut self, txid: u64, path: &str) -> Response {
+        if let Some(l) = self.locks.get(&txid) {
+            return match l {
+                Lock::Dest { .. } => Ok(Reply::default()),
+                Lock::Source { .. } => Err(MetaError::invalid(format!(
+                    "tx {txid} is not a destination here"
+                ))),
+            };
+        }
+        self.refuse_locked(path)?;
+        self.refuse_moving(path)?;
+        let (dir, _) = split_last(path)?;
+        match self.lookup(path) {
+            Ok(ino) if ino.file().is_some() => {}
+            Ok(_) => {
+                return Err(MetaError::new(
+                    ErrorKind::AlreadyExists,
+                    format!("{path} is a directory"),
+                ));
+            }
+            Err(e) if e.kind == ErrorKind::NotFound => {
+                if self.lookup(&dir)?.file().is_some() {
+                    return Err(MetaError::new(
+                        ErrorKind::NotADirectory,
+                        format!("{dir}: not a directory"),
+                    ));
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        self.locks.insert(
+            txid,
+            Lock::Dest {
+                path: path.to_owned(),
+            },
+        );
+        Ok(Reply::default())
+    }
+
+    /// Root: decides `txid` (commit with `record`, or abort) unless it is decided already;
+    /// the reply holds the record of a commit, whoever decided it, and none for an abort.
+    pub(super) fn tx_decide(&mut self, txid: u64, record: Option<&Inode>) -> Response {
+        let Some(intent) = self.txns.open.get(&txid) else {
+            return Err(MetaError::not_found(format!("tx {txid}")));
+        };
+        let decision = match &intent.decision {
+            Some(d) => d.clone(),
+            None => {
+                let d = match record {
+                    Some(r) => Decision::Commit(Box::new(r.clone())),
+                    None => Decision::Abort,
+                };
+                if let Some(i) = self.txns.open.get_mut(&txid) {
+                    i.decision = Some(d.clone());
+                }
+                d
+            }
+        };
+        Ok(Reply {
+            txid: Some(txid),
+            inode: match decision {
+                Decision::Commit(r) => Some(*r),
+                Decision::Abort => None,
+            },
+            ..Reply::default()
+        })
+    }
+
+    /// Destination: installs the file at the locked path (replacing a file there) and
+    /// unlocks. Without the lock (done already) a no-op.
+    pub(super) fn tx_install(&mut self, txid: u64, inode: &Inode) -> Response {
+        let Some(Lock::Dest { path }) = self.locks.get(&txid).cloned() else {
+            return Ok(Reply::default());
+        };
+        let (dir, name) = split_last(&path)?;
+        let parent = self.lookup(&dir)?.id;
+        if let Some(old) = self.dentries.get(&(parent, name.clone())).map(|o| *o) {
+            if let Some(o) = self.inodes.remove(&old) {
+                for c in o.file().map(|f| f.chunks.as_slice()).unwrap_or_default() {
+                    self.chunk_owner.remove(&c.id);
+                }
+            }
+            self.dentries.remove(&(parent, name.clone()));
+        }
+        let mut ino = inode.clone();
+        ino.parent = parent;
+        ino.name = name.clone();
+        for c in ino.file().map(|f| f.chunks.as_slice()).unwrap_or_default() {
+            self.chunk_owner.insert(c.id, ino.id);
+        }
+        self.dentries.insert((parent, name), ino.id);
+        let id = ino.id;
+        self.inodes.insert(id, ino);
+        self.locks.remove(&txid);
+        self.reply(id)
+    }
+
+    /// The partition that allocated `chunks`: each now lives in partition `to` (a forward; none
+    /// when `to` is this partition). Chunks this partition did not allocate are left alone.
+    pub(super) fn tx_forward(&mut self, chunks: &[ChunkId], to: PartitionId) -> Response {
+        let own = self.home.partition;
+        for c in chunks.iter().filter(|c| partition_of(**c) == own) {
+            if to == own {
+                self.forwards.remove(c);
+            } else {
+                self.forwards.insert(*c, to);
+            }
+        }
+        Ok(Reply::default())
+    }
+
+    /// Source: drops the locked file and unlocks. Without the lock (done already) a no-op.
+    pub(super) fn tx_remove(&mut self, txid: u64) -> Response {
+        let Some(Lock::Source { inode, .. }) = self.locks.get(&txid).cloned() else {
+            return Ok(Reply::default());
+        };
+        if let Some(ino) = self.inodes.remove(&inode) {
+            self.dentries.remove(&(ino.parent, ino.name.clone()));
+            for c in ino.file().map(|f| f.chunks.as_slice()).unwrap_or_default() {
+                // Another partition's file may name it now (the destination's): only this
+                // file's index row goes.
+                if self.chunk_owner.get(&c.id).is_some_and(|o| *o == inode) {
+                    self.chunk_owner.remove(&c.id);
+                }
+            }
+        }
+        self.locks.remove(&txid);
+        Ok(Reply::default())
+    }
+
+    /// Source or destination, after an abort: the lock goes.
+    pub(super) fn tx_unlock(&mut self, txid: u64) -> Response {
+        if self.locks.contains_key(&txid) {
+            self.locks.remove(&txid);
+        }
+        Ok(Reply::default())
+    }
+
+    /// Root: the intent is done.
+    pub(super) fn tx_end(&mut self, txid: u64) -> Response {
+        if self.txns.open.contains_key(&txid) {
+            self.txns.open.remove(&txid);
+        }
+        Ok(Reply::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Command, Policy};
+    use crate::view::{StateView, View};
+
+    fn create(st: &mut State, path: &str) -> InodeId {
+        st.apply(&Command::Create {
+            path: path.into(),
+            policy: Policy::default(),
+            parents: true,
+            now_ms: 1,
+            lease: None,
+            placements: vec![vec![1, 2, 3]; 2],
+            groups: false,
+            mode: None,
+        })
+        .unwrap()
+        .inode
+        .unwrap()
+        .id
+    }
+
+    fn unavailable(r: Response) -> bool {
+        matches!(r, Err(e) if e.kind == ErrorKind::Unavailable)
+    }
+
+    fn setup() -> (State, State) {
+        let mut root = State::default();
+        root.apply(&Command::AddPartition {
+            members: vec![1],
+            now_ms: 1,
+        })
+        .unwrap();
+        let mut p1 = State::default();
+        p1.apply(&Command::InitPartition {
+            partition: 1,
+            path: "/p".into(),
+            owner: String::new(),
+            mode: 0o755,
+            now_ms: 1,
+        })
+        .unwrap();
+        root.apply(&Command::AssignSubtree {
+            path: "/p".into(),
+            partition: 1,
+            owner: String::new(),
+            mode: 0o755,
+            now_ms: 1,
+        })
+        .unwrap();
+        (root, p1)
+    }
+
+    /// What the driver does for a rename from `src` to `dst` (states by partition number;
+    /// the root is `states[0]`), up to and including the decision. `None`: a prepare failed.
+    fn prepare(
+        states: &mut [&mut State],
+        from: &str,
+        to: &str,
+        src: usize,
+        dst: usize,
+    ) -> (u64, Option<Inode>) {
+        let txid = states[0]
+            .apply(&Command::TxBegin {
+                from: from.into(),
+                to: to.into(),
+                src: src as u32,
+                dst: dst as u32,
+                now_ms: 1,
+            })
+            .unwrap()
+            .txid
+            .unwrap();
+        let lock = states[src].apply(&Command::TxLockSource {
+            txid,
+            path: from.into(),
+        });
+        let record = match lock {
+            Ok(r) => {
+                let d = states[dst].apply(&Command::TxLockDest {
+                    txid,
+                    path: to.into(),
+                });
+                d.ok().and(r.inode)
+            }
+            Err(_) => None,
+        };
+        let decided = states[0]
+            .apply(&Command::TxDecide { txid, record })
+            .unwrap()
+            .inode;
+        (txid, decided)
+    }
+
+    fn finish(
+        states: &mut [&mut State],
+        txid: u64,
+        decided: Option<Inode>,
+        src: usize,
+        dst: usize,
+    ) {
+        match decided {
+            Some(inode) => {
+                states[dst]
+                    .apply(&Command::TxInstall {
+                        txid,
+                        inode: inode.clone(),
+                    })
+                    .unwrap();
+                let chunks: Vec<u64> = inode.file().unwrap().chunks.iter().map(|c| c.id).collect();
+                for st in states.iter_mut() {
+                    st.apply(&Command::TxForward {
+                        chunks: chunks.clone(),
+                        to: dst as u32,
+                    })
+                    .unwrap();
+                }
+                states[src].apply(&Command::TxRemove { txid }).unwrap();
+            }
+            None => {
+                states[src].apply(&Command::TxUnlock { txid }).unwrap();
+                states[dst].apply(&Command::TxUnlock { txid }).unwrap();
+            }
+        }
+        states[0].apply(&Command::TxEnd { txid }).unwrap();
+    }
+
+    fn clean(states: &[&State]) {
+        for st in states {
+            let r = st.check();
+            assert_eq!(r.problems, 0, "{:?}", r.listed);
+            assert!(st.locks().is_empty());
+        }
+        assert!(states[0].txns().open.is_empty());
+    }
+
+    #[test]
+    fn a_file_renamed_across_partitions_keeps_its_ids_and_its_chunks_resolve() {
+        let (mut root, mut p1) = setup();
+        let f = create(&mut root, "/a/f");
+        let g = create(&mut p1, "/p/x/g");
+        let chunk = root.inode(f).unwrap().file().unwrap().chunks[0].id;
+        // Root → partition 1, with the locks seen while it is prepared.
+        let (txid, decided) = {
+            let mut states = [&mut root, &mut p1];
+            prepare(&mut states, "/a/f", "/p/x/f", 0, 1)
+        };
+        assert!(decided.is_some());
+        assert!(unavailable(root.apply(&Command::Delete {
+            path: "/a/f".into()
+        })));
+        assert!(unavailable(root.apply(&Command::Repaired {
+            chunk_id: chunk,
+            length: 0,
+            server: 9,
+            remove: vec![],
+            member: None,
+        })));
+        assert!(unavailable(p1.apply(&Command::Mkdir {
+            path: "/p/x/f".into(),
+            parents: false,
+            now_ms: 2,
+            policy: None,
+            mode: None,
+        })));
+        assert!(root.lookup("/a/f").is_ok(), "reads go on");
+        create(&mut root, "/a/other");
+        {
+            let mut states = [&mut root, &mut p1];
+            finish(&mut states, txid, decided, 0, 1);
+        }
+        assert!(root.lookup("/a/f").is_err());
+        let moved = p1.lookup("/p/x/f").unwrap();
+        assert_eq!(moved.id, f);
+        assert_eq!(root.chunk_partition(chunk), 1);
+        let view = View {
+            root: &root,
+            parts: std::collections::BTreeMap::from([(1, &p1)]),
+        };
+        assert_eq!(view.chunk(chunk).unwrap().0.id, f);
+        assert!(view.knows(chunk));
+        clean(&[&root, &p1]);
+
+        // Back to the root elsewhere: the root's forward goes (the chunk is home again).
+        root.apply(&Command::Mkdir {
+            path: "/b".into(),
+            parents: false,
+            now_ms: 1,
+            policy: None,
+            mode: None,
+        })
+        .unwrap();
+        let (txid, decided) = {
+            let mut states = [&mut root, &mut p1];
+            prepare(&mut states, "/p/x/f", "/b/f", 1, 0)
+        };
+        {
+            let mut states = [&mut root, &mut p1];
+            finish(&mut states, txid, decided, 1, 0);
+        }
+        assert_eq!(root.lookup("/b/f").unwrap().id, f);
+        assert_eq!(root.chunk_partition(chunk), 0);
+        assert!(root.forwards().next().is_none());
+        clean(&[&root, &p1]);
+
+        // A file the partition allocated moves to the root: the partition forwards it.
+        let pchunk = p1.inode(g).unwrap().file().unwrap().chunks[0].id;
+        let (txid, decided) = {
+            let mut states = [&mut root, &mut p1];
+            prepare(&mut states, "/p/x/g", "/g", 1, 0)
+        };
+        {
+            let mut states = [&mut root, &mut p1];
+            finish(&mut states, txid, decided, 1, 0);
+        }
+        assert_eq!(p1.chunk_partition(pchunk), 0);
+        let view = View {
+            root: &root,
+            parts: std::collections::BTreeMap::from([(1, &p1)]),
+        };
+        assert_eq!(view.chunk(pchunk).unwrap().0.id, g);
+        let alone = View {
+            root: &root,
+            parts: std::collections::BTreeMap::new(),
+        };
+        assert!(!alone.knows(pchunk), "its forward is not in the view: kept");
+        clean(&[&root, &p1]);
+    }
+
+    #[test]
+    fn a_refused_prepare_aborts_and_unlocks_and_a_decision_stands() {
+        let (mut root, mut p1) = setup();
+        let f = create(&mut root, "/a/f");
+        p1.apply(&Command::Mkdir {
+            path: "/p/dir".into(),
+            parents: true,
+            now_ms: 1,
+            policy: None,
+            mode: None,
+        })
+        .unwrap();
+        // The destination is a directory: aborted, the source unlocked and unchanged.
+        let (txid, decided) = {
+            let mut states = [&mut root, &mut p1];
+            prepare(&mut states, "/a/f", "/p/dir", 0, 1)
+        };
+        assert!(decided.is_none());
+        assert!(!root.locks().is_empty(), "the source was locked");
+        {
+            let mut states = [&mut root, &mut p1];
+            finish(&mut states, txid, decided, 0, 1);
+        }
+        assert_eq!(root.lookup("/a/f").unwrap().id, f);
+        clean(&[&root, &p1]);
+        // A directory does not move across partitions.
+        let (txid, decided) = {
+            let mut states = [&mut root, &mut p1];
+            prepare(&mut states, "/a", "/p/a", 0, 1)
+        };
+        assert!(decided.is_none());
+        {
+            let mut states = [&mut root, &mut p1];
+            finish(&mut states, txid, decided, 0, 1);
+        }
+        // An abort decided first stands against a later commit.
+        let txid = root
+            .apply(&Command::TxBegin {
+                from: "/a/f".into(),
+                to: "/p/f".into(),
+                src: 0,
+                dst: 1,
+                now_ms: 1,
+            })
+            .unwrap()
+            .txid
+            .unwrap();
+        root.apply(&Command::TxDecide { txid, record: None })
+            .unwrap();
+        let record = root.inode(f).map(|i| (*i).clone());
+        let r = root.apply(&Command::TxDecide { txid, record }).unwrap();
+        assert!(r.inode.is_none());
+        root.apply(&Command::TxEnd { txid }).unwrap();
+        clean(&[&root, &p1]);
+    }
+
+    #[test]
+    fn a_rename_across_partitions_replaces_a_file() {
+        let (mut root, mut p1) = setup();
+        let f = create(&mut root, "/a/f");
+        let old = create(&mut p1, "/p/f");
+        let old_chunk = p1.inode(old).unwrap().file().unwrap().chunks[0].id;
+        let (txid, decided) = {
+            let mut states = [&mut root, &mut p1];
+            prepare(&mut states, "/a/f", "/p/f", 0, 1)
+        };
+        {
+            let mut states = [&mut root, &mut p1];
+            finish(&mut states, txid, decided, 0, 1);
+        }
+        assert_eq!(p1.lookup("/p/f").unwrap().id, f);
+        assert!(p1.inode(old).is_none());
+        assert!(
+            p1.chunk(old_chunk).is_none(),
+            "the replaced file's chunks are orphans"
+        );
+        clean(&[&root, &p1]);
+    }
+}
