@@ -5,6 +5,7 @@
 //! bytes that decode to the same record.
 use cairn_master::kv::codec::{Key, decode_record, encode_record};
 use cairn_master::state::moves::Move;
+use cairn_master::state::txn::{Lock, Txns};
 use cairn_master::state::partitions::{Home, PartitionMap};
 use cairn_rpc::object::ObjectMeta;
 use libfuzzer_sys::fuzz_target;
@@ -36,6 +37,8 @@ fuzz_target!(|data: &[u8]| {
     record::<PartitionMap>(data);
     record::<Home>(data);
     record::<Option<Move>>(data);
+    record::<Txns>(data);
+    record::<std::collections::BTreeMap<u64, Lock>>(data);
     record::<u32>(data);
     record::<bool>(data);
     record::<std::collections::BTreeMap<String, u32>>(data);

@@ -149,6 +149,45 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Releases, in every partition led here, locks whose transaction the root no longer
+    /// holds open (ids are never reused, so such a lock belongs to no one).
+    async fn release_stale_locks(&self) {
+        if self.read_barrier().await.is_err() {
+            return;
+        }
+        for h in self.groups.all() {
+            if h.leader_check().is_err() {
+                continue;
+            }
+            // The locks first, then the intents: a lock seen is of a transaction begun
+            // before, so one not open after has ended.
+            let locked: Vec<u64> = h.sm.lock().state.locks().keys().copied().collect();
+            if locked.is_empty() {
+                continue;
+            }
+            let stale: Vec<u64> = {
+                let root = self.sm.lock();
+                let open = &root.state.txns().open;
+                locked
+                    .into_iter()
+                    .filter(|t| !open.contains_key(t))
+                    .collect()
+            };
+            for txid in stale {
+                tracing::info!(
+                    txid,
+                    partition = h.id,
+                    "releasing a lock whose rename ended"
+                );
+                if let Err(e) = self.write_to(&h, Command::TxUnlock { txid }).await {
+                    tracing::warn!(txid, error = %e, "releasing a stale lock failed");
+                }
+            }
+        }
+    }
+}
+
 impl MetaService {
     /// At the root's leader, takes over renames across partitions that no driver here runs
     /// and that began more than a few seconds ago: decided ones are finished, undecided ones
@@ -171,6 +210,10 @@ impl MetaService {
                 .map(|(tx, _)| *tx)
                 .collect()
         };
+        // Locks of transactions that ended (a driver that lost the root's leadership and
+        // locked after its intent was aborted): released.
+        let inner = self.inner.clone();
+        tokio::spawn(async move { inner.release_stale_locks().await });
         for txid in orphaned {
             self.inner.renaming.lock().insert(txid);
             let inner = self.inner.clone();
