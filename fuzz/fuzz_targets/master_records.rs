@@ -5,8 +5,8 @@
 //! bytes that decode to the same record.
 use cairn_master::kv::codec::{Key, decode_record, encode_record};
 use cairn_master::state::moves::Move;
-use cairn_master::state::txn::{Lock, Txns};
 use cairn_master::state::partitions::{Home, PartitionMap};
+use cairn_master::state::txn::{Lock, Txns};
 use cairn_rpc::object::ObjectMeta;
 use libfuzzer_sys::fuzz_target;
 
