@@ -13,6 +13,7 @@ mod master_state;
 mod recovery;
 mod repair;
 mod s3;
+mod split;
 mod tls;
 
 use clap::Subcommand;
@@ -54,6 +55,9 @@ pub enum BenchCommand {
     /// A user's 4 KiB appends, reads and S3 GETs while strangers flood every server of a
     /// local cluster with connections: flooded p99 over quiet p99, same run.
     Flood(flood::Args),
+    /// Moving a populated directory into a partition (rows/s, the longest write pause) and a
+    /// rename across partitions, next to creating the same rows and renaming inside one.
+    Split(split::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -71,6 +75,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Convert(a) => convert::run(a),
         BenchCommand::Tls(a) => tls::run(a),
         BenchCommand::Flood(a) => flood::run(a),
+        BenchCommand::Split(a) => split::run(a),
     }
 }
 

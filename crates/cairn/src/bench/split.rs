@@ -1,0 +1,249 @@
+//! `cairn bench split`: what moving a populated directory into a partition costs (issue 39;
+//! docs/partitions.md "A split with copying") and what a rename across partitions costs,
+//! each next to its floor in the same run: the copy's rows per second against the rate the
+//! same rows were created at, the longest pause a writer under the directory saw against its
+//! median create, and a rename across partitions against a rename inside one.
+//!
+//! Each round fills a new directory `/bench-split-R` with `--files` empty files (metadata
+//! only, `--depth` at a time, 100 per directory), splits it into a new partition while a
+//! prober creates files in it, renames one file back and forth inside the root and across
+//! to the partition, then deletes every file it made. The partitions stay (there is no merge
+//! yet): run it on a scratch cluster.
+
+use super::median;
+use cairn_client::{Client, CreateOptions};
+use cairn_rpc::pb;
+use serde::Serialize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    cluster: crate::cluster::ClusterArgs,
+    /// Files in each directory moved.
+    #[arg(long, default_value_t = 20_000)]
+    files: usize,
+    /// Creates in flight while filling it.
+    #[arg(long, default_value_t = 32)]
+    depth: usize,
+    /// Rounds (each a new directory and partition); medians are reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Renames timed each way per round.
+    #[arg(long, default_value_t = 200)]
+    renames: usize,
+    /// Print only JSON lines.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Round {
+    round: usize,
+    files: usize,
+    /// Floor: the rows created per second filling the directory.
+    create_rows_per_sec: f64,
+    /// Seconds the split call took (the copy and its Raft writes).
+    split_secs: f64,
+    copy_rows_per_sec: f64,
+    /// `copy_rows_per_sec / create_rows_per_sec`.
+    copy_over_create: f64,
+    /// The longest a create under the directory took while it moved, and the median.
+    probe_max_ms: f64,
+    probe_p50_ms: f64,
+    /// Median rename latency inside the root and across partitions, and the ratio.
+    rename_inside_us: f64,
+    rename_across_us: f64,
+    across_over_inside: f64,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let masters = a.cluster.masters()?;
+    anyhow::ensure!(
+        a.depth >= 1 && a.files >= 1,
+        "--depth and --files must be at least 1"
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let client = rt.block_on(Client::with_options(
+        &masters,
+        crate::cluster::client_options()?,
+    ))?;
+    let admin = crate::cluster::masters_client(&masters)?;
+    let mut rounds = Vec::new();
+    for r in 1..=a.rounds {
+        let round = rt.block_on(one_round(&client, &admin, &a, r))?;
+        if a.json {
+            println!("{}", serde_json::to_string(&round)?);
+        } else {
+            println!(
+                "round {r}: {} files; created {:.0} rows/s; split {:.2} s = {:.0} rows/s ({:.2}x the creates); \
+                 a create under it waited up to {:.0} ms (p50 {:.1} ms); rename inside {:.0} us, across {:.0} us ({:.2}x)",
+                round.files,
+                round.create_rows_per_sec,
+                round.split_secs,
+                round.copy_rows_per_sec,
+                round.copy_over_create,
+                round.probe_max_ms,
+                round.probe_p50_ms,
+                round.rename_inside_us,
+                round.rename_across_us,
+                round.across_over_inside
+            );
+        }
+        rounds.push(round);
+    }
+    let med = |f: fn(&Round) -> f64| median(rounds.iter().map(f).collect());
+    let summary = serde_json::json!({
+        "median": true,
+        "rounds": rounds.len(),
+        "files": a.files,
+        "create_rows_per_sec": med(|r| r.create_rows_per_sec),
+        "copy_rows_per_sec": med(|r| r.copy_rows_per_sec),
+        "copy_over_create": med(|r| r.copy_over_create),
+        "probe_max_ms": med(|r| r.probe_max_ms),
+        "rename_inside_us": med(|r| r.rename_inside_us),
+        "rename_across_us": med(|r| r.rename_across_us),
+        "across_over_inside": med(|r| r.across_over_inside),
+    });
+    println!("{summary}");
+    Ok(())
+}
+
+async fn touch(c: &Client, path: &str) -> anyhow::Result<()> {
+    let opts = CreateOptions {
+        parents: true,
+        ..CreateOptions::default()
+    };
+    let w = c
+        .create(path, opts)
+        .await
+        .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+    w.close()
+        .await
+        .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+    Ok(())
+}
+
+async fn one_round(
+    c: &Client,
+    admin: &cairn_rpc::Masters,
+    a: &Args,
+    r: usize,
+) -> anyhow::Result<Round> {
+    let top = format!("/bench-split-{r}-{}", std::process::id());
+    let paths: Vec<String> = (0..a.files)
+        .map(|i| format!("{top}/d{}/f{i}", i / 100))
+        .collect();
+    // Fill (the floor: the same rows created).
+    let t = Instant::now();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..a.depth {
+        let (c, next, paths) = (c.clone(), next.clone(), paths.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(p) = paths.get(i) else {
+                    return Ok::<(), anyhow::Error>(());
+                };
+                touch(&c, p).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let rows = (a.files + a.files.div_ceil(100)) as f64;
+    let create_rows_per_sec = rows / t.elapsed().as_secs_f64();
+    // Split while a prober creates under the directory.
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let (c, stop, top) = (c.clone(), stop.clone(), top.clone());
+        tokio::spawn(async move {
+            let mut took = Vec::new();
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                touch(&c, &format!("{top}/probe/p{i}")).await?;
+                took.push(t.elapsed().as_secs_f64() * 1e3);
+                i += 1;
+            }
+            Ok::<(Vec<f64>, usize), anyhow::Error>((took, i))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    let req = pb::SplitRequest {
+        path: top.clone(),
+        to: 0,
+        members: vec![],
+    };
+    admin
+        .send(req, |mut m, r| async move { m.split_partition(r).await })
+        .await?;
+    let split_secs = t.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (took, probes) = prober.await??;
+    let probe_max_ms = took.iter().copied().fold(0.0, f64::max);
+    let probe_p50_ms = median(took);
+    // Renames: one file inside the root, one across.
+    touch(c, &format!("/bench-split-rename-{r}/a")).await?;
+    let inside = renames(
+        c,
+        &format!("/bench-split-rename-{r}/a"),
+        &format!("/bench-split-rename-{r}/b"),
+        a.renames,
+    )
+    .await?;
+    let across = renames(
+        c,
+        &format!("/bench-split-rename-{r}/a"),
+        &format!("{top}/renamed"),
+        a.renames,
+    )
+    .await?;
+    c.delete(&format!("/bench-split-rename-{r}/a")).await?;
+    // Clean up what this round wrote.
+    for p in paths
+        .iter()
+        .cloned()
+        .chain((0..probes).map(|i| format!("{top}/probe/p{i}")))
+    {
+        c.delete(&p)
+            .await
+            .map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
+    }
+    Ok(Round {
+        round: r,
+        files: a.files,
+        create_rows_per_sec,
+        split_secs,
+        copy_rows_per_sec: rows / split_secs,
+        copy_over_create: rows / split_secs / create_rows_per_sec,
+        probe_max_ms,
+        probe_p50_ms,
+        rename_inside_us: inside,
+        rename_across_us: across,
+        across_over_inside: across / inside,
+    })
+}
+
+/// Renames `a` to `b` and back `n` times each; the median latency in µs. Leaves it at `a`.
+async fn renames(c: &Client, a: &str, b: &str, n: usize) -> anyhow::Result<f64> {
+    let mut took = Vec::new();
+    for _ in 0..n {
+        for (from, to) in [(a, b), (b, a)] {
+            let t = Instant::now();
+            c.rename(from, to)
+                .await
+                .map_err(|e| anyhow::anyhow!("{from} → {to}: {e}"))?;
+            took.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(median(took))
+}
