@@ -17,7 +17,7 @@ use std::sync::Arc;
 mod check;
 mod convert;
 mod namespace;
-pub use check::Report as CheckReport;
+pub use check::{MAX_LISTED, Report as CheckReport};
 pub(crate) mod disk;
 pub use disk::TABLES;
 pub mod moves;

@@ -504,13 +504,16 @@ impl MetaService {
         let res: Result<pb::CheckReply, MetaError> = async {
             who.require_admin("checking the metadata")?;
             self.inner.read_barrier().await?;
-            let (root, map, subtrees) = {
+            let mut chunks = ChunkHomes::default();
+            let (root, map, subtrees, busy) = {
                 let a = self.inner.sm.lock();
                 let st = &a.state;
                 let tops: BTreeMap<PartitionId, String> =
                     st.subtrees().iter().map(|(t, p)| (*p, t.clone())).collect();
                 let ids: Vec<PartitionId> = st.partitions().partitions.keys().copied().collect();
-                (st.check(), ids, tops)
+                chunks.read(ROOT_PARTITION, st);
+                let busy = st.moving().is_some() || !st.txns().open.is_empty();
+                (st.check(), ids, tops, busy)
             };
             let mut out = vec![check_reply(ROOT_PARTITION, root)];
             for p in map {
@@ -518,6 +521,7 @@ impl MetaService {
                     Ok(h) => match h.read_barrier().await {
                         Ok(_) => {
                             let st = &h.sm.lock().state;
+                            chunks.read(p, st);
                             let mut r = st.check();
                             let home = st.home();
                             match subtrees.get(&p) {
@@ -542,6 +546,18 @@ impl MetaService {
                     Err(e) => unchecked(&e),
                 };
                 out.push(check_reply(p, r));
+            }
+            // Across partitions: a chunk held by a partition that did not allocate it is
+            // forwarded there by the one that did (not while a move or rename is under way).
+            if !busy {
+                for (holder, what) in chunks.misplaced() {
+                    if let Some(r) = out.iter_mut().find(|r| r.partition == holder) {
+                        r.problems += 1;
+                        if r.listed.len() < crate::state::MAX_LISTED {
+                            r.listed.push(what);
+                        }
+                    }
+                }
             }
             Ok(pb::CheckReply { partitions: out })
         }
@@ -582,6 +598,50 @@ impl MetaService {
     }
 }
 
+/// What the cross-partition check reads of each partition: the chunks its files hold that
+/// another partition allocated, and its forwards.
+#[derive(Default)]
+struct ChunkHomes {
+    foreign: Vec<(PartitionId, ChunkId)>,
+    forwards: BTreeMap<ChunkId, PartitionId>,
+    read: BTreeSet<PartitionId>,
+}
+
+impl ChunkHomes {
+    fn read(&mut self, p: PartitionId, st: &crate::state::State) {
+        self.read.insert(p);
+        for c in st.chunks() {
+            if crate::state::partitions::partition_of(c.id) != p {
+                self.foreign.push((p, c.id));
+            }
+        }
+        self.forwards.extend(st.forwards());
+    }
+
+    /// (holder, problem) for each foreign chunk whose allocating partition (when read)
+    /// does not forward it to its holder.
+    fn misplaced(&self) -> Vec<(PartitionId, String)> {
+        self.foreign
+            .iter()
+            .filter(|(_, c)| {
+                self.read
+                    .contains(&crate::state::partitions::partition_of(*c))
+            })
+            .filter(|(holder, c)| self.forwards.get(c) != Some(holder))
+            .map(|(holder, c)| {
+                (
+                    *holder,
+                    format!(
+                        "chunk {c} is held here but its partition {} forwards it to {:?}",
+                        crate::state::partitions::partition_of(*c),
+                        self.forwards.get(c)
+                    ),
+                )
+            })
+            .collect()
+    }
+}
+
 /// A partition that could not be checked.
 fn unchecked(e: &MetaError) -> crate::state::CheckReport {
     let mut r = crate::state::CheckReport::default();
@@ -597,5 +657,70 @@ fn check_reply(partition: PartitionId, r: crate::state::CheckReport) -> pb::Part
         objects: r.objects,
         problems: r.problems,
         listed: r.listed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Command, State};
+
+    /// Canary for the cross-partition check: a chunk held by a partition that did not
+    /// allocate it, and not forwarded there, is a problem; forwarded, it is not.
+    #[test]
+    fn a_chunk_held_without_its_forward_is_misplaced() {
+        let mut root = State::default();
+        root.apply(&Command::AddPartition {
+            members: vec![1],
+            now_ms: 1,
+        })
+        .unwrap();
+        let ino = root
+            .apply(&Command::Create {
+                path: "/f".into(),
+                policy: crate::state::Policy::default(),
+                parents: true,
+                now_ms: 1,
+                lease: None,
+                placements: vec![vec![1, 2, 3]],
+                groups: false,
+                mode: None,
+            })
+            .unwrap()
+            .inode
+            .unwrap();
+        let chunk = ino.file().unwrap().chunks[0].id;
+        let mut p1 = State::default();
+        p1.apply(&Command::InitPartition {
+            partition: 1,
+            path: "/p".into(),
+            owner: String::new(),
+            mode: 0o755,
+            now_ms: 1,
+        })
+        .unwrap();
+        let mut moved = ino.clone();
+        moved.parent = crate::state::ROOT;
+        p1.apply(&Command::LoadRows {
+            top: "/p".into(),
+            inodes: vec![moved],
+            policies: vec![],
+        })
+        .unwrap();
+        let homes = |root: &State, p1: &State| {
+            let mut h = ChunkHomes::default();
+            h.read(ROOT_PARTITION, root);
+            h.read(1, p1);
+            h.misplaced()
+        };
+        let m = homes(&root, &p1);
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert_eq!(m[0].0, 1);
+        root.apply(&Command::TxForward {
+            chunks: vec![chunk],
+            to: 1,
+        })
+        .unwrap();
+        assert!(homes(&root, &p1).is_empty());
     }
 }
