@@ -132,11 +132,16 @@ pub fn write_to<W: Write>(
             Err(redb::TableError::TableDoesNotExist(_)) => continue,
             Err(e) => return Err(redb::Error::from(e).into()),
         };
-        w.put(&[TAG_TABLE, def.name.len() as u8])?;
-        w.put(def.name.as_bytes())?;
+        // Empty tables are left out (the format's rule): two stores with the same rows write
+        // the same stream whether or not an empty table exists in them.
+        let mut header = true;
         for row in t.iter().map_err(redb::Error::from)? {
             let (k, v) = row.map_err(redb::Error::from)?;
             let (k, v) = (k.value(), v.value());
+            if std::mem::take(&mut header) {
+                w.put(&[TAG_TABLE, def.name.len() as u8])?;
+                w.put(def.name.as_bytes())?;
+            }
             w.put(&[TAG_ROW])?;
             w.put(&(k.len() as u32).to_le_bytes())?;
             w.put(k)?;
@@ -160,18 +165,23 @@ pub fn write_to<W: Write>(
 /// # Errors
 /// A table cannot be read.
 pub fn digest(rx: &ReadTransaction, tables: &[TableDef]) -> Result<(u64, u32), SnapshotError> {
-    struct Hashing(u32);
-    impl Write for Hashing {
+    /// Keeps only the last four bytes written: the stream's own CRC32C of everything before
+    /// them. (A CRC over the whole stream, trailer included, is the same for every stream:
+    /// a CRC appended to its data leaves a constant residue.)
+    struct Trailer([u8; 4]);
+    impl Write for Trailer {
         fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.0 = crc32c::crc32c_append(self.0, b);
+            let n = b.len().min(4);
+            self.0.rotate_left(n);
+            self.0[4 - n..].copy_from_slice(&b[b.len() - n..]);
             Ok(b.len())
         }
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
         }
     }
-    let (rows, h) = write_to(Hashing(0), b"", rx, tables)?;
-    Ok((rows, h.0))
+    let (rows, t) = write_to(Trailer([0; 4]), b"", rx, tables)?;
+    Ok((rows, u32::from_le_bytes(t.0)))
 }
 
 /// Syncs the directory holding `path` (a rename in it is durable after this).

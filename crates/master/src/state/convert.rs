@@ -68,6 +68,15 @@ impl State {
         })
     }
 
+    /// Drops the conversions of chunks that left this partition's files (deleted, or moved
+    /// to another partition): their groups' members, written or not, become orphans and are
+    /// deleted; a worker's late result ends nothing.
+    pub(super) fn drop_conversions(&mut self, chunks: &[ChunkId]) {
+        if self.conversions.values().any(|c| chunks.contains(&c.chunk)) {
+            self.conversions.retain(|_, c| !chunks.contains(&c.chunk));
+        }
+    }
+
     /// Ends the conversion of group `group_id`: with `switch`, the chunk becomes the group
     /// (when it is still what was converted), else it is abandoned.
     pub(super) fn convert_end(&mut self, group_id: ChunkId, switch: bool, stream: u64) {

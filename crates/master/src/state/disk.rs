@@ -456,6 +456,20 @@ mod tests {
             })
             .unwrap();
         flush(&mut loaded, &other);
-        assert_ne!(digest(&other), (rows, crc));
+        let (more, changed) = digest(&other);
+        assert!(more > rows && changed != crc);
+        // A row changed in place (as many rows, other bytes): another CRC. (Canary: a CRC
+        // taken over the stream with its own CRC trailer is the same for every stream.)
+        loaded
+            .apply(&Command::SetAttr {
+                path: "/one-more".into(),
+                mode: Some(0o700),
+                owner: None,
+            })
+            .unwrap();
+        flush(&mut loaded, &other);
+        let (same_rows, other_crc) = digest(&other);
+        assert_eq!(same_rows, more);
+        assert_ne!(other_crc, changed);
     }
 }

@@ -343,9 +343,8 @@ impl State {
                 }
             }
         }
-        if self.conversions.values().any(|c| moved.contains(&c.chunk)) {
-            self.conversions.retain(|_, c| !moved.contains(&c.chunk));
-        }
+        let moved: Vec<ChunkId> = moved.into_iter().collect();
+        self.drop_conversions(&moved);
         self.subtrees.insert(path.to_owned(), to);
         *self.moving = None;
         self.reply(top)

@@ -330,6 +330,8 @@ impl State {
                     for c in &f.chunks {
                         self.chunk_owner.remove(&c.id);
                     }
+                    let gone: Vec<ChunkId> = f.chunks.iter().map(|c| c.id).collect();
+                    self.drop_conversions(&gone);
                 }
                 Ok(Reply {
                     inode: Some(ino),

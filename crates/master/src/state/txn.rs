@@ -254,9 +254,12 @@ impl State {
         let parent = self.lookup(&dir)?.id;
         if let Some(old) = self.dentries.get(&(parent, name.clone())).map(|o| *o) {
             if let Some(o) = self.inodes.remove(&old) {
-                for c in o.file().map(|f| f.chunks.as_slice()).unwrap_or_default() {
+                let chunks = o.file().map(|f| f.chunks.as_slice()).unwrap_or_default();
+                for c in chunks {
                     self.chunk_owner.remove(&c.id);
                 }
+                let gone: Vec<ChunkId> = chunks.iter().map(|c| c.id).collect();
+                self.drop_conversions(&gone);
             }
             self.dentries.remove(&(parent, name.clone()));
         }
@@ -294,13 +297,13 @@ impl State {
         };
         if let Some(ino) = self.inodes.remove(&inode) {
             self.dentries.remove(&(ino.parent, ino.name.clone()));
-            for c in ino.file().map(|f| f.chunks.as_slice()).unwrap_or_default() {
-                // Another partition's file may name it now (the destination's): only this
-                // file's index row goes.
-                if self.chunk_owner.get(&c.id).is_some_and(|o| *o == inode) {
-                    self.chunk_owner.remove(&c.id);
-                }
+            let chunks = ino.file().map(|f| f.chunks.as_slice()).unwrap_or_default();
+            for c in chunks {
+                self.chunk_owner.remove(&c.id);
             }
+            // The destination converts them again.
+            let gone: Vec<ChunkId> = chunks.iter().map(|c| c.id).collect();
+            self.drop_conversions(&gone);
         }
         self.locks.remove(&txid);
         Ok(Reply::default())
