@@ -246,14 +246,15 @@ async fn digests(m: &Masters, rounds: u32, json: bool) -> anyhow::Result<()> {
                     .any(|c| (c.1.rows, c.1.crc) != (first.rows, first.crc))
                 {
                     part.diverged.push(format!(
-                        "at entry {index}: {}",
+                        "at entry {index}: {}; tables that differ: {}",
                         same.iter()
                             .map(|c| format!(
                                 "master {} {} rows crc {:08x}",
                                 c.0, c.1.rows, c.1.crc
                             ))
                             .collect::<Vec<_>>()
-                            .join(", ")
+                            .join(", "),
+                        differing_tables(&same)
                     ));
                 }
             }
@@ -560,4 +561,35 @@ fn service_key(
         out.display()
     );
     Ok(())
+}
+
+/// The tables whose rows or CRC differ between copies at one entry, each copy's figures.
+fn differing_tables(same: &[&(u64, pb::GroupDigest)]) -> String {
+    let mut names: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+    for c in same {
+        for t in &c.1.tables {
+            names.insert(&t.name);
+        }
+    }
+    names
+        .into_iter()
+        .filter_map(|n| {
+            let each: Vec<(u64, u64, u32)> = same
+                .iter()
+                .map(|c| {
+                    let t = c.1.tables.iter().find(|t| t.name == n);
+                    (c.0, t.map_or(0, |t| t.rows), t.map_or(0, |t| t.crc))
+                })
+                .collect();
+            let first = (each[0].1, each[0].2);
+            each.iter().any(|e| (e.1, e.2) != first).then(|| {
+                let list: Vec<String> = each
+                    .iter()
+                    .map(|(m, rows, crc)| format!("master {m} {rows} rows {crc:08x}"))
+                    .collect();
+                format!("{n} ({})", list.join(", "))
+            })
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }

@@ -324,14 +324,21 @@ impl StateMachine {
     ///
     /// # Errors
     /// The store cannot be written or read.
-    pub fn digest(&self) -> io::Result<(Option<LogIdOf<TypeConfig>>, u64, u32)> {
+    pub fn digest(&self) -> io::Result<Digest> {
         let (at, rx) = {
             let mut a = self.inner.lock();
             commit_batch(&self.store, &mut a, Durability::None)?;
             (a.last_applied, self.db.begin_read().map_err(io_err)?)
         };
-        let (rows, crc) = snapshot::digest(&rx, crate::state::disk::TABLES).map_err(io_err)?;
-        Ok((at, rows, crc))
+        let tables = crate::state::disk::TABLES;
+        let (rows, crc) = snapshot::digest(&rx, tables).map_err(io_err)?;
+        let by_table = snapshot::table_digests(&rx, tables).map_err(io_err)?;
+        Ok(Digest {
+            at,
+            rows,
+            crc,
+            tables: by_table,
+        })
     }
 
     /// Records the durably committed state at `meta` as the current snapshot (unless a newer
@@ -752,4 +759,13 @@ mod tests {
         assert_eq!(dirs(&sm), 60);
         assert_eq!(sm.applied_state().await.unwrap().0.unwrap().index, 60);
     }
+}
+
+/// A copy's digest ([`StateMachine::digest`]): the entry applied, the rows and CRC of the
+/// whole snapshot stream, and each table's.
+pub struct Digest {
+    pub at: Option<LogIdOf<TypeConfig>>,
+    pub rows: u64,
+    pub crc: u32,
+    pub tables: Vec<(&'static str, u64, u32)>,
 }

@@ -576,16 +576,25 @@ impl MetaService {
             let mut groups = Vec::new();
             for h in self.inner.groups.all() {
                 let machine = h.machine.clone();
-                let (at, rows, crc) = tokio::task::spawn_blocking(move || machine.digest())
+                let d = tokio::task::spawn_blocking(move || machine.digest())
                     .await
                     .map_err(|e| MetaError::internal(e.to_string()))?
                     .map_err(|e| MetaError::internal(format!("partition {}: {e}", h.id)))?;
                 groups.push(pb::GroupDigest {
                     partition: h.id,
-                    term: at.map_or(0, |l| l.leader_id.term),
-                    index: at.map_or(0, |l| l.index),
-                    rows,
-                    crc,
+                    term: d.at.map_or(0, |l| l.leader_id.term),
+                    index: d.at.map_or(0, |l| l.index),
+                    rows: d.rows,
+                    crc: d.crc,
+                    tables: d
+                        .tables
+                        .into_iter()
+                        .map(|(name, rows, crc)| pb::TableDigest {
+                            name: name.to_owned(),
+                            rows,
+                            crc,
+                        })
+                        .collect(),
                 });
             }
             Ok(pb::DigestReply {
