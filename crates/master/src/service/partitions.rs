@@ -448,13 +448,27 @@ impl MetaService {
                 self.inner.write_to(&h, keep).await?;
             }
             if populated {
-                self.inner
-                    .write(Command::BeginMove {
-                        path,
+                // Refused while a rename across partitions holds a path below (milliseconds):
+                // asked again here rather than by the client, which would make another
+                // partition.
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                loop {
+                    let begin = Command::BeginMove {
+                        path: path.clone(),
                         to,
                         now_ms: now,
-                    })
-                    .await?;
+                    };
+                    match self.inner.write(begin).await {
+                        Ok(_) => break,
+                        Err(e)
+                            if e.kind == cairn_rpc::ErrorKind::Unavailable
+                                && std::time::Instant::now() < until =>
+                        {
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
                 self.inner.drive_move().await?;
             } else {
                 self.inner

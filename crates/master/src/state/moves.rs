@@ -156,6 +156,14 @@ impl State {
             ));
         }
         self.check_target(to)?;
+        // A rename across partitions holding a path below: its install or removal would
+        // land behind the copy (the freeze refuses only new locks).
+        if let Some(l) = self.locks.values().find(|l| at_or_below(l.path(), path)) {
+            return Err(MetaError::new(
+                ErrorKind::Unavailable,
+                format!("{} is being renamed across partitions (retry)", l.path()),
+            ));
+        }
         let Some(top) = self.check_movable(path)? else {
             return Err(MetaError::not_found(path));
         };

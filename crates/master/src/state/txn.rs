@@ -58,7 +58,7 @@ pub enum Lock {
 }
 
 impl Lock {
-    fn path(&self) -> &str {
+    pub fn path(&self) -> &str {
         match self {
             Lock::Source { path, .. } | Lock::Dest { path } => path,
         }
@@ -610,6 +610,50 @@ mod tests {
         assert!(r.inode.is_none());
         root.apply(&Command::TxEnd { txid }).unwrap();
         clean(&[&root, &p1]);
+    }
+
+    /// A move waits for renames holding paths below it (their install would land behind the
+    /// copy: the long nemesis lost a file that way), and a frozen subtree takes no new lock.
+    #[test]
+    fn a_move_and_a_rename_across_partitions_exclude_each_other() {
+        let (mut root, mut p1) = setup();
+        root.apply(&Command::AddPartition {
+            members: vec![1],
+            now_ms: 1,
+        })
+        .unwrap();
+        create(&mut root, "/m/f");
+        create(&mut p1, "/p/g");
+        let (txid, decided) = {
+            let mut states = [&mut root, &mut p1];
+            prepare(&mut states, "/p/g", "/m/g", 1, 0)
+        };
+        let begin = Command::BeginMove {
+            path: "/m".into(),
+            to: 2,
+            now_ms: 2,
+        };
+        assert!(unavailable(root.apply(&begin)));
+        {
+            let mut states = [&mut root, &mut p1];
+            finish(&mut states, txid, decided, 1, 0);
+        }
+        root.apply(&begin).unwrap();
+        let txid = root
+            .apply(&Command::TxBegin {
+                from: "/p/x".into(),
+                to: "/m/x".into(),
+                src: 1,
+                dst: 0,
+                now_ms: 3,
+            })
+            .unwrap()
+            .txid
+            .unwrap();
+        assert!(unavailable(root.apply(&Command::TxLockDest {
+            txid,
+            path: "/m/x".into()
+        })));
     }
 
     #[test]
