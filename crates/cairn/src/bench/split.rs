@@ -72,7 +72,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         &masters,
         crate::cluster::client_options()?,
     ))?;
-    let admin = crate::cluster::masters_client(&masters)?;
+    // Its channels are made in the runtime.
+    let admin = {
+        let _in = rt.enter();
+        crate::cluster::masters_client(&masters)?
+    };
     let mut rounds = Vec::new();
     for r in 1..=a.rounds {
         let round = rt.block_on(one_round(&client, &admin, &a, r))?;
