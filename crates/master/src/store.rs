@@ -542,6 +542,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 }
 
+/// A copy's digest ([`StateMachine::digest`]): the entry applied, the rows and CRC of the
+/// whole snapshot stream, and each table's.
+pub struct Digest {
+    pub at: Option<LogIdOf<TypeConfig>>,
+    pub rows: u64,
+    pub crc: u32,
+    pub tables: Vec<(&'static str, u64, u32)>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -759,13 +768,4 @@ mod tests {
         assert_eq!(dirs(&sm), 60);
         assert_eq!(sm.applied_state().await.unwrap().0.unwrap().index, 60);
     }
-}
-
-/// A copy's digest ([`StateMachine::digest`]): the entry applied, the rows and CRC of the
-/// whole snapshot stream, and each table's.
-pub struct Digest {
-    pub at: Option<LogIdOf<TypeConfig>>,
-    pub rows: u64,
-    pub crc: u32,
-    pub tables: Vec<(&'static str, u64, u32)>,
 }
