@@ -70,6 +70,25 @@ fn admin_json(addrs: &str, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Kills chunkserver `i` and waits until the masters count it down; its id.
+async fn lose_chunkserver(cl: &mut Cluster, i: usize) -> u64 {
+    let lost = cl.server_id(i).await;
+    cl.chunkservers[i].kill();
+    let t = Instant::now();
+    while !cl
+        .status()
+        .await
+        .is_ok_and(|s| s.servers.iter().any(|s| s.state == "down"))
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the chunkserver is never down"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    lost
+}
+
 async fn partition(cl: &Cluster, id: u32) -> cairn_rpc::pb::PartitionStatus {
     let s = cl.status().await.unwrap();
     s.partitions
@@ -171,20 +190,7 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
     assert_eq!(s.pending_deletes, 0);
     check(&c, &files).await;
     // A chunkserver is lost: the partition's chunks are repaired like the root's.
-    let lost = cl.server_id(0).await;
-    cl.chunkservers[0].kill();
-    let t = Instant::now();
-    while !cl
-        .status()
-        .await
-        .is_ok_and(|s| s.servers.iter().any(|s| s.state == "down"))
-    {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the chunkserver is never down"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let lost = lose_chunkserver(&mut cl, 0).await;
     cl.wait_fully_replicated(Duration::from_secs(60)).await;
     // Not only "nothing counted missing": every chunk is on three servers, none the lost one.
     for (path, _, _) in &files {
@@ -344,17 +350,7 @@ async fn a_populated_subtree_moves_into_a_partition_while_it_is_written() {
     assert_eq!(cl.status().await.unwrap().pending_deletes, 0);
     check(&c, &files).await;
     // A chunkserver is lost: the moved chunks are repaired through their forwards.
-    let lost = cl.server_id(1).await;
-    cl.chunkservers[1].kill();
-    let t = Instant::now();
-    while !cl
-        .status()
-        .await
-        .is_ok_and(|s| s.servers.iter().any(|s| s.state == "down"))
-    {
-        assert!(t.elapsed() < Duration::from_secs(30), "never down");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let lost = lose_chunkserver(&mut cl, 1).await;
     cl.wait_fully_replicated(Duration::from_secs(90)).await;
     for ch in common::chunks(&c, "/full/d1/e1/f1").await {
         assert_eq!(ch.servers.len(), 3, "chunk {}", ch.id);

@@ -188,33 +188,13 @@ impl StateView for View<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{Command, Policy};
 
     fn create(st: &mut State, path: &str) {
-        st.apply(&Command::Create {
-            path: path.into(),
-            policy: Policy::default(),
-            parents: true,
-            now_ms: 1,
-            lease: None,
-            placements: vec![vec![1, 2, 3]],
-            groups: false,
-            mode: None,
-        })
-        .unwrap();
+        crate::state::tests::create_file(st, path, 1);
     }
 
     fn partition(id: PartitionId, top: &str) -> State {
-        let mut st = State::default();
-        st.apply(&Command::InitPartition {
-            partition: id,
-            path: top.into(),
-            owner: String::new(),
-            mode: 0o755,
-            now_ms: 1,
-        })
-        .unwrap();
-        st
+        crate::state::tests::partition_state(id, top)
     }
 
     #[test]

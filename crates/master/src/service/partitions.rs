@@ -698,30 +698,9 @@ mod tests {
             now_ms: 1,
         })
         .unwrap();
-        let ino = root
-            .apply(&Command::Create {
-                path: "/f".into(),
-                policy: crate::state::Policy::default(),
-                parents: true,
-                now_ms: 1,
-                lease: None,
-                placements: vec![vec![1, 2, 3]],
-                groups: false,
-                mode: None,
-            })
-            .unwrap()
-            .inode
-            .unwrap();
+        let ino = crate::state::tests::create_file(&mut root, "/f", 1);
         let chunk = ino.file().unwrap().chunks[0].id;
-        let mut p1 = State::default();
-        p1.apply(&Command::InitPartition {
-            partition: 1,
-            path: "/p".into(),
-            owner: String::new(),
-            mode: 0o755,
-            now_ms: 1,
-        })
-        .unwrap();
+        let mut p1 = crate::state::tests::partition_state(1, "/p");
         let mut moved = ino.clone();
         moved.parent = crate::state::ROOT;
         p1.apply(&Command::LoadRows {

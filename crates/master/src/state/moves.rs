@@ -438,16 +438,7 @@ mod tests {
         create(&mut root, "/a/d/g").unwrap();
         create(&mut root, "/a/top").unwrap();
         create(&mut root, "/b/f").unwrap();
-        let mut p1 = State::default();
-        p1.apply(&Command::InitPartition {
-            partition: 1,
-            path: "/a".into(),
-            owner: String::new(),
-            mode: 0o755,
-            now_ms: 2,
-        })
-        .unwrap();
-        (root, p1)
+        (root, crate::state::tests::partition_state(1, "/a"))
     }
 
     /// Steps 2 and 3 as the driver runs them; the number of `LoadRows` batches.

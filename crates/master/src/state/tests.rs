@@ -1,5 +1,28 @@
 use super::*;
 
+/// A partition's new state holding the subtree at `top` (for tests across partitions).
+pub(crate) fn partition_state(id: u32, top: &str) -> State {
+    let mut st = State::default();
+    st.apply(&Command::InitPartition {
+        partition: id,
+        path: top.into(),
+        owner: String::new(),
+        mode: 0o755,
+        now_ms: 1,
+    })
+    .unwrap();
+    st
+}
+
+/// A file of `chunks` replicated chunks at `path`, its directories made; its inode.
+pub(crate) fn create_file(s: &mut State, path: &str, chunks: usize) -> Inode {
+    let mut cmd = create_cmd(path, None, chunks);
+    if let Command::Create { parents, .. } = &mut cmd {
+        *parents = true;
+    }
+    s.apply(&cmd).unwrap().inode.unwrap()
+}
+
 pub(super) fn create(s: &mut State, path: &str, holder: Option<&str>, chunks: usize) -> Response {
     s.apply(&create_cmd(path, holder, chunks))
 }

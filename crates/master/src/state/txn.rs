@@ -329,24 +329,11 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{Command, Policy};
+    use crate::state::Command;
     use crate::view::{StateView, View};
 
     fn create(st: &mut State, path: &str) -> InodeId {
-        st.apply(&Command::Create {
-            path: path.into(),
-            policy: Policy::default(),
-            parents: true,
-            now_ms: 1,
-            lease: None,
-            placements: vec![vec![1, 2, 3]; 2],
-            groups: false,
-            mode: None,
-        })
-        .unwrap()
-        .inode
-        .unwrap()
-        .id
+        crate::state::tests::create_file(st, path, 2).id
     }
 
     fn unavailable(r: Response) -> bool {
@@ -360,15 +347,7 @@ mod tests {
             now_ms: 1,
         })
         .unwrap();
-        let mut p1 = State::default();
-        p1.apply(&Command::InitPartition {
-            partition: 1,
-            path: "/p".into(),
-            owner: String::new(),
-            mode: 0o755,
-            now_ms: 1,
-        })
-        .unwrap();
+        let p1 = crate::state::tests::partition_state(1, "/p");
         root.apply(&Command::AssignSubtree {
             path: "/p".into(),
             partition: 1,
@@ -454,6 +433,21 @@ mod tests {
         states[0].apply(&Command::TxEnd { txid }).unwrap();
     }
 
+    /// A whole rename from partition `src` to `dst` (0: the root, 1: `p1`); what was decided.
+    fn rename(
+        root: &mut State,
+        p1: &mut State,
+        from: &str,
+        to: &str,
+        src: usize,
+        dst: usize,
+    ) -> Option<Inode> {
+        let mut states = [root, p1];
+        let (txid, decided) = prepare(&mut states, from, to, src, dst);
+        finish(&mut states, txid, decided.clone(), src, dst);
+        decided
+    }
+
     fn clean(states: &[&State]) {
         for st in states {
             let r = st.check();
@@ -519,14 +513,7 @@ mod tests {
             mode: None,
         })
         .unwrap();
-        let (txid, decided) = {
-            let mut states = [&mut root, &mut p1];
-            prepare(&mut states, "/p/x/f", "/b/f", 1, 0)
-        };
-        {
-            let mut states = [&mut root, &mut p1];
-            finish(&mut states, txid, decided, 1, 0);
-        }
+        rename(&mut root, &mut p1, "/p/x/f", "/b/f", 1, 0);
         assert_eq!(root.lookup("/b/f").unwrap().id, f);
         assert_eq!(root.chunk_partition(chunk), 0);
         assert!(root.forwards().next().is_none());
@@ -534,14 +521,7 @@ mod tests {
 
         // A file the partition allocated moves to the root: the partition forwards it.
         let pchunk = p1.inode(g).unwrap().file().unwrap().chunks[0].id;
-        let (txid, decided) = {
-            let mut states = [&mut root, &mut p1];
-            prepare(&mut states, "/p/x/g", "/g", 1, 0)
-        };
-        {
-            let mut states = [&mut root, &mut p1];
-            finish(&mut states, txid, decided, 1, 0);
-        }
+        rename(&mut root, &mut p1, "/p/x/g", "/g", 1, 0);
         assert_eq!(p1.chunk_partition(pchunk), 0);
         let view = View {
             root: &root,
@@ -662,14 +642,7 @@ mod tests {
         let f = create(&mut root, "/a/f");
         let old = create(&mut p1, "/p/f");
         let old_chunk = p1.inode(old).unwrap().file().unwrap().chunks[0].id;
-        let (txid, decided) = {
-            let mut states = [&mut root, &mut p1];
-            prepare(&mut states, "/a/f", "/p/f", 0, 1)
-        };
-        {
-            let mut states = [&mut root, &mut p1];
-            finish(&mut states, txid, decided, 0, 1);
-        }
+        rename(&mut root, &mut p1, "/a/f", "/p/f", 0, 1);
         assert_eq!(p1.lookup("/p/f").unwrap().id, f);
         assert!(p1.inode(old).is_none());
         assert!(
