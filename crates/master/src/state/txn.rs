@@ -652,3 +652,40 @@ mod tests {
         clean(&[&root, &p1]);
     }
 }
+
+#[cfg(test)]
+mod roundtrip {
+    use super::*;
+    use crate::state::Command;
+
+    #[test]
+    fn commands_and_intents_survive_their_encodings() {
+        let mut st = State::default();
+        let ino = crate::state::tests::create_file(&mut st, "/a/f", 2);
+        let cmd = Command::TxDecide {
+            txid: 1,
+            record: Some(ino.clone()),
+        };
+        let json = serde_json::to_vec(&cmd).unwrap();
+        let back: Command = serde_json::from_slice(&json).unwrap();
+        assert_eq!(back, cmd, "{}", String::from_utf8_lossy(&json));
+        let mut a = State::default();
+        let mut b = State::default();
+        for st in [&mut a, &mut b] {
+            st.apply(&Command::TxBegin {
+                from: "/a/f".into(),
+                to: "/p/f".into(),
+                src: 0,
+                dst: 1,
+                now_ms: 5,
+            })
+            .unwrap();
+        }
+        a.apply(&cmd).unwrap();
+        b.apply(&back).unwrap();
+        let enc = |s: &State| crate::kv::codec::encode_record(1, &*s.txns);
+        assert_eq!(enc(&a), enc(&b));
+        let dec: Txns = crate::kv::codec::decode_record("txns", 1, &enc(&a)).unwrap();
+        assert_eq!(dec, *a.txns);
+    }
+}
