@@ -118,18 +118,36 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 }
 
 async fn touch(c: &Client, path: &str) -> anyhow::Result<()> {
+    try_touch(c, path)
+        .await
+        .map_err(|e| anyhow::anyhow!("{path}: {e}"))
+}
+
+async fn try_touch(c: &Client, path: &str) -> Result<(), cairn_client::Error> {
     let opts = CreateOptions {
         parents: true,
         ..CreateOptions::default()
     };
-    let w = c
-        .create(path, opts)
-        .await
-        .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
-    w.close()
-        .await
-        .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
-    Ok(())
+    c.create(path, opts).await?.close().await.map(|_| ())
+}
+
+/// Creates `path`, asking again while the masters answer `unavailable` (a client gives up
+/// after its retry time, shorter than a large copy's freeze). An attempt that landed
+/// before its answer was lost shows as `already exists` on the next one.
+async fn touch_until_it_lands(c: &Client, path: &str) -> anyhow::Result<()> {
+    use cairn_rpc::ErrorKind;
+    loop {
+        match try_touch(c, path).await {
+            Ok(()) => return Ok(()),
+            Err(cairn_client::Error::Meta(e)) if e.kind == ErrorKind::AlreadyExists => {
+                return Ok(());
+            }
+            Err(cairn_client::Error::Meta(e)) if e.kind == ErrorKind::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => anyhow::bail!("{path}: {e}"),
+        }
+    }
 }
 
 async fn one_round(
@@ -172,7 +190,7 @@ async fn one_round(
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                touch(&c, &format!("{top}/probe/p{i}")).await?;
+                touch_until_it_lands(&c, &format!("{top}/probe/p{i}")).await?;
                 took.push(t.elapsed().as_secs_f64() * 1e3);
                 i += 1;
             }
