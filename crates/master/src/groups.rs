@@ -70,6 +70,15 @@ impl Hosted {
             election_timeout_max: 800,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(opts.snapshot_every),
             max_in_snapshot_log_to_keep: opts.log_keep,
+            // A leader restarted before a follower stood for election would otherwise lead
+            // again in its old term without one (openraft's default). Its log flushes after
+            // the followers' (the flusher batches), so a SIGKILL can take entries that the
+            // followers hold and that were committed on their acks; leading again, it gives
+            // its next entries the same log ids, which followers take for the ones they
+            // hold: the copies diverge and a committed write can be lost (the long nemesis,
+            // seed 53: RELIABILITY.md). An election makes a follower with the longer log
+            // win, as Raft requires.
+            enable_leader_restore: Some(false),
             ..Default::default()
         }
         .validate()?;

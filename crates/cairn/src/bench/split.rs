@@ -7,8 +7,10 @@
 //! Each round fills a new directory `/bench-split-R` with `--files` empty files (metadata
 //! only, `--depth` at a time, 100 per directory), splits it into a new partition while a
 //! prober creates files in it, renames one file back and forth inside the root and across
-//! to the partition, then deletes every file it made. The partitions stay (there is no merge
-//! yet): run it on a scratch cluster.
+//! to the partition, then deletes every file and directory it made except the partition's
+//! top: a partition's top cannot be deleted and there is no merge yet, so each round leaves
+//! one empty directory and its partition behind (it says so at the end). Run it on a scratch
+//! cluster.
 
 use super::median;
 use cairn_client::{Client, CreateOptions};
@@ -114,6 +116,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "across_over_inside": med(|r| r.across_over_inside),
     });
     println!("{summary}");
+    if !a.json {
+        eprintln!(
+            "left behind: {} empty partition top(s) /bench-split-R-{} (a partition's top cannot be deleted; no merge yet)",
+            rounds.len(),
+            std::process::id()
+        );
+    }
     Ok(())
 }
 
@@ -229,12 +238,28 @@ async fn one_round(
         a.renames,
     )
     .await?;
-    c.delete(&format!("/bench-split-rename-{r}/a")).await?;
+    for p in [
+        format!("/bench-split-rename-{r}/a"),
+        format!("/bench-split-rename-{r}"),
+    ] {
+        c.delete(&p)
+            .await
+            .map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
+    }
     // Clean up what this round wrote.
     for p in paths
         .iter()
         .cloned()
         .chain((0..probes).map(|i| format!("{top}/probe/p{i}")))
+    {
+        c.delete(&p)
+            .await
+            .map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
+    }
+    // Then the directories below the partition's top (the top stays: see the module doc).
+    for p in (0..a.files.div_ceil(100))
+        .map(|d| format!("{top}/d{d}"))
+        .chain([format!("{top}/probe")])
     {
         c.delete(&p)
             .await
