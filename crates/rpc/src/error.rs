@@ -194,6 +194,12 @@ impl MetaError {
     }
 }
 
+/// Whether a master answered the call with `s` (Cairn's error kind is in its metadata), as
+/// opposed to the transport failing before any master could (refused, cut, timed out).
+pub(crate) fn answered(s: &Status) -> bool {
+    s.metadata().get(KIND_METADATA).is_some()
+}
+
 impl From<&MetaError> for crate::pb::Failure {
     fn from(e: &MetaError) -> Self {
         Self {
@@ -236,6 +242,17 @@ impl From<crate::PathError> for MetaError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_masters_unavailable_is_an_answer_and_a_broken_connection_is_not() {
+        let busy: Status = MetaError::new(ErrorKind::Unavailable, "/d is being moved (retry)").into();
+        assert!(answered(&busy));
+        assert_eq!(MetaError::from_status(&busy).kind, ErrorKind::Unavailable);
+        let refused = Status::unavailable("tcp connect error: Connection refused");
+        assert!(!answered(&refused));
+        assert_eq!(MetaError::from_status(&refused).kind, ErrorKind::Unavailable);
+        assert!(!answered(&Status::deadline_exceeded("timeout")));
+    }
 
     #[test]
     fn every_kind_survives_a_status() {

@@ -304,7 +304,7 @@ impl Shared {
         let mut backoff = self.backoff();
         let started = Instant::now();
         let unreachable_for = *self.unreachable_for.lock();
-        // Every answer so far was "unreachable" (no master process answered at all).
+        // No master process answered at all so far (every try was refused, cut or timed out).
         let mut none_answered = true;
         let mut idx = 0;
         let mut tries = 0;
@@ -314,7 +314,7 @@ impl Shared {
             .clone()
             .unwrap_or_else(|| self.addrs[0].clone());
         loop {
-            let err = match f(self.client(&target)?).await {
+            let (err, answered) = match f(self.client(&target)?).await {
                 Ok(r) => {
                     *self.leader.lock() = Some(target);
                     return Ok(r.into_inner());
@@ -330,7 +330,7 @@ impl Shared {
                             s.message()
                         );
                     }
-                    e
+                    (e, crate::error::answered(&s))
                 }
             };
             let retry = match err.kind {
@@ -341,7 +341,10 @@ impl Shared {
                 _ => false,
             };
             tries += 1;
-            none_answered &= err.kind == ErrorKind::Unavailable;
+            // A master that answers `unavailable` (an election, a directory frozen for a move,
+            // a path locked by a rename) is there: the call waits for `retry_for`, not for
+            // `unreachable_for`.
+            none_answered &= err.kind == ErrorKind::Unavailable && !answered;
             let given_up = none_answered
                 && unreachable_for.is_some_and(|u| started.elapsed() >= u)
                 && tries >= self.addrs.len();

@@ -7,6 +7,7 @@ mod chunkstore;
 mod cluster;
 mod codec;
 mod convert;
+mod files;
 mod flood;
 mod floor;
 mod master_state;
@@ -58,6 +59,10 @@ pub enum BenchCommand {
     /// Moving a populated directory into a partition (rows/s, the longest write pause) and a
     /// rename across partitions, next to creating the same rows and renaming inside one.
     Split(split::Args),
+    /// What files cost the masters (RSS and data bytes per file, serving again after a
+    /// SIGKILL, CPU per create against a stat) beside issue 39's targets, against this
+    /// directory's `cairn up`.
+    Files(files::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -76,6 +81,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Tls(a) => tls::run(a),
         BenchCommand::Flood(a) => flood::run(a),
         BenchCommand::Split(a) => split::run(a),
+        BenchCommand::Files(a) => files::run(a),
     }
 }
 
