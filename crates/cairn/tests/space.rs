@@ -52,6 +52,26 @@ async fn settled_growth(cl: &Cluster, base: u64, at_least: u64) -> u64 {
     }
 }
 
+/// Bytes the chunkservers up hold once two readings a heartbeat apart agree: a file is
+/// written in ~12 ms on a quiet machine and the servers report every 200 ms, so a reading
+/// taken at once can miss a dozen files (the fill to 80 % then overshot into a full cluster).
+async fn settled_used(cl: &Cluster) -> u64 {
+    let began = Instant::now();
+    let mut last = used(cl).await.0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (u, _) = used(cl).await;
+        if u == last {
+            return u;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "the servers' usage did not settle (last {last}, now {u})"
+        );
+        last = u;
+    }
+}
+
 /// Waits until the servers hold at most `bytes`; how long it took.
 async fn drained_to(cl: &Cluster, bytes: u64, within: Duration) -> Duration {
     let began = Instant::now();
@@ -103,7 +123,7 @@ async fn deleted_files_space_is_used_again_at_once() {
             w.seal().await.unwrap();
             i += 1;
             if round == 0 && i + 2 >= n {
-                let (u, _) = used(&cl).await;
+                let u = settled_used(&cl).await;
                 if u * 10 >= cap * 8 {
                     n = i;
                     break;
