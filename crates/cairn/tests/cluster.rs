@@ -440,14 +440,23 @@ async fn a_leader_killed_and_started_again_at_once_stands_for_election() {
         let t = Instant::now();
         cl.masters[old - 1].kill();
         cl.masters[old - 1].start();
-        eprintln!("leader {old} (term {}) back after {:?}", before.term, t.elapsed());
+        eprintln!(
+            "leader {old} (term {}) back after {:?}",
+            before.term,
+            t.elapsed()
+        );
         let t = Instant::now();
         loop {
             if let Ok(s) = cl.status().await
                 && s.leader_id != 0
                 && s.term > before.term
             {
-                eprintln!("leader {} in term {} after {:?}", s.leader_id, s.term, t.elapsed());
+                eprintln!(
+                    "leader {} in term {} after {:?}",
+                    s.leader_id,
+                    s.term,
+                    t.elapsed()
+                );
                 break;
             }
             assert!(

@@ -245,12 +245,16 @@ mod tests {
 
     #[test]
     fn a_masters_unavailable_is_an_answer_and_a_broken_connection_is_not() {
-        let busy: Status = MetaError::new(ErrorKind::Unavailable, "/d is being moved (retry)").into();
+        let busy: Status =
+            MetaError::new(ErrorKind::Unavailable, "/d is being moved (retry)").into();
         assert!(answered(&busy));
         assert_eq!(MetaError::from_status(&busy).kind, ErrorKind::Unavailable);
         let refused = Status::unavailable("tcp connect error: Connection refused");
         assert!(!answered(&refused));
-        assert_eq!(MetaError::from_status(&refused).kind, ErrorKind::Unavailable);
+        assert_eq!(
+            MetaError::from_status(&refused).kind,
+            ErrorKind::Unavailable
+        );
         assert!(!answered(&Status::deadline_exceeded("timeout")));
     }
 

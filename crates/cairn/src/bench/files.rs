@@ -214,9 +214,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         move |p| {
             let c = c.clone();
             async move {
-                c.stat(&p)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
+                c.stat(&p).await.map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
                 Ok(())
             }
         }
