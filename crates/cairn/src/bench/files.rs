@@ -11,13 +11,12 @@
 //! it) and times until a stat of the last file answers, and deletes every file and directory
 //! it made (timed too). Leaves the cluster as it found it.
 
-use super::{cpu_seconds, loadavg};
+use super::{cpu_seconds, each, loadavg};
 use crate::cluster::ClusterFile;
 use cairn_client::{Client, ClientOptions, CreateOptions};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -130,33 +129,6 @@ fn cluster_cpu(f: &ClusterFile) -> (f64, f64) {
         .map(|p| proc_cpu(p.pid))
         .sum();
     (masters + others + cpu_seconds(), masters)
-}
-
-/// Runs `op` on every path, `depth` at a time; the seconds it took.
-async fn each<F, Fut>(paths: &Arc<Vec<String>>, depth: usize, op: F) -> anyhow::Result<f64>
-where
-    F: Fn(String) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
-{
-    let t = Instant::now();
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..depth {
-        let (next, paths, op) = (next.clone(), paths.clone(), op.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(p) = paths.get(i) else {
-                    return Ok::<(), anyhow::Error>(());
-                };
-                op(p.clone()).await?;
-            }
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(t.elapsed().as_secs_f64())
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {

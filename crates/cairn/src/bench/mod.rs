@@ -134,6 +134,37 @@ pub fn histogram() -> hdrhistogram::Histogram<u64> {
     hdrhistogram::Histogram::new_with_bounds(100, 100_000_000_000, 3).expect("histogram bounds")
 }
 
+/// Runs `op` on every path, `depth` at a time; the seconds it took.
+pub async fn each<F, Fut>(
+    paths: &std::sync::Arc<Vec<String>>,
+    depth: usize,
+    op: F,
+) -> anyhow::Result<f64>
+where
+    F: Fn(String) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let t = std::time::Instant::now();
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..depth {
+        let (next, paths, op) = (next.clone(), paths.clone(), op.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(p) = paths.get(i) else {
+                    return Ok::<(), anyhow::Error>(());
+                };
+                op(p.clone()).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
 /// The 1-minute load average, recorded with every result (the machine is shared).
 /// CPU seconds (user + system) this process has used so far.
 pub fn cpu_seconds() -> f64 {

@@ -170,26 +170,16 @@ async fn one_round(
         .map(|i| format!("{top}/d{}/f{i}", i / 100))
         .collect();
     // Fill (the floor: the same rows created).
-    let t = Instant::now();
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..a.depth {
-        let (c, next, paths) = (c.clone(), next.clone(), paths.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(p) = paths.get(i) else {
-                    return Ok::<(), anyhow::Error>(());
-                };
-                touch(&c, p).await?;
-            }
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
+    let fill_secs = super::each(&Arc::new(paths.clone()), a.depth, {
+        let c = c.clone();
+        move |p| {
+            let c = c.clone();
+            async move { touch(&c, &p).await }
+        }
+    })
+    .await?;
     let rows = (a.files + a.files.div_ceil(100)) as f64;
-    let create_rows_per_sec = rows / t.elapsed().as_secs_f64();
+    let create_rows_per_sec = rows / fill_secs;
     // Split while a prober creates under the directory.
     let stop = Arc::new(AtomicBool::new(false));
     let prober = {
