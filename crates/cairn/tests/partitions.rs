@@ -70,6 +70,27 @@ fn admin_json(addrs: &str, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// SIGKILLs every master, starts them again, and waits (30 s at most) until `path` is served;
+/// a new client.
+async fn restart_every_master(cl: &mut Cluster, path: &str) -> cairn_client::Client {
+    for m in &mut cl.masters {
+        m.kill();
+    }
+    for m in &mut cl.masters {
+        m.start();
+    }
+    let fresh = cl.client_with(small_chunks()).await;
+    let t = Instant::now();
+    while fresh.stat(path).await.is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{path} is not served again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    fresh
+}
+
 /// Kills chunkserver `i` and waits until the masters count it down; its id.
 async fn lose_chunkserver(cl: &mut Cluster, i: usize) -> u64 {
     let lost = cl.server_id(i).await;
@@ -225,21 +246,7 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
     files.push(("/p/d2/after-kill".into(), 7, 400_000));
     check(&c, &files).await;
     // Every master is killed and starts again: the map, the partition's files and ids stay.
-    for m in &mut cl.masters {
-        m.kill();
-    }
-    for m in &mut cl.masters {
-        m.start();
-    }
-    let fresh = cl.client_with(small_chunks()).await;
-    let t = Instant::now();
-    while fresh.stat("/p/d2/after-kill").await.is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the partition does not serve again"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let fresh = restart_every_master(&mut cl, "/p/d2/after-kill").await;
     check(&fresh, &files).await;
     write(&fresh, "/p/d0/after-restart", 8, 10_000).await;
     let ch = common::chunks(&fresh, "/p/d0/after-restart").await;
@@ -361,18 +368,7 @@ async fn a_populated_subtree_moves_into_a_partition_while_it_is_written() {
         );
     }
     // Every master restarts: the map, the rows and the forwards stay.
-    for m in &mut cl.masters {
-        m.kill();
-    }
-    for m in &mut cl.masters {
-        m.start();
-    }
-    let fresh = cl.client_with(small_chunks()).await;
-    let t = Instant::now();
-    while fresh.stat("/full/live").await.is_err() {
-        assert!(t.elapsed() < Duration::from_secs(30), "not served again");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let fresh = restart_every_master(&mut cl, "/full/live").await;
     check(&fresh, &files).await;
     let v = admin_json(&addrs, &["check", "--json"]);
     assert_eq!(v["problems"], 0, "{v}");
