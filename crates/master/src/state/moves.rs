@@ -390,6 +390,7 @@ pub const ROWS_BATCH_BYTES: usize = 128 << 10;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::tests::{repaired, unavailable};
     use crate::state::{ChunkUpdate, Kind};
     use crate::view::{StateView, View};
     use std::collections::BTreeMap;
@@ -410,10 +411,6 @@ mod tests {
             mkdir(st, dir, None).unwrap();
         }
         crate::state::tests::create(st, path, Some("w"), 1)
-    }
-
-    fn unavailable(r: Response) -> bool {
-        matches!(r, Err(e) if e.kind == ErrorKind::Unavailable)
     }
 
     /// The root with partition 1 and files in /a (some in a directory with a policy) and /b;
@@ -503,13 +500,7 @@ mod tests {
             drops: vec![],
             remove: vec![],
         })));
-        assert!(unavailable(root.apply(&Command::Repaired {
-            chunk_id: chunk,
-            length: 0,
-            server: 9,
-            remove: vec![],
-            member: None,
-        })));
+        assert!(unavailable(root.apply(&repaired(chunk))));
         // Renaming a directory above it is refused outright, as for any partition's subtree.
         assert!(mkdir(&mut root, "/up/a2", None).is_ok());
         assert!(

@@ -23,6 +23,23 @@ pub(crate) fn create_file(s: &mut State, path: &str, chunks: usize) -> Inode {
     s.apply(&cmd).unwrap().inode.unwrap()
 }
 
+/// Whether a command was refused with `unavailable` (frozen by a move or locked by a rename).
+pub(crate) fn unavailable(r: Response) -> bool {
+    matches!(r, Err(e) if e.kind == ErrorKind::Unavailable)
+}
+
+/// A repair of `chunk` recorded (server 9, nothing removed): what a frozen or locked file's
+/// chunk must refuse.
+pub(crate) fn repaired(chunk: ChunkId) -> Command {
+    Command::Repaired {
+        chunk_id: chunk,
+        length: 0,
+        server: 9,
+        remove: vec![],
+        member: None,
+    }
+}
+
 pub(super) fn create(s: &mut State, path: &str, holder: Option<&str>, chunks: usize) -> Response {
     s.apply(&create_cmd(path, holder, chunks))
 }

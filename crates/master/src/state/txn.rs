@@ -330,14 +330,11 @@ impl State {
 mod tests {
     use super::*;
     use crate::state::Command;
+    use crate::state::tests::{repaired, unavailable};
     use crate::view::{StateView, View};
 
     fn create(st: &mut State, path: &str) -> InodeId {
         crate::state::tests::create_file(st, path, 2).id
-    }
-
-    fn unavailable(r: Response) -> bool {
-        matches!(r, Err(e) if e.kind == ErrorKind::Unavailable)
     }
 
     fn setup() -> (State, State) {
@@ -472,13 +469,7 @@ mod tests {
         assert!(unavailable(root.apply(&Command::Delete {
             path: "/a/f".into()
         })));
-        assert!(unavailable(root.apply(&Command::Repaired {
-            chunk_id: chunk,
-            length: 0,
-            server: 9,
-            remove: vec![],
-            member: None,
-        })));
+        assert!(unavailable(root.apply(&repaired(chunk))));
         assert!(unavailable(p1.apply(&Command::Mkdir {
             path: "/p/x/f".into(),
             parents: false,
