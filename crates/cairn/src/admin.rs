@@ -107,12 +107,22 @@ pub enum PartitionCommand {
     },
     /// Send a subtree to a partition (a new one unless --to names one): its files and
     /// directories are then created, stored and served by that partition's Raft group. The
-    /// directory must be missing or empty (moving a populated subtree is not built yet).
+    /// A populated directory is copied there while writes below it wait.
+    ///
+    /// With --bucket instead of a path: an empty S3 bucket's objects are hashed by key over
+    /// --shards new partitions (docs/partitions.md "Buckets"); a listing merges theirs.
     Split {
         /// The subtree's top directory, e.g. /projects/big.
-        path: String,
-        /// An existing partition that holds no subtree yet.
+        #[arg(required_unless_present = "bucket", conflicts_with = "bucket")]
+        path: Option<String>,
+        /// An empty bucket to place in partitions of its own.
         #[arg(long)]
+        bucket: Option<String>,
+        /// How many partitions the bucket's objects are hashed over.
+        #[arg(long, default_value_t = 1, requires = "bucket")]
+        shards: u32,
+        /// An existing partition that holds no subtree yet.
+        #[arg(long, conflicts_with = "bucket")]
         to: Option<u32>,
         /// Masters that host the new partition (default: the root group's voters).
         #[arg(long, value_delimiter = ',', conflicts_with = "to")]
@@ -452,15 +462,50 @@ pub fn run(a: AdminArgs) -> anyhow::Result<()> {
                 }
             }
             AdminCommand::Partition(PartitionCommand::Split {
+                bucket: Some(bucket),
+                shards,
+                members,
+                json,
+                ..
+            }) => {
+                let req = pb::SplitRequest {
+                    bucket: bucket.clone(),
+                    shards,
+                    members,
+                    ..Default::default()
+                };
+                m.send(req, |mut c, r| async move { c.split_partition(r).await })
+                    .await?;
+                let q = cairn_rpc::object::ObjectQuery::Layout {
+                    bucket: bucket.clone(),
+                };
+                let shards = match m.object_query(&q).await? {
+                    Ok(cairn_rpc::object::QueryReply::Layout(s)) => s,
+                    Ok(_) => anyhow::bail!("the layout answered with something else"),
+                    Err(e) => anyhow::bail!("bucket {bucket}: {e}"),
+                };
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"bucket": bucket, "partitions": shards})
+                    );
+                } else {
+                    println!("bucket {bucket}'s objects are hashed over partitions {shards:?}");
+                }
+            }
+            AdminCommand::Partition(PartitionCommand::Split {
                 path,
                 to,
                 members,
                 json,
+                ..
             }) => {
+                let path = path.unwrap_or_default();
                 let req = pb::SplitRequest {
                     path: path.clone(),
                     to: to.unwrap_or(0),
                     members,
+                    ..Default::default()
                 };
                 let s = m
                     .send(req, |mut c, r| async move { c.split_partition(r).await })

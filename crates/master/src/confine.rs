@@ -144,6 +144,7 @@ pub fn object_query(who: &Principal, q: &ObjectQuery) -> Result<(), MetaError> {
                 | Q::Trash { .. }
                 | Q::Locate { .. }
                 | Q::CompactionCandidates { .. }
+                | Q::Layout { .. }
         ),
         Principal::Service(Service::Block) => {
             matches!(

@@ -138,6 +138,7 @@ pub async fn serve(
         hosting: Default::default(),
         moving: Default::default(),
         renaming: Default::default(),
+        deleting_buckets: Default::default(),
         tls: tls.as_ref().map(|t| t.1.clone()),
         opts: opts.clone(),
         registry: parking_lot::Mutex::new(Registry::new(opts.registry.clone())),
@@ -163,6 +164,7 @@ pub async fn serve(
                 meta.host_partitions().await;
                 meta.resume_move();
                 meta.resume_renames();
+                meta.resume_bucket_deletes().await;
                 meta.scan_repairs();
                 meta.scan_conversions().await;
                 meta.export_metrics();

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 
 mod batch;
+mod buckets;
 mod namespace;
 mod partitions;
 mod principal;
@@ -73,6 +74,8 @@ pub(crate) struct Inner {
     pub moving: tokio::sync::Mutex<()>,
     /// Renames across partitions driven here (service/txn.rs).
     pub renaming: Mutex<std::collections::BTreeSet<u64>>,
+    /// Placed buckets whose deletion is driven here (service/buckets.rs).
+    pub deleting_buckets: Mutex<std::collections::BTreeSet<String>>,
     /// TLS to the other masters (for partitions' groups).
     pub tls: Option<cairn_rpc::tls::ClientTlsConfig>,
     /// How this master runs (partitions open with the same settings as the root).
@@ -454,8 +457,7 @@ impl pb::meta_server::Meta for MetaService {
             // own part (crate::confine).
             let q: cairn_rpc::object::ObjectQuery = cairn_rpc::object::decode(&r.body)?;
             crate::confine::object_query(&who, &q)?;
-            self.inner.read_barrier().await?;
-            let mut result = self.inner.sm.lock().state.query_objects(&q);
+            let mut result = self.inner.object_query(&q).await?;
             // The gateway checks SigV4 with the secret itself.
             if let Ok(cairn_rpc::object::QueryReply::User(user)) = &mut result
                 && let Some(u) = user.as_mut()

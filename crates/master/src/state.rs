@@ -21,7 +21,7 @@ pub use check::{MAX_LISTED, Report as CheckReport};
 pub(crate) mod disk;
 pub use disk::TABLES;
 pub mod moves;
-mod objects;
+pub mod objects;
 pub mod partitions;
 pub mod perm;
 pub mod revoke;
@@ -490,10 +490,14 @@ impl State {
                 self.convert_end(*group_id, *switch, *stream);
                 Ok(Reply::default())
             }
-            Command::Object(op) => Ok(Reply {
-                object: Some(self.apply_object(op)),
-                ..Reply::default()
-            }),
+            Command::Object(op) => {
+                self.object_guard(op)?;
+                Ok(Reply {
+                    object: Some(self.apply_object(op)),
+                    ..Reply::default()
+                })
+            }
+            Command::Bucket(b) => self.apply_bucket(b),
             Command::SealSecrets { sealed } => {
                 self.objects.seal_secrets(sealed);
                 Ok(Reply::default())

@@ -148,6 +148,43 @@ pub struct BucketInfo {
     pub name: String,
     pub owner: String,
     pub created_ms: u64,
+    /// The partitions its objects are hashed over ([`shard_of`]); empty: the root's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<u32>,
+}
+
+/// Where the gateway keeps its files in the namespace.
+pub const S3_ROOT: &str = "/.s3";
+
+/// The partition that holds `key` of a bucket whose objects are hashed over `shards`
+/// (`None`: the bucket is the root partition's). The hash is FNV-1a 64 of the key's bytes,
+/// modulo the number of shards (docs/partitions.md "Buckets"): fixed, because gateways and
+/// masters of different versions must agree on it.
+pub fn shard_of(key: &str, shards: &[u32]) -> Option<u32> {
+    if shards.is_empty() {
+        return None;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    Some(shards[(h % shards.len() as u64) as usize])
+}
+
+/// The directory that holds the data files (`blobs/`, `packs/`) of objects in partition
+/// `shard` (`None`: the root's, `/.s3`).
+pub fn data_dir(shard: Option<u32>) -> String {
+    match shard {
+        None => S3_ROOT.to_owned(),
+        Some(n) => format!("{S3_ROOT}/p/{n}"),
+    }
+}
+
+/// The partition whose data directory holds `path` (`/.s3/p/N/…`), if it is one.
+pub fn data_dir_shard(path: &str) -> Option<u32> {
+    let rest = path.strip_prefix(S3_ROOT)?.strip_prefix("/p/")?;
+    rest.split('/').next()?.parse().ok()
 }
 
 /// A change to the object index. `user` is the authenticated user the gateway acts for; the
@@ -221,6 +258,12 @@ pub enum ObjectOp {
         user: String,
         upload_id: String,
         part: Part,
+        /// The upload's bucket and key, which route the change to the partition that holds
+        /// the upload (log entries of older gateways lack them: empty, the root's).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        bucket: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        key: String,
     },
     /// Makes the listed parts (number, etag) the object, in order, and frees unlisted parts.
     /// `meta.extents` and `meta.part_sizes` are filled by the masters from the parts.
@@ -240,6 +283,11 @@ pub enum ObjectOp {
     AbortUpload {
         user: String,
         upload_id: String,
+        /// As for [`ObjectOp::PutPart`].
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        bucket: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        key: String,
     },
     /// A gateway says it serves `endpoint` (at start and then every
     /// [`GATEWAY_HEARTBEAT_MS`]); gateways not heard from for [`GATEWAY_FORGET_MS`] are
@@ -348,6 +396,7 @@ impl ObjectOp {
                 user,
                 upload_id,
                 part,
+                ..
             } => (
                 "PutPart",
                 format!("{upload_id} part {}", part.number),
@@ -356,7 +405,9 @@ impl ObjectOp {
             Self::CompleteUpload {
                 user, upload_id, ..
             } => ("CompleteUpload", upload_id.clone(), Some(user.as_str())),
-            Self::AbortUpload { user, upload_id } => {
+            Self::AbortUpload {
+                user, upload_id, ..
+            } => {
                 ("AbortUpload", upload_id.clone(), Some(user.as_str()))
             }
             Self::GatewaySeen { gateway } => ("GatewaySeen", gateway.endpoint.clone(), None),
@@ -558,6 +609,11 @@ pub enum ObjectQuery {
         upload_id: String,
         after: u32,
         max: u32,
+        /// As for [`ObjectOp::PutPart`].
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        bucket: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        key: String,
     },
     /// Uploads started before `before_ms` (any bucket): the gateway's cleaner aborts them.
     StaleUploads {
@@ -596,6 +652,11 @@ pub enum ObjectQuery {
     },
     /// Every volume, by name.
     Volumes,
+    /// The partitions a bucket's objects are hashed over (empty: the root's), for the
+    /// gateway to put their data files where the index entries go.
+    Layout {
+        bucket: String,
+    },
     /// A volume by name, asked on `user`'s behalf (the NBD server, for a client that proved
     /// the user): answered only if the user may open it (an unknown user or one without
     /// rights: [`ObjectError::AccessDenied`]).
@@ -674,6 +735,8 @@ pub enum QueryReply {
     Trash(Vec<String>),
     Volume(Volume),
     Volumes(Vec<Volume>),
+    /// [`ObjectQuery::Layout`].
+    Layout(Vec<u32>),
     Gateways {
         gateways: Vec<Gateway>,
         buckets: u64,
@@ -739,6 +802,10 @@ pub enum ObjectError {
     /// A conditional PUT's condition does not hold.
     #[error("at least one of the preconditions you specified did not hold")]
     PreconditionFailed,
+    /// The bucket's objects are kept in other partitions than the data named was written
+    /// for (its layout changed since the gateway asked): the gateway asks again and retries.
+    #[error("the bucket's layout changed: {0}")]
+    Moved(String),
 }
 
 /// Encodes for a `bytes` field.

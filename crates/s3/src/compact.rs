@@ -23,8 +23,6 @@ use std::time::{Duration, Instant};
 /// Compactor settings.
 #[derive(Debug, Clone)]
 pub struct CompactOptions {
-    /// Directory of the packs.
-    pub dir: String,
     /// A pack is compacted when its live bytes are under this percentage of its length.
     pub live_pct: u8,
     /// How often the compactor looks for work.
@@ -46,7 +44,6 @@ pub struct CompactOptions {
 impl Default for CompactOptions {
     fn default() -> Self {
         Self {
-            dir: format!("{}/packs", crate::ROOT_DIR),
             live_pct: 50,
             every: Duration::from_secs(60),
             bytes_per_sec: 32 << 20,
@@ -116,17 +113,21 @@ pub async fn run(data: Arc<DataStore>, opts: CompactOptions) {
 /// # Errors
 /// The masters could not be asked for candidates.
 pub async fn pass(data: &DataStore, opts: &CompactOptions) -> Result<Pass, String> {
-    let q = ObjectQuery::CompactionCandidates {
-        dir: opts.dir.clone(),
-        now_ms: now_ms(),
-        live_pct: opts.live_pct,
-        max: 16,
-    };
-    let candidates = match query(&data.client, &q).await {
-        Ok(QueryReply::Packs(p)) => p,
-        Ok(_) => return Err("candidates answered with something else".into()),
-        Err(e) => return Err(e.to_string()),
-    };
+    let mut candidates = Vec::new();
+    // Each data directory's packs (the root's and every bucket shard's).
+    for dir in data.places.all().await.map_err(|e| e.to_string())? {
+        let q = ObjectQuery::CompactionCandidates {
+            dir: format!("{dir}/packs"),
+            now_ms: now_ms(),
+            live_pct: opts.live_pct,
+            max: 16,
+        };
+        match query(&data.client, &q).await {
+            Ok(QueryReply::Packs(p)) => candidates.extend(p),
+            Ok(_) => return Err("candidates answered with something else".into()),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
     let mut total = Pass::default();
     let mut throttle = Throttle::new(opts.bytes_per_sec);
     for c in candidates {
@@ -226,6 +227,10 @@ async fn move_if_live(
     }
     throttle.take(from.len).await;
     let to = data
+        .places
+        .of(bucket, key)
+        .await
+        .map_err(|e| e.to_string())?
         .packs
         .put(bucket, key, body)
         .await
@@ -253,7 +258,16 @@ async fn move_if_live(
 /// # Errors
 /// The masters could not be asked.
 pub async fn sweep(data: &DataStore, idle: Duration) -> Result<u64, String> {
-    let entries = match data.client.list(&data.blob_dir).await {
+    let mut swept = 0;
+    for dir in data.places.all().await.map_err(|e| e.to_string())? {
+        swept += sweep_dir(data, &format!("{dir}/blobs"), idle).await?;
+    }
+    Ok(swept)
+}
+
+/// [`sweep`] of one blob directory.
+async fn sweep_dir(data: &DataStore, blob_dir: &str, idle: Duration) -> Result<u64, String> {
+    let entries = match data.client.list(blob_dir).await {
         Ok(e) => e,
         Err(cairn_client::Error::Meta(e)) if e.kind == cairn_rpc::ErrorKind::NotFound => {
             return Ok(0);
@@ -264,7 +278,7 @@ pub async fn sweep(data: &DataStore, idle: Duration) -> Result<u64, String> {
     let idle: Vec<String> = entries
         .iter()
         .filter(|e| !e.is_dir && e.mtime_ms < before)
-        .map(|e| format!("{}/{}", data.blob_dir, e.name))
+        .map(|e| format!("{blob_dir}/{}", e.name))
         .collect();
     let mut swept = 0;
     for paths in idle.chunks(1000) {
@@ -315,9 +329,20 @@ impl Trash {
             return Ok(0);
         }
         let n = due.len() as u64;
-        change(&data.client, &ObjectOp::EmptyTrash { paths: due })
-            .await
-            .map_err(|e| e.to_string())?;
+        // One change per partition: each empties its own trash.
+        let mut by_place: std::collections::BTreeMap<Option<u32>, Vec<String>> =
+            std::collections::BTreeMap::new();
+        for p in due {
+            by_place
+                .entry(cairn_rpc::object::data_dir_shard(&p))
+                .or_default()
+                .push(p);
+        }
+        for paths in by_place.into_values() {
+            change(&data.client, &ObjectOp::EmptyTrash { paths })
+                .await
+                .map_err(|e| e.to_string())?;
+        }
         Ok(n)
     }
 }

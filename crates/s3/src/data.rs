@@ -72,14 +72,140 @@ pub fn client_err(e: &cairn_client::Error) -> S3Error {
 
 pub struct DataStore {
     pub client: Client,
-    pub packs: Packs,
+    /// Where each bucket's data files go (the root's data directory, or a bucket shard's).
+    pub places: Places,
     /// Bodies up to this size go into a pack.
     pub pack_max: usize,
-    /// Directory of large objects' and parts' own files.
-    pub blob_dir: String,
     /// Files this gateway's GETs are reading now, with how many read each: the trash is
     /// not emptied of them (compact.rs).
     pub reading: Reading,
+}
+
+/// A data directory (`/.s3`, or `/.s3/p/N` of a bucket shard: docs/partitions.md
+/// "Buckets"): its packs, written by this gateway's lanes, and its own files' directory. An
+/// object's data files are in the directory of the partition that holds its index entry.
+pub struct Place {
+    pub dir: String,
+    pub packs: Packs,
+    /// Large objects' and parts' own files.
+    pub blob_dir: String,
+}
+
+/// How long a bucket's layout (the partitions its keys hash over) is trusted. A layout
+/// changes only while the bucket is empty (placed) or when it is deleted and made again; a
+/// PUT whose data went to the old place is refused (ServiceUnavailable: the client's retry
+/// finds the new one).
+const LAYOUT_TTL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The data directories this gateway writes to, opened as they are first needed.
+pub struct Places {
+    client: Client,
+    /// Pack writers of each place are made with these (the directory set per place).
+    packs: crate::pack::PackOptions,
+    open: parking_lot::Mutex<std::collections::HashMap<String, Arc<Place>>>,
+    layouts: parking_lot::Mutex<
+        std::collections::HashMap<String, (Vec<u32>, std::time::Instant)>,
+    >,
+}
+
+impl Places {
+    pub fn new(client: Client, packs: crate::pack::PackOptions) -> Self {
+        Self {
+            client,
+            packs,
+            open: Default::default(),
+            layouts: Default::default(),
+        }
+    }
+
+    /// The place of `key` in `bucket`.
+    ///
+    /// # Errors
+    /// The masters could not be asked the bucket's layout, or the place's directories made.
+    pub async fn of(&self, bucket: &str, key: &str) -> Result<Arc<Place>, S3Error> {
+        let cached = self
+            .layouts
+            .lock()
+            .get(bucket)
+            .filter(|(_, at)| at.elapsed() < LAYOUT_TTL)
+            .map(|(s, _)| s.clone());
+        let shards = match cached {
+            Some(s) => s,
+            None => {
+                let q = cairn_rpc::object::ObjectQuery::Layout {
+                    bucket: bucket.to_owned(),
+                };
+                let s = match crate::query(&self.client, &q).await {
+                    Ok(cairn_rpc::object::QueryReply::Layout(s)) => s,
+                    Ok(_) => return Err(internal("the layout answered with something else")),
+                    // The index change that follows answers NoSuchBucket.
+                    Err(e) if e.code() == &S3ErrorCode::NoSuchBucket => Vec::new(),
+                    Err(e) => return Err(e),
+                };
+                self.layouts
+                    .lock()
+                    .insert(bucket.to_owned(), (s.clone(), std::time::Instant::now()));
+                s
+            }
+        };
+        let dir = cairn_rpc::object::data_dir(cairn_rpc::object::shard_of(key, &shards));
+        self.dir(&dir).await
+    }
+
+    /// The place at data directory `dir`, its directories made when first opened here.
+    ///
+    /// # Errors
+    /// The directories could not be made.
+    pub async fn dir(&self, dir: &str) -> Result<Arc<Place>, S3Error> {
+        if let Some(p) = self.open.lock().get(dir) {
+            return Ok(p.clone());
+        }
+        for sub in ["packs", "blobs"] {
+            self.client
+                .mkdir(&format!("{dir}/{sub}"), true)
+                .await
+                .map_err(|e| client_err(&e))?;
+        }
+        let place = Arc::new(Place {
+            dir: dir.to_owned(),
+            packs: Packs::start(
+                self.client.clone(),
+                crate::pack::PackOptions {
+                    dir: format!("{dir}/packs"),
+                    ..self.packs.clone()
+                },
+            ),
+            blob_dir: format!("{dir}/blobs"),
+        });
+        // Two first uses at once: one place wins, the other's idle lanes end with it.
+        Ok(self
+            .open
+            .lock()
+            .entry(dir.to_owned())
+            .or_insert(place)
+            .clone())
+    }
+
+    /// Every data directory in the cluster: the root's and each bucket shard's.
+    ///
+    /// # Errors
+    /// The shards' parent could not be listed.
+    pub async fn all(&self) -> Result<Vec<String>, cairn_client::Error> {
+        let mut dirs = vec![cairn_rpc::object::data_dir(None)];
+        let parent = format!("{}/p", cairn_rpc::object::S3_ROOT);
+        match self.client.list(&parent).await {
+            Ok(entries) => dirs.extend(
+                entries
+                    .iter()
+                    .filter(|e| e.is_dir)
+                    .filter_map(|e| e.name.parse::<u32>().ok())
+                    .map(|n| cairn_rpc::object::data_dir(Some(n))),
+            ),
+            Err(cairn_client::Error::Meta(e)) if e.kind == cairn_rpc::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(dirs)
+    }
 }
 
 /// Files being read, counted; see [`DataStore::reading`].
@@ -155,10 +281,11 @@ impl DataStore {
             }
             head.extend_from_slice(&piece);
         }
+        let place = self.places.of(bucket, key).await?;
         let extents = match overflow {
             None => {
                 let data = head.freeze();
-                let e = self
+                let e = place
                     .packs
                     .put(bucket, key, data)
                     .await
@@ -166,7 +293,7 @@ impl DataStore {
                 vec![e]
             }
             Some(first) => {
-                let path = format!("{}/{own_name}", self.blob_dir);
+                let path = format!("{}/{own_name}", place.blob_dir);
                 let mut pending = head;
                 pending.extend_from_slice(&first);
                 let written = self

@@ -201,7 +201,7 @@ impl S3Auth for Auth {
 }
 
 /// The masters' answer to a read, with the index's refusals as S3 errors.
-async fn query(client: &Client, q: &ObjectQuery) -> S3Result<QueryReply> {
+pub(crate) async fn query(client: &Client, q: &ObjectQuery) -> S3Result<QueryReply> {
     match client.masters().object_query(q).await {
         Ok(r) => r.map_err(ops::s3_err),
         Err(e) => Err(meta_err(e)),
@@ -287,11 +287,8 @@ impl Gateway {
         // are the cluster's and their root is closed to users (docs/security.md).
         client.mkdir_with(ROOT_DIR, true, None, Some(0o700)).await?;
         client.set_attr(ROOT_DIR, Some(0o700), None).await?;
-        for dir in ["packs", "blobs", "parts"] {
-            client.mkdir(&format!("{ROOT_DIR}/{dir}"), true).await?;
-        }
         let writer_id = format!("{:x}-{}", now_ms(), random_id(6, HEX));
-        let packs = pack::Packs::start(
+        let places = data::Places::new(
             client.clone(),
             pack::PackOptions {
                 dir: format!("{ROOT_DIR}/packs"),
@@ -300,15 +297,16 @@ impl Gateway {
                 pack_bytes: opts.pack_bytes,
             },
         );
+        // The root's data directory is made now (a gateway that cannot is not started).
+        places.dir(ROOT_DIR).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         let users = Arc::new(Users {
             client: client.clone(),
             cache: Mutex::default(),
         });
         let data = Arc::new(data::DataStore {
             client: client.clone(),
-            packs,
+            places,
             pack_max: opts.pack_max_bytes,
-            blob_dir: format!("{ROOT_DIR}/blobs"),
             reading: data::Reading::default(),
         });
         tokio::spawn(compact::run(data.clone(), opts.compact.clone()));

@@ -29,6 +29,8 @@ impl Cairn {
             upload_id: upload_id.to_owned(),
             after: 0,
             max: 1,
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
         };
         match query(&self.data.client, &q).await? {
             QueryReply::Parts { upload, .. } if upload.bucket == bucket && upload.key == key => {
@@ -39,12 +41,14 @@ impl Cairn {
         }
     }
 
-    async fn put_part(&self, user: &str, upload_id: &str, part: Part) -> S3Result<()> {
+    async fn put_part(&self, user: &str, upload: &Upload, part: Part) -> S3Result<()> {
         let extent = part.extent.clone();
         let op = ObjectOp::PutPart {
             user: user.to_owned(),
-            upload_id: upload_id.to_owned(),
+            upload_id: upload.id.clone(),
             part,
+            bucket: upload.bucket.clone(),
+            key: upload.key.clone(),
         };
         if let Err(e) = change(&self.data.client, &op).await {
             if e.code() != &S3ErrorCode::ServiceUnavailable {
@@ -144,7 +148,7 @@ impl Cairn {
             extent: own_extent(stored.extents)?,
             checksums: checksum_map(&stored.checksums),
         };
-        self.put_part(&user, &input.upload_id, part).await?;
+        self.put_part(&user, &upload, part).await?;
         Ok(S3Response::new(UploadPartOutput {
             e_tag: Some(etag(&stored.md5_hex)),
             checksum_crc32: c.checksum_crc32,
@@ -216,7 +220,7 @@ impl Cairn {
         };
         let sums = Sums::of(&part.checksums);
         let mtime = part.mtime_ms;
-        self.put_part(&user, &input.upload_id, part).await?;
+        self.put_part(&user, &upload, part).await?;
         Ok(S3Response::new(UploadPartCopyOutput {
             copy_part_result: Some(CopyPartResult {
                 e_tag: Some(etag(&stored.md5_hex)),
@@ -348,6 +352,8 @@ impl Cairn {
         let op = ObjectOp::AbortUpload {
             user,
             upload_id: input.upload_id,
+            bucket: input.bucket,
+            key: input.key,
         };
         change(&self.data.client, &op).await?;
         Ok(S3Response::new(AbortMultipartUploadOutput::default()))
@@ -436,6 +442,8 @@ impl Cairn {
             upload_id: input.upload_id.clone(),
             after,
             max,
+            bucket: input.bucket.clone(),
+            key: input.key.clone(),
         };
         let QueryReply::Parts {
             upload,
@@ -503,15 +511,17 @@ fn completed(bucket: String, key: String, o: &ObjectMeta) -> CompleteMultipartUp
 }
 
 /// Every part of an upload, by number (ListParts pages through them).
-async fn all_parts(gw: &Cairn, user: &str, upload_id: &str) -> S3Result<BTreeMap<u32, Part>> {
+async fn all_parts(gw: &Cairn, user: &str, upload: &Upload) -> S3Result<BTreeMap<u32, Part>> {
     let mut parts = BTreeMap::new();
     let mut after = 0;
     loop {
         let q = ObjectQuery::ListParts {
             user: user.to_owned(),
-            upload_id: upload_id.to_owned(),
+            upload_id: upload.id.clone(),
             after,
             max: 1000,
+            bucket: upload.bucket.clone(),
+            key: upload.key.clone(),
         };
         let QueryReply::Parts {
             parts: page,
@@ -550,7 +560,7 @@ async fn completion_checksum(
             "the upload's checksum type is {kind}"
         ));
     }
-    let stored = all_parts(gw, user, &upload.id).await?;
+    let stored = all_parts(gw, user, upload).await?;
     let mut parts = Vec::with_capacity(listed.len());
     for p in listed {
         let n = p.part_number.unwrap_or(0) as u32;
@@ -615,6 +625,8 @@ pub async fn clean_uploads(gw: Cairn, max_age: Duration) {
             let op = ObjectOp::AbortUpload {
                 user: u.owner.clone(),
                 upload_id: u.id.clone(),
+                bucket: u.bucket.clone(),
+                key: u.key.clone(),
             };
             match change(&gw.data.client, &op).await {
                 Ok(_) => {

@@ -44,6 +44,9 @@ pub fn s3_err(e: ObjectError) -> S3Error {
         ObjectError::UserExists => C::InvalidArgument,
         ObjectError::InvalidArgument(_) => C::InvalidArgument,
         ObjectError::PreconditionFailed => C::PreconditionFailed,
+        // The gateway wrote the data for a layout that changed: a client's retry is routed
+        // anew.
+        ObjectError::Moved(_) => C::ServiceUnavailable,
         // Volumes are not S3's; a gateway never asks about them.
         ObjectError::NoSuchVolume
         | ObjectError::VolumeExists

@@ -200,8 +200,7 @@ async fn one_round(
     let t = Instant::now();
     let req = pb::SplitRequest {
         path: top.clone(),
-        to: 0,
-        members: vec![],
+        ..Default::default()
     };
     admin
         .send(req, |mut m, r| async move { m.split_partition(r).await })

@@ -52,7 +52,7 @@ impl Inner {
                     .delete_command(&r, who)
                     .await
                     .map(|(r, c)| (r.h, c, Answer::Done)),
-                Some(Op::Object(b)) => cairn_rpc::object::decode(&b)
+                Some(Op::Object(b)) => match cairn_rpc::object::decode(&b)
                     .and_then(|op| {
                         crate::confine::object_op(who, &op)?;
                         crate::confine::on_behalf(who, &op, |user| {
@@ -60,11 +60,23 @@ impl Inner {
                         })?;
                         Ok(op)
                     })
-                    .and_then(|mut op| {
+                    .map(|mut op| {
                         self.seal_op(&mut op);
-                        let root = self.led(crate::state::partitions::ROOT_PARTITION)?;
-                        Ok((root, Command::Object(Box::new(op)), Answer::Object))
-                    }),
+                        op
+                    }) {
+                    Ok(op) => match self.prepare_object(op).await {
+                        Ok(super::buckets::Prepared::Write(h, cmd)) => {
+                            Ok((h, cmd, Answer::Object))
+                        }
+                        Ok(super::buckets::Prepared::Done(result)) => {
+                            let encoded = cairn_rpc::object::encode(&result);
+                            results[i] = Some(Outcome::Object(encoded));
+                            continue;
+                        }
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                },
                 None => Err(MetaError::invalid("a batch operation without an operation")),
             };
             match prepared {

@@ -16,7 +16,7 @@ use tonic::Request;
 
 impl Inner {
     /// Adds a partition hosted by `members` (the root's voters when empty); its number.
-    async fn add_partition(&self, members: &[u64]) -> Result<PartitionId, MetaError> {
+    pub(super) async fn add_partition(&self, members: &[u64]) -> Result<PartitionId, MetaError> {
         self.leader_check()?;
         let voters: Vec<u64> = {
             let m = self.raft.metrics().borrow_watched().clone();
@@ -358,130 +358,17 @@ impl MetaService {
     ) -> Rpc<pb::StatusReply> {
         let (who, call) = self.inner.call(&req, "SplitPartition")?;
         let r = req.into_inner();
-        let target = serde_json::json!({ "path": r.path, "to": r.to, "members": r.members });
+        let target = serde_json::json!({
+            "path": r.path, "to": r.to, "members": r.members, "bucket": r.bucket, "shards": r.shards,
+        });
         let res: Result<(), MetaError> = async {
             who.require_admin("splitting a partition")?;
-            let path = crate::convert::path(&r.path)?;
-            self.inner.read_barrier().await?;
-            // Asked again (a client's retry after the leader changed): the move under way is
-            // driven to its end; a subtree split already is left as it is.
-            let (moving, split_to) = {
-                let st = &self.inner.sm.lock().state;
-                (
-                    st.moving().is_some_and(|m| m.path == path),
-                    st.subtrees().get(&path).copied(),
-                )
-            };
-            if moving {
-                self.inner.drive_move().await?;
-                return Ok(());
-            }
-            if let Some(p) = split_to
-                && (r.to == 0 || r.to == p)
-            {
-                return Ok(());
-            }
-            // Checked before a new partition is made for it (and again as it applies).
-            let populated = match self.inner.sm.lock().state.check_splittable(&path) {
-                Ok(_) => false,
-                Err(e) if e.kind == cairn_rpc::ErrorKind::DirectoryNotEmpty => true,
-                Err(e) => return Err(e),
-            };
-            let to = match r.to {
-                0 => {
-                    let id = self.inner.add_partition(&r.members).await?;
-                    self.inner.host_partitions().await;
-                    id
-                }
-                id => {
-                    if !r.members.is_empty() {
-                        return Err(MetaError::invalid(
-                            "members are given for a new partition only (to = 0)",
-                        ));
-                    }
-                    id
-                }
-            };
-            // Its leadership follows the root's: wait for it here.
-            let h = {
-                let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
-                loop {
-                    match self.inner.led(to) {
-                        Ok(h) => break h,
-                        Err(e) if std::time::Instant::now() >= until => return Err(e),
-                        Err(_) => {
-                            self.inner.host_partitions().await;
-                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        }
-                    }
-                }
-            };
-            let (owner, mode, policy) = {
-                let a = self.inner.sm.lock();
-                let (owner, mode) = match a.state.lookup(&path) {
-                    Ok(ino) => (ino.owner.clone(), ino.mode),
-                    Err(_) => (String::new(), crate::state::perm::DEFAULT_DIR_MODE),
-                };
-                (owner, mode, a.state.inherited_policy(&path))
-            };
-            let now = super::now_ms();
-            self.inner
-                .write_to(
-                    &h,
-                    Command::InitPartition {
-                        partition: to,
-                        path: path.clone(),
-                        owner: owner.clone(),
-                        mode,
-                        now_ms: now,
-                    },
-                )
-                .await?;
-            if let Some(p) = policy {
-                let keep = Command::Mkdir {
-                    path: path.clone(),
-                    parents: true,
-                    now_ms: now,
-                    policy: Some(p),
-                    mode: None,
-                };
-                self.inner.write_to(&h, keep).await?;
-            }
-            if populated {
-                // Refused while a rename across partitions holds a path below (milliseconds):
-                // asked again here rather than by the client, which would make another
-                // partition.
-                let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-                loop {
-                    let begin = Command::BeginMove {
-                        path: path.clone(),
-                        to,
-                        now_ms: now,
-                    };
-                    match self.inner.write(begin).await {
-                        Ok(_) => break,
-                        Err(e)
-                            if e.kind == cairn_rpc::ErrorKind::Unavailable
-                                && std::time::Instant::now() < until =>
-                        {
-                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-                self.inner.drive_move().await?;
+            if r.bucket.is_empty() {
+                let path = crate::convert::path(&r.path)?;
+                self.inner.split_subtree(&path, r.to, &r.members).await.map(|_| ())
             } else {
-                self.inner
-                    .write(Command::AssignSubtree {
-                        path,
-                        partition: to,
-                        owner,
-                        mode,
-                        now_ms: now,
-                    })
-                    .await?;
+                self.inner.split_bucket(&r.bucket, r.shards, &r.members).await
             }
-            Ok(())
         }
         .await;
         self.inner.audited(&call, target, res)?;
@@ -490,6 +377,12 @@ impl MetaService {
 
     pub(crate) async fn host_partitions(&self) {
         self.inner.host_partitions().await;
+    }
+
+    /// Finishes or undoes placed buckets' deletions whose driver stopped
+    /// (service/buckets.rs).
+    pub(crate) async fn resume_bucket_deletes(&self) {
+        self.inner.resume_bucket_deletes().await;
     }
 
     /// At the root's leader, takes over a move under way that no driver here runs (its
@@ -724,5 +617,139 @@ mod tests {
         })
         .unwrap();
         assert!(homes(&root, &p1).is_empty());
+    }
+}
+
+impl Inner {
+    /// Sends the subtree at `path` (in the root partition) to partition `to`, a new one
+    /// hosted by `members` when `to` is 0; the partition's number (see
+    /// [`MetaService::split_partition`]).
+    pub(super) async fn split_subtree(
+        &self,
+        path: &str,
+        to: PartitionId,
+        members: &[u64],
+    ) -> Result<PartitionId, MetaError> {
+        let path = path.to_owned();
+        self.read_barrier().await?;
+        // Asked again (a client's retry after the leader changed): the move under way is
+        // driven to its end; a subtree split already is left as it is.
+        let (moving, split_to) = {
+            let st = &self.sm.lock().state;
+            (
+                st.moving().filter(|m| m.path == path).map(|m| m.to),
+                st.subtrees().get(&path).copied(),
+            )
+        };
+        if let Some(moving_to) = moving {
+            self.drive_move().await?;
+            return Ok(moving_to);
+        }
+        if let Some(p) = split_to
+            && (to == 0 || to == p)
+        {
+            return Ok(p);
+        }
+        // Checked before a new partition is made for it (and again as it applies).
+        let populated = match self.sm.lock().state.check_splittable(&path) {
+            Ok(_) => false,
+            Err(e) if e.kind == cairn_rpc::ErrorKind::DirectoryNotEmpty => true,
+            Err(e) => return Err(e),
+        };
+        let to = match to {
+            0 => {
+                let id = self.add_partition(members).await?;
+                self.host_partitions().await;
+                id
+            }
+            id => {
+                if !members.is_empty() {
+                    return Err(MetaError::invalid(
+                        "members are given for a new partition only (to = 0)",
+                    ));
+                }
+                id
+            }
+        };
+        // Its leadership follows the root's: wait for it here.
+        let h = {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
+            loop {
+                match self.led(to) {
+                    Ok(h) => break h,
+                    Err(e) if std::time::Instant::now() >= until => return Err(e),
+                    Err(_) => {
+                        self.host_partitions().await;
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        };
+        let (owner, mode, policy) = {
+            let a = self.sm.lock();
+            let (owner, mode) = match a.state.lookup(&path) {
+                Ok(ino) => (ino.owner.clone(), ino.mode),
+                Err(_) => (String::new(), crate::state::perm::DEFAULT_DIR_MODE),
+            };
+            (owner, mode, a.state.inherited_policy(&path))
+        };
+        let now = super::now_ms();
+        self
+            .write_to(
+                &h,
+                Command::InitPartition {
+                    partition: to,
+                    path: path.clone(),
+                    owner: owner.clone(),
+                    mode,
+                    now_ms: now,
+                },
+            )
+            .await?;
+        if let Some(p) = policy {
+            let keep = Command::Mkdir {
+                path: path.clone(),
+                parents: true,
+                now_ms: now,
+                policy: Some(p),
+                mode: None,
+            };
+            self.write_to(&h, keep).await?;
+        }
+        if populated {
+            // Refused while a rename across partitions holds a path below (milliseconds):
+            // asked again here rather than by the client, which would make another
+            // partition.
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                let begin = Command::BeginMove {
+                    path: path.clone(),
+                    to,
+                    now_ms: now,
+                };
+                match self.write(begin).await {
+                    Ok(_) => break,
+                    Err(e)
+                        if e.kind == cairn_rpc::ErrorKind::Unavailable
+                            && std::time::Instant::now() < until =>
+                    {
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            self.drive_move().await?;
+        } else {
+            self
+                .write(Command::AssignSubtree {
+                    path,
+                    partition: to,
+                    owner,
+                    mode,
+                    now_ms: now,
+                })
+                .await?;
+        }
+        Ok(to)
     }
 }

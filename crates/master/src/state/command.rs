@@ -276,6 +276,8 @@ pub enum Command {
     TxEnd {
         txid: u64,
     },
+    /// Where a bucket's objects live (objects/buckets.rs).
+    Bucket(super::objects::buckets::BucketCommand),
 }
 
 impl fmt::Display for Command {
@@ -316,6 +318,7 @@ impl fmt::Display for Command {
             Command::Batch(cmds) => write!(f, "batch of {}", cmds.len()),
             // Never the op itself: a user's creation carries its secret.
             Command::Object(op) => write!(f, "object {}", object_op_name(op)),
+            Command::Bucket(b) => write!(f, "{b}"),
             Command::SealSecrets { sealed } => write!(f, "seal-secrets of {}", sealed.len()),
             Command::PruneRevocations { upto } => write!(f, "prune-revocations to {upto}"),
             Command::AddPartition { members, .. } => write!(f, "add-partition on {members:?}"),

@@ -218,6 +218,13 @@ impl State {
             ));
         }
         self.check_target(partition)?;
+        if let Some(n) = cairn_rpc::object::data_dir_shard(path)
+            && n != partition
+        {
+            return Err(MetaError::invalid(format!(
+                "{path} is partition {n}'s bucket shard directory, not partition {partition}'s"
+            )));
+        }
         let id = match self.check_splittable(path)? {
             Some(ino) => {
                 if ino.owner != owner || ino.mode != mode {
@@ -304,7 +311,11 @@ impl State {
         if comps.is_empty() {
             return Err(MetaError::invalid("/ stays in the root partition"));
         }
-        if comps[0].starts_with('.') {
+        // A bucket shard's data directory, `/.s3/p/N`, is the one service directory that
+        // goes (to partition N: objects/buckets.rs).
+        let shard_dir = cairn_rpc::object::data_dir_shard(path)
+            .is_some_and(|n| cairn_rpc::object::data_dir(Some(n)) == path);
+        if comps[0].starts_with('.') && !shard_dir {
             return Err(MetaError::invalid(format!(
                 "{path}: the services' own directories (/.name) stay in the root partition"
             )));

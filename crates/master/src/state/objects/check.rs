@@ -41,8 +41,14 @@ impl State {
         for ((bucket, key), o) in self.objects.by_key.iter() {
             r.objects += 1;
             let what = format!("object {bucket}/{key}");
-            if !self.objects.buckets.contains_key(&bucket) {
-                r.problem(format!("{what}: no bucket {bucket}"));
+            match self.objects.buckets.get(&bucket) {
+                None => r.problem(format!("{what}: no bucket {bucket}")),
+                // The root holds no object of a bucket it placed in shards (buckets.rs).
+                Some(b) if !b.shards.is_empty() => r.problem(format!(
+                    "{what}: the bucket's objects are in partitions {:?}",
+                    b.shards
+                )),
+                Some(_) => {}
             }
             let total: u64 = o.extents.iter().map(|e| e.len).sum();
             if total != o.size {

@@ -5,6 +5,7 @@
 //! as it was; a change that frees data (overwrite, delete, abort, a replaced part) deletes the
 //! extents' own files in the same step, so no object ever names a deleted file.
 
+pub mod buckets;
 pub(in crate::state) mod stored;
 
 use super::{Command, State};
@@ -68,6 +69,13 @@ struct Bucket {
     /// moved into `by_key` ([`ObjectIndex::rebuild`]).
     #[serde(default)]
     objects: BTreeMap<String, ObjectMeta>,
+    /// In the root's state: the partitions the bucket's objects are hashed over (empty: the
+    /// root holds them). Set once, while the bucket is empty (buckets.rs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    shards: Vec<u32>,
+    /// In a shard's copy: the bucket is being deleted, so its writes wait (buckets.rs).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    closing: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -282,6 +290,7 @@ impl ObjectIndex {
                 upload_id,
                 after,
                 max,
+                ..
             } => {
                 let u = self.upload(user, upload_id)?;
                 let max = (*max as usize).clamp(1, MAX_LIST_KEYS);
@@ -314,6 +323,11 @@ impl ObjectIndex {
                 .cloned()
                 .map(QueryReply::Volume)
                 .ok_or(ObjectError::NoSuchVolume),
+            ObjectQuery::Layout { bucket } => self
+                .buckets
+                .get(bucket)
+                .map(|b| QueryReply::Layout(b.shards.clone()))
+                .ok_or(ObjectError::NoSuchBucket),
             ObjectQuery::Volumes => Ok(QueryReply::Volumes(
                 self.volumes.values().cloned().collect(),
             )),
@@ -409,6 +423,7 @@ fn info(name: &str, b: &Bucket) -> BucketInfo {
         name: name.to_owned(),
         owner: b.owner.clone(),
         created_ms: b.created_ms,
+        shards: b.shards.clone(),
     }
 }
 
@@ -664,6 +679,8 @@ impl State {
                                 owner: user.clone(),
                                 created_ms: *now_ms,
                                 objects: BTreeMap::new(),
+                                shards: Vec::new(),
+                                closing: false,
                             },
                         );
                         Ok(OpReply::Done)
@@ -731,6 +748,7 @@ impl State {
                 user,
                 upload_id,
                 part,
+                ..
             } => {
                 idx.upload(user, upload_id)?;
                 if !(1..=cairn_rpc::object::MAX_PARTS).contains(&part.number)
@@ -851,7 +869,9 @@ impl State {
             | ObjectOp::CreateSnapshot { .. }
             | ObjectOp::SnapshotReady { .. }
             | ObjectOp::DeleteSnapshot { .. } => idx.apply_volume(op),
-            ObjectOp::AbortUpload { user, upload_id } => {
+            ObjectOp::AbortUpload {
+                user, upload_id, ..
+            } => {
                 idx.upload(user, upload_id)?;
                 let extents: Vec<Extent> = self
                     .objects
@@ -982,6 +1002,10 @@ impl State {
         extents: impl Iterator<Item = &'a Extent>,
     ) -> Result<(), ObjectError> {
         for e in extents {
+            // Data written for another partition (the gateway's layout is stale).
+            if let Err(m) = self.local_components(&e.path) {
+                return Err(ObjectError::Moved(m.message));
+            }
             match self.lookup(&e.path) {
                 Ok(ino) if ino.file().is_some() => {}
                 _ => {

@@ -290,6 +290,8 @@ fn a_retried_completion_finds_its_object_by_name() {
                 user: user(),
                 upload_id: "up1".into(),
                 part,
+                bucket: String::new(),
+                key: String::new(),
             },
         )
         .unwrap();
@@ -600,4 +602,136 @@ fn the_check_finds_objects_without_data_and_drifted_packs() {
         "{:?}",
         r.listed
     );
+}
+
+/// A bucket placed in a shard: the root refuses its writes as misrouted, the shard holds its
+/// objects and refuses data files of another partition, and deleting it closes, forgets and
+/// drops in that order.
+#[test]
+fn a_placed_bucket_lives_in_its_shard_and_is_deleted_in_steps() {
+    use super::buckets::BucketCommand as B;
+    use crate::state::tests::{partition_state, unavailable};
+    let bucket = |c: B| Command::Bucket(c);
+    let mut root = State::default();
+    root.apply(&Command::AddPartition {
+        members: vec![1],
+        now_ms: 1,
+    })
+    .unwrap();
+    create_bucket(&mut root);
+    file(&mut root, "/.s3/blobs/r");
+    op(&mut root, put("bkt", "k", meta("p0", vec![ext("/.s3/blobs/r")]))).unwrap();
+    let assign = |shards: Vec<u32>| {
+        bucket(B::Assign {
+            bucket: "bkt".into(),
+            shards,
+        })
+    };
+    // No partition holds /.s3/p/1 yet; then the bucket is not empty.
+    assert!(root.apply(&assign(vec![1])).is_err());
+    root.apply(&Command::AssignSubtree {
+        path: "/.s3/p/1".into(),
+        partition: 1,
+        owner: String::new(),
+        mode: 0o700,
+        now_ms: 1,
+    })
+    .unwrap();
+    assert!(root.apply(&assign(vec![1])).is_err(), "not empty");
+    op(
+        &mut root,
+        ObjectOp::DeleteObject {
+            user: "u".into(),
+            bucket: "bkt".into(),
+            key: "k".into(),
+        },
+    )
+    .unwrap();
+    root.apply(&assign(vec![1])).unwrap();
+    root.apply(&assign(vec![1])).unwrap(); // asked again
+    assert!(root.apply(&assign(vec![1, 1])).is_err());
+    let put_k = |path: &str, id: &str| put("bkt", "k", meta(id, vec![ext(path)]));
+    let misrouted = root.apply(&Command::Object(Box::new(put_k("/.s3/blobs/r", "p1"))));
+    assert!(unavailable(misrouted), "the root sends the bucket's writes to its shard");
+    assert_eq!(root.bucket_shards("bkt"), Some(vec![1]));
+
+    let mut p1 = partition_state(1, "/.s3/p/1");
+    let adopt = bucket(B::Adopt {
+        bucket: "bkt".into(),
+        owner: "u".into(),
+        created_ms: 1,
+    });
+    p1.apply(&adopt).unwrap();
+    p1.apply(&adopt).unwrap();
+    let other = bucket(B::Adopt {
+        bucket: "bkt".into(),
+        owner: "v".into(),
+        created_ms: 1,
+    });
+    assert!(p1.apply(&other).is_err(), "another owner's bucket of that name");
+    file(&mut p1, "/.s3/p/1/blobs/x");
+    assert!(matches!(
+        op(&mut p1, put_k("/.s3/blobs/r", "p2")),
+        Err(ObjectError::Moved(_))
+    ));
+    op(&mut p1, put_k("/.s3/p/1/blobs/x", "p3")).unwrap();
+    // Deleting: a shard holding objects refuses to close.
+    let close = bucket(B::Close {
+        bucket: "bkt".into(),
+    });
+    let refused = p1.apply(&close).unwrap().object.unwrap();
+    assert_eq!(refused, Err(ObjectError::BucketNotEmpty));
+    op(
+        &mut p1,
+        ObjectOp::DeleteObject {
+            user: "u".into(),
+            bucket: "bkt".into(),
+            key: "k".into(),
+        },
+    )
+    .unwrap();
+    assert_eq!(p1.apply(&close).unwrap().object.unwrap(), Ok(OpReply::Done));
+    file(&mut p1, "/.s3/p/1/blobs/y");
+    let closed = p1.apply(&Command::Object(Box::new(put_k("/.s3/p/1/blobs/y", "p4"))));
+    assert!(unavailable(closed), "writes wait while the bucket is closed");
+    let drop_it = bucket(B::Drop {
+        bucket: "bkt".into(),
+    });
+    p1.apply(&bucket(B::Reopen {
+        bucket: "bkt".into(),
+    }))
+    .unwrap();
+    assert!(p1.apply(&drop_it).is_err(), "an open copy is not dropped");
+    p1.apply(&close).unwrap();
+    root.apply(&bucket(B::Forget {
+        bucket: "bkt".into(),
+    }))
+    .unwrap();
+    assert_eq!(root.bucket_shards("bkt"), None);
+    p1.apply(&drop_it).unwrap();
+    p1.apply(&drop_it).unwrap(); // asked again
+    assert_eq!(
+        op(&mut p1, put_k("/.s3/p/1/blobs/y", "p5")),
+        Err(ObjectError::NoSuchBucket)
+    );
+    // The root's own buckets are not its to forget; a partition that is no shard adopts none.
+    create_bucket(&mut root);
+    assert!(
+        root.apply(&bucket(B::Forget {
+            bucket: "bkt".into()
+        }))
+        .is_err()
+    );
+    let mut p2 = partition_state(2, "/data");
+    assert!(p2.apply(&adopt).is_err());
+}
+
+/// A 5-byte extent that is the whole of the file at `path`.
+fn ext(path: &str) -> Extent {
+    Extent {
+        path: path.into(),
+        offset: 0,
+        len: 5,
+        shared: false,
+    }
 }
