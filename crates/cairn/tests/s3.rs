@@ -324,7 +324,15 @@ async fn s3_a_bucket_placed_in_partitions() {
     let root_packs = c.list("/.s3/packs").await.unwrap();
     assert!(root_packs.is_empty(), "{root_packs:?}");
     // Every partition's index names only its own files (the check fails the command).
-    run_ok(cairn().args(["admin", "check", "--cluster", &masters.join(",")]));
+    let check = cairn()
+        .args(["admin", "check", "--cluster", &masters.join(",")])
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
     // The shards' state is on disk like the root's.
     cluster.masters[0].kill();
     cluster.masters[0].start();

@@ -407,9 +407,7 @@ impl ObjectOp {
             } => ("CompleteUpload", upload_id.clone(), Some(user.as_str())),
             Self::AbortUpload {
                 user, upload_id, ..
-            } => {
-                ("AbortUpload", upload_id.clone(), Some(user.as_str()))
-            }
+            } => ("AbortUpload", upload_id.clone(), Some(user.as_str())),
             Self::GatewaySeen { gateway } => ("GatewaySeen", gateway.endpoint.clone(), None),
             Self::MoveExtent { bucket, key, .. } => ("MoveExtent", format!("{bucket}/{key}"), None),
             Self::DropPack { path, .. } => ("DropPack", path.clone(), None),

@@ -103,9 +103,7 @@ pub struct Places {
     /// Pack writers of each place are made with these (the directory set per place).
     packs: crate::pack::PackOptions,
     open: parking_lot::Mutex<std::collections::HashMap<String, Arc<Place>>>,
-    layouts: parking_lot::Mutex<
-        std::collections::HashMap<String, (Vec<u32>, std::time::Instant)>,
-    >,
+    layouts: parking_lot::Mutex<std::collections::HashMap<String, (Vec<u32>, std::time::Instant)>>,
 }
 
 impl Places {

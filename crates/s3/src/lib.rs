@@ -298,7 +298,10 @@ impl Gateway {
             },
         );
         // The root's data directory is made now (a gateway that cannot is not started).
-        places.dir(ROOT_DIR).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        places
+            .dir(ROOT_DIR)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         let users = Arc::new(Users {
             client: client.clone(),
             cache: Mutex::default(),

@@ -65,9 +65,7 @@ impl Inner {
                         op
                     }) {
                     Ok(op) => match self.prepare_object(op).await {
-                        Ok(super::buckets::Prepared::Write(h, cmd)) => {
-                            Ok((h, cmd, Answer::Object))
-                        }
+                        Ok(super::buckets::Prepared::Write(h, cmd)) => Ok((h, cmd, Answer::Object)),
                         Ok(super::buckets::Prepared::Done(result)) => {
                             let encoded = cairn_rpc::object::encode(&result);
                             results[i] = Some(Outcome::Object(encoded));

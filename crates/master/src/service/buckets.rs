@@ -98,19 +98,17 @@ fn query_target(st: &State, q: &ObjectQuery) -> Target {
     }
 }
 
-/// Merges one page from each shard of a bucket into one page of at most `max` keys and
-/// common prefixes, in order. A shard's truncated page is complete only up to its last key,
-/// so the merged page stops at the least of those; memory is the shards' pages.
+/// Merges one page from each shard of a bucket, each asked for the same `max` from the same
+/// place, into one page of at most `max` keys and common prefixes, in order. The first `max`
+/// of the pages' union are exactly the bucket's next `max`: a key missing from a shard's page
+/// comes after that page's `max` items, so after at least `max` of the union. Memory is the
+/// shards' pages.
 pub fn merge_pages(pages: Vec<ListPage>, max: u32, uploads: bool) -> ListPage {
     let max = (max as usize).clamp(1, MAX_LIST_KEYS);
-    let bound: Option<String> = pages
-        .iter()
-        .filter(|p| p.truncated)
-        .filter_map(|p| p.last.clone())
-        .min();
-    // Position (as the listing orders it) → the entry, or `None` for a common prefix.
+    let more = pages.iter().any(|p| p.truncated);
+    // Position (as the listing orders it) → the entry, or `None` for a common prefix (which
+    // several shards may hold keys of: listed once).
     let mut items: BTreeMap<String, Option<ListEntry>> = BTreeMap::new();
-    let within = |pos: &String| bound.as_ref().is_none_or(|b| pos <= b);
     for p in pages {
         for e in p.entries {
             let pos = if uploads {
@@ -118,18 +116,14 @@ pub fn merge_pages(pages: Vec<ListPage>, max: u32, uploads: bool) -> ListPage {
             } else {
                 e.key.clone()
             };
-            if within(&pos) {
-                items.insert(pos, Some(e));
-            }
+            items.insert(pos, Some(e));
         }
         for c in p.prefixes {
-            if within(&c) {
-                items.insert(c, None);
-            }
+            items.insert(c, None);
         }
     }
     let mut page = ListPage {
-        truncated: bound.is_some() || items.len() > max,
+        truncated: more || items.len() > max,
         ..ListPage::default()
     };
     for (pos, item) in items.into_iter().take(max) {
@@ -224,11 +218,15 @@ impl Inner {
         bucket: &str,
         shards: &[PartitionId],
     ) -> Result<OpResult, MetaError> {
-        if let Err(e) = self.query_in(ROOT_PARTITION, &ObjectQuery::HeadBucket {
-            user: user.to_owned(),
-            bucket: bucket.to_owned(),
-        })
-        .await?
+        if let Err(e) = self
+            .query_in(
+                ROOT_PARTITION,
+                &ObjectQuery::HeadBucket {
+                    user: user.to_owned(),
+                    bucket: bucket.to_owned(),
+                },
+            )
+            .await?
         {
             return Ok(Err(e));
         }
@@ -500,49 +498,121 @@ fn join_answers(q: &ObjectQuery, answers: Vec<QueryReply>) -> QueryResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::objects::list_keys;
+    use cairn_rpc::object::ListRequest;
+    use std::ops::Bound;
 
-    fn entry(key: &str) -> ListEntry {
-        ListEntry {
-            key: key.into(),
-            size: 1,
+    /// One shard's page, as the shard's state lists it.
+    fn shard_page(keys: &BTreeMap<String, ()>, req: &ListRequest) -> ListPage {
+        let seek = |lower: Bound<&String>| {
+            keys.range::<String, _>((lower, Bound::Unbounded))
+                .next()
+                .map(|(k, v)| (k.clone(), *v))
+        };
+        list_keys(seek, req, |k, _| ListEntry {
+            key: k.clone(),
+            size: 0,
             etag: String::new(),
             mtime_ms: 0,
             upload_id: String::new(),
             owner: String::new(),
+        })
+    }
+
+    /// Every key and common prefix, page by page: of one map, or merged from shards.
+    fn all_pages(
+        shards: &[BTreeMap<String, ()>],
+        prefix: &str,
+        delimiter: Option<&str>,
+        max: u32,
+    ) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut after = String::new();
+        for _ in 0..10_000 {
+            let req = ListRequest {
+                prefix: prefix.into(),
+                delimiter: delimiter.map(Into::into),
+                after: after.clone(),
+                max,
+            };
+            let pages: Vec<ListPage> = shards.iter().map(|s| shard_page(s, &req)).collect();
+            let page = if shards.len() == 1 {
+                pages.into_iter().next().unwrap()
+            } else {
+                merge_pages(pages, max, false)
+            };
+            assert!(page.entries.len() + page.prefixes.len() <= max as usize);
+            let mut items: Vec<String> = page.entries.iter().map(|e| e.key.clone()).collect();
+            items.extend(page.prefixes.iter().cloned());
+            items.sort();
+            out.extend(items);
+            if !page.truncated {
+                return out;
+            }
+            after = page.last.expect("a truncated page names its last");
         }
+        panic!("the listing did not end");
     }
 
-    fn page(keys: &[&str], prefixes: &[&str], truncated: bool) -> ListPage {
-        let mut all: Vec<&str> = keys.iter().chain(prefixes).copied().collect();
-        all.sort_unstable();
-        ListPage {
-            entries: keys.iter().map(|k| entry(k)).collect(),
-            prefixes: prefixes.iter().map(|p| (*p).to_owned()).collect(),
-            truncated,
-            last: all.last().map(|s| (*s).to_owned()),
-        }
-    }
-
-    fn keys(p: &ListPage) -> Vec<&str> {
-        p.entries.iter().map(|e| e.key.as_str()).collect()
-    }
-
+    /// Keys spread over shards by hash list, page by page, exactly as one map holding them
+    /// all does, for every page size, prefix and delimiter.
     #[test]
-    fn a_merged_page_stops_where_a_truncated_shard_stopped() {
-        // Shard 1 has more after "c"; shard 2 is complete: nothing past "c" may be listed
-        // yet, or shard 1's keys between "c" and "e" would be skipped.
-        let m = merge_pages(
-            vec![page(&["a", "c"], &[], true), page(&["b", "e"], &[], false)],
-            10,
-            false,
-        );
-        assert_eq!(keys(&m), ["a", "b", "c"]);
-        assert!(m.truncated);
-        assert_eq!(m.last.as_deref(), Some("c"));
+    fn merged_listings_match_one_map() {
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let alphabet = ["a", "b", "/", "c"];
+        for round in 0..40 {
+            let shards_n = 1 + (round % 5) as usize;
+            let ids: Vec<u32> = (1..=shards_n as u32).collect();
+            let mut whole = BTreeMap::new();
+            let mut shards = vec![BTreeMap::new(); shards_n];
+            for _ in 0..(next() % 60) {
+                let len = 1 + next() % 5;
+                let key: String = (0..len).map(|_| alphabet[(next() % 4) as usize]).collect();
+                let at = ids
+                    .iter()
+                    .position(|i| Some(*i) == shard_of(&key, &ids))
+                    .unwrap();
+                whole.insert(key.clone(), ());
+                shards[at].insert(key, ());
+            }
+            for (prefix, delimiter) in [("", None), ("", Some("/")), ("a", Some("/")), ("b/", None)]
+            {
+                for max in [1, 2, 3, 7, 1000] {
+                    let want = all_pages(std::slice::from_ref(&whole), prefix, delimiter, max);
+                    let got = all_pages(&shards, prefix, delimiter, max);
+                    assert_eq!(
+                        got, want,
+                        "{shards_n} shards, {prefix:?} {delimiter:?} max {max}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
     fn a_merged_page_holds_at_most_max_and_common_prefixes_once() {
+        let page = |keys: &[&str], prefixes: &[&str], truncated: bool| ListPage {
+            entries: keys
+                .iter()
+                .map(|k| ListEntry {
+                    key: (*k).into(),
+                    size: 1,
+                    etag: String::new(),
+                    mtime_ms: 0,
+                    upload_id: String::new(),
+                    owner: String::new(),
+                })
+                .collect(),
+            prefixes: prefixes.iter().map(|p| (*p).to_owned()).collect(),
+            truncated,
+            last: None,
+        };
         let m = merge_pages(
             vec![
                 page(&["a"], &["d/"], false),
@@ -552,12 +622,10 @@ mod tests {
             4,
             false,
         );
-        assert_eq!(keys(&m), ["a", "b", "c"]);
+        let keys: Vec<&str> = m.entries.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["a", "b", "c"]);
         assert_eq!(m.prefixes, ["d/"]);
         assert!(m.truncated, "e is left for the next page");
         assert_eq!(m.last.as_deref(), Some("d/"));
-        let whole = merge_pages(vec![page(&["a"], &[], false), page(&[], &[], false)], 4, false);
-        assert_eq!(keys(&whole), ["a"]);
-        assert!(!whole.truncated);
     }
 }

@@ -365,9 +365,14 @@ impl MetaService {
             who.require_admin("splitting a partition")?;
             if r.bucket.is_empty() {
                 let path = crate::convert::path(&r.path)?;
-                self.inner.split_subtree(&path, r.to, &r.members).await.map(|_| ())
+                self.inner
+                    .split_subtree(&path, r.to, &r.members)
+                    .await
+                    .map(|_| ())
             } else {
-                self.inner.split_bucket(&r.bucket, r.shards, &r.members).await
+                self.inner
+                    .split_bucket(&r.bucket, r.shards, &r.members)
+                    .await
             }
         }
         .await;
@@ -694,18 +699,17 @@ impl Inner {
             (owner, mode, a.state.inherited_policy(&path))
         };
         let now = super::now_ms();
-        self
-            .write_to(
-                &h,
-                Command::InitPartition {
-                    partition: to,
-                    path: path.clone(),
-                    owner: owner.clone(),
-                    mode,
-                    now_ms: now,
-                },
-            )
-            .await?;
+        self.write_to(
+            &h,
+            Command::InitPartition {
+                partition: to,
+                path: path.clone(),
+                owner: owner.clone(),
+                mode,
+                now_ms: now,
+            },
+        )
+        .await?;
         if let Some(p) = policy {
             let keep = Command::Mkdir {
                 path: path.clone(),
@@ -740,15 +744,14 @@ impl Inner {
             }
             self.drive_move().await?;
         } else {
-            self
-                .write(Command::AssignSubtree {
-                    path,
-                    partition: to,
-                    owner,
-                    mode,
-                    now_ms: now,
-                })
-                .await?;
+            self.write(Command::AssignSubtree {
+                path,
+                partition: to,
+                owner,
+                mode,
+                now_ms: now,
+            })
+            .await?;
         }
         Ok(to)
     }

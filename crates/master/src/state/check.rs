@@ -251,10 +251,19 @@ impl State {
         r
     }
 
-    /// The inode at `path` in this state's own tables (no routing by the partition map).
+    /// The inode at `path` in this state's own tables (no routing by the partition map; a
+    /// partition's paths below its top directory, which is its inode 1).
     pub(super) fn lookup_here(&self, path: &str) -> Option<std::sync::Arc<super::Inode>> {
+        let top = self.home.path.trim_end_matches('/');
+        let rest = if top.is_empty() {
+            path
+        } else if path == top {
+            ""
+        } else {
+            path.strip_prefix(top)?.strip_prefix('/')?
+        };
         let mut cur = ROOT;
-        for name in path.split('/').filter(|s| !s.is_empty()) {
+        for name in rest.split('/').filter(|s| !s.is_empty()) {
             cur = *self.dentries.get(&(cur, name.to_owned()))?;
         }
         self.inodes.get(&cur)

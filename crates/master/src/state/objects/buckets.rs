@@ -85,9 +85,7 @@ impl ObjectIndex {
         use std::borrow::Cow;
         let by_upload = |bucket: &'a String, id: &String| {
             if bucket.is_empty() {
-                self.uploads
-                    .get(id)
-                    .map(|u| Cow::Owned(u.bucket.clone()))
+                self.uploads.get(id).map(|u| Cow::Owned(u.bucket.clone()))
             } else {
                 Some(Cow::Borrowed(bucket.as_str()))
             }
@@ -133,7 +131,9 @@ impl State {
             )));
         }
         if b.closing {
-            return Err(unavailable(format!("bucket {bucket} is being deleted (retry)")));
+            return Err(unavailable(format!(
+                "bucket {bucket} is being deleted (retry)"
+            )));
         }
         Ok(())
     }
@@ -175,7 +175,10 @@ impl State {
     ///
     /// # Errors
     /// The command is not this partition's, or its checks fail (nothing changed then).
-    pub(in crate::state) fn apply_bucket(&mut self, cmd: &BucketCommand) -> Result<Reply, MetaError> {
+    pub(in crate::state) fn apply_bucket(
+        &mut self,
+        cmd: &BucketCommand,
+    ) -> Result<Reply, MetaError> {
         let root = self.home.partition == ROOT_PARTITION;
         match cmd {
             BucketCommand::Assign { bucket, shards } => {

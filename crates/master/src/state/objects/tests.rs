@@ -620,7 +620,11 @@ fn a_placed_bucket_lives_in_its_shard_and_is_deleted_in_steps() {
     .unwrap();
     create_bucket(&mut root);
     file(&mut root, "/.s3/blobs/r");
-    op(&mut root, put("bkt", "k", meta("p0", vec![ext("/.s3/blobs/r")]))).unwrap();
+    op(
+        &mut root,
+        put("bkt", "k", meta("p0", vec![ext("/.s3/blobs/r")])),
+    )
+    .unwrap();
     let assign = |shards: Vec<u32>| {
         bucket(B::Assign {
             bucket: "bkt".into(),
@@ -652,7 +656,10 @@ fn a_placed_bucket_lives_in_its_shard_and_is_deleted_in_steps() {
     assert!(root.apply(&assign(vec![1, 1])).is_err());
     let put_k = |path: &str, id: &str| put("bkt", "k", meta(id, vec![ext(path)]));
     let misrouted = root.apply(&Command::Object(Box::new(put_k("/.s3/blobs/r", "p1"))));
-    assert!(unavailable(misrouted), "the root sends the bucket's writes to its shard");
+    assert!(
+        unavailable(misrouted),
+        "the root sends the bucket's writes to its shard"
+    );
     assert_eq!(root.bucket_shards("bkt"), Some(vec![1]));
 
     let mut p1 = partition_state(1, "/.s3/p/1");
@@ -668,7 +675,10 @@ fn a_placed_bucket_lives_in_its_shard_and_is_deleted_in_steps() {
         owner: "v".into(),
         created_ms: 1,
     });
-    assert!(p1.apply(&other).is_err(), "another owner's bucket of that name");
+    assert!(
+        p1.apply(&other).is_err(),
+        "another owner's bucket of that name"
+    );
     file(&mut p1, "/.s3/p/1/blobs/x");
     assert!(matches!(
         op(&mut p1, put_k("/.s3/blobs/r", "p2")),
@@ -693,7 +703,10 @@ fn a_placed_bucket_lives_in_its_shard_and_is_deleted_in_steps() {
     assert_eq!(p1.apply(&close).unwrap().object.unwrap(), Ok(OpReply::Done));
     file(&mut p1, "/.s3/p/1/blobs/y");
     let closed = p1.apply(&Command::Object(Box::new(put_k("/.s3/p/1/blobs/y", "p4"))));
-    assert!(unavailable(closed), "writes wait while the bucket is closed");
+    assert!(
+        unavailable(closed),
+        "writes wait while the bucket is closed"
+    );
     let drop_it = bucket(B::Drop {
         bucket: "bkt".into(),
     });
