@@ -5,6 +5,7 @@
 //! bytes that decode to the same record.
 use cairn_master::kv::codec::{Key, decode_record, encode_record};
 use cairn_master::state::moves::Move;
+use cairn_master::state::objects::buckets::Placement;
 use cairn_master::state::partitions::{Home, PartitionMap};
 use cairn_master::state::txn::{Lock, Txns};
 use cairn_rpc::object::ObjectMeta;
@@ -42,4 +43,5 @@ fuzz_target!(|data: &[u8]| {
     record::<u32>(data);
     record::<bool>(data);
     record::<std::collections::BTreeMap<String, u32>>(data);
+    record::<std::collections::BTreeMap<String, Placement>>(data);
 });

@@ -46,6 +46,10 @@ pub struct Args {
     /// Skip the SDK floor.
     #[arg(long)]
     no_floor: bool,
+    /// Place the bench's bucket in this many partitions of its own before the run
+    /// (docs/partitions.md "Buckets"; 0: the root partition's, as any new bucket).
+    #[arg(long, default_value_t = 0)]
+    shards: u32,
 }
 
 #[derive(Serialize)]
@@ -53,6 +57,8 @@ struct Report {
     op: String,
     size: u64,
     clients: usize,
+    /// Partitions the bucket's objects were hashed over (0: the root's).
+    shards: u32,
     seconds: f64,
     ops: u64,
     errors: u64,
@@ -125,6 +131,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.clients * 2,
         )?);
         target.create_bucket().await?;
+        if a.shards > 0 {
+            let req = cairn_rpc::pb::SplitRequest {
+                bucket: name.clone(),
+                shards: a.shards,
+                ..Default::default()
+            };
+            crate::cluster::masters_client(&masters)?
+                .send(req, |mut c, r| async move { c.split_partition(r).await })
+                .await?;
+        }
         let size = a.size as usize;
         let body = Bytes::from((0..size).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>());
         let (ops, errors, secs, lat, keys_per_s) = match a.op.as_str() {
@@ -170,6 +186,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 (3, 0, secs, Latency::of(&h), Some(best[1]))
             }
         };
+        // What the run wrote goes, and its bucket (a placed one's shards stay, empty).
+        let written: Vec<String> = if a.op == "list" {
+            (0..a.objects).map(|i| format!("k/{i:08}")).collect()
+        } else {
+            (0..a.clients).map(|c| format!("c{c}")).collect()
+        };
+        empty(&target, written).await?;
+        target.delete_bucket().await?;
         // The floor: the SDK appending (or reading) the same sizes with as many writers.
         let floor_size = a.size.min(1 << 20);
         let fl = if a.no_floor {
@@ -195,6 +219,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             op: a.op.clone(),
             size: a.size,
             clients: a.clients,
+            shards: a.shards,
             seconds: secs,
             ops,
             errors,
@@ -292,6 +317,20 @@ async fn fill(target: &Arc<S3Bucket>, n: usize) -> anyhow::Result<()> {
                 )
                 .await
             }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// Deletes `keys` of the bench's bucket, 32 at a time.
+async fn empty(target: &Arc<S3Bucket>, keys: Vec<String>) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(keys)
+        .map(|k| {
+            let t = target.clone();
+            async move { t.delete(&k).await }
         })
         .buffer_unordered(32)
         .collect()

@@ -565,6 +565,19 @@ async fn nemesis() {
     )
     .unwrap();
     s3.create_bucket().await.unwrap();
+    // Its objects are hashed over two partitions of their own (docs/partitions.md
+    // "Buckets"): every PUT, GET, listing and compaction below goes through them.
+    common::run_ok(common::cairn().args([
+        "admin",
+        "--cluster",
+        &masters.join(","),
+        "partition",
+        "split",
+        "--bucket",
+        "nemesis",
+        "--shards",
+        "2",
+    ]));
     let mut gw = Gateway {
         proc,
         s3: Arc::new(s3),

@@ -267,6 +267,12 @@ mod tests {
             checksum_type: Some("COMPOSITE".into()),
             part_checksums: vec!["q".into()],
         });
+        use crate::state::objects::buckets::Placement;
+        rt(Placement::default());
+        rt(Placement {
+            shards: vec![1, 7],
+            closing: true,
+        });
     }
 
     /// The examples of docs/formats/master-state.md.

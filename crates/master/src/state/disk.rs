@@ -97,6 +97,7 @@ pub static TABLES: &[TableDef] = {
         o::BUCKETS,
         o::GATEWAYS,
         o::VOLUMES,
+        o::PLACEMENTS,
         crate::kv::SUMS,
     ]
 };

@@ -27,6 +27,17 @@ use std::collections::BTreeMap;
 /// Most partitions one bucket's objects are hashed over.
 pub const MAX_SHARDS: usize = 64;
 
+/// Where a bucket's objects live, besides its record (the `placements` cell: a bucket without
+/// one is the root's, open).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// In the root's state: the partitions the bucket's objects are hashed over. Set once,
+    /// while the bucket is empty.
+    pub shards: Vec<u32>,
+    /// In a shard's copy: the bucket is being deleted, so its writes wait.
+    pub closing: bool,
+}
+
 /// A change to where a bucket's objects live (`Command::Bucket`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BucketCommand {
@@ -74,6 +85,19 @@ fn answer(r: Result<(), ObjectError>) -> Reply {
 }
 
 impl ObjectIndex {
+    /// The partitions `bucket`'s objects are hashed over (empty: this state holds them).
+    pub(super) fn shards_of(&self, bucket: &str) -> Vec<u32> {
+        self.placements
+            .get(bucket)
+            .map(|p| p.shards.clone())
+            .unwrap_or_default()
+    }
+
+    /// Whether this (shard's) copy of `bucket` is closed for the bucket's deletion.
+    fn closing(&self, bucket: &str) -> bool {
+        self.placements.get(bucket).is_some_and(|p| p.closing)
+    }
+
     /// Whether an upload of `bucket` is under way here.
     fn holds_uploads(&self, bucket: &str) -> bool {
         self.uploads.values().any(|u| u.bucket == bucket)
@@ -121,16 +145,16 @@ impl State {
         let Some(bucket) = self.objects.op_bucket(op) else {
             return Ok(());
         };
-        let Some(b) = self.objects.buckets.get(bucket.as_ref()) else {
+        if !self.objects.buckets.contains_key(bucket.as_ref()) {
             return Ok(()); // the change itself answers NoSuchBucket
-        };
-        if !b.shards.is_empty() {
+        }
+        let shards = self.objects.shards_of(&bucket);
+        if !shards.is_empty() {
             return Err(unavailable(format!(
-                "bucket {bucket}'s objects are in partitions {:?}, not the root (retry)",
-                b.shards
+                "bucket {bucket}'s objects are in partitions {shards:?}, not the root (retry)"
             )));
         }
-        if b.closing {
+        if self.objects.closing(&bucket) {
             return Err(unavailable(format!(
                 "bucket {bucket} is being deleted (retry)"
             )));
@@ -141,7 +165,10 @@ impl State {
     /// The partitions `bucket`'s objects are hashed over (empty: the root's), if the bucket
     /// exists (the root's state).
     pub fn bucket_shards(&self, bucket: &str) -> Option<Vec<u32>> {
-        self.objects.buckets.get(bucket).map(|b| b.shards.clone())
+        self.objects
+            .buckets
+            .contains_key(bucket)
+            .then(|| self.objects.shards_of(bucket))
     }
 
     /// A bucket's owner, creation time and shards, if it exists.
@@ -149,16 +176,16 @@ impl State {
         self.objects
             .buckets
             .get(bucket)
-            .map(|b| (b.owner.clone(), b.created_ms, b.shards.clone()))
+            .map(|b| (b.owner.clone(), b.created_ms, self.objects.shards_of(bucket)))
     }
 
     /// Every placed bucket with its shards (the root's state).
     pub fn placed_buckets(&self) -> BTreeMap<String, Vec<u32>> {
         self.objects
-            .buckets
+            .placements
             .iter()
-            .filter(|(_, b)| !b.shards.is_empty())
-            .map(|(n, b)| (n.clone(), b.shards.clone()))
+            .filter(|(_, p)| !p.shards.is_empty())
+            .map(|(n, p)| (n.clone(), p.shards.clone()))
             .collect()
     }
 
@@ -166,8 +193,8 @@ impl State {
     pub fn adopted_buckets(&self) -> BTreeMap<String, bool> {
         self.objects
             .buckets
-            .iter()
-            .map(|(n, b)| (n.clone(), b.closing))
+            .keys()
+            .map(|n| (n.clone(), self.objects.closing(n)))
             .collect()
     }
 
@@ -186,24 +213,30 @@ impl State {
                     return Err(MetaError::invalid("buckets are placed by the root"));
                 }
                 self.check_assign(bucket, shards)?;
-                let b = self.objects.buckets.get_mut(bucket).expect("checked");
-                b.shards.clone_from(shards);
+                self.objects.placements.insert(
+                    bucket.clone(),
+                    Placement {
+                        shards: shards.clone(),
+                        closing: false,
+                    },
+                );
                 Ok(Reply::default())
             }
             BucketCommand::Forget { bucket } => {
                 if !root {
                     return Err(MetaError::invalid("buckets are forgotten by the root"));
                 }
-                match self.objects.buckets.get(bucket) {
-                    None => Ok(Reply::default()),
-                    Some(b) if b.shards.is_empty() => Err(MetaError::invalid(format!(
-                        "bucket {bucket} is the root's: it is deleted as any other"
-                    ))),
-                    Some(_) => {
-                        self.objects.buckets.remove(bucket);
-                        Ok(Reply::default())
-                    }
+                if !self.objects.buckets.contains_key(bucket) {
+                    return Ok(Reply::default());
                 }
+                if self.objects.shards_of(bucket).is_empty() {
+                    return Err(MetaError::invalid(format!(
+                        "bucket {bucket} is the root's: it is deleted as any other"
+                    )));
+                }
+                self.objects.buckets.remove(bucket);
+                self.objects.placements.remove(bucket);
+                Ok(Reply::default())
             }
             BucketCommand::Adopt {
                 bucket,
@@ -226,8 +259,6 @@ impl State {
                                 owner: owner.clone(),
                                 created_ms: *created_ms,
                                 objects: BTreeMap::new(),
-                                shards: Vec::new(),
-                                closing: false,
                             },
                         );
                     }
@@ -242,28 +273,31 @@ impl State {
                 if self.objects.holds_objects(bucket) {
                     return Ok(answer(Err(ObjectError::BucketNotEmpty)));
                 }
-                self.objects.buckets.get_mut(bucket).expect("held").closing = true;
+                self.objects.placements.insert(
+                    bucket.clone(),
+                    Placement {
+                        shards: Vec::new(),
+                        closing: true,
+                    },
+                );
                 Ok(answer(Ok(())))
             }
             BucketCommand::Reopen { bucket } => {
                 self.check_shard()?;
-                if let Some(b) = self.objects.buckets.get_mut(bucket)
-                    && b.closing
-                {
-                    b.closing = false;
+                if self.objects.closing(bucket) {
+                    self.objects.placements.remove(bucket);
                 }
                 Ok(Reply::default())
             }
             BucketCommand::Drop { bucket } => {
                 self.check_shard()?;
-                match self.objects.buckets.get(bucket) {
-                    None => return Ok(Reply::default()),
-                    Some(b) if !b.closing => {
-                        return Err(MetaError::invalid(format!(
-                            "bucket {bucket} is open here: only a closed copy is dropped"
-                        )));
-                    }
-                    Some(_) => {}
+                if !self.objects.buckets.contains_key(bucket) {
+                    return Ok(Reply::default());
+                }
+                if !self.objects.closing(bucket) {
+                    return Err(MetaError::invalid(format!(
+                        "bucket {bucket} is open here: only a closed copy is dropped"
+                    )));
                 }
                 // Its uploads go with it, as the root's DeleteBucket lets them go.
                 let ids: Vec<String> = self
@@ -279,6 +313,7 @@ impl State {
                 }
                 self.free(&extents);
                 self.objects.buckets.remove(bucket);
+                self.objects.placements.remove(bucket);
                 Ok(Reply::default())
             }
         }
@@ -288,18 +323,16 @@ impl State {
     /// applies): it exists, holds nothing, is not placed elsewhere, and each shard is a
     /// partition whose subtree is its data directory `/.s3/p/N`.
     fn check_assign(&self, bucket: &str, shards: &[u32]) -> Result<(), MetaError> {
-        let b = self
-            .objects
-            .buckets
-            .get(bucket)
-            .ok_or_else(|| MetaError::not_found(format!("no bucket {bucket}")))?;
-        if b.shards == shards {
+        if !self.objects.buckets.contains_key(bucket) {
+            return Err(MetaError::not_found(format!("no bucket {bucket}")));
+        }
+        let placed = self.objects.shards_of(bucket);
+        if placed == shards {
             return Ok(()); // asked again
         }
-        if !b.shards.is_empty() {
+        if !placed.is_empty() {
             return Err(MetaError::invalid(format!(
-                "bucket {bucket} is placed in partitions {:?} already",
-                b.shards
+                "bucket {bucket} is placed in partitions {placed:?} already"
             )));
         }
         if shards.is_empty() || shards.len() > MAX_SHARDS {

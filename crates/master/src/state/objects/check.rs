@@ -44,9 +44,9 @@ impl State {
             match self.objects.buckets.get(&bucket) {
                 None => r.problem(format!("{what}: no bucket {bucket}")),
                 // The root holds no object of a bucket it placed in shards (buckets.rs).
-                Some(b) if !b.shards.is_empty() => r.problem(format!(
+                Some(_) if !self.objects.shards_of(&bucket).is_empty() => r.problem(format!(
                     "{what}: the bucket's objects are in partitions {:?}",
-                    b.shards
+                    self.objects.shards_of(&bucket)
                 )),
                 Some(_) => {}
             }

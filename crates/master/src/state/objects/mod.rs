@@ -59,6 +59,9 @@ pub struct ObjectIndex {
     /// The block service's volumes, by name (docs/block.md).
     #[serde(default)]
     pub(super) volumes: Cell<BTreeMap<String, Volume>>,
+    /// Buckets placed in shards (the root's) and shards' copies being deleted (buckets.rs).
+    #[serde(default)]
+    placements: Cell<BTreeMap<String, buckets::Placement>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,13 +72,6 @@ struct Bucket {
     /// moved into `by_key` ([`ObjectIndex::rebuild`]).
     #[serde(default)]
     objects: BTreeMap<String, ObjectMeta>,
-    /// In the root's state: the partitions the bucket's objects are hashed over (empty: the
-    /// root holds them). Set once, while the bucket is empty (buckets.rs).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    shards: Vec<u32>,
-    /// In a shard's copy: the bucket is being deleted, so its writes wait (buckets.rs).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    closing: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -235,11 +231,11 @@ impl ObjectIndex {
                 self.buckets
                     .iter()
                     .filter(|(_, b)| b.owner == *user)
-                    .map(|(name, b)| info(name, b))
+                    .map(|(name, b)| self.info(name, b))
                     .collect(),
             )),
             ObjectQuery::HeadBucket { user, bucket } => {
-                Ok(QueryReply::Bucket(info(bucket, self.bucket(user, bucket)?)))
+                Ok(QueryReply::Bucket(self.info(bucket, self.bucket(user, bucket)?)))
             }
             ObjectQuery::HeadObject { user, bucket, key } => {
                 self.bucket(user, bucket)?;
@@ -323,11 +319,10 @@ impl ObjectIndex {
                 .cloned()
                 .map(QueryReply::Volume)
                 .ok_or(ObjectError::NoSuchVolume),
-            ObjectQuery::Layout { bucket } => self
-                .buckets
-                .get(bucket)
-                .map(|b| QueryReply::Layout(b.shards.clone()))
-                .ok_or(ObjectError::NoSuchBucket),
+            ObjectQuery::Layout { bucket } => {
+                self.buckets.get(bucket).ok_or(ObjectError::NoSuchBucket)?;
+                Ok(QueryReply::Layout(self.shards_of(bucket)))
+            }
             ObjectQuery::Volumes => Ok(QueryReply::Volumes(
                 self.volumes.values().cloned().collect(),
             )),
@@ -418,12 +413,14 @@ impl ObjectIndex {
     }
 }
 
-fn info(name: &str, b: &Bucket) -> BucketInfo {
-    BucketInfo {
-        name: name.to_owned(),
-        owner: b.owner.clone(),
-        created_ms: b.created_ms,
-        shards: b.shards.clone(),
+impl ObjectIndex {
+    fn info(&self, name: &str, b: &Bucket) -> BucketInfo {
+        BucketInfo {
+            name: name.to_owned(),
+            owner: b.owner.clone(),
+            created_ms: b.created_ms,
+            shards: self.shards_of(name),
+        }
     }
 }
 
@@ -679,8 +676,6 @@ impl State {
                                 owner: user.clone(),
                                 created_ms: *now_ms,
                                 objects: BTreeMap::new(),
-                                shards: Vec::new(),
-                                closing: false,
                             },
                         );
                         Ok(OpReply::Done)

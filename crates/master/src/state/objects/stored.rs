@@ -24,6 +24,7 @@ pub(in crate::state) const USERS: TableDef = crate::state::disk::cell("users");
 pub(in crate::state) const BUCKETS: TableDef = crate::state::disk::cell("buckets");
 pub(in crate::state) const GATEWAYS: TableDef = crate::state::disk::cell("gateways");
 pub(in crate::state) const VOLUMES: TableDef = crate::state::disk::cell("volumes");
+pub(in crate::state) const PLACEMENTS: TableDef = crate::state::disk::cell("bucket_placements");
 
 /// The index in the master's store (see `state/disk.rs`).
 impl ObjectIndex {
@@ -49,6 +50,7 @@ impl ObjectIndex {
             gateways: open_cell(GATEWAYS, store)?,
             trash: Table::open(TRASH, store.clone(), cache)?,
             volumes: open_cell(VOLUMES, store)?,
+            placements: open_cell(PLACEMENTS, store)?,
         })
     }
 
@@ -61,7 +63,8 @@ impl ObjectIndex {
         self.packs.flush(tx)?;
         self.gateways.flush(GATEWAYS, tx)?;
         self.trash.flush(tx)?;
-        self.volumes.flush(VOLUMES, tx)
+        self.volumes.flush(VOLUMES, tx)?;
+        self.placements.flush(PLACEMENTS, tx)
     }
 
     pub(in crate::state) fn write_out(
@@ -79,6 +82,7 @@ impl ObjectIndex {
         self.buckets.touch();
         self.gateways.touch();
         self.volumes.touch();
+        self.placements.touch();
         self.flush(tx)
     }
 }
@@ -95,6 +99,7 @@ impl Default for ObjectIndex {
             gateways: Cell::default(),
             trash: trash_table(),
             volumes: Cell::default(),
+            placements: Cell::default(),
         }
     }
 }
