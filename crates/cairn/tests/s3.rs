@@ -333,8 +333,12 @@ async fn s3_a_bucket_placed_in_partitions() {
         "{}",
         String::from_utf8_lossy(&check.stdout)
     );
-    // The shards' state is on disk like the root's.
+    // The shards' state is on disk like the root's: read back from the log after a SIGKILL,
+    // and from the store after a clean stop (which commits it durably).
     cluster.masters[0].kill();
+    cluster.masters[0].start();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.masters[0].stop();
     cluster.masters[0].start();
     let verified = run("verify");
     assert!(count(&verified) >= 190, "too few checks ran: {verified}");
