@@ -10,6 +10,10 @@
 //! measures the masters' RSS and data directories, SIGKILLs the leader (`cairn up` restarts
 //! it) and times until a stat of the last file answers, and deletes every file and directory
 //! it made (timed too). Leaves the cluster as it found it.
+//!
+//! With `--s3`, the same for S3 objects through the gateway of this `cairn up`: PUTs of
+//! 16-byte objects into a new bucket, a GET of each as the floor, a GET of the last one to
+//! time the restart, then DELETEs and the bucket's deletion.
 
 use super::{cpu_seconds, each, loadavg};
 use crate::cluster::ClusterFile;
@@ -35,10 +39,81 @@ pub struct Args {
     /// Do not kill the leader (the restart figure is left out).
     #[arg(long)]
     no_restart: bool,
+    /// S3 objects through this `cairn up`'s gateway instead of files (`--files` of them).
+    #[arg(long)]
+    s3: bool,
+}
+
+/// What the run creates, reads and deletes: files through the SDK, or objects through S3.
+#[derive(Clone)]
+enum Target {
+    Files(Client),
+    S3(Arc<crate::s3client::S3Bucket>),
+}
+
+impl Target {
+    async fn create(&self, p: &str) -> anyhow::Result<()> {
+        match self {
+            Self::Files(c) => {
+                let w = c.create(p, CreateOptions::default()).await?;
+                w.close().await?;
+            }
+            Self::S3(b) => {
+                b.put(p, bytes::Bytes::from_static(b"sixteen bytes!!!"))
+                    .await?
+            }
+        }
+        Ok(())
+    }
+
+    async fn read(&self, p: &str) -> anyhow::Result<()> {
+        match self {
+            Self::Files(c) => {
+                c.stat(p).await?;
+            }
+            Self::S3(b) => {
+                b.get(p).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, p: &str) -> anyhow::Result<()> {
+        match self {
+            Self::Files(c) => c.delete(p).await?,
+            Self::S3(b) => b.delete(p).await?,
+        }
+        Ok(())
+    }
+}
+
+/// `op` of `target` on each path (`each` with the path in its errors).
+async fn each_of<F, Fut>(
+    paths: &Arc<Vec<String>>,
+    depth: usize,
+    target: &Target,
+    op: F,
+) -> anyhow::Result<f64>
+where
+    F: Fn(Target, String) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let t = target.clone();
+    each(paths, depth, move |p| {
+        let (t, op) = (t.clone(), op.clone());
+        async move {
+            op(t, p.clone())
+                .await
+                .map_err(|e| anyhow::anyhow!("{p}: {e}"))
+        }
+    })
+    .await
 }
 
 #[derive(Serialize)]
 struct Report {
+    /// `files`, or `objects` (`--s3`: the per-file figures are then per object).
+    kind: &'static str,
     files: usize,
     creates_per_sec: f64,
     /// CPU of every cluster process and this client over the creates, per create.
@@ -149,9 +224,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let client = rt.block_on(Client::with_options(&masters, opts))?;
     let top = format!("/bench-files-{}", std::process::id());
     let dirs = a.files.div_ceil(a.per_dir);
+    let target = if a.s3 {
+        let (endpoint, key, secret) = super::s3::local_gateway()?;
+        let name = format!("bench-objects-{}", std::process::id());
+        let b = crate::s3client::S3Bucket::new(&endpoint, &name, &key, &secret, a.depth * 2)?;
+        rt.block_on(b.create_bucket())?;
+        Target::S3(Arc::new(b))
+    } else {
+        Target::Files(client.clone())
+    };
     let paths: Arc<Vec<String>> = Arc::new(
         (0..a.files)
-            .map(|i| format!("{top}/d{}/f{i}", i / a.per_dir))
+            .map(|i| match target {
+                Target::Files(_) => format!("{top}/d{}/f{i}", i / a.per_dir),
+                Target::S3(_) => format!("d{}/o{i}", i / a.per_dir),
+            })
             .collect(),
     );
     let leader = rt.block_on(leader_proc(&client))?;
@@ -159,37 +246,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rss_before = rss_mib(leader.pid);
     let data_before = allocated(&leader.data_dir);
     // The directories first (not timed), then the creates.
-    rt.block_on(async {
-        for d in 0..dirs {
-            client.mkdir(&format!("{top}/d{d}"), true).await?;
-        }
-        anyhow::Ok(())
-    })?;
-    let (cpu0, m0) = cluster_cpu(&f);
-    let create_secs = rt.block_on(each(&paths, a.depth, {
-        let c = client.clone();
-        move |p| {
-            let c = c.clone();
-            async move {
-                let w = c
-                    .create(&p, CreateOptions::default())
-                    .await
-                    .map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
-                w.close().await.map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
-                Ok(())
+    if let Target::Files(c) = &target {
+        rt.block_on(async {
+            for d in 0..dirs {
+                c.mkdir(&format!("{top}/d{d}"), true).await?;
             }
-        }
+            anyhow::Ok(())
+        })?;
+    }
+    let (cpu0, m0) = cluster_cpu(&f);
+    let create_secs = rt.block_on(each_of(&paths, a.depth, &target, |t, p| async move {
+        t.create(&p).await
     }))?;
     let (cpu1, m1) = cluster_cpu(&f);
-    let stat_secs = rt.block_on(each(&paths, a.depth, {
-        let c = client.clone();
-        move |p| {
-            let c = c.clone();
-            async move {
-                c.stat(&p).await.map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
-                Ok(())
-            }
-        }
+    let stat_secs = rt.block_on(each_of(&paths, a.depth, &target, |t, p| async move {
+        t.read(&p).await
     }))?;
     let (cpu2, _) = cluster_cpu(&f);
     let n = a.files as f64;
@@ -210,18 +281,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let last = paths.last().expect("at least one file").clone();
         rt.block_on(async {
             loop {
-                // A fresh client: no cached file lists.
-                if let Ok(c) = Client::with_options(
-                    &masters,
-                    ClientOptions {
-                        retry_for: Duration::from_millis(200),
-                        unreachable_for: None,
-                        ..crate::cluster::client_options()?
+                let served = match &target {
+                    // A fresh client: no cached file lists.
+                    Target::Files(_) => match Client::with_options(
+                        &masters,
+                        ClientOptions {
+                            retry_for: Duration::from_millis(200),
+                            unreachable_for: None,
+                            ..crate::cluster::client_options()?
+                        },
+                    )
+                    .await
+                    {
+                        Ok(c) => c.stat(&last).await.is_ok(),
+                        Err(_) => false,
                     },
-                )
-                .await
-                    && c.stat(&last).await.is_ok()
-                {
+                    Target::S3(_) => target.read(&last).await.is_ok(),
+                };
+                if served {
                     return anyhow::Ok(());
                 }
                 anyhow::ensure!(
@@ -239,24 +316,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .find(|p| p.id == leader.id)
             .map(|p| rss_mib(p.pid));
     }
-    // Clean up: every file, then the directories.
-    let delete_secs = rt.block_on(each(&paths, a.depth, {
-        let c = client.clone();
-        move |p| {
-            let c = c.clone();
-            async move {
-                c.delete(&p)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
-                Ok(())
-            }
-        }
+    // Clean up: every file, then the directories (or the bucket).
+    let delete_secs = rt.block_on(each_of(&paths, a.depth, &target, |t, p| async move {
+        t.delete(&p).await
     }))?;
     rt.block_on(async {
-        for d in 0..dirs {
-            client.delete(&format!("{top}/d{d}")).await?;
+        match &target {
+            Target::Files(c) => {
+                for d in 0..dirs {
+                    c.delete(&format!("{top}/d{d}")).await?;
+                }
+                c.delete(&top).await?;
+            }
+            Target::S3(b) => b.delete_bucket().await?,
         }
-        client.delete(&top).await?;
         anyhow::Ok(())
     })?;
     let per_million = (rss_after - rss_before) / n * 1e6;
@@ -264,6 +337,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let cpu_create = (cpu1 - cpu0) / n * 1e6;
     let cpu_stat = (cpu2 - cpu1) / n * 1e6;
     let r = Report {
+        kind: if a.s3 { "objects" } else { "files" },
         files: a.files,
         creates_per_sec: n / create_secs,
         cpu_us_per_create: cpu_create,

@@ -81,11 +81,20 @@ struct Report {
     loadavg: f64,
 }
 
-/// The gateway and credentials of the local `cairn up`.
-fn defaults(a: &Args) -> anyhow::Result<(String, String, String)> {
+/// The gateway of this directory's `cairn up` and its admin's credentials.
+pub(super) fn local_gateway() -> anyhow::Result<(String, String, String)> {
+    gateway_and_keys(None, None, None)
+}
+
+/// The gateway and credentials given, else the local `cairn up`'s.
+fn gateway_and_keys(
+    endpoint: Option<&str>,
+    access_key: Option<&str>,
+    secret_key: Option<&str>,
+) -> anyhow::Result<(String, String, String)> {
     let dir = Path::new("./cairn-data");
-    let endpoint = match &a.endpoint {
-        Some(e) => e.clone(),
+    let endpoint = match endpoint {
+        Some(e) => e.to_owned(),
         None => ClusterFile::load(dir)?
             .and_then(|f| f.s3_procs.first().map(|p| format!("http://{}", p.addr)))
             .ok_or_else(|| anyhow::anyhow!("no gateway: pass --endpoint or run `cairn up` here"))?,
@@ -97,10 +106,11 @@ fn defaults(a: &Args) -> anyhow::Result<(String, String, String)> {
             .find_map(|l| l.split_once('=').filter(|(n, _)| n.trim() == k))
             .map(|(_, v)| v.trim().to_owned())
     };
-    let key = a.access_key.clone().or_else(|| field("aws_access_key_id"));
-    let secret = a
-        .secret_key
-        .clone()
+    let key = access_key
+        .map(str::to_owned)
+        .or_else(|| field("aws_access_key_id"));
+    let secret = secret_key
+        .map(str::to_owned)
         .or_else(|| field("aws_secret_access_key"));
     match (key, secret) {
         (Some(k), Some(s)) => Ok((endpoint, k, s)),
@@ -110,7 +120,11 @@ fn defaults(a: &Args) -> anyhow::Result<(String, String, String)> {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.clients >= 1, "--clients must be at least 1");
-    let (endpoint, key, secret) = defaults(&a)?;
+    let (endpoint, key, secret) = gateway_and_keys(
+        a.endpoint.as_deref(),
+        a.access_key.as_deref(),
+        a.secret_key.as_deref(),
+    )?;
     let masters = a.cluster.masters()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -173,10 +173,13 @@ impl State {
 
     /// A bucket's owner, creation time and shards, if it exists.
     pub fn bucket_record(&self, bucket: &str) -> Option<(String, u64, Vec<u32>)> {
-        self.objects
-            .buckets
-            .get(bucket)
-            .map(|b| (b.owner.clone(), b.created_ms, self.objects.shards_of(bucket)))
+        self.objects.buckets.get(bucket).map(|b| {
+            (
+                b.owner.clone(),
+                b.created_ms,
+                self.objects.shards_of(bucket),
+            )
+        })
     }
 
     /// Every placed bucket with its shards (the root's state).

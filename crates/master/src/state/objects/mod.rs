@@ -234,9 +234,9 @@ impl ObjectIndex {
                     .map(|(name, b)| self.info(name, b))
                     .collect(),
             )),
-            ObjectQuery::HeadBucket { user, bucket } => {
-                Ok(QueryReply::Bucket(self.info(bucket, self.bucket(user, bucket)?)))
-            }
+            ObjectQuery::HeadBucket { user, bucket } => Ok(QueryReply::Bucket(
+                self.info(bucket, self.bucket(user, bucket)?),
+            )),
             ObjectQuery::HeadObject { user, bucket, key } => {
                 self.bucket(user, bucket)?;
                 let o = self.object(bucket, key).ok_or(ObjectError::NoSuchKey)?;
