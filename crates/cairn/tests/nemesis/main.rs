@@ -528,14 +528,14 @@ async fn nemesis() {
         )
         .await
         .unwrap();
-    common::run_ok(common::cairn().args([
-        "admin",
-        "--cluster",
-        &masters.join(","),
-        "partition",
-        "split",
-        PARTITIONED,
-    ]));
+    let admin = |args: &[&str]| {
+        common::run_ok(
+            common::cairn()
+                .args(["admin", "--cluster", &masters.join(",")])
+                .args(args),
+        )
+    };
+    admin(&["partition", "split", PARTITIONED]);
     // Small packs and frequent compaction passes, so that pack rotation and compaction run
     // under the faults too.
     // The gateway and the NBD server run with their service keys, as `cairn up` runs them.
@@ -567,17 +567,7 @@ async fn nemesis() {
     s3.create_bucket().await.unwrap();
     // Its objects are hashed over two partitions of their own (docs/partitions.md
     // "Buckets"): every PUT, GET, listing and compaction below goes through them.
-    common::run_ok(common::cairn().args([
-        "admin",
-        "--cluster",
-        &masters.join(","),
-        "partition",
-        "split",
-        "--bucket",
-        "nemesis",
-        "--shards",
-        "2",
-    ]));
+    admin(&["partition", "split", "--bucket", "nemesis", "--shards", "2"]);
     let mut gw = Gateway {
         proc,
         s3: Arc::new(s3),

@@ -275,39 +275,34 @@ impl Inner {
             }
         }
         if let Some(answer) = refused {
-            // A failed reopen is the tick's to finish (its copy stays closed until then).
-            for p in closed {
-                if let Ok(h) = self.led_soon(p).await {
-                    let _ = self
-                        .write_to(
-                            &h,
-                            cmd(BucketCommand::Reopen {
-                                bucket: bucket.to_owned(),
-                            }),
-                        )
-                        .await;
-                }
-            }
+            let reopen = BucketCommand::Reopen {
+                bucket: bucket.to_owned(),
+            };
+            self.in_each(&closed, &reopen).await;
             return answer;
         }
         self.write(cmd(BucketCommand::Forget {
             bucket: bucket.to_owned(),
         }))
         .await?;
-        // Deleted from here on; a drop that fails is the tick's to finish.
+        // Deleted from here on.
+        let drop = BucketCommand::Drop {
+            bucket: bucket.to_owned(),
+        };
+        self.in_each(shards, &drop).await;
+        Ok(Ok(OpReply::Done))
+    }
+
+    /// `c` applied in each of `shards` as far as it goes: a copy left closed is the tick's to
+    /// reopen or drop ([`Inner::resume_bucket_deletes`]).
+    async fn in_each(&self, shards: &[PartitionId], c: &BucketCommand) {
         for &p in shards {
-            if let Ok(h) = self.led_soon(p).await {
-                let _ = self
-                    .write_to(
-                        &h,
-                        cmd(BucketCommand::Drop {
-                            bucket: bucket.to_owned(),
-                        }),
-                    )
-                    .await;
+            if let Ok(h) = self.led_soon(p).await
+                && let Err(e) = self.write_to(&h, Command::Bucket(c.clone())).await
+            {
+                tracing::warn!(partition = p, %c, error = %e, "left to the tick");
             }
         }
-        Ok(Ok(OpReply::Done))
     }
 
     /// Places the empty bucket `bucket` over `shards` new partitions hosted by `members`

@@ -581,50 +581,6 @@ fn check_reply(partition: PartitionId, r: crate::state::CheckReport) -> pb::Part
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::state::{Command, State};
-
-    /// Canary for the cross-partition check: a chunk held by a partition that did not
-    /// allocate it, and not forwarded there, is a problem; forwarded, it is not.
-    #[test]
-    fn a_chunk_held_without_its_forward_is_misplaced() {
-        let mut root = State::default();
-        root.apply(&Command::AddPartition {
-            members: vec![1],
-            now_ms: 1,
-        })
-        .unwrap();
-        let ino = crate::state::tests::create_file(&mut root, "/f", 1);
-        let chunk = ino.file().unwrap().chunks[0].id;
-        let mut p1 = crate::state::tests::partition_state(1, "/p");
-        let mut moved = ino.clone();
-        moved.parent = crate::state::ROOT;
-        p1.apply(&Command::LoadRows {
-            top: "/p".into(),
-            inodes: vec![moved],
-            policies: vec![],
-        })
-        .unwrap();
-        let homes = |root: &State, p1: &State| {
-            let mut h = ChunkHomes::default();
-            h.read(ROOT_PARTITION, root);
-            h.read(1, p1);
-            h.misplaced()
-        };
-        let m = homes(&root, &p1);
-        assert_eq!(m.len(), 1, "{m:?}");
-        assert_eq!(m[0].0, 1);
-        root.apply(&Command::TxForward {
-            chunks: vec![chunk],
-            to: 1,
-        })
-        .unwrap();
-        assert!(homes(&root, &p1).is_empty());
-    }
-}
-
 impl Inner {
     /// Sends the subtree at `path` (in the root partition) to partition `to`, a new one
     /// hosted by `members` when `to` is 0; the partition's number (see
@@ -754,5 +710,49 @@ impl Inner {
             .await?;
         }
         Ok(to)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Command, State};
+
+    /// Canary for the cross-partition check: a chunk held by a partition that did not
+    /// allocate it, and not forwarded there, is a problem; forwarded, it is not.
+    #[test]
+    fn a_chunk_held_without_its_forward_is_misplaced() {
+        let mut root = State::default();
+        root.apply(&Command::AddPartition {
+            members: vec![1],
+            now_ms: 1,
+        })
+        .unwrap();
+        let ino = crate::state::tests::create_file(&mut root, "/f", 1);
+        let chunk = ino.file().unwrap().chunks[0].id;
+        let mut p1 = crate::state::tests::partition_state(1, "/p");
+        let mut moved = ino.clone();
+        moved.parent = crate::state::ROOT;
+        p1.apply(&Command::LoadRows {
+            top: "/p".into(),
+            inodes: vec![moved],
+            policies: vec![],
+        })
+        .unwrap();
+        let homes = |root: &State, p1: &State| {
+            let mut h = ChunkHomes::default();
+            h.read(ROOT_PARTITION, root);
+            h.read(1, p1);
+            h.misplaced()
+        };
+        let m = homes(&root, &p1);
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert_eq!(m[0].0, 1);
+        root.apply(&Command::TxForward {
+            chunks: vec![chunk],
+            to: 1,
+        })
+        .unwrap();
+        assert!(homes(&root, &p1).is_empty());
     }
 }

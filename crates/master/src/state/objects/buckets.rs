@@ -303,20 +303,7 @@ impl State {
                     )));
                 }
                 // Its uploads go with it, as the root's DeleteBucket lets them go.
-                let ids: Vec<String> = self
-                    .objects
-                    .uploads
-                    .iter()
-                    .filter(|(_, u)| u.bucket == *bucket)
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                let mut extents = Vec::new();
-                for id in ids {
-                    extents.extend(self.objects.take_upload(&id).into_iter().map(|p| p.extent));
-                }
-                self.free(&extents);
-                self.objects.buckets.remove(bucket);
-                self.objects.placements.remove(bucket);
+                self.forget_bucket(bucket);
                 Ok(Reply::default())
             }
         }

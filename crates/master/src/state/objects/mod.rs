@@ -687,20 +687,7 @@ impl State {
                 if idx.holds_objects(bucket) {
                     return Err(ObjectError::BucketNotEmpty);
                 }
-                // Unfinished multipart uploads go with the bucket, as on AWS: their parts'
-                // bytes are freed as an abort frees them.
-                let ids: Vec<String> = idx
-                    .uploads
-                    .iter()
-                    .filter(|(_, u)| u.bucket == *bucket)
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                let mut extents = Vec::new();
-                for id in ids {
-                    extents.extend(self.objects.take_upload(&id).into_iter().map(|p| p.extent));
-                }
-                self.free(&extents);
-                self.objects.buckets.remove(bucket);
+                self.forget_bucket(bucket);
                 Ok(OpReply::Done)
             }
             ObjectOp::PutObject {
@@ -968,6 +955,25 @@ impl State {
             self.release_pack(e);
         }
         Ok(OpReply::Object(self.install(&bucket, &key, meta)))
+    }
+
+    /// Removes `bucket` (holding no object) with its placement. Unfinished multipart uploads
+    /// go with it, as on AWS: their parts' bytes are freed as an abort frees them.
+    pub(super) fn forget_bucket(&mut self, bucket: &str) {
+        let ids: Vec<String> = self
+            .objects
+            .uploads
+            .iter()
+            .filter(|(_, u)| u.bucket == bucket)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut extents = Vec::new();
+        for id in ids {
+            extents.extend(self.objects.take_upload(&id).into_iter().map(|p| p.extent));
+        }
+        self.free(&extents);
+        self.objects.buckets.remove(bucket);
+        self.objects.placements.remove(bucket);
     }
 
     /// Makes `meta` the object at `key`, freeing the version it replaces.
