@@ -133,17 +133,21 @@ impl Places {
                 let q = cairn_rpc::object::ObjectQuery::Layout {
                     bucket: bucket.to_owned(),
                 };
-                let s = match crate::query(&self.client, &q).await {
-                    Ok(cairn_rpc::object::QueryReply::Layout(s)) => s,
+                match crate::query(&self.client, &q).await {
+                    Ok(cairn_rpc::object::QueryReply::Layout(s)) => {
+                        let mut layouts = self.layouts.lock();
+                        // Bounded by the buckets written to within the TTL.
+                        if layouts.len() >= 1024 {
+                            layouts.retain(|_, (_, at)| at.elapsed() < LAYOUT_TTL);
+                        }
+                        layouts.insert(bucket.to_owned(), (s.clone(), std::time::Instant::now()));
+                        s
+                    }
                     Ok(_) => return Err(internal("the layout answered with something else")),
-                    // The index change that follows answers NoSuchBucket.
+                    // Not kept: the index change that follows answers NoSuchBucket.
                     Err(e) if e.code() == &S3ErrorCode::NoSuchBucket => Vec::new(),
                     Err(e) => return Err(e),
-                };
-                self.layouts
-                    .lock()
-                    .insert(bucket.to_owned(), (s.clone(), std::time::Instant::now()));
-                s
+                }
             }
         };
         let dir = cairn_rpc::object::data_dir(cairn_rpc::object::shard_of(key, &shards));
