@@ -15,6 +15,9 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+mod place;
+pub use place::{data_dir, data_dir_shard, shard_of, shards_dir};
+
 /// Longest object key, in bytes (S3's limit).
 pub const MAX_KEY_BYTES: usize = 1024;
 /// Most keys one listing returns (S3's limit).
@@ -151,40 +154,6 @@ pub struct BucketInfo {
     /// The partitions its objects are hashed over ([`shard_of`]); empty: the root's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<u32>,
-}
-
-/// Where the gateway keeps its files in the namespace.
-pub const S3_ROOT: &str = "/.s3";
-
-/// The partition that holds `key` of a bucket whose objects are hashed over `shards`
-/// (`None`: the bucket is the root partition's). The hash is FNV-1a 64 of the key's bytes,
-/// modulo the number of shards (docs/partitions.md "Buckets"): fixed, because gateways and
-/// masters of different versions must agree on it.
-pub fn shard_of(key: &str, shards: &[u32]) -> Option<u32> {
-    if shards.is_empty() {
-        return None;
-    }
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    Some(shards[(h % shards.len() as u64) as usize])
-}
-
-/// The directory that holds the data files (`blobs/`, `packs/`) of objects in partition
-/// `shard` (`None`: the root's, `/.s3`).
-pub fn data_dir(shard: Option<u32>) -> String {
-    match shard {
-        None => S3_ROOT.to_owned(),
-        Some(n) => format!("{S3_ROOT}/p/{n}"),
-    }
-}
-
-/// The partition whose data directory holds `path` (`/.s3/p/N/…`), if it is one.
-pub fn data_dir_shard(path: &str) -> Option<u32> {
-    let rest = path.strip_prefix(S3_ROOT)?.strip_prefix("/p/")?;
-    rest.split('/').next()?.parse().ok()
 }
 
 /// A change to the object index. `user` is the authenticated user the gateway acts for; the

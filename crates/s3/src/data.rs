@@ -85,7 +85,6 @@ pub struct DataStore {
 /// "Buckets"): its packs, written by this gateway's lanes, and its own files' directory. An
 /// object's data files are in the directory of the partition that holds its index entry.
 pub struct Place {
-    pub dir: String,
     pub packs: Packs,
     /// Large objects' and parts' own files.
     pub blob_dir: String,
@@ -169,7 +168,6 @@ impl Places {
                 .map_err(|e| client_err(&e))?;
         }
         let place = Arc::new(Place {
-            dir: dir.to_owned(),
             packs: Packs::start(
                 self.client.clone(),
                 crate::pack::PackOptions {
@@ -194,7 +192,7 @@ impl Places {
     /// The shards' parent could not be listed.
     pub async fn all(&self) -> Result<Vec<String>, cairn_client::Error> {
         let mut dirs = vec![cairn_rpc::object::data_dir(None)];
-        let parent = format!("{}/p", cairn_rpc::object::S3_ROOT);
+        let parent = cairn_rpc::object::shards_dir();
         match self.client.list(&parent).await {
             Ok(entries) => dirs.extend(
                 entries

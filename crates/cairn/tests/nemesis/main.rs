@@ -528,50 +528,17 @@ async fn nemesis() {
         )
         .await
         .unwrap();
-    let admin = |args: &[&str]| {
-        common::run_ok(
-            common::cairn()
-                .args(["admin", "--cluster", &masters.join(",")])
-                .args(args),
-        )
-    };
-    admin(&["partition", "split", PARTITIONED]);
-    // Small packs and frequent compaction passes, so that pack rotation and compaction run
-    // under the faults too.
+    common::run_ok(common::cairn().args([
+        "admin",
+        "--cluster",
+        &masters.join(","),
+        "partition",
+        "split",
+        PARTITIONED,
+    ]));
     // The gateway and the NBD server run with their service keys, as `cairn up` runs them.
-    let s3_key = common::service_key(dir.path(), &masters, "s3");
+    let mut gw = Gateway::start(dir.path(), &masters).await;
     let nbd_key = common::service_key(dir.path(), &masters, "block");
-    let proc = common::gateway_with(
-        &masters,
-        "127.0.0.1:0",
-        &[
-            "--service-key-file",
-            s3_key.to_str().unwrap(),
-            "--pack-bytes",
-            "4m",
-            "--compact-every-secs",
-            "2",
-            "--free-grace-secs",
-            "5",
-        ],
-    );
-    let keys = common::create_user(&masters, "nemesis");
-    let s3 = S3Bucket::new(
-        &format!("http://{}", proc.addr),
-        "nemesis",
-        &keys.access,
-        &keys.secret,
-        8,
-    )
-    .unwrap();
-    s3.create_bucket().await.unwrap();
-    // Its objects are hashed over two partitions of their own (docs/partitions.md
-    // "Buckets"): every PUT, GET, listing and compaction below goes through them.
-    admin(&["partition", "split", "--bucket", "nemesis", "--shards", "2"]);
-    let mut gw = Gateway {
-        proc,
-        s3: Arc::new(s3),
-    };
     // A volume served by a `cairn nbd` whose collector compacts small segments all the time.
     common::run_ok(common::cairn().args([
         "volume",

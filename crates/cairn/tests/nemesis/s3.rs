@@ -218,3 +218,52 @@ pub(super) struct Gateway {
     pub(super) proc: Proc,
     pub(super) s3: Arc<S3Bucket>,
 }
+
+impl Gateway {
+    /// A gateway with its service key, small packs and frequent compaction passes (so that
+    /// pack rotation and compaction run under the faults too), and the bucket `nemesis`, whose
+    /// objects are hashed over two partitions of their own (docs/partitions.md "Buckets"):
+    /// every PUT, GET, listing and compaction of the run goes through them.
+    pub(super) async fn start(dir: &std::path::Path, masters: &[String]) -> Self {
+        let s3_key = common::service_key(dir, masters, "s3");
+        let proc = common::gateway_with(
+            masters,
+            "127.0.0.1:0",
+            &[
+                "--service-key-file",
+                s3_key.to_str().unwrap(),
+                "--pack-bytes",
+                "4m",
+                "--compact-every-secs",
+                "2",
+                "--free-grace-secs",
+                "5",
+            ],
+        );
+        let keys = common::create_user(masters, "nemesis");
+        let s3 = S3Bucket::new(
+            &format!("http://{}", proc.addr),
+            "nemesis",
+            &keys.access,
+            &keys.secret,
+            8,
+        )
+        .unwrap();
+        s3.create_bucket().await.unwrap();
+        common::run_ok(common::cairn().args([
+            "admin",
+            "--cluster",
+            &masters.join(","),
+            "partition",
+            "split",
+            "--bucket",
+            "nemesis",
+            "--shards",
+            "2",
+        ]));
+        Self {
+            proc,
+            s3: Arc::new(s3),
+        }
+    }
+}

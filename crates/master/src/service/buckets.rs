@@ -246,19 +246,15 @@ impl Inner {
         bucket: &str,
         shards: &[PartitionId],
     ) -> Result<OpResult, MetaError> {
-        let cmd = |c: BucketCommand| Command::Bucket(c);
         let mut closed = Vec::new();
         let mut refused: Option<Result<OpResult, MetaError>> = None;
         for &p in shards {
             let close = async {
                 let h = self.led_soon(p).await?;
-                self.write_to(
-                    &h,
-                    cmd(BucketCommand::Close {
-                        bucket: bucket.to_owned(),
-                    }),
-                )
-                .await
+                let close = BucketCommand::Close {
+                    bucket: bucket.to_owned(),
+                };
+                self.write_to(&h, Command::Bucket(close)).await
             };
             match close.await {
                 Ok(reply) => match reply.object {
@@ -281,7 +277,7 @@ impl Inner {
             self.in_each(&closed, &reopen).await;
             return answer;
         }
-        self.write(cmd(BucketCommand::Forget {
+        self.write(Command::Bucket(BucketCommand::Forget {
             bucket: bucket.to_owned(),
         }))
         .await?;
@@ -336,7 +332,7 @@ impl Inner {
                 "bucket {bucket} is placed in partitions {placed:?} already"
             )));
         }
-        let parent = format!("{}/p", cairn_rpc::object::S3_ROOT);
+        let parent = cairn_rpc::object::shards_dir();
         let mkdir = Command::Mkdir {
             path: parent.clone(),
             parents: true,

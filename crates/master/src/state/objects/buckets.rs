@@ -19,7 +19,7 @@
 use super::{Bucket, ObjectIndex};
 use crate::state::partitions::ROOT_PARTITION;
 use crate::state::{Reply, State};
-use cairn_rpc::object::{ObjectError, ObjectOp, OpReply, data_dir};
+use cairn_rpc::object::{BucketInfo, ObjectError, ObjectOp, OpReply, data_dir};
 use cairn_rpc::{ErrorKind, MetaError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -85,6 +85,16 @@ fn answer(r: Result<(), ObjectError>) -> Reply {
 }
 
 impl ObjectIndex {
+    /// A bucket as ListBuckets and HeadBucket show it, with its shards.
+    pub(super) fn info(&self, name: &str, b: &Bucket) -> BucketInfo {
+        BucketInfo {
+            name: name.to_owned(),
+            owner: b.owner.clone(),
+            created_ms: b.created_ms,
+            shards: self.shards_of(name),
+        }
+    }
+
     /// The partitions `bucket`'s objects are hashed over (empty: this state holds them).
     pub(super) fn shards_of(&self, bucket: &str) -> Vec<u32> {
         self.placements
@@ -162,6 +172,25 @@ impl State {
         Ok(())
     }
 
+    /// Removes `bucket` (holding no object) with its placement. Unfinished multipart uploads
+    /// go with it, as on AWS: their parts' bytes are freed as an abort frees them.
+    pub(super) fn forget_bucket(&mut self, bucket: &str) {
+        let ids: Vec<String> = self
+            .objects
+            .uploads
+            .iter()
+            .filter(|(_, u)| u.bucket == bucket)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut extents = Vec::new();
+        for id in ids {
+            extents.extend(self.objects.take_upload(&id).into_iter().map(|p| p.extent));
+        }
+        self.free(&extents);
+        self.objects.buckets.remove(bucket);
+        self.objects.placements.remove(bucket);
+    }
+
     /// The partitions `bucket`'s objects are hashed over (empty: the root's), if the bucket
     /// exists (the root's state).
     pub fn bucket_shards(&self, bucket: &str) -> Option<Vec<u32>> {
@@ -180,16 +209,6 @@ impl State {
                 self.objects.shards_of(bucket),
             )
         })
-    }
-
-    /// Every placed bucket with its shards (the root's state).
-    pub fn placed_buckets(&self) -> BTreeMap<String, Vec<u32>> {
-        self.objects
-            .placements
-            .iter()
-            .filter(|(_, p)| !p.shards.is_empty())
-            .map(|(n, p)| (n.clone(), p.shards.clone()))
-            .collect()
     }
 
     /// The buckets a shard holds copies of, with whether each is closed.

@@ -11,10 +11,9 @@ pub(in crate::state) mod stored;
 use super::{Command, State};
 use crate::kv::{Cell, Table};
 use cairn_rpc::object::{
-    BucketInfo, Extent, GATEWAY_FORGET_MS, Gateway, ListEntry, ListPage, ListRequest,
-    MAX_LIST_KEYS, MIN_PART_BYTES, ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply,
-    OpResult, PackCandidate, Part, PutCondition, QueryReply, QueryResult, Upload, User, Volume,
-    VolumeAccess,
+    Extent, GATEWAY_FORGET_MS, Gateway, ListEntry, ListPage, ListRequest, MAX_LIST_KEYS,
+    MIN_PART_BYTES, ObjectError, ObjectMeta, ObjectOp, ObjectQuery, OpReply, OpResult,
+    PackCandidate, Part, PutCondition, QueryReply, QueryResult, Upload, User, Volume, VolumeAccess,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -409,17 +408,6 @@ impl ObjectIndex {
                     })
                     .collect(),
             )),
-        }
-    }
-}
-
-impl ObjectIndex {
-    fn info(&self, name: &str, b: &Bucket) -> BucketInfo {
-        BucketInfo {
-            name: name.to_owned(),
-            owner: b.owner.clone(),
-            created_ms: b.created_ms,
-            shards: self.shards_of(name),
         }
     }
 }
@@ -955,25 +943,6 @@ impl State {
             self.release_pack(e);
         }
         Ok(OpReply::Object(self.install(&bucket, &key, meta)))
-    }
-
-    /// Removes `bucket` (holding no object) with its placement. Unfinished multipart uploads
-    /// go with it, as on AWS: their parts' bytes are freed as an abort frees them.
-    pub(super) fn forget_bucket(&mut self, bucket: &str) {
-        let ids: Vec<String> = self
-            .objects
-            .uploads
-            .iter()
-            .filter(|(_, u)| u.bucket == bucket)
-            .map(|(id, _)| id.clone())
-            .collect();
-        let mut extents = Vec::new();
-        for id in ids {
-            extents.extend(self.objects.take_upload(&id).into_iter().map(|p| p.extent));
-        }
-        self.free(&extents);
-        self.objects.buckets.remove(bucket);
-        self.objects.placements.remove(bucket);
     }
 
     /// Makes `meta` the object at `key`, freeing the version it replaces.
