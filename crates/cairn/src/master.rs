@@ -56,8 +56,12 @@ pub struct MasterArgs {
     #[arg(long, env = "CAIRN_STATE_CACHE_MIB", default_value_t = cairn_master::kv::DEFAULT_CACHE_BYTES >> 20)]
     state_cache_mib: usize,
     /// MiB of the master's database pages kept in memory (redb's page cache).
-    #[arg(long, env = "CAIRN_STORE_CACHE_MIB", default_value_t = 64)]
+    #[arg(long, env = "CAIRN_STORE_CACHE_MIB", default_value_t = cairn_master::store::DEFAULT_STORE_CACHE >> 20)]
     store_cache_mib: usize,
+    /// MiB of the newest Raft log entries kept in memory (older ones are read from the log's
+    /// files), in each partition.
+    #[arg(long, env = "CAIRN_LOG_CACHE_MIB", default_value_t = cairn_master::wal::DEFAULT_CACHE_BYTES >> 20)]
+    log_cache_mib: usize,
     /// A file holding the cluster secret (hex; `cairn up` makes DATA_DIR/cluster.secret):
     /// servers prove they hold it on every call between them, and every call is refused
     /// without a proof of a server or a user (docs/security.md). Required unless --insecure.
@@ -154,6 +158,7 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
             log_keep: a.log_keep,
             state_cache: a.state_cache_mib << 20,
             store_cache: a.store_cache_mib.max(1) << 20,
+            log_cache: a.log_cache_mib.max(1) << 20,
             log_flush_gap: Duration::from_micros(a.log_flush_gap_us),
             cluster_secret: cluster_secret(a.cluster_secret_file.as_deref(), a.insecure)?,
             tls_dir: a.tls_dir.clone(),

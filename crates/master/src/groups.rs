@@ -58,7 +58,7 @@ impl Hosted {
         let dir = dir(&opts.data_dir, id);
         std::fs::create_dir_all(&dir)?;
         let db = open_db_with(&dir.join("master.redb"), opts.store_cache)?;
-        let log = LogStore::open(&dir, &db, opts.log_flush_gap)?;
+        let log = LogStore::open_with(&dir, &db, opts.log_flush_gap, opts.log_cache)?;
         let log_open = log.open_handle();
         let sm = StateMachine::open(db.clone(), &dir, opts.state_cache)?;
         let shared = sm.shared();

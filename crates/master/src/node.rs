@@ -39,6 +39,8 @@ pub struct MasterOptions {
     pub state_cache: usize,
     /// Bytes of the store's pages (`master.redb`) kept in memory.
     pub store_cache: usize,
+    /// Bytes of the newest Raft log entries kept in memory.
+    pub log_cache: usize,
     /// The Raft log starts at most one fsync per this gap: writes arriving within it of the
     /// last fsync share the next one (group commit under load; a lone write is not delayed).
     pub log_flush_gap: Duration,
@@ -86,6 +88,7 @@ impl MasterOptions {
             log_keep: 1_000,
             state_cache: crate::kv::DEFAULT_CACHE_BYTES,
             store_cache: crate::store::DEFAULT_STORE_CACHE,
+            log_cache: crate::wal::DEFAULT_CACHE_BYTES,
             log_flush_gap: crate::wal::DEFAULT_FLUSH_GAP,
             cluster_secret: None,
             tls_dir: None,

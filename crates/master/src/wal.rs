@@ -38,9 +38,13 @@ pub const DIR: &str = "raft-log";
 /// Default of [`crate::MasterOptions::log_flush_gap`]: measured in BENCHMARKS.md ("Raft log").
 pub const DEFAULT_FLUSH_GAP: Duration = Duration::from_micros(500);
 
-/// Entries whose payloads stay in memory (older ones are read from the log files).
-const CACHE_ENTRIES: usize = 50_000;
-const CACHE_BYTES: usize = 64 << 20;
+/// Default of [`crate::MasterOptions::log_cache`]: bytes of the newest entries' payloads kept
+/// in memory (older ones are read from the log files: a follower that far behind, or a
+/// restart's replay). 64 MiB had held ~50 000 entries that nothing read again (BENCHMARKS.md
+/// "Where a master's memory goes").
+pub const DEFAULT_CACHE_BYTES: usize = 16 << 20;
+/// At most this many entries stay cached, whatever their size.
+const CACHE_ENTRIES: usize = 20_000;
 /// A log file is closed and a new one started at this size; files whose entries are all purged
 /// (after a snapshot) are deleted.
 const FILE_BYTES: usize = 64 << 20;
@@ -162,10 +166,10 @@ pub fn decode_entry(id: Id, payload: &[u8]) -> io::Result<EntryOf<TypeConfig>> {
     })
 }
 
-fn config(dir: &Path) -> Arc<raft_log::Config> {
+fn config(dir: &Path, cache_bytes: usize) -> Arc<raft_log::Config> {
     let mut c = raft_log::Config::new(dir.display());
     c.log_cache_max_items = Some(CACHE_ENTRIES);
-    c.log_cache_capacity = Some(CACHE_BYTES);
+    c.log_cache_capacity = Some(cache_bytes.max(1 << 20));
     c.wal.chunk_max_size = Some(FILE_BYTES);
     c.wal.chunk_max_records = Some(FILE_ENTRIES);
     // Batching is the flusher's job (see `Flusher`): raft_log's wait would delay lone writes.
@@ -266,12 +270,25 @@ impl LogStore {
     /// # Errors
     /// The log files are unreadable or inconsistent, or the move fails.
     pub fn open(data_dir: &Path, legacy: &Database, min_flush_gap: Duration) -> io::Result<Self> {
+        Self::open_with(data_dir, legacy, min_flush_gap, DEFAULT_CACHE_BYTES)
+    }
+
+    /// [`LogStore::open`] keeping up to `cache_bytes` of the newest entries in memory.
+    ///
+    /// # Errors
+    /// As [`LogStore::open`].
+    pub fn open_with(
+        data_dir: &Path,
+        legacy: &Database,
+        min_flush_gap: Duration,
+        cache_bytes: usize,
+    ) -> io::Result<Self> {
         let dir = data_dir.join(DIR);
         if !dir.exists() {
             migrate(data_dir, legacy)?;
         }
         clear_legacy(legacy)?;
-        let log = Arc::new(Mutex::new(RaftLog::open(config(&dir))?));
+        let log = Arc::new(Mutex::new(RaftLog::open(config(&dir, cache_bytes))?));
         let flusher = Arc::new(Flusher {
             waiting: Mutex::new(Vec::new()),
             waiting_entries: std::sync::atomic::AtomicUsize::new(0),
@@ -328,7 +345,7 @@ fn migrate(data_dir: &Path, legacy: &Database) -> io::Result<()> {
     }
     std::fs::create_dir_all(&tmp)?;
     {
-        let mut log = RaftLog::<WalTypes>::open(config(&tmp))?;
+        let mut log = RaftLog::<WalTypes>::open(config(&tmp, DEFAULT_CACHE_BYTES))?;
         let tx = legacy.begin_read().map_err(io_err)?;
         if let Ok(meta) = tx.open_table(LEGACY_META) {
             if let Some(v) = meta.get("vote").map_err(io_err)? {

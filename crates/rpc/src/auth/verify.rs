@@ -81,25 +81,44 @@ pub struct Verifier {
     seen: parking_lot::Mutex<Replay>,
 }
 
-/// MAC prefixes of proofs accepted in the last two windows of [`MAX_SKEW_MS`] (any proof older
-/// than that is refused by its time, so forgetting older ones is safe).
+/// The first 8 bytes of the MAC of every proof accepted whose time is still inside
+/// [`MAX_SKEW_MS`] of now, grouped by that time in buckets of [`REPLAY_BUCKET_MS`]. A replay
+/// carries the same time as the original (the time is signed), so it finds its bucket; a
+/// bucket whose every time is out of the window is dropped whole (such proofs are refused by
+/// their time). Memory is the rate of calls times about one window with clocks in step (two
+/// at most, when the callers' clocks run ahead), 8 bytes and a table slot per call.
 #[derive(Default)]
 struct Replay {
-    current: std::collections::HashSet<[u8; 16]>,
-    previous: std::collections::HashSet<[u8; 16]>,
-    since_ms: u64,
+    buckets: std::collections::BTreeMap<u64, std::collections::HashSet<u64>>,
 }
 
+/// How finely [`Replay`] groups proofs by their time.
+const REPLAY_BUCKET_MS: u64 = 5_000;
+
 impl Replay {
-    /// Whether `tag` is new (and remembers it).
-    fn first_use(&mut self, tag: &[u8], now_ms: u64) -> bool {
-        if now_ms.saturating_sub(self.since_ms) > 2 * MAX_SKEW_MS {
-            self.previous = std::mem::take(&mut self.current);
-            self.since_ms = now_ms;
+    /// Whether `tag` of a proof made at `at_ms` (already checked to be within
+    /// [`MAX_SKEW_MS`] of `now_ms`) is new, and remembers it.
+    fn first_use(&mut self, tag: &[u8], at_ms: u64, now_ms: u64) -> bool {
+        // Bucket b holds times [b·B, (b+1)·B): all refused by time once (b+1)·B is below
+        // now − MAX_SKEW_MS.
+        let oldest_kept = now_ms.saturating_sub(MAX_SKEW_MS) / REPLAY_BUCKET_MS;
+        while let Some(e) = self.buckets.first_entry() {
+            if *e.key() >= oldest_kept {
+                break;
+            }
+            e.remove();
         }
-        let mut k = [0u8; 16];
-        k.copy_from_slice(&tag[..16]);
-        !self.previous.contains(&k) && self.current.insert(k)
+        let mut k = [0u8; 8];
+        k.copy_from_slice(&tag[..8]);
+        self.buckets
+            .entry(at_ms / REPLAY_BUCKET_MS)
+            .or_default()
+            .insert(u64::from_le_bytes(k))
+    }
+
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.buckets.values().map(std::collections::HashSet::len).sum()
     }
 }
 
@@ -186,7 +205,7 @@ impl Verifier {
                 p.at_ms.abs_diff(now_ms) / 1000
             )));
         }
-        if !self.seen.lock().first_use(&p.tag, now_ms) {
+        if !self.seen.lock().first_use(&p.tag, p.at_ms, now_ms) {
             return Err(refuse("a replayed call (this proof was used before)"));
         }
         Ok(principal)
@@ -216,10 +235,33 @@ mod tests {
     fn replays_are_remembered_for_the_whole_window() {
         let mut r = Replay::default();
         let tag = [7u8; 32];
-        assert!(r.first_use(&tag, 1_000));
-        assert!(!r.first_use(&tag, 1_000 + MAX_SKEW_MS));
-        // One rotation keeps it (in `previous`); a proof two windows old is refused by time.
-        assert!(!r.first_use(&tag, 1_000 + 2 * MAX_SKEW_MS + 1));
-        assert!(r.first_use(&[8u8; 32], 1_000 + 2 * MAX_SKEW_MS + 1));
+        let at = 10 * MAX_SKEW_MS;
+        assert!(r.first_use(&tag, at, at));
+        // Replayed while its time is still accepted, from either side of the window.
+        assert!(!r.first_use(&tag, at, at + MAX_SKEW_MS));
+        assert!(!r.first_use(&tag, at, at - MAX_SKEW_MS));
+        // A proof made ahead of the master's clock is kept until its time is out of the
+        // window too.
+        let ahead = at + MAX_SKEW_MS;
+        assert!(r.first_use(&[9u8; 32], ahead, at));
+        assert!(!r.first_use(&[9u8; 32], ahead, ahead + MAX_SKEW_MS));
+        // Past the window (refused by time before this is asked) the old times are dropped.
+        assert!(r.first_use(&[8u8; 32], at + 3 * MAX_SKEW_MS, at + 3 * MAX_SKEW_MS));
+        assert_eq!(r.remembered(), 1);
+    }
+
+    #[test]
+    fn memory_is_about_one_window_of_calls() {
+        let mut r = Replay::default();
+        // 1 000 calls a second for 10 windows, clocks in step.
+        let mut most = 0;
+        for ms in 0..10 * MAX_SKEW_MS {
+            let mut tag = [0u8; 32];
+            tag[..8].copy_from_slice(&ms.to_le_bytes());
+            assert!(r.first_use(&tag, ms, ms));
+            most = most.max(r.remembered());
+        }
+        let window = usize::try_from(MAX_SKEW_MS + REPLAY_BUCKET_MS).unwrap();
+        assert!(most <= window, "{most} remembered, one window is {window}");
     }
 }
