@@ -8,6 +8,7 @@ pub mod confine;
 pub mod conversion;
 pub mod convert;
 pub mod groups;
+mod heap;
 pub mod kv;
 pub mod network;
 pub mod node;

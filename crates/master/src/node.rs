@@ -174,6 +174,7 @@ pub async fn serve(
             }
         })
     };
+    let trimmer = crate::heap::spawn_trimmer(crate::heap::TRIM_EVERY);
     // Strangers get a small pool of slots and a short time (cairn_rpc::admission).
     let incoming = cairn_rpc::admission::incoming(
         listener,
@@ -201,6 +202,7 @@ pub async fn serve(
         .await;
     scanner.abort();
     let _ = scanner.await;
+    trimmer.abort();
     drop((raft, root));
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     for g in groups.take_all() {

@@ -165,8 +165,11 @@ pub(crate) fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> io::E
 }
 
 /// Bytes of database pages redb keeps cached by default (its own default is 1 GiB, which a
-/// master filled with the pages it wrote: measured 1.6 KiB of RSS per S3 object).
-pub const DEFAULT_STORE_CACHE: usize = 64 << 20;
+/// master filled with the pages it wrote: measured 1.6 KiB of RSS per S3 object). The decoded
+/// records' caches sit in front of it and the kernel's page cache behind it: 16 MiB created
+/// files as fast as 64 did and kept 40 MiB less resident (BENCHMARKS.md "Where a master's
+/// memory goes").
+pub const DEFAULT_STORE_CACHE: usize = 16 << 20;
 
 /// Opens (creating) the master's database with the default page cache.
 pub fn open_db(path: &Path) -> io::Result<Arc<Database>> {
