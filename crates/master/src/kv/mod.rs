@@ -41,8 +41,9 @@ pub const SUMS: TableDef = TableDef::new("sums", 1);
 type Raw = TableDefinition<'static, &'static [u8], &'static [u8]>;
 
 /// Default bytes of clean records a table keeps decoded in memory (estimated: see
-/// [`TableDef::decoded`]).
-pub const DEFAULT_CACHE_BYTES: usize = 16 << 20;
+/// [`TableDef::decoded`]). 8 MiB created and statted 2 million files as fast as 16 did, and
+/// kept the master inside 64 MiB per million (BENCHMARKS.md "Where a master's memory goes").
+pub const DEFAULT_CACHE_BYTES: usize = 8 << 20;
 
 /// What a cached record costs besides its key and record: the LRU's node and hash slot, the
 /// `Arc`, the allocator's rounding (an estimate).
