@@ -315,7 +315,10 @@ mod tests {
         let b = &r.buckets[&(at / REPLAY_BUCKET_MS)];
         assert!(b.fresh.len() < REPLAY_PACK_AT && !b.packed.is_empty());
         for i in 0..3 * REPLAY_PACK_AT as u64 {
-            assert!(!r.first_use(&tag(i), at, later), "replay {i} accepted after packing");
+            assert!(
+                !r.first_use(&tag(i), at, later),
+                "replay {i} accepted after packing"
+            );
         }
         // Late arrivals for a packed bucket are new, then replays.
         for i in 3 * REPLAY_PACK_AT as u64..5 * REPLAY_PACK_AT as u64 {
