@@ -2,10 +2,12 @@
 //! The masters' on-disk keys and records (docs/formats/master-state.md) from arbitrary bytes:
 //! decoding never panics; a key that decodes encodes back to the same bytes (the encoding is
 //! canonical, so two byte strings never name one key); a record that decodes encodes to
-//! bytes that decode to the same record.
+//! bytes that decode to the same record; an `objects` record of version 1 converts to one of
+//! version 2 that decodes, or is refused.
 use cairn_master::kv::codec::{Key, decode_record, encode_record};
 use cairn_master::state::moves::Move;
 use cairn_master::state::objects::buckets::Placement;
+use cairn_master::state::objects::stored::object_from_v1;
 use cairn_master::state::partitions::{Home, PartitionMap};
 use cairn_master::state::txn::{Lock, Txns};
 use cairn_rpc::object::ObjectMeta;
@@ -35,6 +37,9 @@ fuzz_target!(|data: &[u8]| {
     key::<(String, u32)>(data);
     key::<()>(data);
     record::<ObjectMeta>(data);
+    if let Ok(v2) = object_from_v1(data) {
+        decode_record::<ObjectMeta>("fuzz", 2, &v2).expect("a converted record decodes");
+    }
     record::<PartitionMap>(data);
     record::<Home>(data);
     record::<Option<Move>>(data);

@@ -46,9 +46,11 @@ pub const DEFAULT_CACHE_BYTES: usize = 16 << 20;
 /// At most this many entries stay cached, whatever their size.
 const CACHE_ENTRIES: usize = 20_000;
 /// A log file is closed and a new one started at this size; files whose entries are all purged
-/// (after a snapshot) are deleted.
-const FILE_BYTES: usize = 64 << 20;
-const FILE_ENTRIES: usize = 100_000;
+/// (after a snapshot) are deleted, so the open file is what a master's data directory holds of
+/// the log beyond the entries since the last snapshot. 64 MiB (before session 46) was 21 bytes
+/// per object after two million S3 PUTs (BENCHMARKS.md "Where a master's memory goes").
+const FILE_BYTES: usize = 16 << 20;
+const FILE_ENTRIES: usize = 25_000;
 
 /// `raft_log`'s type parameters for Cairn.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

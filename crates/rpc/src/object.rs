@@ -15,6 +15,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+pub mod compact;
 mod place;
 pub use place::{data_dir, data_dir_shard, shard_of, shards_dir};
 
@@ -43,9 +44,13 @@ pub struct Extent {
 pub struct ObjectMeta {
     pub size: u64,
     /// Without quotes: hex MD5 for a single PUT, `md5-of-md5s-N` for a multipart upload.
+    /// Stored as its bytes when it is hex ([`compact`]).
+    #[serde(with = "compact")]
     pub etag: String,
     pub mtime_ms: u64,
-    /// Unique to the PUT (or upload) that made this version; retries carry the same.
+    /// Unique to the PUT (or upload) that made this version; retries carry the same. Stored
+    /// as its bytes when it is hex ([`compact`]).
+    #[serde(with = "compact")]
     pub put_id: String,
     /// Content-Type, Content-Encoding, Content-Disposition, Content-Language, Cache-Control,
     /// Expires, as given.

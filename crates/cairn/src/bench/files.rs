@@ -42,6 +42,10 @@ pub struct Args {
     /// S3 objects through this `cairn up`'s gateway instead of files (`--files` of them).
     #[arg(long)]
     s3: bool,
+    /// Leave what the run wrote (to read the masters' stores afterwards: `cargo run -p
+    /// cairn-master --example store_stats`); the deletes' figure is left out.
+    #[arg(long)]
+    keep: bool,
 }
 
 /// What the run creates, reads and deletes: files through the SDK, or objects through S3.
@@ -136,7 +140,8 @@ struct Report {
     serving_after_restart_secs: Option<f64>,
     restart_ratio_to_target: Option<f64>,
     rss_after_restart_mib: Option<f64>,
-    deletes_per_sec: f64,
+    /// None with `--keep`.
+    deletes_per_sec: Option<f64>,
     loadavg: f64,
 }
 
@@ -316,22 +321,35 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .find(|p| p.id == leader.id)
             .map(|p| rss_mib(p.pid));
     }
+    if a.keep {
+        eprintln!(
+            "kept what the run wrote: {} {}",
+            a.files,
+            if a.s3 { "objects" } else { "files" }
+        );
+    }
     // Clean up: every file, then the directories (or the bucket).
-    let delete_secs = rt.block_on(each_of(&paths, a.depth, &target, |t, p| async move {
-        t.delete(&p).await
-    }))?;
-    rt.block_on(async {
-        match &target {
-            Target::Files(c) => {
-                for d in 0..dirs {
-                    c.delete(&format!("{top}/d{d}")).await?;
+    let delete_secs = if a.keep {
+        f64::NAN
+    } else {
+        rt.block_on(each_of(&paths, a.depth, &target, |t, p| async move {
+            t.delete(&p).await
+        }))?
+    };
+    if !a.keep {
+        rt.block_on(async {
+            match &target {
+                Target::Files(c) => {
+                    for d in 0..dirs {
+                        c.delete(&format!("{top}/d{d}")).await?;
+                    }
+                    c.delete(&top).await?;
                 }
-                c.delete(&top).await?;
+                Target::S3(b) => b.delete_bucket().await?,
             }
-            Target::S3(b) => b.delete_bucket().await?,
-        }
-        anyhow::Ok(())
-    })?;
+            anyhow::Ok(())
+        })?;
+    }
     let per_million = (rss_after - rss_before) / n * 1e6;
     let data_per_file = data_after.saturating_sub(data_before) as f64 / n;
     let cpu_create = (cpu1 - cpu0) / n * 1e6;
@@ -354,7 +372,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         serving_after_restart_secs: restart,
         restart_ratio_to_target: restart.map(|s| s / 5.0),
         rss_after_restart_mib: rss_restarted,
-        deletes_per_sec: n / delete_secs,
+        deletes_per_sec: (!a.keep).then(|| n / delete_secs),
         loadavg: loadavg(),
     };
     println!("{}", serde_json::to_string(&r)?);

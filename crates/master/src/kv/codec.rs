@@ -296,9 +296,9 @@ mod tests {
             }],
             ..Default::default()
         };
-        let rec = encode_record(1, &o).len();
+        let rec = encode_record(2, &o).len();
         let json = serde_json::to_vec(&o).unwrap().len();
-        assert_eq!((rec, json), (116, 312), "update the doc's figures");
+        assert_eq!((rec, json), (90, 312), "update the doc's figures");
     }
 
     #[test]

@@ -128,6 +128,19 @@ impl State {
         let Some(next_inode) = Cell::open(NEXT_INODE, store)? else {
             return Ok(None);
         };
+        // Records an older master wrote (or an older leader's snapshot held) are rewritten
+        // in this one's versions before anything reads them.
+        let upgraded = crate::kv::upgrade(store.db(), TABLES).map_err(|e| match e {
+            crate::kv::UpgradeError::Store(e) => e,
+            crate::kv::UpgradeError::Record(e) => redb::Error::Corrupted(e.to_string()),
+        })?;
+        if upgraded > 0 {
+            store.committed();
+            tracing::info!(
+                rows = upgraded,
+                "master state: records of older versions rewritten"
+            );
+        }
         let mut st = Self {
             inodes: Table::open(INODES, store.clone(), cache)?.summed(inode_sum),
             next_inode,
@@ -264,7 +277,11 @@ mod tests {
             };
             ObjectMeta {
                 size: extent.len,
-                etag: "e".into(),
+                // Hex, as a single PUT's (stored as bytes), or not.
+                etag: match step % 3 {
+                    0 => "e".into(),
+                    _ => format!("{step:032x}"),
+                },
                 mtime_ms: step,
                 put_id: put,
                 extents: vec![extent],
@@ -317,7 +334,7 @@ mod tests {
                 user: "u".into(),
                 bucket: format!("bkt{}", rng.random_range(0..3)),
                 key: format!("k{}", rng.random_range(0..20)),
-                meta: object(rng, format!("p{step}")),
+                meta: object(rng, format!("{step:024x}")),
                 condition: None,
             }),
             10 => o(ObjectOp::DeleteObject {
@@ -440,6 +457,32 @@ mod tests {
         let mut loaded = State::open(&other, 4).unwrap().expect("loaded");
         assert_eq!(serde_json::to_value(&loaded).unwrap(), want);
         assert_eq!(loaded.totals(), mem.totals());
+        // The same rows with the objects as an older master stored them (version 1) open as
+        // the same state, rewritten to the same bytes.
+        let older = self::store();
+        crate::snapshot::load(&path, TABLES, || Ok(older.db().begin_write()?), |_| Ok(())).unwrap();
+        {
+            use redb::ReadableTable;
+            let def = redb::TableDefinition::<&[u8], &[u8]>::new("objects");
+            let tx = older.db().begin_write().unwrap();
+            {
+                let mut t = tx.open_table(def).unwrap();
+                let rows: Vec<(Vec<u8>, Vec<u8>)> = t
+                    .iter()
+                    .unwrap()
+                    .map(|r| r.unwrap())
+                    .map(|(k, v)| (k.value().to_vec(), v.value().to_vec()))
+                    .collect();
+                assert!(rows.len() > 5, "{} objects", rows.len());
+                for (k, v) in rows {
+                    let old = crate::state::objects::stored::object_to_v1(&v);
+                    t.insert(k.as_slice(), old.as_slice()).unwrap();
+                }
+            }
+            tx.commit().unwrap();
+        }
+        let upgraded = State::open(&older, 4).unwrap().expect("loaded");
+        assert_eq!(serde_json::to_value(&upgraded).unwrap(), want);
         // The same rows in two stores have one digest (`cairn admin digests`); one more
         // command applied to one of them changes it.
         let digest =
@@ -447,6 +490,11 @@ mod tests {
         let (rows, crc) = digest(&store);
         assert!(rows > 100, "{rows} rows");
         assert_eq!(digest(&other), (rows, crc));
+        assert_eq!(
+            digest(&older),
+            (rows, crc),
+            "upgraded rows are the same bytes"
+        );
         loaded
             .apply(&Command::Mkdir {
                 path: "/one-more".into(),

@@ -6,7 +6,7 @@
 //! extents' own files in the same step, so no object ever names a deleted file.
 
 pub mod buckets;
-pub(in crate::state) mod stored;
+pub mod stored;
 
 use super::{Command, State};
 use crate::kv::{Cell, Table};

@@ -9,8 +9,50 @@ use redb::WriteTransaction;
 use serde::{Deserialize, Deserializer};
 use std::sync::Arc;
 
-/// Objects by (bucket, key) (docs/formats/master-state.md).
-pub const OBJECTS: TableDef = TableDef::new("objects", 1).decoded(11);
+/// Objects by (bucket, key) (docs/formats/master-state.md). Version 2 stores a hex ETag
+/// and put id as their bytes (`cairn_rpc::object::compact`); version 1 as text.
+pub const OBJECTS: TableDef = TableDef::new("objects", 2)
+    .decoded(11)
+    .upgraded_by(object_from_v1);
+
+/// `ObjectMeta` as version 1 of `objects` stored it: the same fields, ETag and put id as text.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct ObjectMetaV1 {
+    size: u64,
+    etag: String,
+    mtime_ms: u64,
+    put_id: String,
+    headers: std::collections::BTreeMap<String, String>,
+    user_meta: std::collections::BTreeMap<String, String>,
+    checksums: std::collections::BTreeMap<String, String>,
+    extents: Vec<cairn_rpc::object::Extent>,
+    part_sizes: Vec<u64>,
+    checksum_type: Option<String>,
+    part_checksums: Vec<String>,
+}
+
+/// A version 1 record of `objects` as version 2 (see [`crate::kv::upgrade`]).
+///
+/// # Errors
+/// The bytes are not a version 1 record.
+pub fn object_from_v1(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
+    let o: ObjectMetaV1 = crate::kv::codec::decode_record(OBJECTS.name, 1, bytes)?;
+    let meta = ObjectMeta {
+        size: o.size,
+        etag: o.etag,
+        mtime_ms: o.mtime_ms,
+        put_id: o.put_id,
+        headers: o.headers,
+        user_meta: o.user_meta,
+        checksums: o.checksums,
+        extents: o.extents,
+        part_sizes: o.part_sizes,
+        checksum_type: o.checksum_type,
+        part_checksums: o.part_checksums,
+    };
+    Ok(crate::kv::codec::encode_record(OBJECTS.version, &meta))
+}
 /// Multipart uploads by id.
 pub const UPLOADS: TableDef = TableDef::new("uploads", 1);
 /// Uploads' parts by (upload id, part number).
@@ -157,4 +199,99 @@ pub(super) fn objects_from_rows<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Table<(String, String), ObjectMeta>, D::Error> {
     crate::kv::rows(OBJECTS, d)
+}
+
+/// `bytes`, a version 2 record, as version 1 wrote it (what an older master left).
+#[cfg(test)]
+pub(crate) fn object_to_v1(bytes: &[u8]) -> Vec<u8> {
+    let o: ObjectMeta = crate::kv::codec::decode_record(OBJECTS.name, 2, bytes).unwrap();
+    crate::kv::codec::encode_record(
+        1,
+        &ObjectMetaV1 {
+            size: o.size,
+            etag: o.etag,
+            mtime_ms: o.mtime_ms,
+            put_id: o.put_id,
+            headers: o.headers,
+            user_meta: o.user_meta,
+            checksums: o.checksums,
+            extents: o.extents,
+            part_sizes: o.part_sizes,
+            checksum_type: o.checksum_type,
+            part_checksums: o.part_checksums,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::codec::{decode_record, encode_record};
+    use cairn_rpc::object::Extent;
+
+    fn v1(etag: &str, put_id: &str) -> ObjectMetaV1 {
+        ObjectMetaV1 {
+            size: 1,
+            etag: etag.into(),
+            mtime_ms: 1_795_000_000_000,
+            put_id: put_id.into(),
+            headers: [("content-type".into(), "text/plain".into())].into(),
+            user_meta: Default::default(),
+            checksums: Default::default(),
+            extents: vec![Extent {
+                path: "/.s3/packs/10.0.0.1:9000-000000000042".into(),
+                offset: 123_456,
+                len: 1,
+                shared: true,
+            }],
+            part_sizes: vec![],
+            checksum_type: None,
+            part_checksums: vec![],
+        }
+    }
+
+    /// A version 1 record converts to a version 2 one holding the same object, 26 bytes
+    /// shorter for a single PUT's hex ETag and put id; text that is not lowercase hex (a
+    /// multipart ETag, an upper-case id) stays text. JSON (Raft entries, calls) is unchanged.
+    #[test]
+    fn version_1_objects_convert_to_version_2() {
+        for (etag, put_id, saved) in [
+            (
+                "0cc175b9c0f1b6a831c399e269772661",
+                "0123456789abcdef01234567",
+                26,
+            ),
+            (
+                "0cc175b9c0f1b6a831c399e269772661-3",
+                "0123456789ABCDEF01234567",
+                -2,
+            ),
+            ("", "", -2),
+        ] {
+            let old = v1(etag, put_id);
+            let old_bytes = encode_record(1, &old);
+            let new_bytes = object_from_v1(&old_bytes).unwrap();
+            assert_eq!(new_bytes[0], 2);
+            assert_eq!(
+                old_bytes.len() as i64 - new_bytes.len() as i64,
+                saved,
+                "{etag} {put_id}"
+            );
+            let o: ObjectMeta = decode_record("objects", 2, &new_bytes).unwrap();
+            assert_eq!((o.etag.as_str(), o.put_id.as_str()), (etag, put_id));
+            assert_eq!((o.size, o.mtime_ms), (old.size, old.mtime_ms));
+            assert_eq!((o.headers, o.extents), (old.headers, old.extents));
+            let json = serde_json::to_value(
+                decode_record::<ObjectMeta>("objects", 2, &new_bytes).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(json["etag"], etag);
+            assert_eq!(json["put_id"], put_id);
+        }
+        assert!(object_from_v1(&[1, 0xff]).is_err());
+        assert!(
+            object_from_v1(&[2]).is_err(),
+            "a version 2 record is not converted"
+        );
+    }
 }
