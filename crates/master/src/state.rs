@@ -317,6 +317,11 @@ impl State {
         *self.next_chunk
     }
 
+    /// The next inode id the state machine will hand out.
+    pub fn next_inode_id(&self) -> InodeId {
+        *self.next_inode
+    }
+
     pub fn lookup(&self, path: &str) -> Result<Arc<Inode>, MetaError> {
         let mut cur = ROOT;
         for name in self.local_components(path)? {
@@ -525,6 +530,7 @@ impl State {
             } => self.load_rows(top, inodes, policies),
             Command::SealLoad { top } => self.seal_load(top),
             Command::FinishMove { path, to } => self.finish_move(path, *to),
+            Command::DelegateSubtree { path, from, to } => self.delegate_subtree(path, *from, *to),
             Command::TxBegin {
                 from,
                 to,

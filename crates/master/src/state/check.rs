@@ -213,6 +213,16 @@ impl State {
                         "subtree {top} is sent to partition {p}, not in the map"
                     ));
                 }
+                // Its directory is in the partition its parent is in (that one checks it
+                // when it is not the root).
+                let parent = top.rsplit_once('/').map_or("/", |(p, _)| p);
+                if self
+                    .route(if parent.is_empty() { "/" } else { parent })
+                    .partition
+                    != ROOT_PARTITION
+                {
+                    continue;
+                }
                 match self.lookup_here(top) {
                     Some(ino) if ino.file().is_none() && !self.has_entries(ino.id) => {}
                     Some(_) => r.problem(format!(
@@ -229,14 +239,24 @@ impl State {
                     ));
                 }
             }
-        } else if !self.subtrees.is_empty()
-            || !self.partitions.partitions.is_empty()
-            || self.moving.is_some()
-            || !self.txns.open.is_empty()
-        {
-            r.problem(format!(
-                "partition {own} holds a partition map, subtrees, a move or renames' intents"
-            ));
+        } else {
+            if !self.partitions.partitions.is_empty() || !self.txns.open.is_empty() {
+                r.problem(format!(
+                    "partition {own} holds a partition map or renames' intents"
+                ));
+            }
+            // Subtrees it moved out: below its top, their directories here and empty.
+            for (top, p) in self.subtrees.iter() {
+                let below =
+                    super::moves::at_or_below(top, &self.home.path) && *top != self.home.path;
+                match self.lookup_here(top) {
+                    Some(ino) if below && ino.file().is_none() && !self.has_entries(ino.id) => {}
+                    _ => r.problem(format!(
+                        "subtree {top}, moved out to partition {p}, is not an empty directory \
+                         below this partition's top"
+                    )),
+                }
+            }
         }
         for (c, p) in self.forwards.iter() {
             if owners.contains_key(&c) || partition_of(c) != own || *p == own {

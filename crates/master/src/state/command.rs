@@ -228,6 +228,13 @@ pub enum Command {
         path: String,
         to: u32,
     },
+    /// Sends `path`, which partition `from` (not the root) has moved out to `to` (its
+    /// [`Command::FinishMove`] recorded it), to `to` in the root's map (the root's command).
+    DelegateSubtree {
+        path: String,
+        from: u32,
+        to: u32,
+    },
     /// Logs the intent of a rename across partitions, `from` in `src` to `to` in `dst` (the
     /// root's; txn.rs): its transaction id is in [`Reply::txid`].
     TxBegin {
@@ -335,6 +342,9 @@ impl fmt::Display for Command {
             }
             Command::SealLoad { top } => write!(f, "seal-load {top}"),
             Command::FinishMove { path, to } => write!(f, "finish-move {path} {to}"),
+            Command::DelegateSubtree { path, from, to } => {
+                write!(f, "delegate-subtree {path} {from} {to}")
+            }
             Command::TxBegin { from, to, .. } => write!(f, "tx-begin {from} {to}"),
             Command::TxLockSource { txid, path } => write!(f, "tx-lock-source {txid} {path}"),
             Command::TxLockDest { txid, path } => write!(f, "tx-lock-dest {txid} {path}"),

@@ -155,7 +155,13 @@ impl State {
                 ),
             ));
         }
-        self.check_target(to)?;
+        if self.home.partition == ROOT_PARTITION {
+            self.check_target(to)?;
+        } else if to == self.home.partition {
+            return Err(MetaError::invalid(format!(
+                "{path} is in partition {to} already"
+            )));
+        }
         // A rename across partitions holding a path below: its install or removal would
         // land behind the copy (the freeze refuses only new locks).
         if let Some(l) = self.locks.values().find(|l| at_or_below(l.path(), path)) {
@@ -190,9 +196,26 @@ impl State {
         self.check_loading(top)?;
         let mut batch: BTreeSet<InodeId> = BTreeSet::new();
         for ino in inodes {
-            if ino.id == ROOT || partition_of(ino.id) != ROOT_PARTITION {
+            // Ids are the cluster's (the allocating partition's in their top bits), so a moved
+            // inode keeps its id wherever it came from; only a partition's top directory is
+            // inode 1 of its own state.
+            if ino.id == ROOT {
+                return Err(MetaError::invalid(
+                    "inode 1 cannot move in: it is a partition's top directory",
+                ));
+            }
+            // Back from where it went, an id of this partition's range was allocated here:
+            // one past the counters would be handed out again.
+            let own = self.home.partition;
+            let chunks = ino.file().map(|f| f.chunks.as_slice()).unwrap_or_default();
+            if (partition_of(ino.id) == own && ino.id >= *self.next_inode)
+                || chunks
+                    .iter()
+                    .any(|c| partition_of(c.id) == own && c.id >= *self.next_chunk)
+            {
                 return Err(MetaError::invalid(format!(
-                    "inode {} cannot move in: moved inodes come from the root's range",
+                    "inode {} or a chunk of it is of partition {own}'s range but was never \
+                     allocated here",
                     ino.id
                 )));
             }
@@ -340,7 +363,11 @@ impl State {
                     Some(f) => {
                         for ch in &f.chunks {
                             self.chunk_owner.remove(&ch.id);
-                            self.forwards.insert(ch.id, to);
+                            // A chunk another partition allocated is forwarded there (the
+                            // driver's `TxForward`, before this).
+                            if partition_of(ch.id) == self.home.partition {
+                                self.forwards.insert(ch.id, to);
+                            }
                             moved.insert(ch.id);
                         }
                     }
@@ -353,9 +380,45 @@ impl State {
         }
         let moved: Vec<ChunkId> = moved.into_iter().collect();
         self.drop_conversions(&moved);
+        // The root's map; in another partition, the subtree it gave away (it refuses paths
+        // there from now on, and the root's map is told: `DelegateSubtree`).
         self.subtrees.insert(path.to_owned(), to);
         *self.moving = None;
         self.reply(top)
+    }
+
+    /// After partition `from` moved `path` out to `to` (root's state): the map sends `path`
+    /// to `to`. Repeating it is a no-op.
+    ///
+    /// # Errors
+    /// `from` is the root (its own `FinishMove` changes the map), `path` is not routed to
+    /// `from`, or `to` is not a partition.
+    pub(super) fn delegate_subtree(
+        &mut self,
+        path: &str,
+        from: PartitionId,
+        to: PartitionId,
+    ) -> Response {
+        if self.home.partition != ROOT_PARTITION || from == ROOT_PARTITION {
+            return Err(MetaError::invalid(
+                "a subtree is delegated in the root's map, from a partition other than the root",
+            ));
+        }
+        if self.subtrees.get(path).is_some_and(|p| *p == to) {
+            return self.reply(ROOT);
+        }
+        if !self.partitions.partitions.contains_key(&to) {
+            return Err(MetaError::not_found(format!("partition {to}")));
+        }
+        let r = self.route(path);
+        if r.partition != from || r.top == path {
+            return Err(MetaError::invalid(format!(
+                "{path} is in partition {} (at {}), not below partition {from}'s top",
+                r.partition, r.top
+            )));
+        }
+        self.subtrees.insert(path.to_owned(), to);
+        self.reply(ROOT)
     }
 }
 
@@ -411,6 +474,146 @@ mod tests {
             mkdir(st, dir, None).unwrap();
         }
         crate::state::tests::create(st, path, Some("w"), 1)
+    }
+
+    /// A subtree below a partition's top moves out of that partition into another: the
+    /// source freezes and gives the rows away, chunks allocated elsewhere (the root's, here:
+    /// /a moved from the root) are forwarded by their allocator before, the source refuses
+    /// the subtree's paths afterwards and the root's map sends them to the new partition.
+    #[test]
+    fn a_subtree_moves_out_of_a_partition_other_than_the_root() {
+        let (mut root, mut p1) = setup(20);
+        root.apply(&Command::BeginMove {
+            path: "/a".into(),
+            to: 1,
+            now_ms: 5,
+        })
+        .unwrap();
+        copy_and_finish(&mut root, &mut p1);
+        // A file p1 allocates itself, in the subtree that moves on.
+        create(&mut p1, "/a/x3/own").unwrap();
+        let own_chunk = p1.lookup("/a/x3/own").unwrap().file().unwrap().chunks[0].id;
+        let root_chunk = p1.lookup("/a/x3/f3").unwrap().file().unwrap().chunks[0].id;
+        assert_eq!(partition_of(own_chunk), 1);
+        assert_eq!(partition_of(root_chunk), ROOT_PARTITION);
+        root.apply(&Command::AddPartition {
+            members: vec![1],
+            now_ms: 1,
+        })
+        .unwrap();
+        let mut p2 = crate::state::tests::partition_state(2, "/a/x3");
+        // Its top, and a path outside p1, cannot move from p1.
+        for bad in ["/a", "/b/f"] {
+            assert!(
+                p1.apply(&Command::BeginMove {
+                    path: bad.into(),
+                    to: 2,
+                    now_ms: 6
+                })
+                .is_err(),
+                "{bad}"
+            );
+        }
+        p1.apply(&Command::BeginMove {
+            path: "/a/x3".into(),
+            to: 2,
+            now_ms: 6,
+        })
+        .unwrap();
+        assert!(unavailable(crate::state::tests::create(
+            &mut p1,
+            "/a/x3/late",
+            Some("w"),
+            1
+        )));
+        create(&mut p1, "/a/x4/fine").unwrap();
+        let mut cursor = RowsCursor::new(&p1, "/a/x3").unwrap();
+        let mut foreign = Vec::new();
+        while let Some((inodes, policies)) = p1.rows_batch(&mut cursor) {
+            for i in &inodes {
+                foreign.extend(
+                    i.file()
+                        .into_iter()
+                        .flat_map(|f| f.chunks.iter().map(|c| c.id))
+                        .filter(|c| partition_of(*c) != 1),
+                );
+            }
+            p2.apply(&Command::LoadRows {
+                top: "/a/x3".into(),
+                inodes,
+                policies,
+            })
+            .unwrap();
+        }
+        p2.apply(&Command::SealLoad {
+            top: "/a/x3".into(),
+        })
+        .unwrap();
+        assert!(foreign.contains(&root_chunk) && !foreign.contains(&own_chunk));
+        root.apply(&Command::TxForward {
+            chunks: foreign.clone(),
+            to: 2,
+        })
+        .unwrap();
+        p1.apply(&Command::FinishMove {
+            path: "/a/x3".into(),
+            to: 2,
+        })
+        .unwrap();
+        // Between the source's finish and the root's map: the source refuses, retried.
+        assert!(unavailable(crate::state::tests::create(
+            &mut p1,
+            "/a/x3/late",
+            Some("w"),
+            1
+        )));
+        assert!(unavailable(
+            p1.lookup("/a/x3/f3")
+                .map(|_| crate::state::Reply::default())
+        ));
+        // The map: only a subtree routed to the source, and only once.
+        assert!(
+            root.apply(&Command::DelegateSubtree {
+                path: "/b".into(),
+                from: 1,
+                to: 2
+            })
+            .is_err()
+        );
+        for _ in 0..2 {
+            root.apply(&Command::DelegateSubtree {
+                path: "/a/x3".into(),
+                from: 1,
+                to: 2,
+            })
+            .unwrap();
+        }
+        assert_eq!(root.route("/a/x3/f3").partition, 2);
+        assert_eq!(root.route("/a/x4/fine").partition, 1);
+        assert_eq!(
+            p2.lookup("/a/x3/own").unwrap().file().unwrap().chunks[0].id,
+            own_chunk
+        );
+        create(&mut p2, "/a/x3/new").unwrap();
+        // A directory above the subtree p1 gave away cannot be renamed in p1.
+        assert!(
+            p1.apply(&Command::Rename {
+                from: "/a/x3".into(),
+                to: "/a/y".into(),
+                now_ms: 7
+            })
+            .is_err()
+        );
+        let view = View {
+            root: &root,
+            parts: BTreeMap::from([(1, &p1), (2, &p2)]),
+        };
+        assert_eq!(view.chunk(own_chunk).unwrap().0.name, "own");
+        assert_eq!(view.chunk(root_chunk).unwrap().0.name, "f3");
+        for st in [&root, &p1, &p2] {
+            let r = st.check();
+            assert_eq!(r.problems, 0, "{:?}", r.listed);
+        }
     }
 
     /// The root with partition 1 and files in /a (some in a directory with a policy) and /b;
@@ -643,9 +846,9 @@ mod tests {
             *top = "/b".into();
         }
         assert!(p1.apply(&other).is_err());
-        // An id of the partition's own range.
+        // An id of the partition's own range that it never allocated.
         let mut own = (*root.lookup("/a/x1").unwrap()).clone();
-        own.id |= crate::state::partitions::id_base(1);
+        own.id = p1.next_inode_id();
         own.parent = ROOT;
         assert!(p1.apply(&load(vec![own], vec![])).is_err());
         // A policy for a file.

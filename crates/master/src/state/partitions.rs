@@ -127,7 +127,25 @@ impl State {
         if comps.len() < top.len() || comps[..top.len()] != top[..] {
             return Err(moved(ROOT_PARTITION));
         }
+        // A subtree this partition moved out (moves.rs) is another's.
+        if let Some(p) = self.delegated(path) {
+            return Err(moved(p));
+        }
         Ok(comps[top.len()..].to_vec())
+    }
+
+    /// The partition a subtree this (non-root) partition moved out went to, when `path` is
+    /// at or below it.
+    fn delegated(&self, path: &str) -> Option<PartitionId> {
+        if self.subtrees.is_empty() {
+            return None;
+        }
+        let comps = components(path).ok()?;
+        (1..=comps.len()).rev().find_map(|n| {
+            self.subtrees
+                .get(&format!("/{}", comps[..n].join("/")))
+                .copied()
+        })
     }
 
     /// Whether a subtree held by another partition, or being moved into one, is at `path`
@@ -320,13 +338,29 @@ impl State {
                 "{path}: the services' own directories (/.name) stay in the root partition"
             )));
         }
-        let r = self.route(path);
-        if r.partition != ROOT_PARTITION {
-            return Err(MetaError::invalid(format!(
-                "{path} is inside {}, held by partition {}: subtrees are split from the root \
-                 partition only",
-                r.top, r.partition
-            )));
+        if self.home.partition == ROOT_PARTITION {
+            let r = self.route(path);
+            if r.partition != ROOT_PARTITION {
+                return Err(MetaError::invalid(format!(
+                    "{path} is inside {}, held by partition {}: split it there",
+                    r.top, r.partition
+                )));
+            }
+        } else {
+            // Strictly below this partition's top (its top moves with the partition), and
+            // not in a subtree it gave away.
+            let top = components(&self.home.path)?;
+            if comps.len() <= top.len() || comps[..top.len()] != top[..] {
+                return Err(MetaError::invalid(format!(
+                    "{path} is not below {}, partition {}'s top",
+                    self.home.path, self.home.partition
+                )));
+            }
+            if let Some(p) = self.delegated(path) {
+                return Err(MetaError::invalid(format!(
+                    "{path} is held by partition {p}: split it there"
+                )));
+            }
         }
         if self.holds_subtree(path) {
             return Err(MetaError::invalid(format!(

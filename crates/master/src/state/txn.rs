@@ -642,6 +642,70 @@ mod tests {
         );
         clean(&[&root, &p1]);
     }
+
+    /// A file renamed from a partition into the root keeps its chunks' forwards in the
+    /// partition that allocated them; when the root's directory holding it is then split
+    /// into another partition, those forwards must follow (else the chunks resolve to the
+    /// root, which no longer has them, and their replicas are deleted as orphans).
+    #[test]
+    fn a_split_carries_the_forwards_of_chunks_renamed_in_from_other_partitions() {
+        let (mut root, mut p1) = setup();
+        let g = create(&mut p1, "/p/g");
+        let pchunk = p1.inode(g).unwrap().file().unwrap().chunks[0].id;
+        create(&mut root, "/b/own");
+        rename(&mut root, &mut p1, "/p/g", "/b/g", 1, 0);
+        assert_eq!(p1.chunk_partition(pchunk), 0);
+        // Split /b into partition 2, as the driver does.
+        root.apply(&Command::AddPartition {
+            members: vec![1],
+            now_ms: 1,
+        })
+        .unwrap();
+        let mut p2 = crate::state::tests::partition_state(2, "/b");
+        root.apply(&Command::BeginMove {
+            path: "/b".into(),
+            to: 2,
+            now_ms: 2,
+        })
+        .unwrap();
+        let mut cursor = crate::state::moves::RowsCursor::new(&root, "/b").unwrap();
+        let mut moved_chunks = Vec::new();
+        while let Some((inodes, policies)) = root.rows_batch(&mut cursor) {
+            for i in &inodes {
+                moved_chunks.extend(
+                    i.file()
+                        .into_iter()
+                        .flat_map(|f| f.chunks.iter().map(|c| c.id)),
+                );
+            }
+            p2.apply(&Command::LoadRows {
+                top: "/b".into(),
+                inodes,
+                policies,
+            })
+            .unwrap();
+        }
+        p2.apply(&Command::SealLoad { top: "/b".into() }).unwrap();
+        for st in [&mut p1, &mut p2] {
+            st.apply(&Command::TxForward {
+                chunks: moved_chunks.clone(),
+                to: 2,
+            })
+            .unwrap();
+        }
+        root.apply(&Command::FinishMove {
+            path: "/b".into(),
+            to: 2,
+        })
+        .unwrap();
+        let view = View {
+            root: &root,
+            parts: std::collections::BTreeMap::from([(1, &p1), (2, &p2)]),
+        };
+        assert_eq!(view.chunk(pchunk).map(|(i, _)| i.id), Some(g));
+        assert_eq!(p1.chunk_partition(pchunk), 2);
+        clean(&[&root, &p1, &p2]);
+    }
 }
 
 #[cfg(test)]
