@@ -62,6 +62,18 @@ pub struct MasterArgs {
     /// files), in each partition.
     #[arg(long, env = "CAIRN_LOG_CACHE_MIB", default_value_t = cairn_master::wal::DEFAULT_CACHE_BYTES >> 20)]
     log_cache_mib: usize,
+    /// A partition holding more files and directories than this splits on its own: the
+    /// directory nearest half of it moves to a new partition (docs/partitions.md); 0: never.
+    #[arg(long, env = "CAIRN_SPLIT_FILES", default_value_t = cairn_master::SplitPolicy::default().files)]
+    split_files: u64,
+    /// A partition taking more namespace calls a second than this (over --split-every-secs)
+    /// splits on its own: the directory taking nearest half of them; 0: never.
+    #[arg(long, env = "CAIRN_SPLIT_LOAD", default_value_t = cairn_master::SplitPolicy::default().load)]
+    split_load: u64,
+    /// How often the leader looks for partitions to split (and the window --split-load
+    /// counts calls over).
+    #[arg(long, default_value_t = cairn_master::SplitPolicy::default().every.as_secs())]
+    split_every_secs: u64,
     /// A file holding the cluster secret (hex; `cairn up` makes DATA_DIR/cluster.secret):
     /// servers prove they hold it on every call between them, and every call is refused
     /// without a proof of a server or a user (docs/security.md). Required unless --insecure.
@@ -159,6 +171,11 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
             state_cache: a.state_cache_mib << 20,
             store_cache: a.store_cache_mib.max(1) << 20,
             log_cache: a.log_cache_mib.max(1) << 20,
+            split: cairn_master::SplitPolicy {
+                files: a.split_files,
+                load: a.split_load,
+                every: Duration::from_secs(a.split_every_secs.max(1)),
+            },
             log_flush_gap: Duration::from_micros(a.log_flush_gap_us),
             cluster_secret: cluster_secret(a.cluster_secret_file.as_deref(), a.insecure)?,
             tls_dir: a.tls_dir.clone(),

@@ -2,7 +2,8 @@
 //! subtree split into a partition of its own is served by that partition's Raft group through
 //! the SDK and the CLI; its chunks carry the partition in their ids and are never taken for
 //! orphans; it survives the loss of the leader and a restart of every master. A populated
-//! subtree moves into a partition while it is written, its chunks forwarded.
+//! subtree moves into a partition while it is written, its chunks forwarded, and a subtree
+//! of that partition moves on into another.
 
 mod common;
 
@@ -370,6 +371,65 @@ async fn a_populated_subtree_moves_into_a_partition_while_it_is_written() {
     // Every master restarts: the map, the rows and the forwards stay.
     let fresh = restart_every_master(&mut cl, "/full/live").await;
     check(&fresh, &files).await;
+    let v = admin_json(&addrs, &["check", "--json"]);
+    assert_eq!(v["problems"], 0, "{v}");
+    let v = admin_json(&addrs, &["digests", "--json", "--rounds", "50"]);
+    assert_eq!(v["diverged"], 0, "{v}");
+
+    // A subtree of partition 1 moves on into a partition of its own while it is written:
+    // its chunks the root allocated (forwarded to partition 1 by the first move) and those
+    // partition 1 allocated follow it, and none is taken for an orphan.
+    let c = fresh;
+    let split = {
+        let addrs = addrs.clone();
+        tokio::task::spawn_blocking(move || {
+            cairn()
+                .args([
+                    "admin",
+                    "--cluster",
+                    &addrs,
+                    "partition",
+                    "split",
+                    "/full/d1",
+                ])
+                .args(["--json"])
+                .output()
+                .unwrap()
+        })
+    };
+    for i in 0..4u64 {
+        let path = format!("/full/d1/new2/n{i}");
+        write(&c, &path, 400 + i, 20_000).await;
+        files.push((path, 400 + i, 20_000));
+    }
+    let out = split.await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p2 = partition(&cl, 2).await;
+    assert_eq!(p2.subtree, "/full/d1", "{p2:?}");
+    check(&c, &files).await;
+    let moved_on = common::chunks(&c, "/full/d1/e1/f1").await;
+    assert!(moved_on.iter().all(|ch| ch.id >> 48 == 0), "{moved_on:?}");
+    let by_p1 = common::chunks(&c, "/full/d1/after").await;
+    assert_eq!(by_p1[0].id >> 48, 1);
+    for id in [moved_on[0].id, by_p1[0].id] {
+        assert_eq!(c.locate(id).await.unwrap().id, id, "chunk {id} is located");
+    }
+    write(&c, "/full/d1/after2", 6, 10_000).await;
+    files.push(("/full/d1/after2".into(), 6, 10_000));
+    assert_eq!(common::chunks(&c, "/full/d1/after2").await[0].id >> 48, 2);
+    write(&c, "/full/d0/after2", 7, 10_000).await;
+    files.push(("/full/d0/after2".into(), 7, 10_000));
+    assert_eq!(common::chunks(&c, "/full/d0/after2").await[0].id >> 48, 1);
+    // A directory of partition 1 above the subtree it gave away cannot be renamed.
+    assert!(c.rename("/full/d1", "/full/d9").await.is_err());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(cl.status().await.unwrap().pending_deletes, 0);
+    check(&c, &files).await;
     let v = admin_json(&addrs, &["check", "--json"]);
     assert_eq!(v["problems"], 0, "{v}");
     let v = admin_json(&addrs, &["digests", "--json", "--rounds", "50"]);

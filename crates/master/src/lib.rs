@@ -24,3 +24,4 @@ pub mod wal;
 
 pub use node::{MasterOptions, serve};
 pub use registry::RegistryOptions;
+pub use service::autosplit::SplitPolicy;

@@ -55,6 +55,8 @@ pub struct MasterOptions {
     /// Connection slots (docs/security.md "Resource limits"): a connection is proven by its
     /// first call whose proof checks.
     pub connections: cairn_rpc::admission::Limits,
+    /// When partitions split on their own (docs/partitions.md "Automatic splits").
+    pub split: crate::SplitPolicy,
 }
 
 /// The masters' connection limits by default: a first call may carry the largest body
@@ -94,6 +96,7 @@ impl MasterOptions {
             tls_dir: None,
             audit: cairn_rpc::audit::Audit::off(),
             connections: default_connection_limits(),
+            split: crate::SplitPolicy::default(),
         }
     }
 }
@@ -156,6 +159,7 @@ pub async fn serve(
             .map(cairn_rpc::seal::Sealer::new),
         audit: opts.audit.clone(),
         refusals: Default::default(),
+        auto_split: Default::default(),
     });
     let scanner = {
         let meta = meta.clone();
@@ -166,6 +170,7 @@ pub async fn serve(
                 tick.tick().await;
                 meta.host_partitions().await;
                 meta.resume_move();
+                meta.auto_split();
                 meta.resume_renames();
                 meta.resume_bucket_deletes().await;
                 meta.scan_repairs();

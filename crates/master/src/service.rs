@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 
+pub mod autosplit;
 mod batch;
 mod buckets;
 mod namespace;
@@ -99,6 +100,8 @@ pub(crate) struct Inner {
     pub audit: cairn_rpc::audit::Audit,
     /// How many refusals are recorded one by one.
     pub refusals: crate::audit::RefusalBudget,
+    /// The load counted for automatic splits (service/autosplit.rs).
+    pub auto_split: autosplit::AutoSplit,
 }
 
 use crate::audit::Call;

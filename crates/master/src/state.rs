@@ -25,6 +25,7 @@ pub mod objects;
 pub mod partitions;
 pub mod perm;
 pub mod revoke;
+pub mod sizes;
 pub mod txn;
 mod volumes;
 pub use objects::{ObjectIndex, PackUse};

@@ -60,6 +60,8 @@ impl Inner {
     pub(super) async fn route(&self, path: &str) -> Result<Routed, MetaError> {
         self.leader_check()?;
         let r = self.sm.lock().state.route(path);
+        self.auto_split
+            .note(&self.opts.split, r.partition, &r.top, path);
         Ok(Routed {
             h: self.led_soon(r.partition).await?,
             top: r.top,

@@ -392,7 +392,7 @@ impl State {
 
     /// Whether partition `to` can take a subtree (root's state): it is in the map and holds
     /// none, nor is one moving into it.
-    pub(super) fn check_target(&self, to: PartitionId) -> Result<(), MetaError> {
+    pub(crate) fn check_target(&self, to: PartitionId) -> Result<(), MetaError> {
         if !self.partitions.partitions.contains_key(&to) {
             return Err(MetaError::not_found(format!("partition {to}")));
         }
