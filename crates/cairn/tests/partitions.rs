@@ -435,3 +435,115 @@ async fn a_populated_subtree_moves_into_a_partition_while_it_is_written() {
     let v = admin_json(&addrs, &["digests", "--json", "--rounds", "50"]);
     assert_eq!(v["diverged"], 0, "{v}");
 }
+
+/// Waits (30 s at most) until a partition holds `subtree`; its status.
+async fn split_off(cl: &Cluster, subtree: &str) -> cairn_rpc::pb::PartitionStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(p) = cl
+            .status()
+            .await
+            .ok()
+            .and_then(|s| s.partitions.into_iter().find(|p| p.subtree == subtree))
+        {
+            return p;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{subtree} never split off: {:?}",
+            cl.status().await.map(|s| s.partitions)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A partition that grows past `--split-files` splits on its own, the directory nearest half
+/// of it going to a new partition; one that takes more calls a second than `--split-load`
+/// splits off the directory taking nearest half of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_split_on_their_own_by_size_and_by_load() {
+    // By size: 40 files in /big/a/x, 20 in /big/b, 5 in /small and 5 directories, 70 inodes
+    // against a threshold of 60: /big/a/x (40 of 70) is nearest half.
+    let dir = tempfile::tempdir().unwrap();
+    let size = [
+        "--split-files",
+        "60",
+        "--split-load",
+        "0",
+        "--split-every-secs",
+        "1",
+    ];
+    let cl = Cluster::start_full(dir.path(), 1, 3, &size, &[]).await;
+    let c = cl.client_with(small_chunks()).await;
+    let mut files = Vec::new();
+    for (d, n) in [("/big/a/x", 40u64), ("/big/b", 20), ("/small", 5)] {
+        for i in 0..n {
+            let path = format!("{d}/f{i}");
+            write(&c, &path, i, 100).await;
+            files.push((path, i, 100));
+        }
+    }
+    let p = split_off(&cl, "/big/a/x").await;
+    assert_eq!(p.files, 40, "{p:?}");
+    check(&c, &files).await;
+    write(&c, "/big/a/x/after", 1, 100).await;
+    assert_ne!(common::chunks(&c, "/big/a/x/after").await[0].id >> 48, 0);
+    // What is left (30 inodes) stays where it is.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(cl.status().await.unwrap().partitions.len(), 2);
+    let addrs = cl.master_addrs().join(",");
+    let v = admin_json(&addrs, &["check", "--json"]);
+    assert_eq!(v["problems"], 0, "{v}");
+    drop(cl);
+
+    // By load: stats spread evenly over /hot/a and /hot/b (each half of the calls; /hot
+    // takes them all, so it is no use) at more than 20 a second.
+    let dir = tempfile::tempdir().unwrap();
+    let load = [
+        "--split-files",
+        "0",
+        "--split-load",
+        "20",
+        "--split-every-secs",
+        "2",
+    ];
+    let cl = Cluster::start_full(dir.path(), 1, 3, &load, &[]).await;
+    let c = cl.client_with(small_chunks()).await;
+    for d in ["/hot/a/d", "/hot/b/d"] {
+        for i in 0..3 {
+            write(&c, &format!("{d}/f{i}"), i, 100).await;
+        }
+    }
+    let t = Instant::now();
+    let mut split = None;
+    while split.is_none() {
+        for i in 0..20u64 {
+            let d = if i % 2 == 0 { "/hot/a/d" } else { "/hot/b/d" };
+            c.stat(&format!("{d}/f{}", i % 3)).await.unwrap();
+        }
+        split = cl
+            .status()
+            .await
+            .unwrap()
+            .partitions
+            .into_iter()
+            .find(|p| p.id != 0 && !p.subtree.is_empty());
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no split by load within 30 s"
+        );
+    }
+    let p = split.unwrap();
+    assert!(
+        p.subtree == "/hot/a" || p.subtree == "/hot/b",
+        "{p:?}: a directory taking half the calls"
+    );
+    for d in ["/hot/a/d", "/hot/b/d"] {
+        for i in 0..3 {
+            c.stat(&format!("{d}/f{i}")).await.unwrap();
+        }
+    }
+    let addrs = cl.master_addrs().join(",");
+    let v = admin_json(&addrs, &["check", "--json"]);
+    assert_eq!(v["problems"], 0, "{v}");
+}

@@ -68,9 +68,12 @@ const WRITERS: usize = 3;
 const PARTITIONED: &str = "/nemesis-p";
 /// Every `MOVE_EVERY`-th scenario (from the `MOVE_AT`-th) moves its directory of the root
 /// partition, populated and being written, into a new partition while the faults run
-/// (state/moves.rs): a master killed mid-move leaves the driving to the next leader.
+/// (state/moves.rs): a master killed mid-move leaves the driving to the next leader. From the
+/// `MOVE_OUT_AT`-th, every `MOVE_EVERY`-th moves its directory of the split partition
+/// (`PARTITIONED`) out of it into a new one the same way (its two writers write there).
 const MOVE_EVERY: u64 = 25;
 const MOVE_AT: u64 = 3;
+const MOVE_OUT_AT: u64 = 8;
 /// Empty files made in a moving scenario's directory first: rows for the move to copy.
 const MOVE_FILES: usize = 50;
 /// How long the workload runs in each scenario; faults start and end inside it.
@@ -152,7 +155,11 @@ async fn scenario(
             (format!("{top}/s{index}/w{w}"), seed * 16 + w as u64)
         })
         .collect();
-    let moving = (index % MOVE_EVERY == MOVE_AT).then(|| format!("/nemesis/s{index}"));
+    let moving = match index % MOVE_EVERY {
+        MOVE_AT => Some(format!("/nemesis/s{index}")),
+        MOVE_OUT_AT => Some(format!("{PARTITIONED}/s{index}")),
+        _ => None,
+    };
     if let Some(dir) = &moving {
         for i in 0..MOVE_FILES {
             let path = format!("{dir}/m/f{i}");
