@@ -167,6 +167,9 @@ pub fn upgrade(db: &Database, tables: &[TableDef]) -> Result<u64, UpgradeError> 
     let mut total = 0;
     for def in tables {
         let Some(f) = def.upgrade else { continue };
+        if stored_version(db, def.name)? == Some(def.version) {
+            continue;
+        }
         let mut after: Option<Vec<u8>> = None;
         loop {
             // The next batch of old records, read after the last key seen.
@@ -224,8 +227,39 @@ pub fn upgrade(db: &Database, tables: &[TableDef]) -> Result<u64, UpgradeError> 
             tx.commit()?;
             total += batch.len() as u64;
         }
+        // Every record is of this version now: later opens need not read them again.
+        let mut tx = db.begin_write()?;
+        tx.set_durability(redb::Durability::Immediate)?;
+        tx.open_table(VERSIONS.raw())?.insert(
+            def.name.as_bytes(),
+            codec::encode_record(VERSIONS.version, &def.version).as_slice(),
+        )?;
+        tx.commit()?;
     }
     Ok(total)
+}
+
+/// The version every record of a table is in, by table name, once [`upgrade`] made them so
+/// (`u8`; a table without a row here is read whole by the next [`upgrade`]). In the state's
+/// tables, so a snapshot carries it: one from an older leader has none, and its rows are
+/// read and rewritten when it is installed.
+pub const VERSIONS: TableDef = TableDef::new("record_versions", 1);
+
+fn stored_version(db: &Database, table: &'static str) -> Result<Option<u8>, UpgradeError> {
+    let rx = db.begin_read()?;
+    let t = match rx.open_table(VERSIONS.raw()) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(redb::Error::from(e).into()),
+    };
+    Ok(match t.get(table.as_bytes())? {
+        Some(v) => Some(codec::decode_record(
+            VERSIONS.name,
+            VERSIONS.version,
+            v.value(),
+        )?),
+        None => None,
+    })
 }
 
 /// Why [`upgrade`] failed.
@@ -844,18 +878,31 @@ mod tests {
             0,
             "nothing is left to rewrite"
         );
+        assert_eq!(stored_version(s.db(), "test").unwrap(), Some(2));
         s.committed();
         let t: Table<u64, (u64, u64)> = Table::open(V2, s.clone(), 1 << 20).unwrap();
         assert_eq!(t.len(), n);
         for i in 0..n {
             assert_eq!(*t.get(&i).unwrap(), (i, 2 * i));
         }
+        // Without the table's version recorded (a snapshot of an older leader installed),
+        // the rows are read again.
+        let forget = || {
+            let tx = s.db().begin_write().unwrap();
+            tx.open_table(VERSIONS.raw())
+                .unwrap()
+                .remove("test".as_bytes())
+                .unwrap();
+            tx.commit().unwrap();
+        };
+        forget();
         // A table one version older than its rows: an older master than the data.
         assert!(matches!(
             upgrade(s.db(), &[TableDef::new("test", 1).upgraded_by(double)]),
             Err(UpgradeError::Record(RecordError::Version { found: 2, .. }))
         ));
         // A record the conversion cannot read.
+        forget();
         let tx = s.db().begin_write().unwrap();
         tx.open_table(T.raw())
             .unwrap()

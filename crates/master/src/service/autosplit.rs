@@ -178,6 +178,7 @@ impl Inner {
                 continue;
             }
             let h = self.led(p)?;
+            let started = Instant::now();
             let mut scan = SizeScan::default();
             while !scan.step(&h.sm.lock().state, SCAN_BATCH) {
                 tokio::task::yield_now().await;
@@ -185,6 +186,13 @@ impl Inner {
             // A subtree of at least a tenth of the threshold: smaller ones are not worth a
             // partition.
             let candidates = scan.candidates(&h.sm.lock().state, policy.files / 10, TRIES);
+            tracing::info!(
+                partition = p,
+                inodes,
+                scan_ms = started.elapsed().as_millis() as u64,
+                candidates = candidates.len(),
+                "partition sized for a split"
+            );
             self.split_one(p, "size", inodes, candidates).await;
         }
         Ok(())

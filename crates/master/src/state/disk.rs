@@ -99,6 +99,7 @@ pub static TABLES: &[TableDef] = {
         o::VOLUMES,
         o::PLACEMENTS,
         crate::kv::SUMS,
+        crate::kv::VERSIONS,
     ]
 };
 
@@ -479,6 +480,11 @@ mod tests {
                     t.insert(k.as_slice(), old.as_slice()).unwrap();
                 }
             }
+            // An older master recorded no versions.
+            tx.delete_table(redb::TableDefinition::<&[u8], &[u8]>::new(
+                crate::kv::VERSIONS.name,
+            ))
+            .unwrap();
             tx.commit().unwrap();
         }
         let upgraded = State::open(&older, 4).unwrap().expect("loaded");
