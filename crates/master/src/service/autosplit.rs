@@ -59,6 +59,9 @@ pub struct AutoSplit {
     busy: AtomicBool,
     /// Calls routed to each partition, and to directories below their tops, since `since`.
     load: Mutex<Load>,
+    /// Partitions sized without a split (no directory could go): their inodes then. One is
+    /// sized again once it grew by a tenth (a full scan each look would cost a scan a minute).
+    unsplit: Mutex<HashMap<PartitionId, u64>>,
 }
 
 #[derive(Debug)]
@@ -72,6 +75,7 @@ impl Default for AutoSplit {
     fn default() -> Self {
         Self {
             busy: AtomicBool::new(false),
+            unsplit: Mutex::new(HashMap::new()),
             load: Mutex::new(Load {
                 since: Instant::now(),
                 totals: HashMap::new(),
@@ -174,7 +178,8 @@ impl Inner {
             return Ok(());
         }
         for (p, inodes) in self.led_sizes() {
-            if inodes <= policy.files {
+            let last = self.auto_split.unsplit.lock().get(&p).copied();
+            if inodes <= policy.files || last.is_some_and(|l| inodes < l + l / 10) {
                 continue;
             }
             let h = self.led(p)?;
@@ -193,7 +198,11 @@ impl Inner {
                 candidates = candidates.len(),
                 "partition sized for a split"
             );
-            self.split_one(p, "size", inodes, candidates).await;
+            if self.split_one(p, "size", inodes, candidates).await {
+                self.auto_split.unsplit.lock().remove(&p);
+            } else {
+                self.auto_split.unsplit.lock().insert(p, inodes);
+            }
         }
         Ok(())
     }
@@ -230,14 +239,14 @@ impl Inner {
     }
 
     /// Splits the first of `candidates` (paths in partition `p`, best first) that may move
-    /// into a new partition.
+    /// into a new partition; whether one did.
     async fn split_one(
         &self,
         p: PartitionId,
         reason: &'static str,
         measure: u64,
         candidates: Vec<(String, u64)>,
-    ) {
+    ) -> bool {
         for (path, weight) in candidates {
             let movable = self.led(p).is_ok_and(|h| {
                 h.sm.lock()
@@ -254,13 +263,14 @@ impl Inner {
                         .increment(1);
                     tracing::info!(%path, from = p, to, reason, measure, weight,
                         "partition split on its own");
-                    return;
+                    return true;
                 }
                 Err(e) => {
                     tracing::warn!(%path, from = p, reason, error = %e, "automatic split refused");
                 }
             }
         }
+        false
     }
 }
 

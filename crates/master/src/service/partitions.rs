@@ -12,10 +12,10 @@ use cairn_rpc::{MetaError, pb};
 use openraft::BasicNode;
 use openraft::async_runtime::WatchReceiver;
 use std::collections::{BTreeMap, BTreeSet};
+use tonic::Request;
 
 /// Chunks per `TxForward` a move writes (a chunk id is ~17 bytes of JSON).
 const FORWARDS_PER_ENTRY: usize = 8192;
-use tonic::Request;
 
 impl Inner {
     /// Adds a partition hosted by `members` (the root's voters when empty); its number.
