@@ -106,8 +106,10 @@ pub enum PartitionCommand {
         json: bool,
     },
     /// Send a subtree to a partition (a new one unless --to names one): its files and
-    /// directories are then created, stored and served by that partition's Raft group. The
-    /// A populated directory is copied there while writes below it wait.
+    /// directories are then created, stored and served by that partition's Raft group. A
+    /// populated directory is copied there while writes below it wait. The subtree may be in
+    /// the root partition or below another partition's top (it is then taken out of that
+    /// one). Partitions also split on their own (`cairn master --split-files`, `--split-load`).
     ///
     /// With --bucket instead of a path: an empty S3 bucket's objects are hashed by key over
     /// --shards new partitions (docs/partitions.md "Buckets"); a listing merges theirs.
