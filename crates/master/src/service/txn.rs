@@ -95,7 +95,18 @@ impl Inner {
         let wanted = record.is_some();
         // A decision made already (by another driver) stands: the reply holds it.
         let record = self.write(Command::TxDecide { txid, record }).await?.inode;
+        // A commit whose destination holds no lock any more was carried out but for the end
+        // (the lock goes last): its forwards are not written again, since a move may have
+        // taken the file's directory on since.
+        let done = match &record {
+            Some(_) => {
+                dst.read_barrier().await?;
+                !dst.sm.lock().state.locks().contains_key(&txid)
+            }
+            None => false,
+        };
         match &record {
+            Some(_) if done => {}
             Some(inode) => {
                 let install = Command::TxInstall {
                     txid,
@@ -124,6 +135,11 @@ impl Inner {
                     self.write_to(&h, fwd).await?;
                 }
                 self.write_to(&src, Command::TxRemove { txid }).await?;
+                // Only now the destination's lock goes: until the forwards are written, no
+                // move may take the file's directory away (its driver would forward the
+                // chunks there, and this one's forwards, written after, would send them back
+                // to a partition that no longer holds the file: nemesis seed 56).
+                self.write_to(&dst, Command::TxUnlock { txid }).await?;
             }
             None => {
                 self.write_to(&src, Command::TxUnlock { txid }).await?;

@@ -244,14 +244,23 @@ impl State {
         })
     }
 
-    /// Destination: installs the file at the locked path (replacing a file there) and
-    /// unlocks. Without the lock (done already) a no-op.
+    /// Destination: installs the file at the locked path (replacing a file there). The lock
+    /// stays until the driver's `TxUnlock`, after the forwards and the source's removal: a
+    /// move of the directory must not begin in between. Installed already (the file is at
+    /// the path), or without the lock (done), a no-op.
     pub(super) fn tx_install(&mut self, txid: u64, inode: &Inode) -> Response {
         let Some(Lock::Dest { path }) = self.locks.get(&txid).cloned() else {
             return Ok(Reply::default());
         };
         let (dir, name) = split_last(&path)?;
         let parent = self.lookup(&dir)?.id;
+        if self
+            .dentries
+            .get(&(parent, name.clone()))
+            .is_some_and(|id| *id == inode.id)
+        {
+            return self.reply(inode.id);
+        }
         if let Some(old) = self.dentries.get(&(parent, name.clone())).map(|o| *o) {
             if let Some(o) = self.inodes.remove(&old) {
                 let chunks = o.file().map(|f| f.chunks.as_slice()).unwrap_or_default();
@@ -272,7 +281,6 @@ impl State {
         self.dentries.insert((parent, name), ino.id);
         let id = ino.id;
         self.inodes.insert(id, ino);
-        self.locks.remove(&txid);
         self.reply(id)
     }
 
@@ -309,7 +317,8 @@ impl State {
         Ok(Reply::default())
     }
 
-    /// Source or destination, after an abort: the lock goes.
+    /// Source or destination after an abort, or the destination once a commit's forwards
+    /// and removal are written: the lock goes.
     pub(super) fn tx_unlock(&mut self, txid: u64) -> Response {
         if self.locks.contains_key(&txid) {
             self.locks.remove(&txid);
@@ -421,6 +430,7 @@ mod tests {
                     .unwrap();
                 }
                 states[src].apply(&Command::TxRemove { txid }).unwrap();
+                states[dst].apply(&Command::TxUnlock { txid }).unwrap();
             }
             None => {
                 states[src].apply(&Command::TxUnlock { txid }).unwrap();
@@ -641,6 +651,59 @@ mod tests {
             "the replaced file's chunks are orphans"
         );
         clean(&[&root, &p1]);
+    }
+
+    /// Nemesis seed 56: a rename into partition 1 installed its file, then its driver
+    /// stalled before the forwards; a move of the file's directory out of partition 1 began,
+    /// forwarded the chunk to the new partition, and the rename's takeover then forwarded it
+    /// back to partition 1, which no longer held it: the replicas were deleted as orphans.
+    /// The destination's lock now stays until the forwards and the removal are written, so
+    /// the move waits for them.
+    #[test]
+    fn a_move_waits_for_a_rename_installed_into_it_to_finish() {
+        let (mut root, mut p1) = setup();
+        let f = create(&mut root, "/a/f");
+        create(&mut p1, "/p/x/g");
+        let chunk = root.inode(f).unwrap().file().unwrap().chunks[0].id;
+        let (txid, decided) = {
+            let mut states = [&mut root, &mut p1];
+            prepare(&mut states, "/a/f", "/p/x/f", 0, 1)
+        };
+        let inode = decided.unwrap();
+        let install = Command::TxInstall {
+            txid,
+            inode: inode.clone(),
+        };
+        p1.apply(&install).unwrap();
+        // Installed twice (a takeover) changes nothing.
+        p1.apply(&install).unwrap();
+        assert_eq!(p1.lookup("/p/x/f").unwrap().id, f);
+        let begin = Command::BeginMove {
+            path: "/p/x".into(),
+            to: 2,
+            now_ms: 3,
+        };
+        assert!(
+            unavailable(p1.apply(&begin)),
+            "the installed file is still locked"
+        );
+        assert!(unavailable(crate::state::tests::create(
+            &mut p1,
+            "/p/x/f",
+            Some("w"),
+            1
+        )));
+        root.apply(&Command::TxForward {
+            chunks: vec![chunk],
+            to: 1,
+        })
+        .unwrap();
+        root.apply(&Command::TxRemove { txid }).unwrap();
+        p1.apply(&Command::TxUnlock { txid }).unwrap();
+        root.apply(&Command::TxEnd { txid }).unwrap();
+        p1.apply(&begin).unwrap();
+        assert_eq!(root.chunk_partition(chunk), 1);
+        clean(&[&root]);
     }
 
     /// A file renamed from a partition into the root keeps its chunks' forwards in the
