@@ -45,6 +45,12 @@ impl Default for SplitPolicy {
     }
 }
 
+/// Most rows an automatic split moves: writes below the directory wait while its rows are
+/// copied (~8 400 rows a second here: BENCHMARKS.md "Moving a populated directory"), and a
+/// client retries for 15 s, so a split on its own stays well inside that (~12 s). A larger
+/// subtree is split by an operator, off-peak.
+pub const AUTO_MOVE_ROWS: u64 = 100_000;
+
 /// Inodes read per lock hold while a partition is sized.
 const SCAN_BATCH: usize = 4096;
 /// Most directories tracked for load in a window (calls to others are counted in totals only).
@@ -188,9 +194,11 @@ impl Inner {
             while !scan.step(&h.sm.lock().state, SCAN_BATCH) {
                 tokio::task::yield_now().await;
             }
-            // A subtree of at least a tenth of the threshold: smaller ones are not worth a
-            // partition.
-            let candidates = scan.candidates(&h.sm.lock().state, policy.files / 10, TRIES);
+            // A subtree of at least a tenth of the threshold (smaller ones are not worth a
+            // partition), at most what a split moves within a client's retries.
+            let least = (policy.files / 10).min(AUTO_MOVE_ROWS / 2).max(1);
+            let rows = least..=AUTO_MOVE_ROWS;
+            let candidates = scan.candidates(&h.sm.lock().state, rows, TRIES);
             tracing::info!(
                 partition = p,
                 inodes,
@@ -228,14 +236,37 @@ impl Inner {
                 .map(|((_, d), n)| (n.abs_diff(total / 2), d.clone(), *n))
                 .collect();
             candidates.sort_unstable();
-            let candidates = candidates
-                .into_iter()
-                .take(TRIES)
-                .map(|(_, d, n)| (d, n))
-                .collect();
-            self.split_one(p, "load", rate as u64, candidates).await;
+            // Only a subtree a split moves within a client's retries (counted, up to that).
+            let mut small = Vec::new();
+            for (_, d, n) in candidates.into_iter().take(TRIES) {
+                if self.rows_below(p, &d, AUTO_MOVE_ROWS).await <= AUTO_MOVE_ROWS {
+                    small.push((d, n));
+                }
+            }
+            self.split_one(p, "load", rate as u64, small).await;
         }
         Ok(())
+    }
+
+    /// The rows of the subtree at `path` in partition `p`, counted up to just past `limit`
+    /// (the lock let go between batches); past `limit` when it cannot be read.
+    async fn rows_below(&self, p: PartitionId, path: &str, limit: u64) -> u64 {
+        let Ok(h) = self.led(p) else {
+            return limit + 1;
+        };
+        let Ok(mut cursor) = crate::state::moves::RowsCursor::new(&h.sm.lock().state, path) else {
+            return limit + 1;
+        };
+        let mut rows = 0u64;
+        while rows <= limit {
+            let batch = h.sm.lock().state.rows_batch(&mut cursor);
+            match batch {
+                Some((inodes, _)) => rows += inodes.len() as u64,
+                None => break,
+            }
+            tokio::task::yield_now().await;
+        }
+        rows
     }
 
     /// Splits the first of `candidates` (paths in partition `p`, best first) that may move

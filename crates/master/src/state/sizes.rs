@@ -73,14 +73,19 @@ impl SizeScan {
         size
     }
 
-    /// Directories of `st` to split off, best first: subtrees of at least `min` inodes,
-    /// nearest half of the partition's first; at most `max` of them, as paths.
-    pub fn candidates(&self, st: &State, min: u64, max: usize) -> Vec<(String, u64)> {
+    /// Directories of `st` to split off, best first: subtrees of `rows` inodes (a range),
+    /// nearest half of the partition first; at most `max` of them, as paths.
+    pub fn candidates(
+        &self,
+        st: &State,
+        rows: std::ops::RangeInclusive<u64>,
+        max: usize,
+    ) -> Vec<(String, u64)> {
         let half = self.inodes / 2;
         let mut sized: Vec<(u64, InodeId, u64)> = self
             .subtree_sizes()
             .into_iter()
-            .filter(|(_, n)| *n >= min.max(1))
+            .filter(|(_, n)| *n >= 1 && rows.contains(n))
             .map(|(d, n)| (n.abs_diff(half), d, n))
             .collect();
         sized.sort_unstable();
@@ -103,6 +108,12 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn scan_of(st: &State) -> SizeScan {
+        let mut scan = SizeScan::default();
+        while !scan.step(st, 100) {}
+        scan
+    }
 
     #[test]
     fn the_subtree_nearest_half_comes_first() {
@@ -128,7 +139,7 @@ mod tests {
         assert!(steps > 5);
         // 85 files and 5 directories.
         assert_eq!(scan.inodes(), 90);
-        let c = scan.candidates(&st, 6, 10);
+        let c = scan.candidates(&st, 6..=u64::MAX, 10);
         // Half is 45: /a/x (40) is nearest, then /a (52), /b (30), /a/y (10); /c is too small.
         assert_eq!(
             c,
@@ -143,6 +154,15 @@ mod tests {
         crate::state::tests::create_file(&mut p, "/p/q/f", 1);
         let mut scan = SizeScan::default();
         while !scan.step(&p, 100) {}
-        assert_eq!(scan.candidates(&p, 1, 10), vec![("/p/q".to_owned(), 1)]);
+        assert_eq!(
+            scan.candidates(&p, 1..=10, 10),
+            vec![("/p/q".to_owned(), 1)]
+        );
+        // At most 45 inodes: /a (52) is left out.
+        let c = scan_of(&st).candidates(&st, 6..=45, 10);
+        assert_eq!(
+            c.iter().map(|(p, _)| p.as_str()).collect::<Vec<_>>(),
+            ["/a/x", "/b", "/a/y"]
+        );
     }
 }
