@@ -196,7 +196,7 @@ impl Inner {
             }
             // A subtree of at least a tenth of the threshold (smaller ones are not worth a
             // partition), at most what a split moves within a client's retries.
-            let least = (policy.files / 10).min(AUTO_MOVE_ROWS / 2).max(1);
+            let least = (policy.files / 10).clamp(1, AUTO_MOVE_ROWS / 2);
             let rows = least..=AUTO_MOVE_ROWS;
             let candidates = scan.candidates(&h.sm.lock().state, rows, TRIES);
             tracing::info!(
