@@ -187,8 +187,8 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
         .collect();
     assert_eq!(listed, ["d0", "d1", "d2"]);
     // Renames inside the partition; across partitions both ways (two-phase commit through
-    // the root; the files keep their chunks, which resolve through forwards); of its top and
-    // of a directory across partitions: refused, typed.
+    // the root; the files keep their chunks, which resolve through forwards), of files and of
+    // a directory with its files; of its top: refused, typed.
     c.rename("/p/d0/f0", "/p/d1/moved").await.unwrap();
     files[1].0 = "/p/d1/moved".into();
     c.rename("/p/d1/moved", "/elsewhere").await.unwrap();
@@ -200,8 +200,28 @@ async fn a_subtree_split_into_a_partition_serves_files_through_failures() {
         Some(ErrorKind::NotFound)
     );
     check(&c, &files).await;
-    let e = c.rename("/p/d0", "/d0").await.unwrap_err();
-    assert_eq!(kind(&e), Some(ErrorKind::InvalidArgument), "{e}");
+    c.rename("/p/d0", "/d0").await.unwrap();
+    let moved = |files: &mut Vec<(String, u64, usize)>, from: &str, to: &str| {
+        for f in files.iter_mut() {
+            if let Some(rest) = f.0.strip_prefix(from) {
+                f.0 = format!("{to}{rest}");
+            }
+        }
+    };
+    moved(&mut files, "/p/d0/", "/d0/");
+    assert_eq!(
+        kind(&c.stat("/p/d0").await.unwrap_err()),
+        Some(ErrorKind::NotFound)
+    );
+    check(&c, &files).await;
+    assert_eq!(partition(&cl, 1).await.files, 9, "3 files left with d0");
+    // Back, while a file in it is read; onto an existing path: refused, nothing moves.
+    let e = c.rename("/d0", "/elsewhere").await.unwrap_err();
+    assert_eq!(kind(&e), Some(ErrorKind::AlreadyExists), "{e}");
+    c.rename("/d0", "/p/d0").await.unwrap();
+    moved(&mut files, "/d0/", "/p/d0/");
+    check(&c, &files).await;
+    assert_eq!(partition(&cl, 1).await.files, 12);
     let e = c.rename("/elsewhere", "/p").await.unwrap_err();
     assert_eq!(kind(&e), Some(ErrorKind::InvalidArgument), "{e}");
     let e = c.delete("/p").await.unwrap_err();

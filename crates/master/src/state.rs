@@ -186,6 +186,11 @@ impl State {
         found
     }
 
+    /// The default policy set on directory `id` itself.
+    pub fn dir_policy(&self, id: InodeId) -> Option<Policy> {
+        self.dir_policies.get(&id).copied()
+    }
+
     /// Rebuilds the derived indexes (after deserializing a snapshot).
     pub fn rebuild(&mut self) {
         self.revocations.rebuild();
@@ -540,7 +545,13 @@ impl State {
                 now_ms,
             } => self.tx_begin(from, to, *src, *dst, *now_ms),
             Command::TxLockSource { txid, path } => self.tx_lock_source(*txid, path),
-            Command::TxLockDest { txid, path } => self.tx_lock_dest(*txid, path),
+            Command::TxLockDest { txid, path, dir } => self.tx_lock_dest(*txid, path, *dir),
+            Command::TxLoad {
+                txid,
+                top,
+                inodes,
+                policies,
+            } => self.tx_load(*txid, *top, inodes, policies),
             Command::TxDecide { txid, record } => self.tx_decide(*txid, record.as_ref()),
             Command::TxInstall { txid, inode } => self.tx_install(*txid, inode),
             Command::TxForward { chunks, to } => self.tx_forward(chunks, *to),

@@ -250,7 +250,7 @@ impl Inner {
 
     /// The rows of the subtree at `path` in partition `p`, counted up to just past `limit`
     /// (the lock let go between batches); past `limit` when it cannot be read.
-    async fn rows_below(&self, p: PartitionId, path: &str, limit: u64) -> u64 {
+    pub(super) async fn rows_below(&self, p: PartitionId, path: &str, limit: u64) -> u64 {
         let Ok(h) = self.led(p) else {
             return limit + 1;
         };

@@ -9,7 +9,7 @@ use cairn_rpc::MetaError;
 use std::collections::BTreeMap;
 
 /// Chunks per `TxForward` a move writes (a chunk id is ~17 bytes of JSON).
-const FORWARDS_PER_ENTRY: usize = 8192;
+pub(super) const FORWARDS_PER_ENTRY: usize = 8192;
 
 impl Inner {
     /// Drives the move out of partition `src` under way, if any (state/moves.rs), to its

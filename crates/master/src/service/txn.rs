@@ -3,8 +3,9 @@
 //! that stopped, or one at a master that lost the root's leadership).
 
 use super::{Inner, MetaService, as_user, now_ms};
-use crate::state::partitions::PartitionId;
-use crate::state::txn::Decision;
+use crate::groups::Hosted;
+use crate::state::partitions::{PartitionId, partition_of};
+use crate::state::txn::{Decision, Intent};
 use crate::state::{Command, Inode};
 use cairn_rpc::auth::Principal;
 use cairn_rpc::{ErrorKind, MetaError};
@@ -12,6 +13,11 @@ use std::collections::BTreeMap;
 
 /// An intent older than this with no driver here is taken over by the tick.
 const ORPHANED_AFTER_MS: u64 = 5_000;
+
+/// The most files and directories below a directory renamed across partitions. Writes
+/// below it wait (retried by clients for 15 s) while its rows are copied, about 8 000 a
+/// second here: the same bound as an automatic split's (service/autosplit.rs).
+pub const RENAME_DIR_ROWS: u64 = super::autosplit::AUTO_MOVE_ROWS;
 
 impl Inner {
     /// Renames the file `from` (in partition `src`) to `to` (in `dst`) for `who`.
@@ -65,16 +71,32 @@ impl Inner {
                     txid,
                     path: intent.from.clone(),
                 };
-                let lock_dest = Command::TxLockDest {
-                    txid,
-                    path: intent.to.clone(),
-                };
                 let prepared: Result<Inode, MetaError> = async {
                     let r = self.write_to(&src, as_user(who, lock_source)?).await?;
                     let record = r
                         .inode
                         .ok_or_else(|| MetaError::internal("a locked source without its record"))?;
+                    let dir = record.file().is_none();
+                    let lock_dest = Command::TxLockDest {
+                        txid,
+                        path: intent.to.clone(),
+                        dir,
+                    };
                     self.write_to(&dst, as_user(who, lock_dest)?).await?;
+                    if dir {
+                        let rows = self
+                            .rows_below(intent.src, &intent.from, RENAME_DIR_ROWS)
+                            .await;
+                        if rows > RENAME_DIR_ROWS {
+                            return Err(MetaError::invalid(format!(
+                                "{} holds more than {RENAME_DIR_ROWS} files and directories: \
+                                 too many to rename into another partition at once (its \
+                                 writes wait while they are copied); rename within the \
+                                 partition, or move its contents in parts",
+                                intent.from
+                            )));
+                        }
+                    }
                     Ok(record)
                 }
                 .await;
@@ -107,6 +129,10 @@ impl Inner {
         };
         match &record {
             Some(_) if done => {}
+            Some(inode) if inode.file().is_none() => {
+                self.carry_dir(txid, &intent, inode, &src, &dst).await?;
+                self.write_to(&dst, Command::TxUnlock { txid }).await?;
+            }
             Some(inode) => {
                 let install = Command::TxInstall {
                     txid,
@@ -166,6 +192,89 @@ impl Inner {
 }
 
 impl Inner {
+    /// The commit of a directory's rename, up to the destination's unlock: the rows below it
+    /// are loaded at the destination (parents first, not reachable yet), the directory is
+    /// installed (all at once visible; loading closes), the partitions that allocated their
+    /// chunks forward them to the destination, and the source drops the subtree. Every step
+    /// repeats safely: the source's lock is there until its removal (its rows are frozen till
+    /// then, so a takeover walks them again), and a destination that holds the directory
+    /// already takes no more rows.
+    async fn carry_dir(
+        &self,
+        txid: u64,
+        intent: &Intent,
+        top: &Inode,
+        src: &Hosted,
+        dst: &Hosted,
+    ) -> Result<(), MetaError> {
+        let started = std::time::Instant::now();
+        src.read_barrier().await?;
+        if !src.sm.lock().state.locks().contains_key(&txid) {
+            return Ok(()); // removed: loaded, installed and forwarded before
+        }
+        dst.read_barrier().await?;
+        let installed = dst
+            .sm
+            .lock()
+            .state
+            .lookup(&intent.to)
+            .is_ok_and(|i| i.id == top.id);
+        let (mut cursor, mut top_policy) = {
+            let a = src.sm.lock();
+            (
+                crate::state::moves::RowsCursor::for_rename(&a.state, &intent.from)?,
+                a.state.dir_policy(top.id).map(|p| (top.id, p)),
+            )
+        };
+        let mut by_alloc: BTreeMap<PartitionId, Vec<u64>> = BTreeMap::new();
+        let mut rows = 0usize;
+        loop {
+            let batch = src.sm.lock().state.rows_batch(&mut cursor);
+            let (inodes, mut policies) = match batch {
+                Some(b) => b,
+                None if top_policy.is_some() => Default::default(),
+                None => break,
+            };
+            policies.extend(top_policy.take());
+            rows += inodes.len();
+            for i in &inodes {
+                for c in i.file().map(|f| f.chunks.as_slice()).unwrap_or_default() {
+                    by_alloc.entry(partition_of(c.id)).or_default().push(c.id);
+                }
+            }
+            if !installed {
+                let load = Command::TxLoad {
+                    txid,
+                    top: top.id,
+                    inodes,
+                    policies,
+                };
+                self.write_to(dst, load).await?;
+            }
+        }
+        let install = Command::TxInstall {
+            txid,
+            inode: top.clone(),
+        };
+        self.write_to(dst, install).await?;
+        let mut forwarded = 0usize;
+        for (p, chunks) in by_alloc {
+            let h = self.led_soon(p).await?;
+            for part in chunks.chunks(super::moves::FORWARDS_PER_ENTRY) {
+                let fwd = Command::TxForward {
+                    chunks: part.to_vec(),
+                    to: intent.dst,
+                };
+                self.write_to(&h, fwd).await?;
+                forwarded += part.len();
+            }
+        }
+        self.write_to(src, Command::TxRemove { txid }).await?;
+        tracing::info!(txid, from = %intent.from, to = %intent.to, rows, chunks = forwarded,
+            ms = started.elapsed().as_millis() as u64, "directory renamed across partitions");
+        Ok(())
+    }
+
     /// Releases, in every partition led here, locks whose transaction the root no longer
     /// holds open (ids are never reused, so such a lock belongs to no one).
     async fn release_stale_locks(&self) {

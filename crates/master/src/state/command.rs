@@ -244,16 +244,29 @@ pub enum Command {
         dst: u32,
         now_ms: u64,
     },
-    /// Locks the file at `path` for `txid` (the source partition's); its record is in the
-    /// reply.
+    /// Locks the file or directory at `path` for `txid` (the source partition's; a
+    /// directory's whole subtree); its record is in the reply.
     TxLockSource {
         txid: u64,
         path: String,
     },
-    /// Locks `path`, absent or a file, for `txid` (the destination partition's).
+    /// Locks `path` for `txid` (the destination partition's): absent or a file for a file,
+    /// absent for a directory (`dir`).
     TxLockDest {
         txid: u64,
         path: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        dir: bool,
+    },
+    /// Rows below a directory renamed into this partition (the destination's, between the
+    /// decision and [`Command::TxInstall`]): inodes as the source holds them, parents first
+    /// (the directory's own entries name `top`, its inode, which the install puts last), and
+    /// the default policies of `top` and of directories among them.
+    TxLoad {
+        txid: u64,
+        top: u64,
+        inodes: Vec<Inode>,
+        policies: Vec<(u64, Policy)>,
     },
     /// Decides `txid` (the root's): commit with the file's record, or abort (`None`). A
     /// decision made already stands; the reply holds it.
@@ -347,7 +360,10 @@ impl fmt::Display for Command {
             }
             Command::TxBegin { from, to, .. } => write!(f, "tx-begin {from} {to}"),
             Command::TxLockSource { txid, path } => write!(f, "tx-lock-source {txid} {path}"),
-            Command::TxLockDest { txid, path } => write!(f, "tx-lock-dest {txid} {path}"),
+            Command::TxLockDest { txid, path, .. } => write!(f, "tx-lock-dest {txid} {path}"),
+            Command::TxLoad { txid, inodes, .. } => {
+                write!(f, "tx-load {txid} ({} rows)", inodes.len())
+            }
             Command::TxDecide { txid, record } => {
                 write!(f, "tx-decide {txid} commit={}", record.is_some())
             }

@@ -164,7 +164,11 @@ impl State {
         }
         // A rename across partitions holding a path below: its install or removal would
         // land behind the copy (the freeze refuses only new locks).
-        if let Some(l) = self.locks.values().find(|l| at_or_below(l.path(), path)) {
+        if let Some(l) = self
+            .locks
+            .values()
+            .find(|l| at_or_below(l.path(), path) || at_or_below(path, l.path()))
+        {
             return Err(MetaError::new(
                 ErrorKind::Unavailable,
                 format!("{} is being renamed across partitions (retry)", l.path()),
@@ -194,15 +198,31 @@ impl State {
         policies: &[(InodeId, Policy)],
     ) -> Response {
         self.check_loading(top)?;
+        self.put_rows(inodes, policies, ROOT)?;
+        self.reply(ROOT)
+    }
+
+    /// Puts rows of a subtree moving in (a split's [`Command::LoadRows`], a directory's
+    /// rename's [`Command::TxLoad`]): inodes whose parents are `anchor`, come before them in
+    /// the batch, or are directories here; policies of directories among them or of
+    /// `anchor` (when it is not inode 1). Nothing is changed when one is refused.
+    pub(super) fn put_rows(
+        &mut self,
+        inodes: &[Inode],
+        policies: &[(InodeId, Policy)],
+        anchor: InodeId,
+    ) -> Result<(), MetaError> {
         let mut batch: BTreeSet<InodeId> = BTreeSet::new();
         for ino in inodes {
             // Ids are the cluster's (the allocating partition's in their top bits), so a moved
             // inode keeps its id wherever it came from; only a partition's top directory is
             // inode 1 of its own state.
-            if ino.id == ROOT {
-                return Err(MetaError::invalid(
-                    "inode 1 cannot move in: it is a partition's top directory",
-                ));
+            if ino.id == ROOT || ino.id == anchor {
+                return Err(MetaError::invalid(format!(
+                    "inode {} cannot move in as a row: it is a partition's top directory or \
+                     the top of the rows",
+                    ino.id
+                )));
             }
             // Back from where it went, an id of this partition's range was allocated here:
             // one past the counters would be handed out again.
@@ -219,7 +239,7 @@ impl State {
                     ino.id
                 )));
             }
-            let parent_here = ino.parent == ROOT
+            let parent_here = ino.parent == anchor
                 || batch.contains(&ino.parent)
                 || self
                     .inodes
@@ -236,7 +256,11 @@ impl State {
             }
         }
         for (id, p) in policies {
-            if !batch.contains(id) && self.inodes.get(id).is_none_or(|i| i.file().is_some()) {
+            let anchored = *id == anchor && anchor != ROOT;
+            if !anchored
+                && !batch.contains(id)
+                && self.inodes.get(id).is_none_or(|i| i.file().is_some())
+            {
                 return Err(MetaError::invalid(format!(
                     "a policy for inode {id}, which is not a directory loaded here"
                 )));
@@ -259,7 +283,7 @@ impl State {
         for (id, p) in policies {
             self.dir_policies.insert(*id, *p);
         }
-        self.reply(ROOT)
+        Ok(())
     }
 
     /// Whether the rows moved into this partition are all loaded.
@@ -311,7 +335,7 @@ impl State {
                 }
                 let mut ino = (*self.ino(*child)).clone();
                 if ino.parent == cursor.top {
-                    ino.parent = ROOT;
+                    ino.parent = cursor.anchor;
                 }
                 if ino.file().is_none() {
                     cursor.dirs.push_back(ino.id);
@@ -345,7 +369,24 @@ impl State {
             }
         }
         let top = self.lookup(path)?.id;
-        let mut moved: BTreeSet<ChunkId> = BTreeSet::new();
+        let moved = self.remove_below(top);
+        // A chunk another partition allocated is forwarded there (the driver's `TxForward`,
+        // before this).
+        for c in moved.iter().filter(|c| partition_of(**c) == self.home.partition) {
+            self.forwards.insert(*c, to);
+        }
+        self.drop_conversions(&moved);
+        // The root's map; in another partition, the subtree it gave away (it refuses paths
+        // there from now on, and the root's map is told: `DelegateSubtree`).
+        self.subtrees.insert(path.to_owned(), to);
+        *self.moving = None;
+        self.reply(top)
+    }
+
+    /// Removes every row below directory `top` (not `top` itself): entries, inodes, chunk
+    /// index, directories' policies. The chunks of the files removed.
+    pub(super) fn remove_below(&mut self, top: InodeId) -> Vec<ChunkId> {
+        let mut gone: BTreeSet<ChunkId> = BTreeSet::new();
         let mut dirs = vec![top];
         while let Some(d) = dirs.pop() {
             let children: Vec<(String, InodeId)> = self
@@ -363,12 +404,7 @@ impl State {
                     Some(f) => {
                         for ch in &f.chunks {
                             self.chunk_owner.remove(&ch.id);
-                            // A chunk another partition allocated is forwarded there (the
-                            // driver's `TxForward`, before this).
-                            if partition_of(ch.id) == self.home.partition {
-                                self.forwards.insert(ch.id, to);
-                            }
-                            moved.insert(ch.id);
+                            gone.insert(ch.id);
                         }
                     }
                     None => {
@@ -378,13 +414,7 @@ impl State {
                 }
             }
         }
-        let moved: Vec<ChunkId> = moved.into_iter().collect();
-        self.drop_conversions(&moved);
-        // The root's map; in another partition, the subtree it gave away (it refuses paths
-        // there from now on, and the root's map is told: `DelegateSubtree`).
-        self.subtrees.insert(path.to_owned(), to);
-        *self.moving = None;
-        self.reply(top)
+        gone.into_iter().collect()
     }
 
     /// After partition `from` moved `path` out to `to` (root's state): the map sends `path`
@@ -430,16 +460,33 @@ pub type LoadBatch = (Vec<Inode>, Vec<(InodeId, Policy)>);
 #[derive(Debug, Clone)]
 pub struct RowsCursor {
     top: InodeId,
+    /// What the top's own entries name as their parent where the rows go: inode 1 (a
+    /// partition's top) for a split, the top itself for a rename.
+    anchor: InodeId,
     dirs: std::collections::VecDeque<InodeId>,
     after: Option<String>,
 }
 
 impl RowsCursor {
-    /// A walk of the subtree at `path` of `state`.
+    /// A walk of the subtree at `path` of `state`, for a split (the top's entries name inode
+    /// 1, the receiving partition's top, as their parent).
     pub fn new(state: &State, path: &str) -> Result<Self, MetaError> {
         let top = state.lookup(path)?.id;
         Ok(Self {
             top,
+            anchor: ROOT,
+            dirs: std::collections::VecDeque::from([top]),
+            after: None,
+        })
+    }
+
+    /// A walk of the directory at `path` of `state` for its rename across partitions: the
+    /// rows below it as they are (the top keeps its id where it goes).
+    pub fn for_rename(state: &State, path: &str) -> Result<Self, MetaError> {
+        let top = state.lookup(path)?.id;
+        Ok(Self {
+            top,
+            anchor: top,
             dirs: std::collections::VecDeque::from([top]),
             after: None,
         })

@@ -1,16 +1,19 @@
-//! Renaming a file across partitions (docs/partitions.md, "Operations across partitions"):
-//! two-phase commit with the root as the coordinator. The root logs the intent
-//! ([`Command::TxBegin`]); the source partition locks the file and hands out its record
-//! ([`Command::TxLockSource`]); the destination locks the new path ([`Command::TxLockDest`]);
-//! the root logs the decision ([`Command::TxDecide`]: commit with the record, or abort); then
-//! the destination installs the record ([`Command::TxInstall`]), the partitions that allocated
-//! the file's chunks forward them to the destination ([`Command::TxForward`]), the source
-//! drops the file ([`Command::TxRemove`]) — or, on abort, both unlock ([`Command::TxUnlock`])
-//! — and the root forgets the intent ([`Command::TxEnd`]).
+//! Renaming a file or a directory across partitions (docs/partitions.md, "Operations across
+//! partitions"): two-phase commit with the root as the coordinator. The root logs the intent
+//! ([`Command::TxBegin`]); the source partition locks the file or directory and hands out its
+//! record ([`Command::TxLockSource`]); the destination locks the new path
+//! ([`Command::TxLockDest`]); the root logs the decision ([`Command::TxDecide`]: commit with
+//! the record, or abort); then, for a directory, the destination takes the rows below it
+//! ([`Command::TxLoad`], not reachable until the install); the destination installs the
+//! record ([`Command::TxInstall`]), the partitions that allocated the chunks forward them to
+//! the destination ([`Command::TxForward`]), the source drops the file or the subtree
+//! ([`Command::TxRemove`]) — or, on abort, both unlock ([`Command::TxUnlock`]) — and the
+//! root forgets the intent ([`Command::TxEnd`]).
 //!
 //! A lock makes every write at, above or below its path answer `unavailable` (retried), and
-//! a locked source file's chunks refuse repairs and conversions, so the record the root
-//! decides on is the file as it stays until it moves. Every step after the decision is
+//! the chunks of a locked source file, or of the files below a locked source directory,
+//! refuse repairs and conversions, so the rows the root decides on and the driver copies are
+//! the ones that stay until they move. Every step after the decision is
 //! idempotent (a lock that is gone means the step was done), so the next leader of the root
 //! repeats them; an intent not decided when its driver stopped is aborted.
 
@@ -101,11 +104,30 @@ impl State {
         Ok(())
     }
 
-    /// Whether inode `id` is a file locked as the source of a rename.
+    /// Whether inode `id` is locked as the source of a rename, or is below a directory that
+    /// is.
     pub(super) fn inode_locked(&self, id: InodeId) -> bool {
-        self.locks
+        let locked: Vec<InodeId> = self
+            .locks
             .values()
-            .any(|l| matches!(l, Lock::Source { inode, .. } if *inode == id))
+            .filter_map(|l| match l {
+                Lock::Source { inode, .. } => Some(*inode),
+                Lock::Dest { .. } => None,
+            })
+            .collect();
+        if locked.is_empty() {
+            return false;
+        }
+        let mut cur = id;
+        loop {
+            if locked.contains(&cur) {
+                return true;
+            }
+            match self.inodes.get(&cur) {
+                Some(i) if cur != ROOT => cur = i.parent,
+                _ => return false,
+            }
+        }
     }
 
     /// Root: logs the intent; its transaction id is in the reply.
@@ -141,8 +163,9 @@ impl State {
         })
     }
 
-    /// Source: locks the file at `path` for `txid`; its record is in the reply. Repeating it
-    /// answers the same.
+    /// Source: locks the file or directory at `path` for `txid` (a directory with all below
+    /// it; not one that holds another partition's subtree); its record is in the reply.
+    /// Repeating it answers the same.
     pub(super) fn tx_lock_source(&mut self, txid: u64, path: &str) -> Response {
         if let Some(l) = self.locks.get(&txid) {
             return match l {
@@ -158,10 +181,10 @@ impl State {
         if ino.id == ROOT {
             return Err(MetaError::invalid(format!("{path} cannot be renamed")));
         }
-        if ino.file().is_none() {
+        if ino.file().is_none() && self.holds_subtree(path) {
             return Err(MetaError::invalid(format!(
-                "{path} is a directory: a directory does not move across partitions (split it, \
-                 or move its files)"
+                "{path} holds another partition's subtree (or one moving out): it does not \
+                 move across partitions"
             )));
         }
         self.locks.insert(
@@ -174,9 +197,10 @@ impl State {
         self.reply(ino.id)
     }
 
-    /// Destination: locks `path` for `txid` (its directory must exist; it must be absent or a
-    /// file, which the rename replaces). Repeating it is a no-op.
-    pub(super) fn tx_lock_dest(&mut self, txid: u64, path: &str) -> Response {
+    /// Destination: locks `path` for `txid` (its directory must exist; it must be absent or,
+    /// unless a directory arrives (`dir`), a file, which the rename replaces). Repeating it is
+    /// a no-op.
+    pub(super) fn tx_lock_dest(&mut self, txid: u64, path: &str, is_dir: bool) -> Response {
         if let Some(l) = self.locks.get(&txid) {
             return match l {
                 Lock::Dest { .. } => Ok(Reply::default()),
@@ -189,6 +213,12 @@ impl State {
         self.refuse_moving(path)?;
         let (dir, _) = split_last(path)?;
         match self.lookup(path) {
+            Ok(_) if is_dir => {
+                return Err(MetaError::new(
+                    ErrorKind::AlreadyExists,
+                    format!("{path} exists"),
+                ));
+            }
             Ok(ino) if ino.file().is_some() => {}
             Ok(_) => {
                 return Err(MetaError::new(
@@ -242,6 +272,36 @@ impl State {
             },
             ..Reply::default()
         })
+    }
+
+    /// Destination of a directory's rename, after the decision: puts rows below the
+    /// directory (inode `top`). They are reachable only once [`Command::TxInstall`] puts `top`
+    /// at the locked path; from then on loading is closed, so a load from a driver that lost
+    /// the root's leadership cannot put back rows changed since.
+    ///
+    /// # Errors
+    /// No destination lock of `txid` here (ended), `top` installed already, or a row refused
+    /// by [`State::put_rows`]; nothing is changed then.
+    pub(super) fn tx_load(
+        &mut self,
+        txid: u64,
+        top: InodeId,
+        inodes: &[Inode],
+        policies: &[(InodeId, super::Policy)],
+    ) -> Response {
+        let Some(Lock::Dest { path }) = self.locks.get(&txid).cloned() else {
+            return Err(MetaError::invalid(format!(
+                "tx {txid} holds no destination here: its rows cannot load"
+            )));
+        };
+        if self.lookup(&path).is_ok_and(|i| i.id == top) {
+            return Err(MetaError::new(
+                ErrorKind::AlreadyExists,
+                format!("{path} is installed already; loading is closed"),
+            ));
+        }
+        self.put_rows(inodes, policies, top)?;
+        Ok(Reply::default())
     }
 
     /// Destination: installs the file at the locked path (replacing a file there). The lock
@@ -298,19 +358,27 @@ impl State {
         Ok(Reply::default())
     }
 
-    /// Source: drops the locked file and unlocks. Without the lock (done already) a no-op.
+    /// Source: drops the locked file, or the locked directory with everything below it, and
+    /// unlocks. Without the lock (done already) a no-op.
     pub(super) fn tx_remove(&mut self, txid: u64) -> Response {
         let Some(Lock::Source { inode, .. }) = self.locks.get(&txid).cloned() else {
             return Ok(Reply::default());
         };
         if let Some(ino) = self.inodes.remove(&inode) {
             self.dentries.remove(&(ino.parent, ino.name.clone()));
-            let chunks = ino.file().map(|f| f.chunks.as_slice()).unwrap_or_default();
-            for c in chunks {
-                self.chunk_owner.remove(&c.id);
-            }
+            let gone: Vec<ChunkId> = match ino.file() {
+                Some(f) => {
+                    for c in &f.chunks {
+                        self.chunk_owner.remove(&c.id);
+                    }
+                    f.chunks.iter().map(|c| c.id).collect()
+                }
+                None => {
+                    self.dir_policies.remove(&inode);
+                    self.remove_below(inode)
+                }
+            };
             // The destination converts them again.
-            let gone: Vec<ChunkId> = chunks.iter().map(|c| c.id).collect();
             self.drop_conversions(&gone);
         }
         self.locks.remove(&txid);
@@ -394,6 +462,7 @@ mod tests {
                 let d = states[dst].apply(&Command::TxLockDest {
                     txid,
                     path: to.into(),
+                    dir: false,
                 });
                 d.ok().and(r.inode)
             }
@@ -562,10 +631,10 @@ mod tests {
         }
         assert_eq!(root.lookup("/a/f").unwrap().id, f);
         clean(&[&root, &p1]);
-        // A directory does not move across partitions.
+        // A directory holding another partition's subtree does not move across partitions.
         let (txid, decided) = {
             let mut states = [&mut root, &mut p1];
-            prepare(&mut states, "/a", "/p/a", 0, 1)
+            prepare(&mut states, "/", "/p/a", 0, 1)
         };
         assert!(decided.is_none());
         {
@@ -633,8 +702,211 @@ mod tests {
             .unwrap();
         assert!(unavailable(root.apply(&Command::TxLockDest {
             txid,
-            path: "/m/x".into()
+            path: "/m/x".into(),
+            dir: false,
         })));
+    }
+
+    /// What the driver does for the rename of directory `from` (in `states[src]`) to `to`
+    /// (in `states[dst]`), `batches` at a time before stopping (`None`: to the end). The
+    /// transaction id.
+    fn rename_dir(
+        states: &mut [&mut State],
+        from: &str,
+        to: &str,
+        src: usize,
+        dst: usize,
+    ) -> Result<(), MetaError> {
+        let txid = states[0]
+            .apply(&Command::TxBegin {
+                from: from.into(),
+                to: to.into(),
+                src: src as u32,
+                dst: dst as u32,
+                now_ms: 1,
+            })?
+            .txid
+            .unwrap();
+        let record = states[src]
+            .apply(&Command::TxLockSource {
+                txid,
+                path: from.into(),
+            })?
+            .inode
+            .unwrap();
+        states[dst].apply(&Command::TxLockDest {
+            txid,
+            path: to.into(),
+            dir: true,
+        })?;
+        let record = states[0]
+            .apply(&Command::TxDecide {
+                txid,
+                record: Some(record),
+            })?
+            .inode
+            .unwrap();
+        let mut cursor = super::super::moves::RowsCursor::for_rename(states[src], from)?;
+        let mut chunks = Vec::new();
+        let mut first = true;
+        loop {
+            let batch = states[src].rows_batch(&mut cursor);
+            let Some((inodes, mut policies)) = batch.or_else(|| first.then(Default::default))
+            else {
+                break;
+            };
+            if first {
+                policies.extend(states[src].dir_policy(record.id).map(|p| (record.id, p)));
+                first = false;
+            }
+            for i in &inodes {
+                chunks.extend(i.file().iter().flat_map(|f| f.chunks.iter().map(|c| c.id)));
+            }
+            states[dst].apply(&Command::TxLoad {
+                txid,
+                top: record.id,
+                inodes,
+                policies,
+            })?;
+        }
+        states[dst].apply(&Command::TxInstall {
+            txid,
+            inode: record.clone(),
+        })?;
+        // Loading is closed once installed.
+        assert!(
+            states[dst]
+                .apply(&Command::TxLoad {
+                    txid,
+                    top: record.id,
+                    inodes: vec![],
+                    policies: vec![],
+                })
+                .is_err()
+        );
+        for st in states.iter_mut() {
+            st.apply(&Command::TxForward {
+                chunks: chunks.clone(),
+                to: dst as u32,
+            })?;
+        }
+        states[src].apply(&Command::TxRemove { txid })?;
+        states[dst].apply(&Command::TxUnlock { txid })?;
+        states[0].apply(&Command::TxEnd { txid })?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_directory_renamed_across_partitions_moves_whole_with_its_ids_policies_and_chunks() {
+        let (mut root, mut p1) = setup();
+        let ec = crate::state::Policy {
+            replicas: 2,
+            compression: true,
+            min_copy: 0,
+            ec: None,
+        };
+        root.apply(&Command::Mkdir {
+            path: "/a/d/sub".into(),
+            parents: true,
+            now_ms: 1,
+            policy: Some(ec),
+            mode: None,
+        })
+        .unwrap();
+        let f = create(&mut root, "/a/d/f");
+        let g = create(&mut root, "/a/d/sub/g");
+        // A file partition 1 allocated, renamed into the directory before.
+        let h = create(&mut p1, "/p/h");
+        rename(&mut root, &mut p1, "/p/h", "/a/d/h", 1, 0);
+        let d = root.lookup("/a/d").unwrap().id;
+        let sub = root.lookup("/a/d/sub").unwrap().id;
+        let chunk = |st: &State, id| st.inode(id).unwrap().file().unwrap().chunks[0].id;
+        let (cf, cg, ch) = (chunk(&root, f), chunk(&root, g), chunk(&root, h));
+
+        // Locked: writes below the directory and repairs of its files' chunks wait.
+        let txid = root
+            .apply(&Command::TxBegin {
+                from: "/a/d".into(),
+                to: "/p/e".into(),
+                src: 0,
+                dst: 1,
+                now_ms: 1,
+            })
+            .unwrap()
+            .txid
+            .unwrap();
+        root.apply(&Command::TxLockSource {
+            txid,
+            path: "/a/d".into(),
+        })
+        .unwrap();
+        assert!(unavailable(root.apply(&repaired(cg))));
+        assert!(unavailable(crate::state::tests::create(
+            &mut root,
+            "/a/d/sub/new",
+            None,
+            1
+        )));
+        root.apply(&Command::AddPartition {
+            members: vec![1],
+            now_ms: 1,
+        })
+        .unwrap();
+        assert!(unavailable(root.apply(&Command::BeginMove {
+            path: "/a/d/sub".into(),
+            to: 2,
+            now_ms: 2,
+        })));
+        // An existing destination is refused: the rename aborts and unlocks.
+        create(&mut p1, "/p/taken");
+        assert_eq!(
+            p1.apply(&Command::TxLockDest {
+                txid,
+                path: "/p/taken".into(),
+                dir: true,
+            })
+            .unwrap_err()
+            .kind,
+            ErrorKind::AlreadyExists
+        );
+        root.apply(&Command::TxDecide { txid, record: None }).unwrap();
+        root.apply(&Command::TxUnlock { txid }).unwrap();
+        root.apply(&Command::TxEnd { txid }).unwrap();
+        clean(&[&root, &p1]);
+
+        {
+            let mut states = [&mut root, &mut p1];
+            rename_dir(&mut states, "/a/d", "/p/e", 0, 1).unwrap();
+        }
+        assert!(root.lookup("/a/d").is_err());
+        assert_eq!(p1.lookup("/p/e").unwrap().id, d);
+        assert_eq!(p1.lookup("/p/e/sub").unwrap().id, sub);
+        assert_eq!(p1.lookup("/p/e/f").unwrap().id, f);
+        assert_eq!(p1.lookup("/p/e/sub/g").unwrap().id, g);
+        assert_eq!(p1.lookup("/p/e/h").unwrap().id, h);
+        assert_eq!(p1.dir_policy(sub), Some(ec), "policies go along");
+        assert_eq!(root.chunk_partition(cf), 1);
+        assert_eq!(p1.chunk_partition(ch), 1, "partition 1's own chunk came home");
+        let view = View {
+            root: &root,
+            parts: std::collections::BTreeMap::from([(1, &p1)]),
+        };
+        for (c, owner) in [(cf, f), (cg, g), (ch, h)] {
+            assert_eq!(view.chunk(c).unwrap().0.id, owner);
+        }
+        clean(&[&root, &p1]);
+        // New files below it inherit the moved policy where they are now.
+        assert_eq!(p1.inherited_policy("/p/e/sub/new"), Some(ec));
+        let new = create(&mut p1, "/p/e/sub/new");
+
+        // And back to the root.
+        {
+            let mut states = [&mut root, &mut p1];
+            rename_dir(&mut states, "/p/e", "/back", 1, 0).unwrap();
+        }
+        assert_eq!(root.lookup("/back/sub/new").unwrap().id, new);
+        assert!(p1.lookup("/p/e").is_err());
+        clean(&[&root, &p1]);
     }
 
     #[test]
