@@ -7,7 +7,9 @@
 //! Each round fills a new directory `/bench-split-R` with `--files` empty files (metadata
 //! only, `--depth` at a time, 100 per directory), splits it into a new partition while a
 //! prober creates files in it, renames one file back and forth inside the root and across
-//! to the partition, then deletes every file and directory it made except the partition's
+//! to the partition, then a directory of `--dir-files` files (whose rows the rename across
+//! copies: the floor is the rate they were created at, and the same directory's rename
+//! inside the root), then deletes every file and directory it made except the partition's
 //! top: a partition's top cannot be deleted and there is no merge yet, so each round leaves
 //! one empty directory and its partition behind (it says so at the end). Run it on a scratch
 //! cluster.
@@ -36,6 +38,12 @@ pub struct Args {
     /// Renames timed each way per round.
     #[arg(long, default_value_t = 200)]
     renames: usize,
+    /// Files in the directory renamed across partitions (0: none).
+    #[arg(long, default_value_t = 2_000)]
+    dir_files: usize,
+    /// Renames of that directory timed each way per round.
+    #[arg(long, default_value_t = 3)]
+    dir_renames: usize,
     /// Print only JSON lines.
     #[arg(long)]
     json: bool,
@@ -59,6 +67,14 @@ struct Round {
     rename_inside_us: f64,
     rename_across_us: f64,
     across_over_inside: f64,
+    /// The directory of `dir_files` files: the rows created per second filling it (floor),
+    /// its median rename inside the root and across partitions, and the rows the rename
+    /// across carried per second.
+    dir_create_rows_per_sec: f64,
+    dir_rename_inside_ms: f64,
+    dir_rename_across_ms: f64,
+    dir_rows_per_sec: f64,
+    dir_rows_over_create: f64,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -87,7 +103,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         } else {
             println!(
                 "round {r}: {} files; created {:.0} rows/s; split {:.2} s = {:.0} rows/s ({:.2}x the creates); \
-                 a create under it waited up to {:.0} ms (p50 {:.1} ms); rename inside {:.0} us, across {:.0} us ({:.2}x)",
+                 a create under it waited up to {:.0} ms (p50 {:.1} ms); rename inside {:.0} us, across {:.0} us ({:.2}x); \
+                 a directory of {} files renamed inside {:.1} ms, across {:.1} ms = {:.0} rows/s ({:.2}x the creates)",
                 round.files,
                 round.create_rows_per_sec,
                 round.split_secs,
@@ -97,7 +114,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 round.probe_p50_ms,
                 round.rename_inside_us,
                 round.rename_across_us,
-                round.across_over_inside
+                round.across_over_inside,
+                a.dir_files,
+                round.dir_rename_inside_ms,
+                round.dir_rename_across_ms,
+                round.dir_rows_per_sec,
+                round.dir_rows_over_create
             );
         }
         rounds.push(round);
@@ -114,6 +136,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "rename_inside_us": med(|r| r.rename_inside_us),
         "rename_across_us": med(|r| r.rename_across_us),
         "across_over_inside": med(|r| r.across_over_inside),
+        "dir_files": a.dir_files,
+        "dir_rename_inside_ms": med(|r| r.dir_rename_inside_ms),
+        "dir_rename_across_ms": med(|r| r.dir_rename_across_ms),
+        "dir_rows_per_sec": med(|r| r.dir_rows_per_sec),
+        "dir_rows_over_create": med(|r| r.dir_rows_over_create),
     });
     println!("{summary}");
     if !a.json {
@@ -227,6 +254,39 @@ async fn one_round(
         a.renames,
     )
     .await?;
+    // A directory of files: across (its rows copied) and inside the root.
+    let dir = format!("/bench-split-rename-{r}/dir");
+    let (dir_create, dir_inside, dir_across) = if a.dir_files > 0 {
+        let files: Vec<String> = (0..a.dir_files).map(|i| format!("{dir}/f{i}")).collect();
+        let secs = super::each(&Arc::new(files.clone()), a.depth, {
+            let c = c.clone();
+            move |p| {
+                let c = c.clone();
+                async move { touch(&c, &p).await }
+            }
+        })
+        .await?;
+        let inside = renames(
+            c,
+            &dir,
+            &format!("/bench-split-rename-{r}/dir2"),
+            a.dir_renames,
+        )
+        .await?;
+        let across = renames(c, &dir, &format!("{top}/dir"), a.dir_renames).await?;
+        for p in files.iter().chain([&dir]) {
+            c.delete(p)
+                .await
+                .map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
+        }
+        ((a.dir_files + 1) as f64 / secs, inside / 1e3, across / 1e3)
+    } else {
+        (0.0, 0.0, 0.0)
+    };
+    let dir_rows_per_sec = match dir_across {
+        0.0 => 0.0,
+        ms => a.dir_files as f64 / (ms / 1e3),
+    };
     for p in [
         format!("/bench-split-rename-{r}/a"),
         format!("/bench-split-rename-{r}"),
@@ -266,6 +326,14 @@ async fn one_round(
         rename_inside_us: inside,
         rename_across_us: across,
         across_over_inside: across / inside,
+        dir_create_rows_per_sec: dir_create,
+        dir_rename_inside_ms: dir_inside,
+        dir_rename_across_ms: dir_across,
+        dir_rows_per_sec,
+        dir_rows_over_create: match dir_create {
+            0.0 => 0.0,
+            c => dir_rows_per_sec / c,
+        },
     })
 }
 
