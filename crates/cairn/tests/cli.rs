@@ -236,6 +236,64 @@ async fn ls_shows_owner_and_mode_and_escapes_names_and_every_command_speaks_json
     assert!(e.to_lowercase().contains("denied"), "{e}");
 }
 
+/// A directory larger than a page lists whole and in order, page by page (`ls`, `ls --json`,
+/// the client's `list`); a page's cursor is a name, valid while entries come and go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_directory_lists_in_pages_in_name_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let c = cl.client().await;
+    let n = 2 * cairn_rpc::LIST_PAGE as usize + 500;
+    let names: Vec<String> = (0..n).map(|i| format!("f{i:05}")).collect();
+    for part in names.chunks(64) {
+        futures::future::join_all(part.iter().map(|name| {
+            let c = c.clone();
+            async move {
+                let opts = cairn_client::CreateOptions {
+                    parents: true,
+                    ..Default::default()
+                };
+                c.create(&format!("/big/{name}"), opts)
+                    .await
+                    .unwrap()
+                    .close()
+                    .await
+                    .unwrap();
+            }
+        }))
+        .await;
+    }
+    let out = run_ok(&mut fs(&cl, &["ls", "/big"]));
+    let listed: Vec<String> = stdout(&out).lines().map(str::to_owned).collect();
+    assert_eq!(listed, names);
+    let out = run_ok(&mut fs(&cl, &["ls", "-l", "/big", "--json"]));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let json: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(json, names);
+    assert_eq!(c.list("/big").await.unwrap().len(), n);
+    // Pages: cut at the limit, more after the last name; a cursor whose entry was deleted
+    // still works; the last page says there is no more.
+    let (p1, more) = c.list_page("/big", "", 700).await.unwrap();
+    assert!(more);
+    assert_eq!(p1.len(), 700);
+    assert_eq!(p1[699].name, names[699]);
+    c.delete("/big/f00699").await.unwrap();
+    c.delete("/big/f00700").await.unwrap();
+    let (p2, _) = c.list_page("/big", "f00699", 3).await.unwrap();
+    let p2: Vec<&str> = p2.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(p2, ["f00701", "f00702", "f00703"]);
+    let (last, more) = c.list_page("/big", &names[n - 3], 10).await.unwrap();
+    assert_eq!((last.len(), more), (2, false));
+    // A page larger than the most one may hold is cut to it.
+    let (all, more) = c.list_page("/big", "", u32::MAX).await.unwrap();
+    assert_eq!((all.len(), more), (n - 2, false));
+}
+
 /// One-line appends by separate processes share the file's last chunk: a hundred of them
 /// leave one chunk, not a hundred (each held a 1 MiB extent on every replica before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -497,13 +497,47 @@ impl Client {
     /// # Errors
     /// The path does not exist or is a file.
     pub async fn list(&self, path: &str) -> Result<Vec<DirEntry>> {
-        let req = pb::PathRequest { path: path.into() };
+        let mut all = Vec::new();
+        let mut after = String::new();
+        loop {
+            let (page, more) = self.list_page(path, &after, cairn_rpc::LIST_PAGE).await?;
+            match page.last() {
+                Some(last) if more => after = last.name.clone(),
+                _ => {
+                    all.extend(page);
+                    return Ok(all);
+                }
+            }
+            all.extend(page);
+        }
+    }
+
+    /// Up to `limit` entries of the directory at `path` after the name `after` (from the
+    /// first when empty), in name order, and whether more follow: ask again after the last
+    /// name. A name is a cursor that stays valid while entries come and go (as S3's
+    /// StartAfter): an entry added behind it is not seen, one added ahead of it is.
+    ///
+    /// # Errors
+    /// As the `List` call (`limit` 0 asks for the whole directory, refused past
+    /// [`cairn_rpc::LIST_WHOLE_MAX`] entries).
+    pub async fn list_page(
+        &self,
+        path: &str,
+        after: &str,
+        limit: u32,
+    ) -> Result<(Vec<DirEntry>, bool)> {
+        let req = pb::ListRequest {
+            path: path.into(),
+            after: after.into(),
+            limit,
+        };
         let r = self
             .inner
             .masters
             .send(req, |mut c, r| async move { c.list(r).await })
             .await?;
-        Ok(r.entries
+        let page = r
+            .entries
             .into_iter()
             .map(|e| DirEntry {
                 name: e.name,
@@ -515,7 +549,8 @@ impl Client {
                 owner: e.owner,
                 mode: e.mode,
             })
-            .collect())
+            .collect();
+        Ok((page, r.more))
     }
 
     /// Changes the permission bits (the owner or an admin may) and/or the owner (an admin

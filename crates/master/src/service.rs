@@ -478,7 +478,7 @@ impl pb::meta_server::Meta for MetaService {
         .await)
     }
 
-    async fn list(&self, req: Request<pb::PathRequest>) -> Rpc<pb::ListReply> {
+    async fn list(&self, req: Request<pb::ListRequest>) -> Rpc<pb::ListReply> {
         let who = self.inner.who(&req, "List")?;
         ok(self.inner.list(&who, req.into_inner()).await)
     }

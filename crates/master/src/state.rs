@@ -371,6 +371,37 @@ impl State {
             .collect())
     }
 
+    /// Up to `limit` entries of the directory at `path` after the name `after` (from the
+    /// first when empty), in name order, and whether more follow.
+    ///
+    /// # Errors
+    /// As [`State::list`].
+    pub fn list_page(
+        &self,
+        path: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<(Vec<Arc<Inode>>, bool), MetaError> {
+        let dir = self.lookup(path)?;
+        if dir.file().is_some() {
+            return Err(MetaError::new(
+                ErrorKind::NotADirectory,
+                format!("{path}: not a directory"),
+            ));
+        }
+        let mut page: Vec<Arc<Inode>> = self
+            .dentries
+            .range((dir.id, after.to_owned())..)
+            .take_while(|((p, _), _)| *p == dir.id)
+            .filter(|((_, name), _)| after.is_empty() || name != after)
+            .take(limit.saturating_add(1))
+            .map(|(_, id)| self.ino(*id))
+            .collect();
+        let more = page.len() > limit;
+        page.truncate(limit);
+        Ok((page, more))
+    }
+
     fn reply(&self, id: InodeId) -> Response {
         Ok(Reply {
             inode: self.inodes.get(&id).map(|i| (*i).clone()),

@@ -25,6 +25,13 @@ pub const MAX_REPLICAS: u32 = 5;
 pub const MAX_ALLOCATE: u32 = 8;
 /// Most operations in one `Batch` call.
 pub const MAX_BATCH_OPS: usize = 256;
+/// Most entries one `List` page holds (`ListRequest.limit` is clamped to it).
+pub const LIST_PAGE_MAX: u32 = 10_000;
+/// Most entries a `List` without a limit answers: a larger directory is refused, so that a
+/// caller that does not page never takes a cut list for the whole.
+pub const LIST_WHOLE_MAX: usize = 10_000;
+/// The page the client library asks for.
+pub const LIST_PAGE: u32 = 1_000;
 
 mod batch;
 mod masters;

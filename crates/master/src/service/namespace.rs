@@ -371,7 +371,7 @@ impl Inner {
     pub(super) async fn list(
         &self,
         who: &Principal,
-        r: pb::PathRequest,
+        r: pb::ListRequest,
     ) -> Result<pb::ListReply, MetaError> {
         let path = convert::path(&r.path)?;
         let routed = self.route(&path).await?;
@@ -381,13 +381,20 @@ impl Inner {
         let dir = a.state.lookup(&path)?;
         let want = if dir.file().is_some() { 0 } else { perm::READ };
         check_read(&a.state, who, &dir, want)?;
-        let entries = a
-            .state
-            .list(&path)?
-            .into_iter()
-            .map(|i| convert::dir_entry(&i))
-            .collect();
-        Ok(pb::ListReply { entries })
+        let limit = match r.limit {
+            0 => cairn_rpc::LIST_WHOLE_MAX,
+            n => n.min(cairn_rpc::LIST_PAGE_MAX) as usize,
+        };
+        let (page, more) = a.state.list_page(&path, &r.after, limit)?;
+        if more && r.limit == 0 {
+            return Err(MetaError::invalid(format!(
+                "{path} holds more than {} entries: list it in pages (ListRequest after and \
+                 limit; this client does not)",
+                cairn_rpc::LIST_WHOLE_MAX
+            )));
+        }
+        let entries = page.iter().map(|i| convert::dir_entry(i)).collect();
+        Ok(pb::ListReply { entries, more })
     }
 
     pub(super) async fn rename(

@@ -510,3 +510,36 @@ fn leases_and_commits() {
         ErrorKind::LeaseLost
     );
 }
+
+#[test]
+fn a_directory_lists_in_pages_after_a_name() {
+    let mut s = State::default();
+    s.apply(&Command::Mkdir {
+        path: "/d".into(),
+        parents: true,
+        now_ms: 1,
+        policy: None,
+        mode: None,
+    })
+    .unwrap();
+    for i in 0..5 {
+        create(&mut s, &format!("/d/f{i}"), None, 0).unwrap();
+    }
+    let names = |page: &[Arc<Inode>]| page.iter().map(|i| i.name.clone()).collect::<Vec<_>>();
+    let (p, more) = s.list_page("/d", "", 2).unwrap();
+    assert_eq!((names(&p), more), (vec!["f0".into(), "f1".into()], true));
+    let (p, more) = s.list_page("/d", "f1", 2).unwrap();
+    assert_eq!((names(&p), more), (vec!["f2".into(), "f3".into()], true));
+    // After a name that is not there: the names after it.
+    let (p, more) = s.list_page("/d", "f35", 5).unwrap();
+    assert_eq!((names(&p), more), (vec!["f4".into()], false));
+    let (p, more) = s.list_page("/d", "f4", 5).unwrap();
+    assert!(p.is_empty() && !more);
+    // Exactly the limit left: no more.
+    let (p, more) = s.list_page("/d", "f2", 2).unwrap();
+    assert_eq!((p.len(), more), (2, false));
+    assert_eq!(
+        kind(Err(s.list_page("/d/f0", "", 1).unwrap_err())),
+        ErrorKind::NotADirectory
+    );
+}
