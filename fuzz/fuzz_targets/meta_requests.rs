@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut st = State::default();
-    match kind % 12 {
+    match kind % 13 {
         0 => {
             if let Ok(r) = pb::CreateRequest::decode(body)
                 && let (Ok(path), Ok(policy), Ok(n)) =
@@ -200,6 +200,25 @@ fuzz_target!(|data: &[u8]| {
         }
         7 => {
             let _ = serde_json::from_slice::<openraft::raft::AppendEntriesRequest<TypeConfig>>(body);
+        }
+        12 => {
+            // A page of a directory holding a few entries: in name order, after the cursor,
+            // at most the limit.
+            if let Ok(r) = pb::ListRequest::decode(body)
+                && let Ok(path) = convert::path(&r.path)
+            {
+                let _ = st.apply(&Command::Mkdir { path: path.clone(), parents: true, now_ms: 1, policy: None, mode: None });
+                for name in ["a", "b", "c"] {
+                    let _ = st.apply(&Command::Mkdir { path: format!("{path}/{name}"), parents: false, now_ms: 1, policy: None, mode: None });
+                }
+                let limit = (r.limit as usize).min(cairn_rpc::LIST_PAGE_MAX as usize);
+                if let Ok((page, more)) = st.list_page(&path, &r.after, limit) {
+                    assert!(page.len() <= limit);
+                    assert!(page.windows(2).all(|w| w[0].name < w[1].name));
+                    assert!(r.after.is_empty() || page.iter().all(|i| i.name.as_str() > r.after.as_str()));
+                    assert!(!more || page.len() == limit);
+                }
+            }
         }
         _ => {
             let _ = serde_json::from_slice::<openraft::raft::VoteRequest<TypeConfig>>(body);

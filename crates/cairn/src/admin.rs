@@ -111,6 +111,10 @@ pub enum PartitionCommand {
     /// the root partition or below another partition's top (it is then taken out of that
     /// one). Partitions also split on their own (`cairn master --split-files`, `--split-load`).
     ///
+    /// With --shards K (2 or more), a missing or empty directory's entries are hashed by
+    /// name over K new partitions, for a directory too busy or too large for one
+    /// (docs/partitions.md "Hashed directories"); a listing merges theirs.
+    ///
     /// With --bucket instead of a path: an empty S3 bucket's objects are hashed by key over
     /// --shards new partitions (docs/partitions.md "Buckets"); a listing merges theirs.
     Split {
@@ -120,8 +124,9 @@ pub enum PartitionCommand {
         /// An empty bucket to place in partitions of its own.
         #[arg(long)]
         bucket: Option<String>,
-        /// How many partitions the bucket's objects are hashed over.
-        #[arg(long, default_value_t = 1, requires = "bucket")]
+        /// How many partitions the bucket's objects, or the directory's entries, are hashed
+        /// over.
+        #[arg(long, default_value_t = 1)]
         shards: u32,
         /// An existing partition that holds no subtree yet.
         #[arg(long, conflicts_with = "bucket")]
@@ -493,6 +498,39 @@ pub fn run(a: AdminArgs) -> anyhow::Result<()> {
                     );
                 } else {
                     println!("bucket {bucket}'s objects are hashed over partitions {shards:?}");
+                }
+            }
+            AdminCommand::Partition(PartitionCommand::Split {
+                path,
+                to,
+                members,
+                shards,
+                json,
+                ..
+            }) if shards > 1 => {
+                anyhow::ensure!(to.is_none(), "--shards makes new partitions: no --to");
+                let path = path.unwrap_or_default();
+                let req = pb::SplitRequest {
+                    path: path.clone(),
+                    shards,
+                    members,
+                    ..Default::default()
+                };
+                let s = m
+                    .send(req, |mut c, r| async move { c.split_partition(r).await })
+                    .await?;
+                let norm = cairn_rpc::normalize(&path).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+                let ids: Vec<u32> = s
+                    .partitions
+                    .iter()
+                    .filter(|p| p.subtree == norm && p.id != 0)
+                    .map(|p| p.id)
+                    .collect();
+                anyhow::ensure!(!ids.is_empty(), "{norm} is in no partition's status");
+                if json {
+                    println!("{}", serde_json::json!({"subtree": norm, "shards": ids}));
+                } else {
+                    println!("{norm}'s entries are hashed over partitions {ids:?}");
                 }
             }
             AdminCommand::Partition(PartitionCommand::Split {

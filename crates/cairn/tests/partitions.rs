@@ -567,3 +567,123 @@ async fn partitions_split_on_their_own_by_size_and_by_load() {
     let v = admin_json(&addrs, &["check", "--json"]);
     assert_eq!(v["problems"], 0, "{v}");
 }
+
+/// A directory hashed over four partitions (`cairn admin partition split PATH --shards 4`):
+/// its entries spread over the shards by name; a listing merges them in name order, page by
+/// page; renames of files and directories between its names cross shards; its mode reaches
+/// every shard; it is neither deleted nor renamed. One inside a split partition is reached
+/// by a user who is not an admin (search rights checked in the partitions above it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_hashed_over_partitions_spreads_its_entries_and_lists_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start_full(dir.path(), 3, 3, &[], &[]).await;
+    let c = cl.client_with(small_chunks()).await;
+    let addrs = cl.master_addrs().join(",");
+    let v = admin_json(
+        &addrs,
+        &["partition", "split", "/hot", "--shards", "4", "--json"],
+    );
+    let shards: Vec<u32> = v["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(shards.len(), 4, "{v}");
+    // Asked again: the same shards, no new partition.
+    let again = admin_json(
+        &addrs,
+        &["partition", "split", "/hot", "--shards", "4", "--json"],
+    );
+    assert_eq!(again["shards"], v["shards"]);
+    let mut files = Vec::new();
+    let mut names = Vec::new();
+    for i in 0..40u64 {
+        let name = format!("f{i:02}");
+        let path = format!("/hot/{name}");
+        write(&c, &path, 500 + i, 20_000).await;
+        files.push((path, 500 + i, 20_000));
+        names.push(name);
+    }
+    write(&c, "/hot/d/inner", 600, 30_000).await;
+    files.push(("/hot/d/inner".into(), 600, 30_000));
+    names.push("d".into());
+    names.sort();
+    let mut held = 0;
+    for &p in &shards {
+        let st = partition(&cl, p).await;
+        assert_eq!(st.subtree, "/hot");
+        assert!(st.files > 0, "shard {p} holds nothing: {st:?}");
+        held += st.files;
+    }
+    assert_eq!(held, 41);
+    let listed: Vec<String> = c
+        .list("/hot")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(listed, names);
+    // Page by page, 7 at a time: the same names, once each.
+    let mut paged = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (page, more) = c.list_page("/hot", &after, 7).await.unwrap();
+        assert!(page.len() <= 7);
+        paged.extend(page.iter().map(|e| e.name.clone()));
+        match page.last() {
+            Some(l) if more => after = l.name.clone(),
+            _ => break,
+        }
+    }
+    assert_eq!(paged, names);
+    // Renames between names (most cross shards), of files and of a directory.
+    for i in 0..10 {
+        let (from, to) = (format!("/hot/f{i:02}"), format!("/hot/g{i:02}"));
+        c.rename(&from, &to).await.unwrap();
+        files[i].0 = to;
+    }
+    c.rename("/hot/d", "/hot/e").await.unwrap();
+    files[40].0 = "/hot/e/inner".into();
+    check(&c, &files).await;
+    // The directory itself: stat'ed; never deleted or renamed; its mode on every shard.
+    assert!(c.stat("/hot").await.unwrap().is_dir);
+    let e = c.delete("/hot").await.unwrap_err();
+    assert_eq!(kind(&e), Some(ErrorKind::InvalidArgument), "{e}");
+    let e = c.rename("/hot", "/cold").await.unwrap_err();
+    assert_eq!(kind(&e), Some(ErrorKind::InvalidArgument), "{e}");
+    c.set_attr("/hot", Some(0o777), None).await.unwrap();
+    // A user who is not an admin creates under it (every shard's top allows it), and under
+    // a directory hashed inside a split partition (search checked in each partition above).
+    let alice = common::create_user(&cl.master_addrs(), "alice");
+    let as_alice = cl
+        .client_with(ClientOptions {
+            credential: Some(cairn_rpc::auth::Credential::User {
+                access_key: alice.access.clone(),
+                secret_key: alice.secret.clone(),
+            }),
+            ..small_chunks()
+        })
+        .await;
+    for i in 0..8 {
+        write(&as_alice, &format!("/hot/alice{i}"), 700 + i, 1_000).await;
+    }
+    admin_json(&addrs, &["partition", "split", "/p", "--json"]);
+    c.mkdir_with("/p/q", true, None, Some(0o755)).await.unwrap();
+    admin_json(
+        &addrs,
+        &["partition", "split", "/p/q/h", "--shards", "2", "--json"],
+    );
+    c.set_attr("/p/q/h", Some(0o777), None).await.unwrap();
+    for i in 0..6 {
+        write(&as_alice, &format!("/p/q/h/n{i}"), 800 + i, 1_000).await;
+    }
+    assert_eq!(as_alice.list("/p/q/h").await.unwrap().len(), 6);
+    c.set_attr("/p/q", Some(0o700), None).await.unwrap();
+    let e = as_alice.stat("/p/q/h/n0").await.unwrap_err();
+    assert_eq!(kind(&e), Some(ErrorKind::PermissionDenied), "{e}");
+    check(&c, &files).await;
+    let v = admin_json(&addrs, &["check", "--json"]);
+    assert_eq!(v["problems"], 0, "{v}");
+}

@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status};
 pub mod autosplit;
 mod batch;
 mod buckets;
+mod hashed;
 mod moves;
 mod namespace;
 mod partitions;

@@ -20,6 +20,7 @@ mod namespace;
 pub use check::{MAX_LISTED, Report as CheckReport};
 pub(crate) mod disk;
 pub use disk::TABLES;
+pub mod hashed;
 pub mod moves;
 pub mod objects;
 pub mod partitions;
@@ -77,6 +78,10 @@ pub struct State {
     /// Subtrees held by other partitions, by top directory (the root's state only).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     subtrees: Cell<BTreeMap<String, partitions::PartitionId>>,
+    /// Directories hashed over shards (hashed.rs): the root's every one; another
+    /// partition's, those it hashed away.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    hashed: Cell<BTreeMap<String, Vec<partitions::PartitionId>>>,
     /// The subtree this state holds (a partition's; the root's is the default).
     #[serde(default)]
     home: Cell<partitions::Home>,
@@ -137,6 +142,7 @@ impl Default for State {
             revocations: Cell::default(),
             partitions: Cell::default(),
             subtrees: Cell::default(),
+            hashed: Cell::default(),
             home: Cell::default(),
             moving: Cell::default(),
             load_sealed: Cell::default(),
@@ -568,6 +574,15 @@ impl State {
             Command::SealLoad { top } => self.seal_load(top),
             Command::FinishMove { path, to } => self.finish_move(path, *to),
             Command::DelegateSubtree { path, from, to } => self.delegate_subtree(path, *from, *to),
+            Command::HashDir {
+                path,
+                shards,
+                mode,
+                now_ms,
+            } => self.hash_dir(path, shards, *mode, *now_ms),
+            Command::DelegateHashed { path, from, shards } => {
+                self.delegate_hashed(path, *from, shards)
+            }
             Command::TxBegin {
                 from,
                 to,

@@ -146,7 +146,9 @@ impl Inner {
     }
 
     /// For a call in a partition other than the root: a user must be able to search the
-    /// directories above its top, which are in the root (the partition checks the rest).
+    /// directories above its top (the partition checks the rest), which are in the
+    /// partitions holding them — the root, or for a subtree inside another partition's (a
+    /// nested split, a hashed directory's shard) that one and the ones above it.
     fn check_above(&self, r: &Routed, who: &Principal) -> Result<(), MetaError> {
         let Principal::User { name, admin: false } = who else {
             return Ok(());
@@ -154,9 +156,26 @@ impl Inner {
         if r.is_root() {
             return Ok(());
         }
-        let a = self.sm.lock();
-        let parent = a.state.lookup(parent_of(&r.top))?;
-        a.state.check_inode(parent.id, name, perm::SEARCH)
+        let mut top = r.top.clone();
+        loop {
+            let parent = parent_of(&top).to_owned();
+            let route = self.sm.lock().state.route(&parent);
+            let check = |st: &State| {
+                let dir = st.lookup(&parent)?;
+                st.check_inode(dir.id, name, perm::SEARCH)
+            };
+            if route.partition == ROOT_PARTITION {
+                return check(&self.sm.lock().state);
+            }
+            let h = self.groups.get(route.partition).ok_or_else(|| {
+                MetaError::new(
+                    ErrorKind::Unavailable,
+                    format!("partition {} is not hosted here (retry)", route.partition),
+                )
+            })?;
+            check(&h.sm.lock().state)?;
+            top = route.top;
+        }
     }
 
     /// The default policy of a new file at `path`: its partition's nearest directory's, else
@@ -377,15 +396,35 @@ impl Inner {
         let routed = self.route(&path).await?;
         self.check_above(&routed, who)?;
         self.barrier(&routed).await?;
-        let a = routed.h.sm.lock();
-        let dir = a.state.lookup(&path)?;
-        let want = if dir.file().is_some() { 0 } else { perm::READ };
-        check_read(&a.state, who, &dir, want)?;
         let limit = match r.limit {
             0 => cairn_rpc::LIST_WHOLE_MAX,
             n => n.min(cairn_rpc::LIST_PAGE_MAX) as usize,
         };
-        let (page, more) = a.state.list_page(&path, &r.after, limit)?;
+        // A hashed directory's entries are its shards' (hashed.rs); the map first, then the
+        // partition (the root's lock before any other's).
+        let shards = self.shards_of(&path);
+        let local = {
+            let a = routed.h.sm.lock();
+            let dir = a.state.lookup(&path)?;
+            let want = if dir.file().is_some() { 0 } else { perm::READ };
+            check_read(&a.state, who, &dir, want)?;
+            match shards {
+                Some(_) => None,
+                None => {
+                    let (page, more) = a.state.list_page(&path, &r.after, limit)?;
+                    let entries: Vec<pb::DirEntry> =
+                        page.iter().map(|i| convert::dir_entry(i)).collect();
+                    Some((entries, more))
+                }
+            }
+        };
+        let (entries, more) = match local {
+            Some(l) => l,
+            None => {
+                let shards = shards.unwrap_or_default();
+                self.list_hashed(&shards, &path, &r.after, limit).await?
+            }
+        };
         if more && r.limit == 0 {
             return Err(MetaError::invalid(format!(
                 "{path} holds more than {} entries: list it in pages (ListRequest after and \
@@ -393,7 +432,6 @@ impl Inner {
                 cairn_rpc::LIST_WHOLE_MAX
             )));
         }
-        let entries = page.iter().map(|i| convert::dir_entry(i)).collect();
         Ok(pb::ListReply { entries, more })
     }
 
@@ -445,7 +483,10 @@ impl Inner {
             true => None,
             false => routed.h.sm.lock().state.lookup(&path).ok(),
         };
-        let reply = self.node_write(&routed, who, cmd, &path).await?;
+        let reply = self.node_write(&routed, who, cmd.clone(), &path).await?;
+        if let Some(shards) = self.shards_of(&path) {
+            self.set_attr_shards(&shards, cmd).await?;
+        }
         // A partition's narrowed rights are revoked by the root (revoke.rs). A master that
         // stops between the two writes leaves the capabilities already handed out valid
         // until they expire.

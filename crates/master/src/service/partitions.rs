@@ -200,11 +200,18 @@ impl Inner {
     pub(super) fn partition_status(&self) -> Vec<pb::PartitionStatus> {
         let (map, subtrees) = {
             let a = self.sm.lock();
+            // A hashed directory's shards hold it too (state/hashed.rs).
             let subtrees: BTreeMap<PartitionId, String> = a
                 .state
                 .subtrees()
                 .iter()
                 .map(|(t, p)| (*p, t.clone()))
+                .chain(
+                    a.state
+                        .hashed()
+                        .iter()
+                        .flat_map(|(t, s)| s.iter().map(|p| (*p, t.clone()))),
+                )
                 .collect();
             (a.state.partitions().partitions.clone(), subtrees)
         };
@@ -309,7 +316,18 @@ impl MetaService {
         });
         let res: Result<(), MetaError> = async {
             who.require_admin("splitting a partition")?;
-            if r.bucket.is_empty() {
+            if r.bucket.is_empty() && r.shards > 1 {
+                if r.to != 0 {
+                    return Err(MetaError::invalid(
+                        "a directory is hashed over new partitions (--shards), not --to one",
+                    ));
+                }
+                let path = crate::convert::path(&r.path)?;
+                self.inner
+                    .hash_directory(&path, r.shards, &r.members)
+                    .await
+                    .map(|_| ())
+            } else if r.bucket.is_empty() {
                 let path = crate::convert::path(&r.path)?;
                 self.inner
                     .split_subtree(&path, r.to, &r.members)
@@ -349,8 +367,16 @@ impl MetaService {
             let (root, map, subtrees, busy) = {
                 let a = self.inner.sm.lock();
                 let st = &a.state;
-                let tops: BTreeMap<PartitionId, String> =
-                    st.subtrees().iter().map(|(t, p)| (*p, t.clone())).collect();
+                let tops: BTreeMap<PartitionId, String> = st
+                    .subtrees()
+                    .iter()
+                    .map(|(t, p)| (*p, t.clone()))
+                    .chain(
+                        st.hashed()
+                            .iter()
+                            .flat_map(|(t, s)| s.iter().map(|p| (*p, t.clone()))),
+                    )
+                    .collect();
                 let ids: Vec<PartitionId> = st.partitions().partitions.keys().copied().collect();
                 chunks.read(ROOT_PARTITION, st);
                 let busy = st.moving().is_some() || !st.txns().open.is_empty();

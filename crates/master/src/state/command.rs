@@ -214,6 +214,21 @@ pub enum Command {
         inodes: Vec<Inode>,
         policies: Vec<(u64, Policy)>,
     },
+    /// Hashes the directory at `path` (made with `mode` if missing; else empty) over the
+    /// partitions `shards` (the partition holding `path`'s command; state/hashed.rs): the
+    /// entries below it go to `shards[fnv1a64(name) mod K]`.
+    HashDir {
+        path: String,
+        shards: Vec<u32>,
+        mode: u16,
+        now_ms: u64,
+    },
+    /// The root's map: partition `from` hashed `path` over `shards`.
+    DelegateHashed {
+        path: String,
+        from: u32,
+        shards: Vec<u32>,
+    },
     /// Closes loading in the partition that holds `top` (after its last
     /// [`Command::LoadRows`], before the root's [`Command::FinishMove`]): a load sent later —
     /// by a driver that lost the root's leadership — is refused, so it cannot put back rows
@@ -357,6 +372,10 @@ impl fmt::Display for Command {
             Command::FinishMove { path, to } => write!(f, "finish-move {path} {to}"),
             Command::DelegateSubtree { path, from, to } => {
                 write!(f, "delegate-subtree {path} {from} {to}")
+            }
+            Command::HashDir { path, shards, .. } => write!(f, "hash-dir {path} {shards:?}"),
+            Command::DelegateHashed { path, from, shards } => {
+                write!(f, "delegate-hashed {path} {from} {shards:?}")
             }
             Command::TxBegin { from, to, .. } => write!(f, "tx-begin {from} {to}"),
             Command::TxLockSource { txid, path } => write!(f, "tx-lock-source {txid} {path}"),

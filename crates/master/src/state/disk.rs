@@ -58,6 +58,7 @@ const CAP_KEYS: TableDef = cell("cap_keys");
 const REVOCATIONS: TableDef = cell("revocations");
 const PARTITIONS: TableDef = cell("partitions");
 const SUBTREES: TableDef = cell("subtrees");
+const HASHED: TableDef = cell("hashed");
 const HOME: TableDef = cell("home");
 const MOVING: TableDef = cell("moving");
 const LOAD_SEALED: TableDef = cell("load_sealed");
@@ -83,6 +84,7 @@ pub static TABLES: &[TableDef] = {
         REVOCATIONS,
         PARTITIONS,
         SUBTREES,
+        HASHED,
         HOME,
         MOVING,
         LOAD_SEALED,
@@ -155,6 +157,7 @@ impl State {
             revocations: open_cell(REVOCATIONS, store)?,
             partitions: open_cell(PARTITIONS, store)?,
             subtrees: open_cell(SUBTREES, store)?,
+            hashed: open_cell(HASHED, store)?,
             home: open_cell(HOME, store)?,
             moving: open_cell(MOVING, store)?,
             load_sealed: open_cell(LOAD_SEALED, store)?,
@@ -186,6 +189,7 @@ impl State {
         self.revocations.flush(REVOCATIONS, tx)?;
         self.partitions.flush(PARTITIONS, tx)?;
         self.subtrees.flush(SUBTREES, tx)?;
+        self.hashed.flush(HASHED, tx)?;
         self.home.flush(HOME, tx)?;
         self.moving.flush(MOVING, tx)?;
         self.load_sealed.flush(LOAD_SEALED, tx)?;
@@ -217,6 +221,7 @@ impl State {
         self.revocations.touch();
         self.partitions.touch();
         self.subtrees.touch();
+        self.hashed.touch();
         self.home.touch();
         self.moving.touch();
         self.load_sealed.touch();

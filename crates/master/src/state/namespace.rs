@@ -317,6 +317,7 @@ impl State {
                 if id == ROOT {
                     return Err(MetaError::invalid(format!("cannot delete {path}")));
                 }
+                self.refuse_hashed(path, "deleted")?;
                 if ino.file().is_none() && self.has_entries(id) {
                     return Err(MetaError::new(
                         ErrorKind::DirectoryNotEmpty,

@@ -75,15 +75,22 @@ impl State {
     }
 
     /// The partition `path` lives in by this (the root's) map: the subtree with the longest
-    /// top directory that is `path` or above it; the root's when none.
+    /// top directory that is `path` or above it, or the shard of a hashed directory that
+    /// `path` is below (by the name right below it: hashed.rs); the root's when none.
     pub fn route(&self, path: &str) -> Route {
-        if !self.subtrees.is_empty()
+        if (!self.subtrees.is_empty() || !self.hashed.is_empty())
             && let Ok(comps) = components(path)
         {
             for n in (1..=comps.len()).rev() {
                 let top = format!("/{}", comps[..n].join("/"));
                 if let Some(p) = self.subtrees.get(&top) {
                     return Route { partition: *p, top };
+                }
+                if n < comps.len()
+                    && let Some(shards) = self.hashed.get(&top)
+                {
+                    let partition = super::hashed::shard_for(shards, comps[n]);
+                    return Route { partition, top };
                 }
             }
         }
@@ -137,14 +144,17 @@ impl State {
     /// The partition a subtree this (non-root) partition moved out went to, when `path` is
     /// at or below it.
     fn delegated(&self, path: &str) -> Option<PartitionId> {
-        if self.subtrees.is_empty() {
+        if self.subtrees.is_empty() && self.hashed.is_empty() {
             return None;
         }
         let comps = components(path).ok()?;
         (1..=comps.len()).rev().find_map(|n| {
-            self.subtrees
-                .get(&format!("/{}", comps[..n].join("/")))
-                .copied()
+            let top = format!("/{}", comps[..n].join("/"));
+            if let Some(p) = self.subtrees.get(&top) {
+                return Some(*p);
+            }
+            let shards = self.hashed.get(&top).filter(|_| n < comps.len())?;
+            Some(super::hashed::shard_for(shards, comps[n]))
         })
     }
 
@@ -157,6 +167,12 @@ impl State {
             || self.subtrees.contains_key(path)
             || self
                 .subtrees
+                .range(below.clone()..)
+                .next()
+                .is_some_and(|(k, _)| k.starts_with(&below))
+            || self.hashed.contains_key(path)
+            || self
+                .hashed
                 .range(below.clone()..)
                 .next()
                 .is_some_and(|(k, _)| k.starts_with(&below))
@@ -408,6 +424,12 @@ impl State {
             return Err(MetaError::new(
                 ErrorKind::AlreadyExists,
                 format!("{} is moving into partition {to}", m.path),
+            ));
+        }
+        if let Some((top, _)) = self.hashed.iter().find(|(_, s)| s.contains(&to)) {
+            return Err(MetaError::new(
+                ErrorKind::AlreadyExists,
+                format!("partition {to} is a shard of {top} already"),
             ));
         }
         Ok(())
