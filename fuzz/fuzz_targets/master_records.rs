@@ -3,7 +3,8 @@
 //! decoding never panics; a key that decodes encodes back to the same bytes (the encoding is
 //! canonical, so two byte strings never name one key); a record that decodes encodes to
 //! bytes that decode to the same record; an `objects` record of version 1 converts to one of
-//! version 2 that decodes, or is refused.
+//! version 2 that decodes, or is refused. Cells too: the partition map, homes, moves, renames'
+//! intents and locks, subtrees and hashed directories, bucket placements.
 use cairn_master::kv::codec::{Key, decode_record, encode_record};
 use cairn_master::state::moves::Move;
 use cairn_master::state::objects::buckets::Placement;
@@ -48,5 +49,6 @@ fuzz_target!(|data: &[u8]| {
     record::<u32>(data);
     record::<bool>(data);
     record::<std::collections::BTreeMap<String, u32>>(data);
+    record::<std::collections::BTreeMap<String, Vec<u32>>>(data);
     record::<std::collections::BTreeMap<String, Placement>>(data);
 });

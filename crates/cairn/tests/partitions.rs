@@ -684,6 +684,58 @@ async fn a_directory_hashed_over_partitions_spreads_its_entries_and_lists_in_ord
     let e = as_alice.stat("/p/q/h/n0").await.unwrap_err();
     assert_eq!(kind(&e), Some(ErrorKind::PermissionDenied), "{e}");
     check(&c, &files).await;
+    // A populated directory hashes too: its rows move to their shards by name (the split's
+    // copy, spread), chunks forwarded; listed whole, read back, written on.
+    let mut warm = Vec::new();
+    for i in 0..30u64 {
+        let path = format!("/warm/d{}/f{i}", i % 6);
+        write(&c, &path, 900 + i, 10_000).await;
+        warm.push((path, 900 + i, 10_000));
+    }
+    for i in 0..12u64 {
+        let path = format!("/warm/top{i}");
+        write(&c, &path, 950 + i, 10_000).await;
+        warm.push((path, 950 + i, 10_000));
+    }
+    let v = admin_json(
+        &addrs,
+        &["partition", "split", "/warm", "--shards", "3", "--json"],
+    );
+    let wshards: Vec<u32> = v["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(wshards.len(), 3, "{v}");
+    let mut held = 0;
+    for &p in &wshards {
+        held += partition(&cl, p).await.files;
+    }
+    assert_eq!(held, 42);
+    let listed: Vec<String> = c
+        .list("/warm")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    let mut want: Vec<String> = (0..6)
+        .map(|d| format!("d{d}"))
+        .chain((0..12).map(|i| format!("top{i}")))
+        .collect();
+    want.sort();
+    assert_eq!(listed, want);
+    check(&c, &warm).await;
+    for (path, _, _) in &warm {
+        for ch in common::chunks(&c, path).await {
+            assert_eq!(ch.servers.len(), 3, "{path}: chunk {}", ch.id);
+        }
+    }
+    write(&c, "/warm/d0/after", 990, 5_000).await;
+    warm.push(("/warm/d0/after".into(), 990, 5_000));
+    check(&c, &warm).await;
+    check(&c, &files).await;
     let v = admin_json(&addrs, &["check", "--json"]);
     assert_eq!(v["problems"], 0, "{v}");
 }

@@ -88,6 +88,9 @@ pub struct State {
     /// A populated subtree being moved into a partition (the root's only; moves.rs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     moving: Cell<Option<moves::Move>>,
+    /// When the move under way hashes a directory: its shards (hashed.rs); else empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    move_shards: Cell<Vec<partitions::PartitionId>>,
     /// A partition's: the rows of the subtree moved into it are all loaded (moves.rs); no
     /// more load.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -143,6 +146,7 @@ impl Default for State {
             partitions: Cell::default(),
             subtrees: Cell::default(),
             hashed: Cell::default(),
+            move_shards: Cell::default(),
             home: Cell::default(),
             moving: Cell::default(),
             load_sealed: Cell::default(),
@@ -565,7 +569,15 @@ impl State {
                 mode,
                 now_ms,
             } => self.assign_subtree(path, *partition, owner, *mode, *now_ms),
-            Command::BeginMove { path, to, now_ms } => self.begin_move(path, *to, *now_ms),
+            Command::BeginMove { path, to, now_ms } => self.begin_move(path, *to, &[], *now_ms),
+            Command::BeginHashMove {
+                path,
+                shards,
+                now_ms,
+            } => match shards.first() {
+                Some(to) => self.begin_move(path, *to, shards, *now_ms),
+                None => Err(MetaError::invalid("a hashed move needs its shards")),
+            },
             Command::LoadRows {
                 top,
                 inodes,

@@ -70,10 +70,15 @@ const PARTITIONED: &str = "/nemesis-p";
 /// partition, populated and being written, into a new partition while the faults run
 /// (state/moves.rs): a master killed mid-move leaves the driving to the next leader. From the
 /// `MOVE_OUT_AT`-th, every `MOVE_EVERY`-th moves its directory of the split partition
-/// (`PARTITIONED`) out of it into a new one the same way (its two writers write there).
+/// (`PARTITIONED`) out of it into a new one the same way (its two writers write there). From
+/// the `HASH_AT`-th, every `MOVE_EVERY`-th hashes its directory of the root over
+/// `HASH_SHARDS` new partitions (state/hashed.rs): its rows, the first writer's file among
+/// them, move to their shards by name the same way.
 const MOVE_EVERY: u64 = 25;
 const MOVE_AT: u64 = 3;
 const MOVE_OUT_AT: u64 = 8;
+const HASH_AT: u64 = 13;
+const HASH_SHARDS: &str = "2";
 /// Empty files made in a moving scenario's directory first: rows for the move to copy.
 const MOVE_FILES: usize = 50;
 /// How long the workload runs in each scenario; faults start and end inside it.
@@ -124,6 +129,8 @@ struct Totals {
     /// Populated directories moved into a partition under the faults, moves not finished
     /// within a minute of the faults' end, and moves that lost rows.
     moves: u64,
+    /// Of those, directories hashed over partitions.
+    hashed: u64,
     moves_unfinished: u64,
     moves_lost_rows: u64,
     /// Renames across partitions answered, failed, and files they lost (txn.rs).
@@ -156,10 +163,11 @@ async fn scenario(
         })
         .collect();
     let moving = match index % MOVE_EVERY {
-        MOVE_AT => Some(format!("/nemesis/s{index}")),
+        MOVE_AT | HASH_AT => Some(format!("/nemesis/s{index}")),
         MOVE_OUT_AT => Some(format!("{PARTITIONED}/s{index}")),
         _ => None,
     };
+    let hashing = index % MOVE_EVERY == HASH_AT;
     if let Some(dir) = &moving {
         for i in 0..MOVE_FILES {
             let path = format!("{dir}/m/f{i}");
@@ -176,10 +184,12 @@ async fn scenario(
     }
     let split = |dir: String, addrs: String| {
         tokio::task::spawn_blocking(move || {
-            common::cairn()
-                .args(["admin", "--cluster", &addrs, "partition", "split", &dir])
-                .output()
-                .expect("cairn runs")
+            let mut cmd = common::cairn();
+            cmd.args(["admin", "--cluster", &addrs, "partition", "split", &dir]);
+            if hashing {
+                cmd.args(["--shards", HASH_SHARDS]);
+            }
+            cmd.output().expect("cairn runs")
         })
     };
     let writers: Vec<_> = files
@@ -376,6 +386,7 @@ async fn scenario(
         }
         if moved_to.is_some() {
             t.moves += 1;
+            t.hashed += u64::from(hashing);
             let listed = c.list(&format!("{dir}/m")).await.map_or(0, |l| l.len());
             if listed != MOVE_FILES {
                 eprintln!("  MOVED {dir}/m lists {listed} files of {MOVE_FILES}");
@@ -627,8 +638,8 @@ async fn nemesis() {
         t.partition_chunks
     );
     println!(
-        "subtrees moved into partitions: {} (not finished {}, rows lost {})",
-        t.moves, t.moves_unfinished, t.moves_lost_rows
+        "subtrees moved into partitions: {} (of them hashed over {HASH_SHARDS}: {}; not finished {}, rows lost {})",
+        t.moves, t.hashed, t.moves_unfinished, t.moves_lost_rows
     );
     println!(
         "renames across partitions: {} (errors {}, files lost {})",

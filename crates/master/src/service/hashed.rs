@@ -1,6 +1,7 @@
 //! Directories hashed over several partitions, at the service (state/hashed.rs): making one
-//! (`cairn admin partition split PATH --shards K`), listing one (a merge of its shards'
-//! pages), and changing its own attributes (on its source and every shard).
+//! (`cairn admin partition split PATH --shards K`; a populated one's rows move by hash through
+//! the split's copy, `drive_move`), listing one (a merge of its shards' pages), and changing
+//! its own attributes (on its source and every shard).
 
 use super::Inner;
 use crate::state::Command;
@@ -45,20 +46,39 @@ impl Inner {
         let src = route.partition;
         let s = self.led_soon(src).await?;
         s.read_barrier().await?;
-        // Hashed at the source already (a run that stopped before the map was told).
-        let at_source = s.sm.lock().state.hashed().get(path).cloned();
+        // Hashed at the source already (a run that stopped before the map was told), or
+        // its rows moving there now (driven to the end).
+        let (at_source, moving) = {
+            let st = &s.sm.lock().state;
+            let moving = st
+                .moving()
+                .filter(|m| m.path == path && !st.move_shards().is_empty())
+                .map(|_| st.move_shards().to_vec());
+            (st.hashed().get(path).cloned(), moving)
+        };
         if let Some(shards) = at_source {
-            self.delegate_hashed(path, src, &shards).await?;
+            if src != ROOT_PARTITION {
+                self.delegate_hashed(path, src, &shards).await?;
+            }
             return Ok(shards);
         }
-        let (owner, mode, policy) = {
+        if let Some(shards) = moving {
+            self.drive_move(src).await?;
+            return Ok(shards);
+        }
+        let (owner, mode, policy, populated) = {
             let a = s.sm.lock();
-            a.state.check_splittable(path)?;
+            // A populated directory's rows move by hash (a split's copy, spread).
+            let populated = match a.state.check_splittable(path) {
+                Ok(_) => false,
+                Err(e) if e.kind == cairn_rpc::ErrorKind::DirectoryNotEmpty => true,
+                Err(e) => return Err(e),
+            };
             let (owner, mode) = match a.state.lookup(path) {
                 Ok(ino) => (ino.owner.clone(), ino.mode),
                 Err(_) => (String::new(), crate::state::perm::DEFAULT_DIR_MODE),
             };
-            (owner, mode, a.state.inherited_policy(path))
+            (owner, mode, a.state.inherited_policy(path), populated)
         };
         let mut shards = Vec::new();
         for _ in 0..k {
@@ -99,17 +119,40 @@ impl Inner {
                 self.write_to(&h, keep).await?;
             }
         }
-        let hash = Command::HashDir {
-            path: path.to_owned(),
-            shards: shards.clone(),
-            mode,
-            now_ms: now,
-        };
-        self.write_to(&s, hash).await?;
-        if src != ROOT_PARTITION {
-            self.delegate_hashed(path, src, &shards).await?;
+        if populated {
+            // Refused while a rename across partitions holds a path below (milliseconds):
+            // asked again here, as a split's.
+            let until = Instant::now() + Duration::from_secs(10);
+            loop {
+                let begin = Command::BeginHashMove {
+                    path: path.to_owned(),
+                    shards: shards.clone(),
+                    now_ms: now,
+                };
+                match self.write_to(&s, begin).await {
+                    Ok(_) => break,
+                    Err(e)
+                        if e.kind == cairn_rpc::ErrorKind::Unavailable && Instant::now() < until =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            self.drive_move(src).await?;
+        } else {
+            let hash = Command::HashDir {
+                path: path.to_owned(),
+                shards: shards.clone(),
+                mode,
+                now_ms: now,
+            };
+            self.write_to(&s, hash).await?;
+            if src != ROOT_PARTITION {
+                self.delegate_hashed(path, src, &shards).await?;
+            }
         }
-        tracing::info!(path, ?shards, source = src, "directory hashed over partitions");
+        tracing::info!(path, ?shards, source = src, populated, "directory hashed over partitions");
         Ok(shards)
     }
 

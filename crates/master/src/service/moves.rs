@@ -25,17 +25,31 @@ impl Inner {
         self.read_barrier().await?;
         let s = self.led_soon(src).await?;
         s.read_barrier().await?;
-        let Some(m) = s.sm.lock().state.moving().cloned() else {
-            return Ok(0);
+        let (m, shards) = {
+            let a = s.sm.lock();
+            let Some(m) = a.state.moving().cloned() else {
+                return Ok(0);
+            };
+            (m, a.state.move_shards().to_vec())
         };
-        let h = self.led_soon(m.to).await?;
-        h.read_barrier().await?;
+        // The receivers: the one partition, or a hashed directory's shards (state/hashed.rs).
+        let hashed = !shards.is_empty();
+        let targets = if hashed { shards.clone() } else { vec![m.to] };
+        let mut receivers = BTreeMap::new();
+        for &t in &targets {
+            let h = self.led_soon(t).await?;
+            h.read_barrier().await?;
+            let sealed = h.sm.lock().state.load_sealed();
+            receivers.insert(t, (h, sealed));
+        }
         let started = std::time::Instant::now();
         let mut rows = 0u64;
-        let sealed = h.sm.lock().state.load_sealed();
         // Walked again after a takeover that finds loading sealed: the chunks other
-        // partitions allocated are still to be forwarded (the source, frozen, holds them).
-        let mut foreign: BTreeMap<PartitionId, Vec<ChunkId>> = BTreeMap::new();
+        // partitions allocated are still to be forwarded (the source, frozen, holds them);
+        // for a hashed directory, every chunk, to its file's shard.
+        let mut forwards: BTreeMap<(PartitionId, PartitionId), Vec<ChunkId>> = BTreeMap::new();
+        // A hashed directory's: the shard of each directory walked (parents come first).
+        let mut dir_shard: std::collections::HashMap<u64, PartitionId> = Default::default();
         let mut cursor = crate::state::moves::RowsCursor::new(&s.sm.lock().state, &m.path)?;
         loop {
             let batch = {
@@ -51,41 +65,72 @@ impl Inner {
             let Some((inodes, policies)) = batch else {
                 break;
             };
-            for c in inodes
-                .iter()
-                .filter_map(|i| i.file())
-                .flat_map(|f| f.chunks.iter().map(|c| c.id))
-            {
-                let alloc = crate::state::partitions::partition_of(c);
-                if alloc != src {
-                    foreign.entry(alloc).or_default().push(c);
+            let mut parts: BTreeMap<PartitionId, crate::state::moves::LoadBatch> =
+                BTreeMap::new();
+            for ino in inodes {
+                let to = match hashed {
+                    false => m.to,
+                    true if ino.parent == crate::state::ROOT => {
+                        crate::state::hashed::shard_for(&shards, &ino.name)
+                    }
+                    true => *dir_shard.get(&ino.parent).ok_or_else(|| {
+                        MetaError::internal(format!(
+                            "inode {}'s parent {} was not walked before it",
+                            ino.id, ino.parent
+                        ))
+                    })?,
+                };
+                if ino.file().is_none() {
+                    dir_shard.insert(ino.id, to);
                 }
+                for c in ino.file().iter().flat_map(|f| f.chunks.iter().map(|c| c.id)) {
+                    let alloc = crate::state::partitions::partition_of(c);
+                    if alloc != src || hashed {
+                        forwards.entry((alloc, to)).or_default().push(c);
+                    }
+                }
+                parts.entry(to).or_default().0.push(ino);
             }
-            if sealed {
-                continue;
+            for (id, p) in policies {
+                let to = if hashed {
+                    dir_shard.get(&id).copied().unwrap_or(m.to)
+                } else {
+                    m.to
+                };
+                parts.entry(to).or_default().1.push((id, p));
             }
-            rows += inodes.len() as u64;
-            let load = Command::LoadRows {
-                top: m.path.clone(),
-                inodes,
-                policies,
-            };
-            self.write_to(&h, load).await?;
+            for (to, (inodes, policies)) in parts {
+                let Some((h, sealed)) = receivers.get(&to) else {
+                    continue;
+                };
+                if *sealed {
+                    continue;
+                }
+                rows += inodes.len() as u64;
+                let load = Command::LoadRows {
+                    top: m.path.clone(),
+                    inodes,
+                    policies,
+                };
+                self.write_to(h, load).await?;
+            }
         }
-        if !sealed {
-            let seal = Command::SealLoad {
-                top: m.path.clone(),
-            };
-            self.write_to(&h, seal).await?;
+        for (h, sealed) in receivers.values() {
+            if !*sealed {
+                let seal = Command::SealLoad {
+                    top: m.path.clone(),
+                };
+                self.write_to(h, seal).await?;
+            }
         }
         // Before the source lets the rows go: a forward naming the source after it would
         // lead to no file, and the chunk's replicas would be deleted as orphans.
-        for (alloc, chunks) in &foreign {
+        for ((alloc, to), chunks) in &forwards {
             let a = self.led_soon(*alloc).await?;
             for part in chunks.chunks(FORWARDS_PER_ENTRY) {
                 let fwd = Command::TxForward {
                     chunks: part.to_vec(),
-                    to: m.to,
+                    to: *to,
                 };
                 self.write_to(&a, fwd).await?;
             }
@@ -99,15 +144,22 @@ impl Inner {
         )
         .await?;
         if src != ROOT_PARTITION {
-            self.write(Command::DelegateSubtree {
-                path: m.path.clone(),
-                from: src,
-                to: m.to,
-            })
-            .await?;
+            let tell = match hashed {
+                true => Command::DelegateHashed {
+                    path: m.path.clone(),
+                    from: src,
+                    shards: shards.clone(),
+                },
+                false => Command::DelegateSubtree {
+                    path: m.path.clone(),
+                    from: src,
+                    to: m.to,
+                },
+            };
+            self.write(tell).await?;
         }
-        tracing::info!(path = %m.path, from = src, partition = m.to, rows,
-            forwarded = foreign.values().map(Vec::len).sum::<usize>(),
+        tracing::info!(path = %m.path, from = src, partition = m.to, ?shards, rows,
+            forwarded = forwards.values().map(Vec::len).sum::<usize>(),
             ms = started.elapsed().as_millis() as u64, "subtree moved");
         Ok(rows)
     }
@@ -120,7 +172,31 @@ impl Inner {
             self.write(Command::DelegateSubtree { path, from, to })
                 .await?;
         }
+        for (path, from, shards) in self.missing_hashed() {
+            self.write(Command::DelegateHashed { path, from, shards })
+                .await?;
+        }
         Ok(())
+    }
+
+    /// Directories partitions led here hashed that the root's map does not route by hash
+    /// yet: (path, from, shards).
+    fn missing_hashed(&self) -> Vec<(String, PartitionId, Vec<PartitionId>)> {
+        let root = self.sm.lock();
+        self.groups
+            .all()
+            .into_iter()
+            .filter(|h| h.id != ROOT_PARTITION && h.leader_check().is_ok())
+            .flat_map(|h| {
+                let st = h.sm.lock();
+                st.state
+                    .hashed()
+                    .iter()
+                    .filter(|(path, s)| root.state.hashed().get(path.as_str()) != Some(*s))
+                    .map(|(path, s)| (path.clone(), h.id, s.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// See [`Inner::finish_delegations`]: (path, from, to).
@@ -162,7 +238,10 @@ impl MetaService {
             .filter(|h| h.sm.lock().state.moving().is_some())
             .map(|h| h.id)
             .collect();
-        if sources.is_empty() && self.inner.missing_delegations().is_empty() {
+        if sources.is_empty()
+            && self.inner.missing_delegations().is_empty()
+            && self.inner.missing_hashed().is_empty()
+        {
             return;
         }
         let inner = self.inner.clone();

@@ -389,7 +389,12 @@ impl MetaService {
                 .groups
                 .all()
                 .iter()
-                .filter_map(|h| h.sm.lock().state.moving().map(|m| m.to))
+                .flat_map(|h| {
+                    let st = &h.sm.lock().state;
+                    let mut to: Vec<PartitionId> = st.moving().map(|m| m.to).into_iter().collect();
+                    to.extend_from_slice(st.move_shards());
+                    to
+                })
                 .collect();
             let busy = busy || !moving_into.is_empty();
             let mut out = vec![check_reply(ROOT_PARTITION, root)];

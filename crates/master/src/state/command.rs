@@ -205,6 +205,14 @@ pub enum Command {
         to: u32,
         now_ms: u64,
     },
+    /// [`Command::BeginMove`] of a populated directory being hashed over `shards`
+    /// (state/hashed.rs): its rows go to the shard of their first name below it, and
+    /// [`Command::FinishMove`] records it hashed rather than delegated.
+    BeginHashMove {
+        path: String,
+        shards: Vec<u32>,
+        now_ms: u64,
+    },
     /// Rows of the subtree moving into this partition, whose top is `top` (the receiving
     /// partition's command): inodes as the root holds them, except that the moved
     /// directory's own entries name this partition's top (inode 1) as their parent; and the
@@ -365,6 +373,9 @@ impl fmt::Display for Command {
             } => write!(f, "assign-subtree {path} {partition}"),
             Command::Revoke { files } => write!(f, "revoke {} file(s)", files.len()),
             Command::BeginMove { path, to, .. } => write!(f, "begin-move {path} {to}"),
+            Command::BeginHashMove { path, shards, .. } => {
+                write!(f, "begin-hash-move {path} {shards:?}")
+            }
             Command::LoadRows { top, inodes, .. } => {
                 write!(f, "load-rows {top} +{}", inodes.len())
             }

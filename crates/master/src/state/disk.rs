@@ -59,6 +59,7 @@ const REVOCATIONS: TableDef = cell("revocations");
 const PARTITIONS: TableDef = cell("partitions");
 const SUBTREES: TableDef = cell("subtrees");
 const HASHED: TableDef = cell("hashed");
+const MOVE_SHARDS: TableDef = cell("move_shards");
 const HOME: TableDef = cell("home");
 const MOVING: TableDef = cell("moving");
 const LOAD_SEALED: TableDef = cell("load_sealed");
@@ -85,6 +86,7 @@ pub static TABLES: &[TableDef] = {
         PARTITIONS,
         SUBTREES,
         HASHED,
+        MOVE_SHARDS,
         HOME,
         MOVING,
         LOAD_SEALED,
@@ -158,6 +160,7 @@ impl State {
             partitions: open_cell(PARTITIONS, store)?,
             subtrees: open_cell(SUBTREES, store)?,
             hashed: open_cell(HASHED, store)?,
+            move_shards: open_cell(MOVE_SHARDS, store)?,
             home: open_cell(HOME, store)?,
             moving: open_cell(MOVING, store)?,
             load_sealed: open_cell(LOAD_SEALED, store)?,
@@ -190,6 +193,7 @@ impl State {
         self.partitions.flush(PARTITIONS, tx)?;
         self.subtrees.flush(SUBTREES, tx)?;
         self.hashed.flush(HASHED, tx)?;
+        self.move_shards.flush(MOVE_SHARDS, tx)?;
         self.home.flush(HOME, tx)?;
         self.moving.flush(MOVING, tx)?;
         self.load_sealed.flush(LOAD_SEALED, tx)?;
@@ -222,6 +226,7 @@ impl State {
         self.partitions.touch();
         self.subtrees.touch();
         self.hashed.touch();
+        self.move_shards.touch();
         self.home.touch();
         self.moving.touch();
         self.load_sealed.touch();

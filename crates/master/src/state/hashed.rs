@@ -9,8 +9,11 @@
 //! The source records the directory in its `hashed` cell (`path → shards`) and from then on
 //! refuses paths below it (`unavailable`: routed anew) and deleting or renaming it; in the
 //! root that cell is part of the map, so the root's [`State::route`] sends a path below the
-//! directory to its shard. A directory is hashed while it is empty ([`Command::HashDir`]), so
-//! nothing moves.
+//! directory to its shard. An empty directory is hashed in one step ([`Command::HashDir`]); a
+//! populated one's rows move to their shards by the split's copy (moves.rs:
+//! [`Command::BeginHashMove`], `LoadRows` into each shard, `SealLoad`, `TxForward` of every
+//! chunk to its file's shard, and a [`Command::FinishMove`] that records the directory hashed
+//! rather than delegated).
 
 use super::partitions::{PartitionId, ROOT_PARTITION};
 use super::{Kind, Response, State};
@@ -122,7 +125,7 @@ impl State {
     }
 }
 
-fn check_shards(shards: &[PartitionId]) -> Result<(), MetaError> {
+pub(super) fn check_shards(shards: &[PartitionId]) -> Result<(), MetaError> {
     let distinct: std::collections::BTreeSet<_> = shards.iter().collect();
     if shards.len() < 2 || shards.len() > MAX_DIR_SHARDS || distinct.len() != shards.len() {
         return Err(MetaError::invalid(format!(
@@ -225,6 +228,96 @@ mod tests {
         let mut s = partition_state(shard_for(&shards, "a"), "/h/new");
         mkdir(&mut s, "/h/new/a/deeper").unwrap();
         assert!(s.lookup("/h/new/a/deeper").is_ok());
+    }
+
+    /// A populated directory of the root hashes over two shards: frozen, its rows loaded into
+    /// the shard of their first name below it (as the driver does), every chunk forwarded by
+    /// the root to its file's shard, then finished: hashed, not delegated.
+    #[test]
+    fn a_populated_directory_moves_to_its_shards_by_name() {
+        use crate::view::{StateView, View};
+        let mut root = State::default();
+        add_partitions(&mut root, 2);
+        let files: Vec<(String, u64)> = ["/h/a/x", "/h/a/y/z", "/h/b", "/h/c/d", "/h/e"]
+            .iter()
+            .map(|p| {
+                let ino = crate::state::tests::create_file(&mut root, p, 1);
+                (p.to_string(), ino.id)
+            })
+            .collect();
+        let shards = [1, 2];
+        let mut parts = [partition_state(1, "/h"), partition_state(2, "/h")];
+        root.apply(&Command::BeginHashMove {
+            path: "/h".into(),
+            shards: shards.to_vec(),
+            now_ms: 1,
+        })
+        .unwrap();
+        assert!(unavailable(mkdir(&mut root, "/h/new")), "frozen");
+        assert!(root.lookup("/h/a/x").is_ok(), "reads go on");
+        // The driver's walk.
+        let mut cursor = crate::state::moves::RowsCursor::new(&root, "/h").unwrap();
+        let mut dir_shard = std::collections::HashMap::new();
+        let mut forwards: Vec<(u64, PartitionId)> = Vec::new();
+        while let Some((inodes, policies)) = root.rows_batch(&mut cursor) {
+            assert!(policies.is_empty());
+            for ino in inodes {
+                let to = if ino.parent == crate::state::ROOT {
+                    shard_for(&shards, &ino.name)
+                } else {
+                    dir_shard[&ino.parent]
+                };
+                if ino.file().is_none() {
+                    dir_shard.insert(ino.id, to);
+                }
+                for c in ino.file().iter().flat_map(|f| f.chunks.iter()) {
+                    forwards.push((c.id, to));
+                }
+                let st = &mut parts[(to - 1) as usize];
+                st.apply(&Command::LoadRows {
+                    top: "/h".into(),
+                    inodes: vec![ino],
+                    policies: vec![],
+                })
+                .unwrap();
+            }
+        }
+        for st in &mut parts {
+            st.apply(&Command::SealLoad { top: "/h".into() }).unwrap();
+        }
+        for (c, to) in &forwards {
+            root.apply(&Command::TxForward {
+                chunks: vec![*c],
+                to: *to,
+            })
+            .unwrap();
+        }
+        root.apply(&Command::FinishMove {
+            path: "/h".into(),
+            to: 1,
+        })
+        .unwrap();
+        assert_eq!(root.hashed().get("/h").map(Vec::as_slice), Some(&shards[..]));
+        assert!(root.subtrees().get("/h").is_none(), "hashed, not delegated");
+        assert!(root.moving().is_none() && root.move_shards().is_empty());
+        let view = View {
+            root: &root,
+            parts: std::collections::BTreeMap::from([(1, &parts[0]), (2, &parts[1])]),
+        };
+        for (path, id) in &files {
+            let r = root.route(path);
+            let name = path.split('/').nth(2).unwrap();
+            assert_eq!(r.partition, shard_for(&shards, name), "{path}");
+            let st = &parts[(r.partition - 1) as usize];
+            assert_eq!(st.lookup(path).unwrap().id, *id, "{path}");
+            let chunk = st.inode(*id).unwrap().file().unwrap().chunks[0].id;
+            assert_eq!(view.chunk(chunk).unwrap().0.id, *id, "{path}: its chunk resolves");
+        }
+        assert!(root.lookup("/h").is_ok(), "the directory's entry stays");
+        for st in [&root, &parts[0], &parts[1]] {
+            let r = st.check();
+            assert_eq!(r.problems, 0, "{:?}", r.listed);
+        }
     }
 
     #[test]

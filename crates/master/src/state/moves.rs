@@ -48,6 +48,11 @@ impl State {
         self.moving.as_ref()
     }
 
+    /// When the move under way hashes a directory, its shards (hashed.rs); else empty.
+    pub fn move_shards(&self) -> &[PartitionId] {
+        &self.move_shards
+    }
+
     /// The partition that holds chunk `id`'s file, by this state: the one that allocated
     /// it, unless that is this one and its file moved (a forward here). Ask the allocating
     /// partition's state.
@@ -140,11 +145,18 @@ impl State {
         Ok(())
     }
 
-    /// Step 1 (root): freezes the directory at `path` for its move into `to`. Repeating it
-    /// is a no-op; another move under way refuses it.
-    pub(super) fn begin_move(&mut self, path: &str, to: PartitionId, now_ms: u64) -> Response {
+    /// Step 1 (root): freezes the directory at `path` for its move into `to` — or, with
+    /// `shards` (`to` their first), for its rows to be hashed over them (hashed.rs).
+    /// Repeating it is a no-op; another move under way refuses it.
+    pub(super) fn begin_move(
+        &mut self,
+        path: &str,
+        to: PartitionId,
+        shards: &[PartitionId],
+        now_ms: u64,
+    ) -> Response {
         if let Some(m) = self.moving.as_ref() {
-            if m.path == path && m.to == to {
+            if m.path == path && m.to == to && self.move_shards.as_slice() == shards {
                 return self.reply(self.lookup(path)?.id);
             }
             return Err(MetaError::new(
@@ -155,12 +167,24 @@ impl State {
                 ),
             ));
         }
-        if self.home.partition == ROOT_PARTITION {
-            self.check_target(to)?;
-        } else if to == self.home.partition {
-            return Err(MetaError::invalid(format!(
-                "{path} is in partition {to} already"
-            )));
+        if !shards.is_empty() {
+            super::hashed::check_shards(shards)?;
+            if self.hashed.contains_key(path) {
+                return Err(MetaError::new(
+                    ErrorKind::AlreadyExists,
+                    format!("{path} is hashed already"),
+                ));
+            }
+        }
+        let targets = if shards.is_empty() { &[to][..] } else { shards };
+        for &t in targets {
+            if self.home.partition == ROOT_PARTITION {
+                self.check_target(t)?;
+            } else if t == self.home.partition {
+                return Err(MetaError::invalid(format!(
+                    "{path} is in partition {t} already"
+                )));
+            }
         }
         // A rename across partitions holding a path below: its install or removal would
         // land behind the copy (the freeze refuses only new locks).
@@ -182,6 +206,7 @@ impl State {
             to,
             started_ms: now_ms,
         });
+        *self.move_shards = shards.to_vec();
         self.reply(top.id)
     }
 
@@ -370,12 +395,22 @@ impl State {
         }
         let top = self.lookup(path)?.id;
         let moved = self.remove_below(top);
+        let shards = std::mem::take(&mut *self.move_shards);
         // A chunk another partition allocated is forwarded there (the driver's `TxForward`,
-        // before this).
-        for c in moved.iter().filter(|c| partition_of(**c) == self.home.partition) {
-            self.forwards.insert(*c, to);
+        // before this); a hashed directory's, every chunk, to its file's shard.
+        if shards.is_empty() {
+            for c in moved.iter().filter(|c| partition_of(**c) == self.home.partition) {
+                self.forwards.insert(*c, to);
+            }
         }
         self.drop_conversions(&moved);
+        if !shards.is_empty() {
+            // Hashed, not delegated: the directory's entry stays, the names below it go
+            // to their shards (in the root, the map).
+            self.hashed.insert(path.to_owned(), shards);
+            *self.moving = None;
+            return self.reply(top);
+        }
         // The root's map; in another partition, the subtree it gave away (it refuses paths
         // there from now on, and the root's map is told: `DelegateSubtree`).
         self.subtrees.insert(path.to_owned(), to);

@@ -419,7 +419,7 @@ impl State {
             ));
         }
         if let Some(m) = self.moving()
-            && m.to == to
+            && (m.to == to || self.move_shards.contains(&to))
         {
             return Err(MetaError::new(
                 ErrorKind::AlreadyExists,
