@@ -566,6 +566,54 @@ async fn partitions_split_on_their_own_by_size_and_by_load() {
     let addrs = cl.master_addrs().join(",");
     let v = admin_json(&addrs, &["check", "--json"]);
     assert_eq!(v["problems"], 0, "{v}");
+    // Calls that all go into one directory deep below (/hot/x/d) are not a hot directory
+    // to hash (hashing /hot or /hot/x would send them all to one shard): whatever splits,
+    // nothing is hashed.
+    for _ in 0..3 {
+        for i in 0..20u64 {
+            let d = if i % 2 == 0 { "/hot/a/d" } else { "/hot/b/d" };
+            c.stat(&format!("{d}/f{}", i % 3)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let s = cl.status().await.unwrap();
+    let tops: std::collections::BTreeSet<&str> =
+        s.partitions.iter().map(|p| p.subtree.as_str()).collect();
+    assert_eq!(tops.len(), s.partitions.len(), "{:?}", s.partitions);
+    drop(cl);
+
+    // By load, one flat directory taking every call, spread over its files: no directory
+    // to split off, so it is hashed over four partitions.
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start_full(dir.path(), 1, 3, &load, &[]).await;
+    let c = cl.client_with(small_chunks()).await;
+    let mut flat = Vec::new();
+    for i in 0..24u64 {
+        let path = format!("/flat/f{i}");
+        write(&c, &path, i, 100).await;
+        flat.push((path, i, 100));
+    }
+    let t = Instant::now();
+    loop {
+        for (path, _, _) in &flat {
+            c.stat(path).await.unwrap();
+        }
+        let s = cl.status().await.unwrap();
+        let shards = s.partitions.iter().filter(|p| p.subtree == "/flat").count();
+        if shards > 0 {
+            assert_eq!(shards, 4, "{:?}", s.partitions);
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no hashing by load within 30 s"
+        );
+    }
+    check(&c, &flat).await;
+    assert_eq!(c.list("/flat").await.unwrap().len(), 24);
+    let addrs = cl.master_addrs().join(",");
+    let v = admin_json(&addrs, &["check", "--json"]);
+    assert_eq!(v["problems"], 0, "{v}");
 }
 
 /// A directory hashed over four partitions (`cairn admin partition split PATH --shards 4`):

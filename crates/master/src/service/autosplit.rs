@@ -10,7 +10,9 @@
 //!   below its partition's top; once a window, a partition that took more calls a second
 //!   than the threshold splits off the directory whose share of them is nearest half (between
 //!   a fifth and four fifths: a directory that takes nearly all of it would only move the
-//!   load).
+//!   load). When none can go, a directory taking more than four fifths whose calls no
+//!   tracked subdirectory of it takes half of — one hot directory, its calls spread over its
+//!   entries — is hashed over [`AUTO_HASH_SHARDS`] new partitions instead (state/hashed.rs).
 
 use super::{Inner, MetaService};
 use crate::state::partitions::{PartitionId, ROOT_PARTITION};
@@ -51,6 +53,9 @@ impl Default for SplitPolicy {
 /// subtree is split by an operator, off-peak.
 pub const AUTO_MOVE_ROWS: u64 = 100_000;
 
+/// Shards a directory hashed on its own (by load) is spread over.
+pub const AUTO_HASH_SHARDS: u32 = 4;
+
 /// Inodes read per lock hold while a partition is sized.
 const SCAN_BATCH: usize = 4096;
 /// Most directories tracked for load in a window (calls to others are counted in totals only).
@@ -74,8 +79,26 @@ pub struct AutoSplit {
 struct Load {
     since: Instant,
     totals: HashMap<PartitionId, u64>,
-    dirs: HashMap<(PartitionId, String), u64>,
+    /// Calls below each directory one to [`LOAD_LEVELS`] levels below its partition's top.
+    dirs: HashMap<(PartitionId, String), DirLoad>,
 }
+
+/// The calls below one directory in a window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DirLoad {
+    calls: u64,
+    /// Levels below its partition's top.
+    level: usize,
+    /// The entry right below it that the first call went to, and the calls that went to
+    /// another: none when they all go to one entry (hashing would not spread them).
+    first: String,
+    elsewhere: u64,
+}
+
+/// How deep below a partition's top the directories holding a call are counted: splits
+/// take the first two levels; the third tells whether a directory's calls go into one
+/// subdirectory (hashing it would not spread them).
+const LOAD_LEVELS: usize = 3;
 
 impl Default for AutoSplit {
     fn default() -> Self {
@@ -91,9 +114,10 @@ impl Default for AutoSplit {
     }
 }
 
-/// The directories one and two levels below `top` that `path` is inside of (not the entry
-/// itself: a directory holding it).
-fn load_keys(top: &str, path: &str) -> Vec<String> {
+/// The directories one to [`LOAD_LEVELS`] levels below `top` that `path` is inside of (not
+/// the entry itself: a directory holding it), with their levels and the entry right below
+/// each that `path` goes into.
+fn load_keys(top: &str, path: &str) -> Vec<(String, usize, String)> {
     let rest = if top == "/" {
         path.trim_start_matches('/')
     } else {
@@ -102,9 +126,15 @@ fn load_keys(top: &str, path: &str) -> Vec<String> {
     };
     let comps: Vec<&str> = rest.split('/').filter(|c| !c.is_empty()).collect();
     let base = top.trim_end_matches('/').to_owned();
-    (1..=2)
+    (1..=LOAD_LEVELS)
         .filter(|n| comps.len() > *n)
-        .map(|n| format!("{base}/{}", comps[..n].join("/")))
+        .map(|n| {
+            (
+                format!("{base}/{}", comps[..n].join("/")),
+                n,
+                comps[n].to_owned(),
+            )
+        })
         .collect()
 }
 
@@ -116,12 +146,21 @@ impl AutoSplit {
         }
         let mut l = self.load.lock();
         *l.totals.entry(p).or_default() += 1;
-        for k in load_keys(top, path) {
+        for (k, level, entry) in load_keys(top, path) {
             let full = l.dirs.len() >= LOAD_KEYS;
             match l.dirs.get_mut(&(p, k.clone())) {
-                Some(n) => *n += 1,
+                Some(d) => {
+                    d.calls += 1;
+                    d.elsewhere += u64::from(d.first != entry);
+                }
                 None if !full => {
-                    l.dirs.insert((p, k), 1);
+                    let d = DirLoad {
+                        calls: 1,
+                        level,
+                        first: entry,
+                        elsewhere: 0,
+                    };
+                    l.dirs.insert((p, k), d);
                 }
                 None => {}
             }
@@ -232,8 +271,10 @@ impl Inner {
             let mut candidates: Vec<(u64, String, u64)> = load
                 .dirs
                 .iter()
-                .filter(|((q, _), n)| *q == p && **n * 5 >= total && **n * 5 <= total * 4)
-                .map(|((_, d), n)| (n.abs_diff(total / 2), d.clone(), *n))
+                .filter(|((q, _), d)| {
+                    *q == p && d.level <= 2 && d.calls * 5 >= total && d.calls * 5 <= total * 4
+                })
+                .map(|((_, d), l)| (l.calls.abs_diff(total / 2), d.clone(), l.calls))
                 .collect();
             candidates.sort_unstable();
             // Only a subtree a split moves within a client's retries (counted, up to that).
@@ -243,7 +284,36 @@ impl Inner {
                     small.push((d, n));
                 }
             }
-            self.split_one(p, "load", rate as u64, small).await;
+            if self.split_one(p, "load", rate as u64, small).await {
+                continue;
+            }
+            // No directory to split off: one that takes nearly all the calls, spread over its
+            // entries, is hashed.
+            for (d, n) in hot_directories(&load.dirs, p, total) {
+                // Quietly past what may not go (the services' own directories…).
+                let movable = self.led(p).is_ok_and(|h| {
+                    h.sm.lock()
+                        .state
+                        .check_movable(&d)
+                        .is_ok_and(|d| d.is_some())
+                });
+                if !movable || self.rows_below(p, &d, AUTO_MOVE_ROWS).await > AUTO_MOVE_ROWS {
+                    continue;
+                }
+                match self.hash_directory(&d, AUTO_HASH_SHARDS, &[]).await {
+                    Ok(shards) => {
+                        metrics::counter!("cairn_master_auto_splits_total", "reason" => "load-hash")
+                            .increment(1);
+                        tracing::info!(path = %d, from = p, ?shards, rate = rate as u64, calls = n,
+                            "directory hashed on its own");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %d, from = p, error = %e,
+                            "automatic hashing refused");
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -305,17 +375,84 @@ impl Inner {
     }
 }
 
+/// Directories of partition `p`, one or two levels below its top, that took more than four
+/// fifths of its `total` calls, spread over their entries: at least half went elsewhere than
+/// to the entry the first went to, and no directory right below took half. The hottest
+/// first.
+fn hot_directories(
+    dirs: &HashMap<(PartitionId, String), DirLoad>,
+    p: PartitionId,
+    total: u64,
+) -> Vec<(String, u64)> {
+    let mut hot: Vec<(String, u64)> = dirs
+        .iter()
+        .filter(|((q, _), l)| {
+            *q == p && l.level < LOAD_LEVELS && l.calls * 5 > total * 4 && l.elsewhere * 2 >= l.calls
+        })
+        .filter(|((_, d), l)| {
+            let below = format!("{d}/");
+            !dirs.iter().any(|((q, c), m)| {
+                *q == p
+                    && c.strip_prefix(&below).is_some_and(|r| !r.contains('/'))
+                    && m.calls * 2 > l.calls
+            })
+        })
+        .map(|((_, d), l)| (d.clone(), l.calls))
+        .collect();
+    hot.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    hot.truncate(TRIES);
+    hot
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn a_hot_directory_spread_over_its_entries_is_found() {
+        // Each with its calls spread (all but one elsewhere than the first entry).
+        let d = |entries: &[(&str, u64)]| -> HashMap<(PartitionId, String), DirLoad> {
+            entries
+                .iter()
+                .map(|(k, n)| {
+                    let l = DirLoad {
+                        calls: *n,
+                        level: k.matches('/').count(),
+                        first: "e".into(),
+                        elsewhere: n - 1,
+                    };
+                    ((0, (*k).to_owned()), l)
+                })
+                .collect()
+        };
+        // /hot takes 95 of 100 calls, spread (no child of it takes half): hashed.
+        let flat = d(&[("/hot", 95), ("/hot/a", 10), ("/other", 5)]);
+        assert_eq!(hot_directories(&flat, 0, 100), [("/hot".to_owned(), 95)]);
+        // Its calls go into one subdirectory: that one is hot instead, when its own calls
+        // spread; not when they go on into one below it (or are too deep to tell).
+        let deep = d(&[("/hot", 95), ("/hot/x", 90)]);
+        assert_eq!(hot_directories(&deep, 0, 100), [("/hot/x".to_owned(), 90)]);
+        let deeper = d(&[("/hot", 95), ("/hot/x", 90), ("/hot/x/y", 90)]);
+        assert!(hot_directories(&deeper, 0, 100).is_empty());
+        // Not four fifths: none. Another partition's: none.
+        assert!(hot_directories(&d(&[("/warm", 70)]), 0, 100).is_empty());
+        assert!(hot_directories(&flat, 1, 100).is_empty());
+        // Every call to one file: nothing to spread.
+        let mut one = flat.clone();
+        one.get_mut(&(0, "/hot".to_owned())).unwrap().elsewhere = 0;
+        assert!(hot_directories(&one, 0, 100).is_empty());
+    }
+
+    #[test]
     fn load_counts_the_directories_holding_a_call() {
-        let keys = load_keys;
+        let keys = |top: &str, path: &str| -> Vec<String> {
+            load_keys(top, path).into_iter().map(|(k, _, _)| k).collect()
+        };
         assert_eq!(keys("/", "/a/b/c"), ["/a", "/a/b"]);
         assert_eq!(keys("/", "/a/b"), ["/a"]);
         assert!(keys("/", "/a").is_empty());
-        assert_eq!(keys("/p", "/p/x/y/z/w"), ["/p/x", "/p/x/y"]);
+        assert_eq!(keys("/p", "/p/x/y/z/w"), ["/p/x", "/p/x/y", "/p/x/y/z"]);
+        assert_eq!(load_keys("/p", "/p/x/y/z/w")[2].1, 3);
         assert!(keys("/p", "/p").is_empty());
         let a = AutoSplit::default();
         let on = SplitPolicy {
@@ -329,7 +466,8 @@ mod tests {
         let l = a.take();
         assert_eq!(l.totals[&0], LOAD_KEYS as u64 + 11);
         assert_eq!(l.dirs.len(), LOAD_KEYS, "bounded");
-        assert_eq!(l.dirs[&(0, "/d0".to_owned())], 2);
+        let d0 = &l.dirs[&(0, "/d0".to_owned())];
+        assert_eq!((d0.calls, d0.level, d0.elsewhere), (2, 1, 0));
         a.note(&SplitPolicy { load: 0, ..on }, 0, "/", "/x/y");
         assert!(a.take().totals.is_empty(), "off: nothing counted");
     }
