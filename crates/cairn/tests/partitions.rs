@@ -687,10 +687,10 @@ async fn a_directory_hashed_over_partitions_spreads_its_entries_and_lists_in_ord
     }
     assert_eq!(paged, names);
     // Renames between names (most cross shards), of files and of a directory.
-    for i in 0..10 {
+    for (i, f) in files.iter_mut().enumerate().take(10) {
         let (from, to) = (format!("/hot/f{i:02}"), format!("/hot/g{i:02}"));
         c.rename(&from, &to).await.unwrap();
-        files[i].0 = to;
+        f.0 = to;
     }
     c.rename("/hot/d", "/hot/e").await.unwrap();
     files[40].0 = "/hot/e/inner".into();

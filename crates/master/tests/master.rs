@@ -49,6 +49,14 @@ fn path(p: &str) -> pb::PathRequest {
     pb::PathRequest { path: p.into() }
 }
 
+/// The whole directory at `p` (no limit: a small one).
+fn list(p: &str) -> pb::ListRequest {
+    pb::ListRequest {
+        path: p.into(),
+        ..Default::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_over_grpc_survives_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -174,7 +182,7 @@ async fn namespace_over_grpc_survives_restart() {
     let m = start(dir.path(), port).await;
     let c = Masters::new(std::slice::from_ref(&m.addr)).unwrap();
     let l = c
-        .call(|mut c| async move { c.list(path("/logs/app")).await })
+        .call(|mut c| async move { c.list(list("/logs/app")).await })
         .await
         .unwrap();
     assert_eq!(l.entries.len(), 100);
@@ -253,7 +261,7 @@ async fn concurrent_callers_share_batches() {
         let l = c
             .call(|mut cl| {
                 let top = top.clone();
-                async move { cl.list(path(&top)).await }
+                async move { cl.list(list(&top)).await }
             })
             .await
             .unwrap();
@@ -308,7 +316,7 @@ async fn create_files(c: &Masters, from: usize, to: usize) {
 
 async fn count_files(c: &Masters) -> usize {
     let r = c
-        .call(|mut c| async move { c.list(path("/t")).await })
+        .call(|mut c| async move { c.list(list("/t")).await })
         .await
         .unwrap();
     r.entries.len()
