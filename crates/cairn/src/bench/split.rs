@@ -44,6 +44,12 @@ pub struct Args {
     /// Renames of that directory timed each way per round.
     #[arg(long, default_value_t = 3)]
     dir_renames: usize,
+    /// Instead of splits: hash a flat directory of `--files` files over this many partitions
+    /// each round (docs/partitions.md "Hashed directories"), against the same directory
+    /// unhashed: its copy's rows per second against their creates, a whole listing and
+    /// creates before and after.
+    #[arg(long, default_value_t = 0)]
+    hash_shards: u32,
     /// Print only JSON lines.
     #[arg(long)]
     json: bool,
@@ -95,6 +101,38 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let _in = rt.enter();
         crate::cluster::masters_client(&masters)?
     };
+    if a.hash_shards >= 2 {
+        let mut rounds = Vec::new();
+        for r in 1..=a.rounds {
+            let round = rt.block_on(hash_round(&client, &admin, &a, r))?;
+            println!("{}", serde_json::to_string(&round)?);
+            rounds.push(round);
+        }
+        let med = |f: fn(&HashRound) -> f64| median(rounds.iter().map(f).collect());
+        println!(
+            "{}",
+            serde_json::json!({
+                "median": true,
+                "rounds": rounds.len(),
+                "files": a.files,
+                "shards": a.hash_shards,
+                "create_rows_per_sec": med(|r| r.create_rows_per_sec),
+                "copy_rows_per_sec": med(|r| r.copy_rows_per_sec),
+                "copy_over_create": med(|r| r.copy_rows_per_sec / r.create_rows_per_sec),
+                "list_plain_ms": med(|r| r.list_plain_ms),
+                "list_hashed_ms": med(|r| r.list_hashed_ms),
+                "list_hashed_over_plain": med(|r| r.list_hashed_ms / r.list_plain_ms),
+                "create_after_rows_per_sec": med(|r| r.create_after_rows_per_sec),
+                "create_after_over_before": med(|r| r.create_after_rows_per_sec / r.create_rows_per_sec),
+            })
+        );
+        eprintln!(
+            "left behind: {} empty hashed directories /bench-hash-R-{} and their partitions (a hashed directory cannot be deleted yet)",
+            rounds.len(),
+            std::process::id()
+        );
+        return Ok(());
+    }
     let mut rounds = Vec::new();
     for r in 1..=a.rounds {
         let round = rt.block_on(one_round(&client, &admin, &a, r))?;
@@ -184,6 +222,80 @@ async fn touch_until_it_lands(c: &Client, path: &str) -> anyhow::Result<()> {
             Err(e) => anyhow::bail!("{path}: {e}"),
         }
     }
+}
+
+#[derive(Serialize)]
+struct HashRound {
+    round: usize,
+    files: usize,
+    /// Floor: the directory's files created per second, unhashed.
+    create_rows_per_sec: f64,
+    /// The whole directory listed (pages of 1 000), unhashed and hashed.
+    list_plain_ms: f64,
+    list_hashed_ms: f64,
+    /// The hash's copy: the split call's seconds and rows per second.
+    hash_secs: f64,
+    copy_rows_per_sec: f64,
+    /// A quarter as many files again, created in the hashed directory.
+    create_after_rows_per_sec: f64,
+}
+
+/// One round of `--hash-shards`: a flat directory filled, listed, hashed, listed, added to,
+/// emptied.
+async fn hash_round(
+    c: &Client,
+    admin: &cairn_rpc::Masters,
+    a: &Args,
+    r: usize,
+) -> anyhow::Result<HashRound> {
+    let top = format!("/bench-hash-{r}-{}", std::process::id());
+    let fill = |names: Vec<String>| {
+        let c = c.clone();
+        async move {
+            super::each(&Arc::new(names), a.depth, move |p| {
+                let c = c.clone();
+                async move { touch(&c, &p).await }
+            })
+            .await
+        }
+    };
+    let before: Vec<String> = (0..a.files).map(|i| format!("{top}/f{i}")).collect();
+    let fill_secs = fill(before.clone()).await?;
+    let t = Instant::now();
+    let n = c.list(&top).await?.len();
+    let list_plain_ms = t.elapsed().as_secs_f64() * 1e3;
+    anyhow::ensure!(n == a.files, "{top} lists {n} of {} files", a.files);
+    let t = Instant::now();
+    let req = pb::SplitRequest {
+        path: top.clone(),
+        shards: a.hash_shards,
+        ..Default::default()
+    };
+    admin
+        .send(req, |mut m, r| async move { m.split_partition(r).await })
+        .await?;
+    let hash_secs = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let n = c.list(&top).await?.len();
+    let list_hashed_ms = t.elapsed().as_secs_f64() * 1e3;
+    anyhow::ensure!(n == a.files, "hashed {top} lists {n} of {} files", a.files);
+    let after: Vec<String> = (0..a.files / 4).map(|i| format!("{top}/g{i}")).collect();
+    let after_secs = fill(after.clone()).await?;
+    for p in before.iter().chain(&after) {
+        c.delete(p)
+            .await
+            .map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
+    }
+    Ok(HashRound {
+        round: r,
+        files: a.files,
+        create_rows_per_sec: a.files as f64 / fill_secs,
+        list_plain_ms,
+        list_hashed_ms,
+        hash_secs,
+        copy_rows_per_sec: a.files as f64 / hash_secs,
+        create_after_rows_per_sec: after.len() as f64 / after_secs,
+    })
 }
 
 async fn one_round(
