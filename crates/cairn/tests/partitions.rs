@@ -717,6 +717,17 @@ async fn a_directory_hashed_over_partitions_spreads_its_entries_and_lists_in_ord
     for i in 0..8 {
         write(&as_alice, &format!("/hot/alice{i}"), 700 + i, 1_000).await;
     }
+    // Narrowed again: every shard refuses her (and the capabilities handed out for the
+    // shards' files are revoked by the root).
+    c.set_attr("/hot", Some(0o755), None).await.unwrap();
+    for i in 0..8 {
+        let e = as_alice
+            .create(&format!("/hot/late{i}"), CreateOptions::default())
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("/hot/late{i}: created"));
+        assert_eq!(kind(&e), Some(ErrorKind::PermissionDenied), "{e}");
+    }
     admin_json(&addrs, &["partition", "split", "/p", "--json"]);
     c.mkdir_with("/p/q", true, None, Some(0o755)).await.unwrap();
     admin_json(

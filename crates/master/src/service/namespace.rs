@@ -479,23 +479,36 @@ impl Inner {
             mode,
             owner: r.owner.clone(),
         };
-        let before = match routed.is_root() {
-            true => None,
-            false => routed.h.sm.lock().state.lookup(&path).ok(),
+        // A hashed directory's own attributes are on its source and on every shard.
+        let shards = self.shards_of(&path);
+        let before = match (routed.is_root(), &shards) {
+            (true, None) => None,
+            _ => routed.h.sm.lock().state.lookup(&path).ok(),
         };
         let reply = self.node_write(&routed, who, cmd.clone(), &path).await?;
-        if let Some(shards) = self.shards_of(&path) {
-            self.set_attr_shards(&shards, cmd).await?;
+        if let Some(shards) = &shards {
+            self.set_attr_shards(shards, cmd).await?;
         }
-        // A partition's narrowed rights are revoked by the root (revoke.rs). A master that
-        // stops between the two writes leaves the capabilities already handed out valid
-        // until they expire.
+        // A partition's narrowed rights are revoked by the root (revoke.rs; the root's own
+        // files by its own change): the partition's files below, and a hashed directory's
+        // shards' files. A master that stops between the writes leaves the capabilities
+        // already handed out valid until they expire.
         if let Some(b) = before {
             let narrowed = mode.is_some_and(|m| b.mode & !m != 0)
                 || r.owner.as_ref().is_some_and(|o| *o != b.owner);
             if narrowed {
-                let files = routed.h.sm.lock().state.revocation_targets(b.id);
-                self.write(Command::Revoke { files }).await?;
+                let mut files = match routed.is_root() {
+                    true => Vec::new(),
+                    false => routed.h.sm.lock().state.revocation_targets(b.id),
+                };
+                for &p in shards.iter().flatten() {
+                    let h = self.led_soon(p).await?;
+                    let below = h.sm.lock().state.revocation_targets(crate::state::ROOT);
+                    files.extend(below);
+                }
+                if !files.is_empty() {
+                    self.write(Command::Revoke { files }).await?;
+                }
             }
         }
         Ok(reply)
