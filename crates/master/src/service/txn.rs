@@ -15,8 +15,9 @@ use std::collections::BTreeMap;
 const ORPHANED_AFTER_MS: u64 = 5_000;
 
 /// The most files and directories below a directory renamed across partitions. Writes
-/// below it wait (retried by clients for 15 s) while its rows are copied, about 8 000 a
-/// second here: the same bound as an automatic split's (service/autosplit.rs).
+/// below it wait (retried by clients for 15 s) while its rows are copied (~24 000 a second
+/// here: BENCHMARKS.md "A directory renamed across partitions"); the same bound as an
+/// automatic split's (service/autosplit.rs), which copies slower.
 pub const RENAME_DIR_ROWS: u64 = super::autosplit::AUTO_MOVE_ROWS;
 
 impl Inner {
