@@ -182,6 +182,21 @@ impl Inner {
     /// Directories partitions led here hashed that the root's map does not route by hash
     /// yet: (path, from, shards).
     fn missing_hashed(&self) -> Vec<(String, PartitionId, Vec<PartitionId>)> {
+        self.missing_in_root(crate::state::State::hashed)
+    }
+
+    /// See [`Inner::finish_delegations`]: (path, from, to).
+    fn missing_delegations(&self) -> Vec<(String, PartitionId, PartitionId)> {
+        self.missing_in_root(crate::state::State::subtrees)
+    }
+
+    /// The entries of a path-keyed cell (`of`) of the partitions led here, other than the
+    /// root, that the root's same cell (its map) lacks or holds otherwise: (path, partition,
+    /// value).
+    fn missing_in_root<V: Clone + PartialEq>(
+        &self,
+        of: fn(&crate::state::State) -> &BTreeMap<String, V>,
+    ) -> Vec<(String, PartitionId, V)> {
         let root = self.sm.lock();
         self.groups
             .all()
@@ -189,35 +204,13 @@ impl Inner {
             .filter(|h| h.id != ROOT_PARTITION && h.leader_check().is_ok())
             .flat_map(|h| {
                 let st = h.sm.lock();
-                st.state
-                    .hashed()
+                of(&st.state)
                     .iter()
-                    .filter(|(path, s)| root.state.hashed().get(path.as_str()) != Some(*s))
-                    .map(|(path, s)| (path.clone(), h.id, s.clone()))
+                    .filter(|(path, v)| of(&root.state).get(path.as_str()) != Some(*v))
+                    .map(|(path, v)| (path.clone(), h.id, v.clone()))
                     .collect::<Vec<_>>()
             })
             .collect()
-    }
-
-    /// See [`Inner::finish_delegations`]: (path, from, to).
-    fn missing_delegations(&self) -> Vec<(String, PartitionId, PartitionId)> {
-        {
-            let root = self.sm.lock();
-            self.groups
-                .all()
-                .into_iter()
-                .filter(|h| h.id != ROOT_PARTITION && h.leader_check().is_ok())
-                .flat_map(|h| {
-                    let st = h.sm.lock();
-                    st.state
-                        .subtrees()
-                        .iter()
-                        .filter(|(path, to)| root.state.subtrees().get(path.as_str()) != Some(*to))
-                        .map(|(path, to)| (path.clone(), h.id, *to))
-                        .collect::<Vec<_>>()
-                })
-                .collect()
-        }
     }
 }
 
