@@ -203,14 +203,22 @@ impl Masters {
 
     /// One operation through the batcher, retried on its own while the failure is one a
     /// single call would retry (no chunkservers known yet after an election; a full cluster
-    /// whose freed space is on its way back).
+    /// whose freed space is on its way back; `unavailable` or `not leader` for this operation
+    /// alone — its path frozen by a move or locked by a rename, its partition's leadership
+    /// moving — inside a call that itself succeeded). The same deadline as the call's: a
+    /// call that gave up is not tried again.
     async fn batched(&self, op: pb::batch_op::Op) -> Result<pb::batch_result::Result, MetaError> {
         let mut backoff = self.shared.backoff();
         loop {
             match self.batcher.submit(&self.shared, op.clone()).await {
                 Err(e)
-                    if matches!(e.kind, ErrorKind::NoServers | ErrorKind::Reclaiming)
-                        && !backoff.expired() =>
+                    if matches!(
+                        e.kind,
+                        ErrorKind::NoServers
+                            | ErrorKind::Reclaiming
+                            | ErrorKind::Unavailable
+                            | ErrorKind::NotLeader
+                    ) && !backoff.expired() =>
                 {
                     backoff.wait().await;
                 }
