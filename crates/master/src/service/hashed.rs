@@ -21,8 +21,9 @@ impl Inner {
     /// 3. when the source is not the root, the root's `DelegateHashed`: the map routes below
     ///    the directory by hash.
     ///
-    /// A run that stops after 1 leaves partitions that nothing routes to (as a split's); one
-    /// that stops after 2 is finished by running it again.
+    /// A run that stops after 1 leaves partitions that hold only the directory's top and that
+    /// nothing routes to: the next run takes them ([`Inner::unused_partitions_for`]); one that
+    /// stops after 2 is finished by running it again.
     pub(super) async fn hash_directory(
         &self,
         path: &str,
@@ -80,8 +81,12 @@ impl Inner {
             };
             (owner, mode, a.state.inherited_policy(path), populated)
         };
-        let mut shards = Vec::new();
-        for _ in 0..k {
+        // Partitions an earlier run made for PATH and stopped before using (its leader lost
+        // between the shards' init and the source's change: the client asks again) are
+        // taken first, so that a run asked again completes the first rather than leaving
+        // partitions nothing routes to.
+        let mut shards = self.unused_partitions_for(path, k as usize).await;
+        while shards.len() < k as usize {
             shards.push(self.add_partition(members).await?);
         }
         self.host_partitions().await;
@@ -154,6 +159,55 @@ impl Inner {
         }
         tracing::info!(path, ?shards, source = src, populated, "directory hashed over partitions");
         Ok(shards)
+    }
+
+    /// Up to `k` partitions in the map that hold only `path`'s top (initialized for it) and
+    /// that nothing routes to or moves into: made for `path` by a run that stopped.
+    pub(super) async fn unused_partitions_for(&self, path: &str, k: usize) -> Vec<PartitionId> {
+        let candidates: Vec<PartitionId> = {
+            let st = &self.sm.lock().state;
+            let used: std::collections::BTreeSet<PartitionId> = st
+                .subtrees()
+                .values()
+                .copied()
+                .chain(st.hashed().values().flatten().copied())
+                .collect();
+            st.partitions()
+                .partitions
+                .keys()
+                .copied()
+                .filter(|p| !used.contains(p))
+                .collect()
+        };
+        let mut out = Vec::new();
+        for p in candidates {
+            if out.len() == k {
+                break;
+            }
+            let Ok(h) = self.led_soon(p).await else {
+                continue;
+            };
+            if h.read_barrier().await.is_err() {
+                continue;
+            }
+            let unused = {
+                let st = &h.sm.lock().state;
+                st.home().partition == p
+                    && st.home().path == path
+                    && st.inode_count() == 1
+                    && st.moving().is_none()
+                    && !st.load_sealed()
+            };
+            // Nor a receiver of a move under way at another partition.
+            let receiving = self.groups.all().iter().any(|g| {
+                let st = &g.sm.lock().state;
+                st.moving().is_some_and(|m| m.to == p) || st.move_shards().contains(&p)
+            });
+            if unused && !receiving {
+                out.push(p);
+            }
+        }
+        out
     }
 
     async fn delegate_hashed(

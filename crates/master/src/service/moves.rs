@@ -318,11 +318,16 @@ impl Inner {
             self.sm.lock().state.check_target(to)?;
         }
         let to = match to {
-            0 => {
-                let id = self.add_partition(members).await?;
-                self.host_partitions().await;
-                id
-            }
+            // A partition an earlier run made for PATH and stopped before using is taken
+            // (its `InitPartition` again is a no-op): the split asked again completes it.
+            0 => match self.unused_partitions_for(&path, 1).await.first() {
+                Some(p) => *p,
+                None => {
+                    let id = self.add_partition(members).await?;
+                    self.host_partitions().await;
+                    id
+                }
+            },
             id => {
                 if !members.is_empty() {
                     return Err(MetaError::invalid(
