@@ -566,20 +566,6 @@ async fn partitions_split_on_their_own_by_size_and_by_load() {
     let addrs = cl.master_addrs().join(",");
     let v = admin_json(&addrs, &["check", "--json"]);
     assert_eq!(v["problems"], 0, "{v}");
-    // Calls that all go into one directory deep below (/hot/x/d) are not a hot directory
-    // to hash (hashing /hot or /hot/x would send them all to one shard): whatever splits,
-    // nothing is hashed.
-    for _ in 0..3 {
-        for i in 0..20u64 {
-            let d = if i % 2 == 0 { "/hot/a/d" } else { "/hot/b/d" };
-            c.stat(&format!("{d}/f{}", i % 3)).await.unwrap();
-        }
-        tokio::time::sleep(Duration::from_millis(700)).await;
-    }
-    let s = cl.status().await.unwrap();
-    let tops: std::collections::BTreeSet<&str> =
-        s.partitions.iter().map(|p| p.subtree.as_str()).collect();
-    assert_eq!(tops.len(), s.partitions.len(), "{:?}", s.partitions);
     drop(cl);
 
     // By load, one flat directory taking every call, spread over its files: no directory
