@@ -282,9 +282,7 @@ async fn hash_round(
     let after: Vec<String> = (0..a.files / 4).map(|i| format!("{top}/g{i}")).collect();
     let after_secs = fill(after.clone()).await?;
     for p in before.iter().chain(&after) {
-        c.delete(p)
-            .await
-            .map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
+        c.delete(p).await.map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
     }
     Ok(HashRound {
         round: r,
@@ -387,9 +385,7 @@ async fn one_round(
         .await?;
         let across = renames(c, &dir, &format!("{top}/dir"), a.dir_renames).await?;
         for p in files.iter().chain([&dir]) {
-            c.delete(p)
-                .await
-                .map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
+            c.delete(p).await.map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
         }
         ((a.dir_files + 1) as f64 / secs, inside / 1e3, across / 1e3)
     } else {

@@ -387,7 +387,10 @@ fn hot_directories(
     let mut hot: Vec<(String, u64)> = dirs
         .iter()
         .filter(|((q, _), l)| {
-            *q == p && l.level < LOAD_LEVELS && l.calls * 5 > total * 4 && l.elsewhere * 2 >= l.calls
+            *q == p
+                && l.level < LOAD_LEVELS
+                && l.calls * 5 > total * 4
+                && l.elsewhere * 2 >= l.calls
         })
         .filter(|((_, d), l)| {
             let below = format!("{d}/");
@@ -446,7 +449,10 @@ mod tests {
     #[test]
     fn load_counts_the_directories_holding_a_call() {
         let keys = |top: &str, path: &str| -> Vec<String> {
-            load_keys(top, path).into_iter().map(|(k, _, _)| k).collect()
+            load_keys(top, path)
+                .into_iter()
+                .map(|(k, _, _)| k)
+                .collect()
         };
         assert_eq!(keys("/", "/a/b/c"), ["/a", "/a/b"]);
         assert_eq!(keys("/", "/a/b"), ["/a"]);

@@ -137,7 +137,8 @@ impl Inner {
                 match self.write_to(&s, begin).await {
                     Ok(_) => break,
                     Err(e)
-                        if e.kind == cairn_rpc::ErrorKind::Unavailable && Instant::now() < until =>
+                        if e.kind == cairn_rpc::ErrorKind::Unavailable
+                            && Instant::now() < until =>
                     {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
@@ -157,7 +158,13 @@ impl Inner {
                 self.delegate_hashed(path, src, &shards).await?;
             }
         }
-        tracing::info!(path, ?shards, source = src, populated, "directory hashed over partitions");
+        tracing::info!(
+            path,
+            ?shards,
+            source = src,
+            populated,
+            "directory hashed over partitions"
+        );
         Ok(shards)
     }
 

@@ -65,8 +65,7 @@ impl Inner {
             let Some((inodes, policies)) = batch else {
                 break;
             };
-            let mut parts: BTreeMap<PartitionId, crate::state::moves::LoadBatch> =
-                BTreeMap::new();
+            let mut parts: BTreeMap<PartitionId, crate::state::moves::LoadBatch> = BTreeMap::new();
             for ino in inodes {
                 let to = match hashed {
                     false => m.to,
@@ -83,7 +82,11 @@ impl Inner {
                 if ino.file().is_none() {
                     dir_shard.insert(ino.id, to);
                 }
-                for c in ino.file().iter().flat_map(|f| f.chunks.iter().map(|c| c.id)) {
+                for c in ino
+                    .file()
+                    .iter()
+                    .flat_map(|f| f.chunks.iter().map(|c| c.id))
+                {
                     let alloc = crate::state::partitions::partition_of(c);
                     if alloc != src || hashed {
                         forwards.entry((alloc, to)).or_default().push(c);

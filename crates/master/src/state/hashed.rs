@@ -96,7 +96,11 @@ impl State {
                  than the root",
             ));
         }
-        if self.hashed.get(path).is_some_and(|s| s.as_slice() == shards) {
+        if self
+            .hashed
+            .get(path)
+            .is_some_and(|s| s.as_slice() == shards)
+        {
             return self.reply(super::ROOT);
         }
         check_shards(shards)?;
@@ -185,7 +189,10 @@ mod tests {
             ("/h/new", &[1, 1][..]),
             ("/h/new", &[0, 1][..]),
         ] {
-            assert!(root.apply(&hash(path, shards)).is_err(), "{path} {shards:?}");
+            assert!(
+                root.apply(&hash(path, shards)).is_err(),
+                "{path} {shards:?}"
+            );
         }
         root.apply(&hash("/h/new", &[1, 2])).unwrap();
         root.apply(&hash("/h/new", &[1, 2])).unwrap(); // repeated: a no-op
@@ -215,7 +222,12 @@ mod tests {
         assert_eq!(root.route("/h/new").partition, ROOT_PARTITION);
         assert!(root.lookup("/h/new").is_ok());
         assert!(unavailable(mkdir(&mut root, "/h/new/a")));
-        assert!(root.apply(&Command::Delete { path: "/h/new".into() }).is_err());
+        assert!(
+            root.apply(&Command::Delete {
+                path: "/h/new".into()
+            })
+            .is_err()
+        );
         for (from, to) in [("/h/new", "/h/moved"), ("/h", "/h2")] {
             let r = root.apply(&Command::Rename {
                 from: from.into(),
@@ -297,7 +309,10 @@ mod tests {
             to: 1,
         })
         .unwrap();
-        assert_eq!(root.hashed().get("/h").map(Vec::as_slice), Some(&shards[..]));
+        assert_eq!(
+            root.hashed().get("/h").map(Vec::as_slice),
+            Some(&shards[..])
+        );
         assert!(root.subtrees().get("/h").is_none(), "hashed, not delegated");
         assert!(root.moving().is_none() && root.move_shards().is_empty());
         let view = View {
@@ -311,7 +326,11 @@ mod tests {
             let st = &parts[(r.partition - 1) as usize];
             assert_eq!(st.lookup(path).unwrap().id, *id, "{path}");
             let chunk = st.inode(*id).unwrap().file().unwrap().chunks[0].id;
-            assert_eq!(view.chunk(chunk).unwrap().0.id, *id, "{path}: its chunk resolves");
+            assert_eq!(
+                view.chunk(chunk).unwrap().0.id,
+                *id,
+                "{path}: its chunk resolves"
+            );
         }
         assert!(root.lookup("/h").is_ok(), "the directory's entry stays");
         for st in [&root, &parts[0], &parts[1]] {
@@ -333,7 +352,10 @@ mod tests {
         })
         .unwrap();
         let mut p1 = partition_state(1, "/p");
-        assert!(p1.apply(&hash("/p/h", &[1, 2])).is_err(), "not its own shard");
+        assert!(
+            p1.apply(&hash("/p/h", &[1, 2])).is_err(),
+            "not its own shard"
+        );
         p1.apply(&hash("/p/h", &[2, 3])).unwrap();
         assert!(unavailable(mkdir(&mut p1, "/p/h/x")));
         assert!(mkdir(&mut p1, "/p/other").is_ok());
@@ -343,7 +365,10 @@ mod tests {
             shards: vec![2, 3],
         };
         assert!(root.apply(&delegate(0)).is_err());
-        assert!(root.apply(&delegate(2)).is_err(), "not below partition 2's top");
+        assert!(
+            root.apply(&delegate(2)).is_err(),
+            "not below partition 2's top"
+        );
         root.apply(&delegate(1)).unwrap();
         root.apply(&delegate(1)).unwrap();
         assert_eq!(root.route("/p/h/x").partition, shard_for(&[2, 3], "x"));

@@ -399,7 +399,10 @@ impl State {
         // A chunk another partition allocated is forwarded there (the driver's `TxForward`,
         // before this); a hashed directory's, every chunk, to its file's shard.
         if shards.is_empty() {
-            for c in moved.iter().filter(|c| partition_of(**c) == self.home.partition) {
+            for c in moved
+                .iter()
+                .filter(|c| partition_of(**c) == self.home.partition)
+            {
                 self.forwards.insert(*c, to);
             }
         }

@@ -869,7 +869,8 @@ mod tests {
             .kind,
             ErrorKind::AlreadyExists
         );
-        root.apply(&Command::TxDecide { txid, record: None }).unwrap();
+        root.apply(&Command::TxDecide { txid, record: None })
+            .unwrap();
         root.apply(&Command::TxUnlock { txid }).unwrap();
         root.apply(&Command::TxEnd { txid }).unwrap();
         clean(&[&root, &p1]);
@@ -886,7 +887,11 @@ mod tests {
         assert_eq!(p1.lookup("/p/e/h").unwrap().id, h);
         assert_eq!(p1.dir_policy(sub), Some(ec), "policies go along");
         assert_eq!(root.chunk_partition(cf), 1);
-        assert_eq!(p1.chunk_partition(ch), 1, "partition 1's own chunk came home");
+        assert_eq!(
+            p1.chunk_partition(ch),
+            1,
+            "partition 1's own chunk came home"
+        );
         let view = View {
             root: &root,
             parts: std::collections::BTreeMap::from([(1, &p1)]),
