@@ -89,6 +89,10 @@ pub(crate) fn describe_op(op: &pb::BatchOp) -> Op {
             }
             Err(_) => ("Object", Value::Null, None),
         },
+        Some(O::Fs(b)) => match cairn_rpc::files::decode::<cairn_rpc::files::FileOp>(b) {
+            Ok(o) => ("File", json!(o.path()), None),
+            Err(_) => ("File", Value::Null, None),
+        },
         None => ("Empty", Value::Null, None),
     };
     Op {

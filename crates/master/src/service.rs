@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status};
 pub mod autosplit;
 mod batch;
 mod buckets;
+mod files;
 mod hashed;
 mod moves;
 mod namespace;
@@ -477,6 +478,12 @@ impl pb::meta_server::Meta for MetaService {
             })
         }
         .await)
+    }
+
+    async fn file_read(&self, req: Request<pb::ObjectBytes>) -> Rpc<pb::ObjectBytes> {
+        let who = self.inner.who(&req, "FileRead")?;
+        let r = req.into_inner();
+        ok(self.inner.file_read(&who, &r.body).await)
     }
 
     async fn list(&self, req: Request<pb::ListRequest>) -> Rpc<pb::ListReply> {

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 mod check;
 mod convert;
+pub mod files;
 mod namespace;
 pub use check::{MAX_LISTED, Report as CheckReport};
 pub(crate) mod disk;
@@ -37,7 +38,7 @@ pub use command::{Command, Reply, Response};
 pub use types::{
     Chunk, ChunkUpdate, Config, Conversion, DEFAULT_BACKGROUND_BYTES_PER_SEC, DEFAULT_CELL,
     DEFAULT_CONVERT_AFTER_SECS, DEFAULT_REPAIR_BYTES_PER_SEC, Ec, FileMeta, Group, Inode,
-    KEYS_KEPT, KeyRecord, Kind, LZ4_BLOCK, Lease, Lz4, MemberMove, Policy, ServerRecord,
+    KEYS_KEPT, KeyRecord, Kind, LZ4_BLOCK, Lease, Lz4, MemberMove, Policy, Posix, ServerRecord,
 };
 
 pub type ServerId = u64;
@@ -130,6 +131,7 @@ impl Default for State {
                 kind: Kind::Dir,
                 owner: String::new(),
                 mode: perm::DEFAULT_DIR_MODE,
+                posix: None,
             },
         );
         Self {
@@ -548,6 +550,10 @@ impl State {
                     object: Some(self.apply_object(op)),
                     ..Reply::default()
                 })
+            }
+            Command::Files(op) => {
+                self.check_moving(cmd)?;
+                self.apply_files(op)
             }
             Command::Bucket(b) => self.apply_bucket(b),
             Command::SealSecrets { sealed } => {

@@ -234,8 +234,8 @@ async fn single(shared: &Shared, op: Op) -> Answer {
             .send(r, |mut c, r| async move { c.delete(r).await })
             .await
             .map(Outcome::Done),
-        // Object index changes exist only in batches: a batch of one.
-        op @ Op::Object(_) => {
+        // Object index and file service changes exist only in batches: a batch of one.
+        op @ (Op::Object(_) | Op::Fs(_)) => {
             let req = pb::BatchRequest {
                 ops: vec![pb::BatchOp { op: Some(op) }],
             };

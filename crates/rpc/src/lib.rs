@@ -10,6 +10,7 @@ pub mod admission;
 pub mod audit;
 pub mod auth;
 mod error;
+pub mod files;
 pub mod object;
 mod path;
 pub mod private;

@@ -201,6 +201,42 @@ impl Masters {
         crate::object::decode(&reply.body)
     }
 
+    /// A change to the file service's nodes, batched with concurrent callers' changes.
+    ///
+    /// # Errors
+    /// The change's typed failure, or the call's.
+    pub async fn file_op(
+        &self,
+        op: &crate::files::FileOp,
+    ) -> Result<crate::files::FileReply, MetaError> {
+        match self
+            .batched(pb::batch_op::Op::Fs(crate::files::encode(op)))
+            .await?
+        {
+            pb::batch_result::Result::Fs(b) => crate::files::decode(&b),
+            _ => Err(MetaError::internal(
+                "a file service change answered without its result",
+            )),
+        }
+    }
+
+    /// A read of the file service's nodes, answered by the leader.
+    ///
+    /// # Errors
+    /// As the `FileRead` call.
+    pub async fn file_query(
+        &self,
+        q: &crate::files::FileQuery,
+    ) -> Result<crate::files::FileReply, MetaError> {
+        let req = pb::ObjectBytes {
+            body: crate::files::encode(q),
+        };
+        let reply = self
+            .send(req, |mut c, r| async move { c.file_read(r).await })
+            .await?;
+        crate::files::decode(&reply.body)
+    }
+
     /// One operation through the batcher, retried on its own while the failure is one a
     /// single call would retry (no chunkservers known yet after an election; a full cluster
     /// whose freed space is on its way back; `unavailable` or `not leader` for this operation

@@ -273,6 +273,39 @@ mod tests {
             shards: vec![1, 7],
             closing: true,
         });
+        // An inode without and with the file service's attributes.
+        use crate::state::{Inode, Kind, Posix};
+        use cairn_rpc::files::{Extent as FsExtent, NodeType, Time};
+        let ino = |posix| Inode {
+            id: 9,
+            parent: 1,
+            name: "f".into(),
+            ctime_ms: 1,
+            mtime_ms: 2,
+            kind: Kind::Dir,
+            owner: String::new(),
+            mode: 0o755,
+            posix,
+        };
+        rt(ino(None));
+        rt(ino(Some(Box::new(Posix {
+            kind: NodeType::Symlink,
+            uid: 1,
+            gid: 2,
+            nlink: 3,
+            size: 4,
+            atime: Time { secs: -1, nanos: 1 },
+            mtime: Time { secs: 5, nanos: 6 },
+            ctime: Time { secs: 7, nanos: 8 },
+            rdev: 9,
+            target: "t".into(),
+            extents: Some(vec![FsExtent {
+                offset: 1,
+                len: 2,
+                seg: 3,
+                seg_offset: 4,
+            }]),
+        }))));
     }
 
     /// The examples of docs/formats/master-state.md.

@@ -18,6 +18,7 @@ enum Answer {
     File,
     Done,
     Object,
+    Fs,
 }
 
 impl Inner {
@@ -75,6 +76,14 @@ impl Inner {
                     },
                     Err(e) => Err(e),
                 },
+                Some(Op::Fs(b)) => match self.prepare_file(&b, who).await {
+                    Ok(super::files::Prepared::Write(h, cmd)) => Ok((h, cmd, Answer::Fs)),
+                    Ok(super::files::Prepared::Done(reply)) => {
+                        results[i] = Some(Outcome::Fs(cairn_rpc::files::encode(&reply)));
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                },
                 None => Err(MetaError::invalid("a batch operation without an operation")),
             };
             match prepared {
@@ -119,6 +128,10 @@ impl Inner {
                     Answer::Object => match reply.object {
                         Some(o) => Ok(Outcome::Object(cairn_rpc::object::encode(&o))),
                         None => Err(MetaError::internal("an object change without its answer")),
+                    },
+                    Answer::Fs => match reply.file {
+                        Some(f) => Ok(Outcome::Fs(cairn_rpc::files::encode(&f))),
+                        None => Err(MetaError::internal("a file change without its answer")),
                     },
                 });
                 results[i] = Some(out.unwrap_or_else(|e| Outcome::Error((&e).into())));

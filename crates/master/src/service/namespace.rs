@@ -29,7 +29,7 @@ impl Routed {
 
     /// Refuses `path` when it is the top of a partition's subtree (which only a split or a
     /// merge moves).
-    fn not_top(&self, path: &str, what: &str) -> Result<(), MetaError> {
+    pub(super) fn not_top(&self, path: &str, what: &str) -> Result<(), MetaError> {
         if !self.is_root() && path == self.top {
             return Err(MetaError::invalid(format!(
                 "{path} is the top of partition {}'s subtree: it cannot be {what}",
@@ -149,7 +149,7 @@ impl Inner {
     /// directories above its top (the partition checks the rest), which are in the
     /// partitions holding them — the root, or for a subtree inside another partition's (a
     /// nested split, a hashed directory's shard) that one and the ones above it.
-    fn check_above(&self, r: &Routed, who: &Principal) -> Result<(), MetaError> {
+    pub(super) fn check_above(&self, r: &Routed, who: &Principal) -> Result<(), MetaError> {
         let Principal::User { name, admin: false } = who else {
             return Ok(());
         };

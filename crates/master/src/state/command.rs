@@ -155,6 +155,8 @@ pub enum Command {
     Batch(Vec<Command>),
     /// A change to the object index (the S3 gateway's); its answer is in [`Reply::object`].
     Object(Box<cairn_rpc::object::ObjectOp>),
+    /// A file service change (state/files.rs; docs/files.md).
+    Files(Box<cairn_rpc::files::FileOp>),
     /// Replaces users' plain secret keys (from before secrets were sealed) with their sealed
     /// form (access key, sealed secret; cairn_rpc::seal). A user whose secret is sealed
     /// already, or who is gone, is left alone.
@@ -361,6 +363,7 @@ impl fmt::Display for Command {
             Command::Batch(cmds) => write!(f, "batch of {}", cmds.len()),
             // Never the op itself: a user's creation carries its secret.
             Command::Object(op) => write!(f, "object {}", object_op_name(op)),
+            Command::Files(op) => write!(f, "file {}", file_op_name(op)),
             Command::Bucket(b) => write!(f, "{b}"),
             Command::SealSecrets { sealed } => write!(f, "seal-secrets of {}", sealed.len()),
             Command::PruneRevocations { upto } => write!(f, "prune-revocations to {upto}"),
@@ -418,6 +421,9 @@ pub struct Reply {
     /// For [`Command::Object`]: the object index's answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<cairn_rpc::object::OpResult>,
+    /// For [`Command::Files`]: the file service's answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<cairn_rpc::files::FileReply>,
     /// For [`Command::ConvertBegin`]: the new group's id; for [`Command::OpenWrite`]: the
     /// last chunk opened again for the new writer to continue, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -428,6 +434,17 @@ pub struct Reply {
     /// For [`Command::TxBegin`] and [`Command::TxDecide`]: the transaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub txid: Option<u64>,
+}
+
+fn file_op_name(op: &cairn_rpc::files::FileOp) -> &'static str {
+    use cairn_rpc::files::FileOp as F;
+    match op {
+        F::Make { .. } => "make",
+        F::Remove { .. } => "remove",
+        F::Rename { .. } => "rename",
+        F::SetAttr { .. } => "setattr",
+        F::Write { .. } => "write",
+    }
 }
 
 fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {

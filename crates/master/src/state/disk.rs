@@ -9,14 +9,115 @@ use redb::WriteTransaction;
 use serde::Deserializer;
 use std::sync::Arc;
 
-/// Inodes by id (docs/formats/master-state.md).
-pub const INODES: TableDef = TableDef::new("inodes", 1);
+/// Inodes by id (docs/formats/master-state.md). Version 2 adds `posix` (the file service's
+/// attributes, docs/files.md); version 1 records are read as having none.
+pub const INODES: TableDef = TableDef::new("inodes", 2).upgraded_by(inode_from_v1);
 /// (parent, name) → child.
 pub const DENTRIES: TableDef = TableDef::new("dentries", 1);
 /// chunk → the file that owns it.
 pub const CHUNK_OWNER: TableDef = TableDef::new("chunk_owner", 1);
 /// chunk → the partition its file moved to.
 pub const FORWARDS: TableDef = TableDef::new("forwards", 1);
+
+/// [`Inode`] as version 1 of `inodes` stored it: the same fields but `posix`.
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct InodeV1 {
+    id: InodeId,
+    parent: InodeId,
+    name: String,
+    ctime_ms: u64,
+    mtime_ms: u64,
+    kind: super::Kind,
+    owner: String,
+    mode: u16,
+}
+
+impl From<InodeV1> for Inode {
+    fn from(i: InodeV1) -> Self {
+        Inode {
+            id: i.id,
+            parent: i.parent,
+            name: i.name,
+            ctime_ms: i.ctime_ms,
+            mtime_ms: i.mtime_ms,
+            kind: i.kind,
+            owner: i.owner,
+            mode: i.mode,
+            posix: None,
+        }
+    }
+}
+
+/// A version 1 record of `inodes` as version 2 (see [`crate::kv::upgrade`]).
+///
+/// # Errors
+/// The bytes are not a version 1 record.
+pub fn inode_from_v1(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
+    let i: InodeV1 = crate::kv::codec::decode_record(INODES.name, 1, bytes)?;
+    Ok(crate::kv::codec::encode_record(
+        INODES.version,
+        &Inode::from(i),
+    ))
+}
+
+/// The `txns` cell as version 1 stored it: decisions carry version 1 inodes.
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct TxnsV1 {
+    next: u64,
+    open: std::collections::BTreeMap<u64, IntentV1>,
+}
+
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct IntentV1 {
+    from: String,
+    to: String,
+    src: super::partitions::PartitionId,
+    dst: super::partitions::PartitionId,
+    started_ms: u64,
+    decision: Option<DecisionV1>,
+}
+
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+enum DecisionV1 {
+    Commit(Box<InodeV1>),
+    Abort,
+}
+
+/// A version 1 `txns` cell as version 2.
+///
+/// # Errors
+/// The bytes are not a version 1 record.
+pub fn txns_from_v1(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
+    use super::txn::{Decision, Intent, Txns};
+    let t: TxnsV1 = crate::kv::codec::decode_record(TXNS.name, 1, bytes)?;
+    let txns = Txns {
+        next: t.next,
+        open: t
+            .open
+            .into_iter()
+            .map(|(id, i)| {
+                let decision = i.decision.map(|d| match d {
+                    DecisionV1::Commit(ino) => Decision::Commit(Box::new(Inode::from(*ino))),
+                    DecisionV1::Abort => Decision::Abort,
+                });
+                let intent = Intent {
+                    from: i.from,
+                    to: i.to,
+                    src: i.src,
+                    dst: i.dst,
+                    started_ms: i.started_ms,
+                    decision,
+                };
+                (id, intent)
+            })
+            .collect(),
+    };
+    Ok(crate::kv::codec::encode_record(TXNS.version, &txns))
+}
 
 pub(super) fn inodes_from_rows<'de, D: Deserializer<'de>>(
     d: D,
@@ -63,7 +164,8 @@ const MOVE_SHARDS: TableDef = cell("move_shards");
 const HOME: TableDef = cell("home");
 const MOVING: TableDef = cell("moving");
 const LOAD_SEALED: TableDef = cell("load_sealed");
-const TXNS: TableDef = cell("txns");
+/// Version 2: the inode a decision carries is a version 2 inode.
+const TXNS: TableDef = TableDef::new("txns", 2).upgraded_by(txns_from_v1);
 const LOCKS: TableDef = cell("locks");
 
 /// Every table of the state, cells included (what a snapshot file holds; `counts` is
@@ -536,5 +638,51 @@ mod tests {
         let (same_rows, other_crc) = digest(&other);
         assert_eq!(same_rows, more);
         assert_ne!(other_crc, changed);
+    }
+
+    /// Version 1 inodes and `txns` (from before the file service) convert to version 2 with
+    /// no POSIX attributes and otherwise the same fields; version 2 bytes are not converted.
+    #[test]
+    fn version_1_inodes_and_txns_convert_to_version_2() {
+        use crate::kv::codec::{decode_record, encode_record};
+        let v1 = || InodeV1 {
+            id: 42,
+            parent: 1,
+            name: "f".into(),
+            ctime_ms: 3,
+            mtime_ms: 4,
+            kind: super::super::Kind::Dir,
+            owner: "alice".into(),
+            mode: 0o750,
+        };
+        let bytes = inode_from_v1(&encode_record(1, &v1())).unwrap();
+        assert_eq!(bytes[0], 2);
+        let ino: Inode = decode_record("inodes", 2, &bytes).unwrap();
+        assert_eq!(ino, Inode::from(v1()));
+        assert_eq!((ino.id, ino.owner.as_str(), ino.mode), (42, "alice", 0o750));
+        assert!(ino.posix.is_none());
+        assert!(inode_from_v1(&bytes).is_err(), "version 2 is not converted");
+        let txns = TxnsV1 {
+            next: 9,
+            open: [(
+                8,
+                IntentV1 {
+                    from: "/a".into(),
+                    to: "/p/a".into(),
+                    src: 0,
+                    dst: 1,
+                    started_ms: 5,
+                    decision: Some(DecisionV1::Commit(Box::new(v1()))),
+                },
+            )]
+            .into(),
+        };
+        let bytes = txns_from_v1(&encode_record(1, &txns)).unwrap();
+        let t: super::super::txn::Txns = decode_record("txns", 2, &bytes).unwrap();
+        assert_eq!(t.next, 9);
+        match &t.open[&8].decision {
+            Some(super::super::txn::Decision::Commit(i)) => assert_eq!(**i, Inode::from(v1())),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -104,6 +104,13 @@ impl State {
                 check(from)?;
                 check(to)
             }
+            Command::Files(op) => match op.as_ref() {
+                cairn_rpc::files::FileOp::Rename { from, to, .. } => {
+                    check(from)?;
+                    check(to)
+                }
+                op => check(op.path()),
+            },
             _ => Ok(()),
         }
     }

@@ -324,16 +324,7 @@ impl State {
                         format!("{path}: directory not empty"),
                     ));
                 }
-                let ino = Arc::unwrap_or_clone(self.inodes.remove(&id).expect("exists"));
-                self.dentries.remove(&(ino.parent, ino.name.clone()));
-                self.dir_policies.remove(&id);
-                if let Some(f) = ino.file() {
-                    for c in &f.chunks {
-                        self.chunk_owner.remove(&c.id);
-                    }
-                    let gone: Vec<ChunkId> = f.chunks.iter().map(|c| c.id).collect();
-                    self.drop_conversions(&gone);
-                }
+                let ino = self.drop_node(id);
                 Ok(Reply {
                     inode: Some(ino),
                     ..Reply::default()
@@ -435,6 +426,7 @@ impl State {
                 kind,
                 owner: self.acting.clone().unwrap_or_default(),
                 mode,
+                posix: None,
             },
         );
         self.dentries.insert((parent, name.to_owned()), id);

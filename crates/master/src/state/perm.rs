@@ -210,6 +210,7 @@ impl State {
                 }
                 Ok(())
             }
+            Command::Files(op) => self.authorize_files(user, op),
             Command::Batch(cmds) => cmds.iter().try_for_each(|c| self.authorize(actor, c)),
             other => Err(denied(format_args!("{other} (for servers and admins)"))),
         }

@@ -304,6 +304,33 @@ pub struct Inode {
     /// Permission bits (perm.rs); inodes from before owners existed get 0o755.
     #[serde(default = "perm::default_mode")]
     pub mode: u16,
+    /// POSIX attributes, for a node the file service made or changed (state/files.rs);
+    /// `None` for one only `cairn fs` touched, whose attributes are derived. Records of
+    /// version 1 (before the file service) have none.
+    #[serde(default)]
+    pub posix: Option<Box<Posix>>,
+}
+
+/// What a POSIX file system keeps of a node beyond the namespace's owner and mode
+/// (docs/files.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Posix {
+    pub kind: cairn_rpc::files::NodeType,
+    pub uid: u32,
+    pub gid: u32,
+    /// Links: a file's names (1 until hard links); a directory's 2 plus its subdirectories.
+    pub nlink: u32,
+    /// A regular file's length (its extents may end before: a sparse tail).
+    pub size: u64,
+    pub atime: cairn_rpc::files::Time,
+    pub mtime: cairn_rpc::files::Time,
+    pub ctime: cairn_rpc::files::Time,
+    pub rdev: u32,
+    /// A symbolic link's target.
+    pub target: String,
+    /// A regular file's bytes, in offset order, none overlapping; `None`: the file's own
+    /// FlatLogFile holds them (a file `cairn fs` wrote, then touched by a mount).
+    pub extents: Option<Vec<cairn_rpc::files::Extent>>,
 }
 
 impl Inode {

@@ -1,0 +1,659 @@
+//! The file service's nodes (docs/files.md): POSIX attributes on the namespace's inodes and
+//! each regular file's extents, changed by [`FileOp`]s and read by [`FileQuery`]s.
+//!
+//! A node the file service made or changed carries [`Posix`]; a node only `cairn fs` touched
+//! has none, and its attributes are derived (uid and gid 0, times from the namespace's
+//! milliseconds, a file's bytes its own FlatLogFile's). The namespace's owner and permission
+//! bits are the node's: `chmod` changes the bits every client checks, `chown` the POSIX owner
+//! the mount's kernel checks (docs/files.md "Who may do what").
+
+use super::*;
+use cairn_rpc::files::{
+    Attr, Data, Entry, Extent, FileOp, FileQuery, FileReply, NewNode, NodeType, RenameFlags,
+    SetAttr, Time,
+};
+
+/// The most a file may hold, in bytes (2^63 - 1, as `off_t` allows).
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+
+fn stale(path: &str, ino: u64) -> MetaError {
+    MetaError::not_found(format!(
+        "{path}: no longer inode {ino} (renamed or removed by another mount)"
+    ))
+}
+
+/// The bytes of `extents` after cutting out `[from, to)`.
+fn cut(extents: &mut Vec<Extent>, from: u64, to: u64) {
+    let mut out = Vec::with_capacity(extents.len() + 1);
+    for e in extents.drain(..) {
+        if e.end() <= from || e.offset >= to {
+            out.push(e);
+            continue;
+        }
+        if e.offset < from {
+            out.push(Extent {
+                len: from - e.offset,
+                ..e
+            });
+        }
+        if e.end() > to {
+            let skip = to - e.offset;
+            out.push(Extent {
+                offset: to,
+                len: e.len - skip,
+                seg: e.seg,
+                seg_offset: e.seg_offset + skip,
+            });
+        }
+    }
+    *extents = out;
+}
+
+/// Puts `new` into `extents` (sorted, not overlapping), replacing what it covers and joining
+/// it to a neighbour that continues it in the same segment.
+pub fn overlay(extents: &mut Vec<Extent>, new: Extent) {
+    if new.len == 0 {
+        return;
+    }
+    cut(extents, new.offset, new.end());
+    let at = extents.partition_point(|e| e.offset < new.offset);
+    extents.insert(at, new);
+    // Join with the one before and after when the bytes continue in the same segment.
+    let joins = |a: &Extent, b: &Extent| {
+        a.end() == b.offset && a.seg == b.seg && a.seg_offset + a.len == b.seg_offset
+    };
+    if at + 1 < extents.len() && joins(&extents[at], &extents[at + 1]) {
+        extents[at].len += extents[at + 1].len;
+        extents.remove(at + 1);
+    }
+    if at > 0 && joins(&extents[at - 1], &extents[at]) {
+        extents[at - 1].len += extents[at].len;
+        extents.remove(at);
+    }
+}
+
+fn node_type(ino: &Inode) -> NodeType {
+    match (&ino.posix, &ino.kind) {
+        (Some(p), _) => p.kind,
+        (None, Kind::Dir) => NodeType::Directory,
+        (None, Kind::File(_)) => NodeType::Regular,
+    }
+}
+
+impl State {
+    /// What `stat` shows of `ino`.
+    pub fn node_attr(&self, ino: &Inode) -> Attr {
+        let (size, nlink) = match (&ino.posix, &ino.kind) {
+            (Some(p), _) => (p.size, p.nlink),
+            (None, Kind::File(f)) => (f.committed_length(), 1),
+            (None, Kind::Dir) => (0, 2),
+        };
+        let derived = Time::from_ms(ino.mtime_ms);
+        Attr {
+            ino: ino.id,
+            kind: node_type(ino),
+            mode: ino.mode,
+            uid: ino.posix.as_ref().map_or(0, |p| p.uid),
+            gid: ino.posix.as_ref().map_or(0, |p| p.gid),
+            nlink,
+            size,
+            atime: ino.posix.as_ref().map_or(derived, |p| p.atime),
+            mtime: ino.posix.as_ref().map_or(derived, |p| p.mtime),
+            ctime: ino
+                .posix
+                .as_ref()
+                .map_or(Time::from_ms(ino.ctime_ms.max(ino.mtime_ms)), |p| p.ctime),
+            rdev: ino.posix.as_ref().map_or(0, |p| p.rdev),
+            owner: ino.owner.clone(),
+        }
+    }
+
+    /// The inode at `path`, which must be inode `ino` (0: any).
+    fn node(&self, path: &str, ino: u64) -> Result<Arc<Inode>, MetaError> {
+        let found = self.lookup(path)?;
+        if ino != 0 && found.id != ino {
+            return Err(stale(path, ino));
+        }
+        Ok(found)
+    }
+
+    /// The POSIX attributes of inode `id`, made from the derived ones when it has none.
+    fn posix_mut(&mut self, id: InodeId) -> &mut Posix {
+        let attr = {
+            let ino = self.ino(id);
+            (ino.posix.is_none()).then(|| (self.node_attr(&ino), ino.file().is_some()))
+        };
+        let ino = self.inodes.get_mut(&id).expect("exists");
+        if let Some((a, file)) = attr {
+            ino.posix = Some(Box::new(Posix {
+                kind: a.kind,
+                uid: a.uid,
+                gid: a.gid,
+                nlink: a.nlink,
+                size: a.size,
+                atime: a.atime,
+                mtime: a.mtime,
+                ctime: a.ctime,
+                rdev: 0,
+                target: String::new(),
+                // A file `cairn fs` wrote: its own log holds its bytes until a write.
+                extents: (!file).then(Vec::new),
+            }));
+        }
+        ino.posix.as_mut().expect("just made")
+    }
+
+    /// A directory's entry changed: its mtime and ctime are `now`, and `subdirs` its count of
+    /// subdirectories' change.
+    fn touch_dir(&mut self, id: InodeId, now: Time, subdirs: i32) {
+        let p = self.posix_mut(id);
+        p.mtime = now;
+        p.ctime = now;
+        p.nlink = p.nlink.saturating_add_signed(subdirs).max(2);
+        if let Some(i) = self.inodes.get_mut(&id) {
+            i.mtime_ms = i.mtime_ms.max(now.as_ms());
+        }
+    }
+
+    /// Applies a file service change (Command::Files).
+    pub(super) fn apply_files(&mut self, op: &FileOp) -> Response {
+        let reply = match op {
+            FileOp::Make {
+                path,
+                node,
+                mode,
+                uid,
+                gid,
+                now,
+            } => self.make_node(path, node, *mode, *uid, *gid, *now)?,
+            FileOp::Remove {
+                path,
+                ino,
+                dir,
+                now,
+            } => {
+                self.remove_node(path, *ino, *dir, *now)?;
+                FileReply::Done
+            }
+            FileOp::Rename {
+                from,
+                ino,
+                to,
+                flags,
+                now,
+            } => {
+                self.rename_node(from, *ino, to, *flags, *now)?;
+                FileReply::Done
+            }
+            FileOp::SetAttr {
+                path,
+                ino,
+                attr,
+                now,
+            } => self.set_node_attr(path, *ino, attr, *now)?,
+            FileOp::Write {
+                path,
+                ino,
+                extents,
+                size,
+                now,
+            } => self.write_node(path, *ino, extents, *size, *now)?,
+        };
+        Ok(Reply {
+            file: Some(reply),
+            ..Reply::default()
+        })
+    }
+
+    fn make_node(
+        &mut self,
+        path: &str,
+        node: &NewNode,
+        mode: u16,
+        uid: u32,
+        gid: u32,
+        now: Time,
+    ) -> Result<FileReply, MetaError> {
+        perm::check_mode(Some(mode))?;
+        let name = path.rsplit('/').next().unwrap_or_default();
+        cairn_rpc::files::check_name(name)?;
+        if let NewNode::Symlink { target } = node
+            && (target.is_empty() || target.len() > cairn_rpc::files::SYMLINK_MAX)
+        {
+            return Err(MetaError::invalid(format!(
+                "a symbolic link's target is 1 to {} bytes",
+                cairn_rpc::files::SYMLINK_MAX
+            )));
+        }
+        let (parent, name) = self.parent_for_new(path, false, now.as_ms())?;
+        let (kind, rdev, target, dir) = match node {
+            NewNode::Directory => (NodeType::Directory, 0, String::new(), true),
+            NewNode::Regular => (NodeType::Regular, 0, String::new(), false),
+            NewNode::Symlink { target } => (NodeType::Symlink, 0, target.clone(), false),
+            NewNode::Fifo => (NodeType::Fifo, 0, String::new(), false),
+            NewNode::Socket => (NodeType::Socket, 0, String::new(), false),
+            NewNode::CharDevice { rdev } => (NodeType::CharDevice, *rdev, String::new(), false),
+            NewNode::BlockDevice { rdev } => (NodeType::BlockDevice, *rdev, String::new(), false),
+        };
+        let ns_kind = if dir {
+            Kind::Dir
+        } else {
+            // No log of its own: a file's bytes are in segments, and `cairn fs append`
+            // finds it sealed.
+            Kind::File(FileMeta {
+                policy: self.inherited_policy(path).unwrap_or_default(),
+                sealed: true,
+                chunks: Vec::new(),
+                lease: None,
+                writer_epoch: 0,
+            })
+        };
+        let id = self.insert(parent, &name, now.as_ms(), ns_kind, Some(mode));
+        let size = target.len() as u64;
+        let posix = Posix {
+            kind,
+            uid,
+            gid,
+            nlink: if dir { 2 } else { 1 },
+            size,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            rdev,
+            target,
+            extents: (kind == NodeType::Regular).then(Vec::new),
+        };
+        self.inodes.get_mut(&id).expect("inserted").posix = Some(Box::new(posix));
+        self.touch_dir(parent, now, i32::from(dir));
+        Ok(FileReply::Attr(self.node_attr(&self.ino(id))))
+    }
+
+    /// Removes inode `id` (a file, or an empty directory) from its directory and the state.
+    pub(super) fn drop_node(&mut self, id: InodeId) -> Inode {
+        let ino = Arc::unwrap_or_clone(self.inodes.remove(&id).expect("exists"));
+        self.dentries.remove(&(ino.parent, ino.name.clone()));
+        self.dir_policies.remove(&id);
+        if let Some(f) = ino.file() {
+            for c in &f.chunks {
+                self.chunk_owner.remove(&c.id);
+            }
+            let gone: Vec<ChunkId> = f.chunks.iter().map(|c| c.id).collect();
+            self.drop_conversions(&gone);
+        }
+        ino
+    }
+
+    fn remove_node(&mut self, path: &str, ino: u64, dir: bool, now: Time) -> Result<(), MetaError> {
+        let node = self.node(path, ino)?;
+        if node.id == ROOT || self.holds_subtree(path) {
+            return Err(MetaError::invalid(format!("{path} cannot be removed")));
+        }
+        self.refuse_hashed(path, "removed")?;
+        let is_dir = node.file().is_none();
+        match (dir, is_dir) {
+            (true, false) => {
+                return Err(MetaError::new(
+                    ErrorKind::NotADirectory,
+                    format!("{path}: not a directory"),
+                ));
+            }
+            (false, true) => {
+                return Err(MetaError::new(
+                    ErrorKind::IsADirectory,
+                    format!("{path}: is a directory"),
+                ));
+            }
+            (true, true) if self.has_entries(node.id) => {
+                return Err(MetaError::new(
+                    ErrorKind::DirectoryNotEmpty,
+                    format!("{path}: directory not empty"),
+                ));
+            }
+            _ => {}
+        }
+        let parent = node.parent;
+        self.drop_node(node.id);
+        self.touch_dir(parent, now, -i32::from(is_dir));
+        Ok(())
+    }
+
+    fn rename_node(
+        &mut self,
+        from: &str,
+        ino: u64,
+        to: &str,
+        flags: RenameFlags,
+        now: Time,
+    ) -> Result<(), MetaError> {
+        let src = self.node(from, ino)?;
+        let to_name = to.rsplit('/').next().unwrap_or_default();
+        cairn_rpc::files::check_name(to_name)?;
+        if src.id == ROOT || self.holds_subtree(from) || self.holds_subtree(to) {
+            return Err(MetaError::invalid(format!(
+                "{from} → {to}: the top of a partition's subtree does not move"
+            )));
+        }
+        self.refuse_hashed(from, "renamed")?;
+        self.refuse_hashed(to, "replaced")?;
+        let src_dir = src.file().is_none();
+        let dest = match self.lookup(to) {
+            Ok(d) => Some(d),
+            Err(e) if e.kind == ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        if dest.as_ref().is_some_and(|d| d.id == src.id) {
+            return Ok(()); // the same inode: rename(2) does nothing
+        }
+        if flags.exchange && dest.is_none() {
+            return Err(MetaError::not_found(format!("{to} (exchange)")));
+        }
+        if flags.noreplace && dest.is_some() {
+            return Err(MetaError::new(
+                ErrorKind::AlreadyExists,
+                format!("{to}: already exists"),
+            ));
+        }
+        let (new_parent, new_name) = match &dest {
+            Some(d) => (d.parent, d.name.clone()),
+            None => self.parent_for_new(to, false, now.as_ms())?,
+        };
+        // A directory may not move below itself.
+        let guard = |moving: InodeId, into: InodeId, s: &Self| -> Result<(), MetaError> {
+            let mut up = into;
+            loop {
+                if up == moving {
+                    return Err(MetaError::invalid(format!(
+                        "cannot move {from} below itself ({to})"
+                    )));
+                }
+                if up == ROOT {
+                    return Ok(());
+                }
+                up = s.ino(up).parent;
+            }
+        };
+        guard(src.id, new_parent, self)?;
+        let old_parent = src.parent;
+        if flags.exchange {
+            let d = dest.expect("checked");
+            guard(d.id, old_parent, self)?;
+            let d_dir = d.file().is_none();
+            self.dentries.insert((old_parent, src.name.clone()), d.id);
+            self.dentries.insert((new_parent, new_name.clone()), src.id);
+            let (sname, dname) = (src.name.clone(), d.name.clone());
+            for (id, parent, name) in [(src.id, new_parent, dname), (d.id, old_parent, sname)] {
+                let i = self.inodes.get_mut(&id).expect("exists");
+                i.parent = parent;
+                i.name = name;
+                self.posix_mut(id).ctime = now;
+            }
+            let moved = i32::from(src_dir) - i32::from(d_dir);
+            self.touch_dir(old_parent, now, -moved);
+            self.touch_dir(new_parent, now, moved);
+            return Ok(());
+        }
+        let mut replaced_dir = false;
+        if let Some(d) = dest {
+            let d_dir = d.file().is_none();
+            match (src_dir, d_dir) {
+                (false, true) => {
+                    return Err(MetaError::new(
+                        ErrorKind::IsADirectory,
+                        format!("{to}: is a directory"),
+                    ));
+                }
+                (true, false) => {
+                    return Err(MetaError::new(
+                        ErrorKind::NotADirectory,
+                        format!("{to}: not a directory"),
+                    ));
+                }
+                (true, true) if self.has_entries(d.id) => {
+                    return Err(MetaError::new(
+                        ErrorKind::DirectoryNotEmpty,
+                        format!("{to}: directory not empty"),
+                    ));
+                }
+                _ => {}
+            }
+            replaced_dir = d_dir;
+            self.drop_node(d.id);
+        }
+        let i = self.inodes.get_mut(&src.id).expect("exists");
+        let old = (i.parent, std::mem::replace(&mut i.name, new_name.clone()));
+        i.parent = new_parent;
+        self.dentries.remove(&old);
+        self.dentries.insert((new_parent, new_name), src.id);
+        self.posix_mut(src.id).ctime = now;
+        let d = i32::from(src_dir);
+        self.touch_dir(old_parent, now, -d);
+        self.touch_dir(new_parent, now, d - i32::from(replaced_dir));
+        Ok(())
+    }
+
+    fn set_node_attr(
+        &mut self,
+        path: &str,
+        ino: u64,
+        attr: &SetAttr,
+        now: Time,
+    ) -> Result<FileReply, MetaError> {
+        perm::check_mode(attr.mode)?;
+        let node = self.node(path, ino)?;
+        let id = node.id;
+        if let Some(size) = attr.size {
+            if node_type(&node) != NodeType::Regular {
+                return Err(MetaError::invalid(format!(
+                    "{path}: only a regular file has a size to change"
+                )));
+            }
+            if size > MAX_FILE_SIZE {
+                return Err(MetaError::invalid(format!(
+                    "{path}: {size} bytes is past the largest file"
+                )));
+            }
+            self.own_to_extents(id);
+        }
+        let narrowed = attr.mode.is_some_and(|m| node.mode & !m != 0);
+        if let Some(m) = attr.mode {
+            self.inodes.get_mut(&id).expect("exists").mode = m;
+        }
+        let p = self.posix_mut(id);
+        if let Some(u) = attr.uid {
+            p.uid = u;
+        }
+        if let Some(g) = attr.gid {
+            p.gid = g;
+        }
+        if let Some(a) = attr.atime {
+            p.atime = a;
+        }
+        if let Some(m) = attr.mtime {
+            p.mtime = m;
+        }
+        if let Some(size) = attr.size {
+            if size < p.size
+                && let Some(x) = p.extents.as_mut()
+            {
+                cut(x, size, u64::MAX);
+            }
+            if size != p.size && attr.mtime.is_none() {
+                p.mtime = now;
+            }
+            p.size = size;
+        }
+        p.ctime = now;
+        if narrowed {
+            self.revoke_below(id);
+        }
+        Ok(FileReply::Attr(self.node_attr(&self.ino(id))))
+    }
+
+    /// A file whose bytes are its own log's gets them as one extent of it, so that writes can
+    /// lay extents over them (segment 0 is the file's own log).
+    fn own_to_extents(&mut self, id: InodeId) {
+        let len = self.ino(id).file().map_or(0, FileMeta::committed_length);
+        let p = self.posix_mut(id);
+        if p.extents.is_none() {
+            p.extents = Some(if len == 0 {
+                Vec::new()
+            } else {
+                vec![Extent {
+                    offset: 0,
+                    len,
+                    seg: 0,
+                    seg_offset: 0,
+                }]
+            });
+        }
+    }
+
+    fn write_node(
+        &mut self,
+        path: &str,
+        ino: u64,
+        extents: &[Extent],
+        size: u64,
+        now: Time,
+    ) -> Result<FileReply, MetaError> {
+        if extents.len() > cairn_rpc::files::MAX_WRITE_EXTENTS {
+            return Err(MetaError::invalid(format!(
+                "{} extents in one write: at most {}",
+                extents.len(),
+                cairn_rpc::files::MAX_WRITE_EXTENTS
+            )));
+        }
+        let node = self.node(path, ino)?;
+        if node_type(&node) != NodeType::Regular {
+            return Err(MetaError::new(
+                ErrorKind::IsADirectory,
+                format!("{path}: not a regular file"),
+            ));
+        }
+        for e in extents {
+            if e.seg == 0
+                || e.len == 0
+                || e.offset
+                    .checked_add(e.len)
+                    .is_none_or(|end| end > MAX_FILE_SIZE)
+            {
+                return Err(MetaError::invalid(format!(
+                    "{path}: extent {e:?} is empty, past the largest file or in no segment"
+                )));
+            }
+        }
+        if size > MAX_FILE_SIZE {
+            return Err(MetaError::invalid(format!("{path}: size {size} too large")));
+        }
+        self.own_to_extents(node.id);
+        let p = self.posix_mut(node.id);
+        let x = p.extents.as_mut().expect("made above");
+        for e in extents {
+            overlay(x, *e);
+        }
+        let end = extents.iter().map(Extent::end).max().unwrap_or(0);
+        p.size = p.size.max(size).max(end);
+        p.mtime = now;
+        p.ctime = now;
+        if let Some(i) = self.inodes.get_mut(&node.id) {
+            i.mtime_ms = i.mtime_ms.max(now.as_ms());
+        }
+        Ok(FileReply::Attr(self.node_attr(&self.ino(node.id))))
+    }
+
+    /// Answers a file service read (all but `Statfs`, which needs the chunkservers).
+    ///
+    /// # Errors
+    /// The lookup's errors; `not-found` for a stale inode number.
+    pub fn file_query(&self, q: &FileQuery) -> Result<FileReply, MetaError> {
+        match q {
+            FileQuery::Lookup { path } => Ok(FileReply::Attr(self.node_attr(&*self.lookup(path)?))),
+            FileQuery::Readdir {
+                path,
+                ino,
+                after,
+                limit,
+            } => {
+                self.node(path, *ino)?;
+                let limit = (*limit).clamp(1, cairn_rpc::files::READDIR_MAX) as usize;
+                let (page, more) = self.list_page(path, after, limit)?;
+                Ok(FileReply::Readdir {
+                    entries: page
+                        .iter()
+                        .map(|i| Entry {
+                            name: i.name.clone(),
+                            attr: self.node_attr(i),
+                        })
+                        .collect(),
+                    more,
+                })
+            }
+            FileQuery::Map { path, ino } => {
+                let node = self.node(path, *ino)?;
+                let data = match node.posix.as_ref().and_then(|p| p.extents.clone()) {
+                    Some(x) => Data::Extents(x),
+                    None => Data::Own,
+                };
+                let target = node
+                    .posix
+                    .as_ref()
+                    .filter(|p| p.kind == NodeType::Symlink)
+                    .map(|p| p.target.clone());
+                Ok(FileReply::Map {
+                    attr: self.node_attr(&node),
+                    data,
+                    target,
+                })
+            }
+            FileQuery::Statfs => Err(MetaError::internal("statfs is answered by the service")),
+        }
+    }
+
+    /// Whether `user` may apply `op` (admins are not asked): as `cairn fs` checks the same
+    /// changes (perm.rs), with POSIX's rules for the owner.
+    ///
+    /// # Errors
+    /// `PermissionDenied`, or the lookup's error.
+    pub(super) fn authorize_files(&self, user: &str, op: &FileOp) -> Result<(), MetaError> {
+        match op {
+            FileOp::Make { path, .. } => self.check_new_entry(path, user),
+            FileOp::Remove { path, .. } => {
+                let ino = self.lookup(path)?;
+                self.check_inode(ino.parent, user, perm::WRITE | perm::SEARCH)
+            }
+            FileOp::Rename { from, to, .. } => {
+                let ino = self.lookup(from)?;
+                self.check_inode(ino.parent, user, perm::WRITE | perm::SEARCH)?;
+                self.check_new_entry(to, user)
+            }
+            FileOp::SetAttr { path, attr, .. } => {
+                let ino = self.lookup(path)?;
+                if attr.size.is_some() {
+                    self.check_inode(ino.id, user, perm::WRITE)?;
+                }
+                let owner_only = attr.mode.is_some() || attr.uid.is_some() || attr.gid.is_some();
+                if owner_only && ino.owner != user {
+                    return Err(MetaError::new(
+                        ErrorKind::PermissionDenied,
+                        format!("{path}: only its owner changes its mode or owners"),
+                    ));
+                }
+                self.check_reach(ino.id, user)
+            }
+            FileOp::Write { path, .. } => self.check_path(path, user, perm::WRITE).map(|_| ()),
+        }
+    }
+
+    /// Write and search on the directory a new entry at `path` goes in.
+    fn check_new_entry(&self, path: &str, user: &str) -> Result<(), MetaError> {
+        let parent = match path.rfind('/') {
+            Some(0) | None => "/",
+            Some(i) => &path[..i],
+        };
+        let dir = self.lookup(parent)?;
+        self.check_inode(dir.id, user, perm::WRITE | perm::SEARCH)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,471 @@
+use super::*;
+use crate::state::tests::create_file;
+use cairn_rpc::files::FileReply;
+
+fn t(ms: u64) -> Time {
+    Time::from_ms(ms)
+}
+
+fn apply(s: &mut State, op: FileOp) -> Result<FileReply, MetaError> {
+    s.apply(&Command::Files(Box::new(op)))
+        .map(|r| r.file.expect("a file reply"))
+}
+
+fn make(s: &mut State, path: &str, node: NewNode) -> Attr {
+    match apply(
+        s,
+        FileOp::Make {
+            path: path.into(),
+            node,
+            mode: 0o640,
+            uid: 1000,
+            gid: 100,
+            now: t(5000),
+        },
+    )
+    .unwrap()
+    {
+        FileReply::Attr(a) => a,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn ext(offset: u64, len: u64, seg: u64, seg_offset: u64) -> Extent {
+    Extent {
+        offset,
+        len,
+        seg,
+        seg_offset,
+    }
+}
+
+fn map(s: &State, path: &str) -> (Attr, Data) {
+    match s
+        .file_query(&FileQuery::Map {
+            path: path.into(),
+            ino: 0,
+        })
+        .unwrap()
+    {
+        FileReply::Map { attr, data, .. } => (attr, data),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn kind(r: Result<FileReply, MetaError>) -> ErrorKind {
+    r.expect_err("refused").kind
+}
+
+#[test]
+fn overlay_replaces_the_bytes_it_covers_and_joins_neighbours() {
+    let mut x = vec![ext(0, 100, 1, 0)];
+    overlay(&mut x, ext(10, 10, 2, 0));
+    assert_eq!(
+        x,
+        vec![ext(0, 10, 1, 0), ext(10, 10, 2, 0), ext(20, 80, 1, 20)]
+    );
+    // Continuing segment 2 where it left off joins the extent before.
+    overlay(&mut x, ext(20, 5, 2, 10));
+    assert_eq!(
+        x,
+        vec![ext(0, 10, 1, 0), ext(10, 15, 2, 0), ext(25, 75, 1, 25)]
+    );
+    // Covering everything leaves one.
+    overlay(&mut x, ext(0, 200, 3, 7));
+    assert_eq!(x, vec![ext(0, 200, 3, 7)]);
+    // Past the end: a hole between.
+    overlay(&mut x, ext(300, 1, 3, 500));
+    assert_eq!(x, vec![ext(0, 200, 3, 7), ext(300, 1, 3, 500)]);
+    cut(&mut x, 100, u64::MAX);
+    assert_eq!(x, vec![ext(0, 100, 3, 7)]);
+}
+
+#[test]
+fn nodes_are_made_with_their_posix_attributes() {
+    let mut s = State::default();
+    let d = make(&mut s, "/d", NewNode::Directory);
+    assert_eq!(
+        (d.kind, d.mode, d.uid, d.gid, d.nlink),
+        (NodeType::Directory, 0o640, 1000, 100, 2)
+    );
+    let f = make(&mut s, "/d/f", NewNode::Regular);
+    assert_eq!((f.kind, f.size, f.nlink), (NodeType::Regular, 0, 1));
+    let l = make(
+        &mut s,
+        "/d/l",
+        NewNode::Symlink {
+            target: "../x".into(),
+        },
+    );
+    assert_eq!((l.kind, l.size), (NodeType::Symlink, 4));
+    match s
+        .file_query(&FileQuery::Map {
+            path: "/d/l".into(),
+            ino: l.ino,
+        })
+        .unwrap()
+    {
+        FileReply::Map { target, .. } => assert_eq!(target.as_deref(), Some("../x")),
+        other => panic!("{other:?}"),
+    }
+    make(&mut s, "/d/p", NewNode::Fifo);
+    let c = make(&mut s, "/d/c", NewNode::CharDevice { rdev: 0x0103 });
+    assert_eq!((c.kind, c.rdev), (NodeType::CharDevice, 0x0103));
+    make(&mut s, "/d/sub", NewNode::Directory);
+    // A subdirectory counts in its parent's links; the parent's times are the change's.
+    let (d2, _) = map(&s, "/d");
+    assert_eq!(d2.nlink, 3);
+    assert_eq!(d2.mtime, t(5000));
+    // Listed in name order, with attributes.
+    match s
+        .file_query(&FileQuery::Readdir {
+            path: "/d".into(),
+            ino: d.ino,
+            after: String::new(),
+            limit: 3,
+        })
+        .unwrap()
+    {
+        FileReply::Readdir { entries, more } => {
+            let names: Vec<_> = entries.iter().map(|e| e.name.as_str()).collect();
+            assert_eq!(names, ["c", "f", "l"]);
+            assert!(more);
+            assert_eq!(entries[1].attr.ino, f.ino);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Refusals: exists, missing parent, a name too long, an empty link.
+    let again = FileOp::Make {
+        path: "/d/f".into(),
+        node: NewNode::Regular,
+        mode: 0o600,
+        uid: 0,
+        gid: 0,
+        now: t(1),
+    };
+    assert_eq!(kind(apply(&mut s, again)), ErrorKind::AlreadyExists);
+    let orphan = FileOp::Make {
+        path: "/nope/f".into(),
+        node: NewNode::Regular,
+        mode: 0o600,
+        uid: 0,
+        gid: 0,
+        now: t(1),
+    };
+    assert_eq!(kind(apply(&mut s, orphan)), ErrorKind::NotFound);
+    let empty_link = FileOp::Make {
+        path: "/d/e".into(),
+        node: NewNode::Symlink {
+            target: String::new(),
+        },
+        mode: 0o777,
+        uid: 0,
+        gid: 0,
+        now: t(1),
+    };
+    assert_eq!(kind(apply(&mut s, empty_link)), ErrorKind::InvalidArgument);
+}
+
+#[test]
+fn writes_lay_extents_and_truncate_cuts_them() {
+    let mut s = State::default();
+    let f = make(&mut s, "/f", NewNode::Regular);
+    let write = |s: &mut State, extents: Vec<Extent>, size: u64| {
+        apply(
+            s,
+            FileOp::Write {
+                path: "/f".into(),
+                ino: f.ino,
+                extents,
+                size,
+                now: t(9000),
+            },
+        )
+    };
+    write(&mut s, vec![ext(0, 8192, 5, 0)], 8192).unwrap();
+    write(&mut s, vec![ext(4096, 100, 6, 40)], 0).unwrap();
+    let (a, data) = map(&s, "/f");
+    assert_eq!(a.size, 8192);
+    assert_eq!(a.mtime, t(9000));
+    assert_eq!(
+        data,
+        Data::Extents(vec![
+            ext(0, 4096, 5, 0),
+            ext(4096, 100, 6, 40),
+            ext(4196, 3996, 5, 4196)
+        ])
+    );
+    // A write past the end makes the file longer, with a hole.
+    write(&mut s, vec![ext(1 << 20, 10, 6, 200)], 0).unwrap();
+    assert_eq!(map(&s, "/f").0.size, (1 << 20) + 10);
+    // Truncate down cuts, up extends with a hole.
+    let trunc = |s: &mut State, size: u64| {
+        apply(
+            s,
+            FileOp::SetAttr {
+                path: "/f".into(),
+                ino: f.ino,
+                attr: SetAttr {
+                    size: Some(size),
+                    ..SetAttr::default()
+                },
+                now: t(9500),
+            },
+        )
+    };
+    trunc(&mut s, 4100).unwrap();
+    let (a, data) = map(&s, "/f");
+    assert_eq!(a.size, 4100);
+    assert_eq!(
+        data,
+        Data::Extents(vec![ext(0, 4096, 5, 0), ext(4096, 4, 6, 40)])
+    );
+    trunc(&mut s, 1 << 30).unwrap();
+    assert_eq!(map(&s, "/f").0.size, 1 << 30);
+    // Refused: segment 0, an empty extent, a stale inode, a directory.
+    assert_eq!(
+        kind(write(&mut s, vec![ext(0, 1, 0, 0)], 0)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        kind(write(&mut s, vec![ext(0, 0, 1, 0)], 0)),
+        ErrorKind::InvalidArgument
+    );
+    let stale = FileOp::Write {
+        path: "/f".into(),
+        ino: f.ino + 100,
+        extents: vec![ext(0, 1, 1, 0)],
+        size: 1,
+        now: t(1),
+    };
+    assert_eq!(kind(apply(&mut s, stale)), ErrorKind::NotFound);
+    let d = make(&mut s, "/d", NewNode::Directory);
+    let to_dir = FileOp::Write {
+        path: "/d".into(),
+        ino: d.ino,
+        extents: vec![ext(0, 1, 1, 0)],
+        size: 1,
+        now: t(1),
+    };
+    assert_eq!(kind(apply(&mut s, to_dir)), ErrorKind::IsADirectory);
+}
+
+#[test]
+fn a_file_cairn_fs_wrote_reads_its_own_log_until_a_mount_writes_it() {
+    let mut s = State::default();
+    let ino = create_file(&mut s, "/logs/app", 1);
+    let (a, data) = map(&s, "/logs/app");
+    assert_eq!(data, Data::Own);
+    assert_eq!((a.kind, a.uid, a.nlink), (NodeType::Regular, 0, 1));
+    // Its committed bytes become extents of segment 0 (its own log) under the write.
+    let own = ino.file().unwrap().committed_length();
+    apply(
+        &mut s,
+        FileOp::Write {
+            path: "/logs/app".into(),
+            ino: ino.id,
+            extents: vec![ext(0, 1, 9, 0)],
+            size: 0,
+            now: t(1),
+        },
+    )
+    .unwrap();
+    let (_, data) = map(&s, "/logs/app");
+    let mut want = vec![ext(0, 1, 9, 0)];
+    if own > 1 {
+        want.push(ext(1, own - 1, 0, 1));
+    }
+    assert_eq!(data, Data::Extents(want));
+}
+
+#[test]
+fn unlink_and_rmdir_refuse_the_wrong_kind_and_full_directories() {
+    let mut s = State::default();
+    let d = make(&mut s, "/d", NewNode::Directory);
+    let f = make(&mut s, "/d/f", NewNode::Regular);
+    let remove = |s: &mut State, path: &str, ino: u64, dir: bool| {
+        apply(
+            s,
+            FileOp::Remove {
+                path: path.into(),
+                ino,
+                dir,
+                now: t(7000),
+            },
+        )
+    };
+    assert_eq!(
+        kind(remove(&mut s, "/d", d.ino, false)),
+        ErrorKind::IsADirectory
+    );
+    assert_eq!(
+        kind(remove(&mut s, "/d/f", f.ino, true)),
+        ErrorKind::NotADirectory
+    );
+    assert_eq!(
+        kind(remove(&mut s, "/d", d.ino, true)),
+        ErrorKind::DirectoryNotEmpty
+    );
+    remove(&mut s, "/d/f", f.ino, false).unwrap();
+    assert_eq!(map(&s, "/d").0.mtime, t(7000));
+    remove(&mut s, "/d", d.ino, true).unwrap();
+    assert!(s.lookup("/d").is_err());
+    assert_eq!(map(&s, "/").0.nlink, 2);
+}
+
+#[test]
+fn renames_replace_exchange_and_refuse_as_posix_says() {
+    let mut s = State::default();
+    let a = make(&mut s, "/a", NewNode::Regular);
+    let b = make(&mut s, "/b", NewNode::Regular);
+    let d = make(&mut s, "/d", NewNode::Directory);
+    let e = make(&mut s, "/e", NewNode::Directory);
+    make(&mut s, "/e/x", NewNode::Regular);
+    let rename = |s: &mut State, from: &str, ino: u64, to: &str, flags: RenameFlags| {
+        apply(
+            s,
+            FileOp::Rename {
+                from: from.into(),
+                ino,
+                to: to.into(),
+                flags,
+                now: t(8000),
+            },
+        )
+    };
+    let plain = RenameFlags::default();
+    // Over a file: replaces it.
+    rename(&mut s, "/a", a.ino, "/b", plain).unwrap();
+    assert_eq!(s.lookup("/b").unwrap().id, a.ino);
+    assert!(s.inode(b.ino).is_none());
+    // A file over a directory, a directory over a file, over a full directory: refused.
+    assert_eq!(
+        kind(rename(&mut s, "/b", a.ino, "/d", plain)),
+        ErrorKind::IsADirectory
+    );
+    assert_eq!(
+        kind(rename(&mut s, "/d", d.ino, "/b", plain)),
+        ErrorKind::NotADirectory
+    );
+    assert_eq!(
+        kind(rename(&mut s, "/d", d.ino, "/e", plain)),
+        ErrorKind::DirectoryNotEmpty
+    );
+    // Below itself: refused.
+    assert_eq!(
+        kind(rename(&mut s, "/e", e.ino, "/e/y", plain)),
+        ErrorKind::InvalidArgument
+    );
+    // No-replace over an existing entry: refused; exchange swaps a file and a directory.
+    let noreplace = RenameFlags {
+        noreplace: true,
+        exchange: false,
+    };
+    assert_eq!(
+        kind(rename(&mut s, "/b", a.ino, "/d", noreplace)),
+        ErrorKind::AlreadyExists
+    );
+    let exchange = RenameFlags {
+        noreplace: false,
+        exchange: true,
+    };
+    rename(&mut s, "/b", a.ino, "/e", exchange).unwrap();
+    assert_eq!(s.lookup("/e").unwrap().id, a.ino);
+    assert_eq!(s.lookup("/b").unwrap().id, e.ino);
+    assert_eq!(s.lookup("/b/x").unwrap().name, "x");
+    assert_eq!(
+        kind(rename(&mut s, "/e", a.ino, "/missing", exchange)),
+        ErrorKind::NotFound
+    );
+    // A directory over an empty one replaces it; the root's links follow.
+    rename(&mut s, "/b", e.ino, "/d", plain).unwrap();
+    assert!(s.inode(d.ino).is_none());
+    assert_eq!(map(&s, "/").0.nlink, 3);
+    // The old inode number at a path is stale.
+    assert_eq!(
+        kind(rename(&mut s, "/d", d.ino, "/z", plain)),
+        ErrorKind::NotFound
+    );
+}
+
+#[test]
+fn setattr_changes_mode_owners_and_times_and_narrowing_revokes() {
+    let mut s = State::default();
+    let f = make(&mut s, "/f", NewNode::Regular);
+    let gen_before = s.revocations().generation();
+    let a = match apply(
+        &mut s,
+        FileOp::SetAttr {
+            path: "/f".into(),
+            ino: f.ino,
+            attr: SetAttr {
+                mode: Some(0o600),
+                uid: Some(7),
+                gid: Some(8),
+                atime: Some(Time { secs: -1, nanos: 5 }),
+                mtime: Some(t(42)),
+                size: None,
+            },
+            now: t(10_000),
+        },
+    )
+    .unwrap()
+    {
+        FileReply::Attr(a) => a,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((a.mode, a.uid, a.gid), (0o600, 7, 8));
+    assert_eq!(a.atime, Time { secs: -1, nanos: 5 });
+    assert_eq!((a.mtime, a.ctime), (t(42), t(10_000)));
+    assert!(
+        s.revocations().generation() > gen_before,
+        "0640 → 0600 narrows"
+    );
+}
+
+#[test]
+fn a_user_changes_only_what_the_bits_let_them() {
+    let mut s = State::default();
+    let admin = Actor {
+        user: "root".into(),
+        admin: true,
+    };
+    let alice = Actor {
+        user: "alice".into(),
+        admin: false,
+    };
+    let as_ = |s: &mut State, actor: &Actor, op: FileOp| {
+        s.apply(&Command::As {
+            actor: actor.clone(),
+            cmd: Box::new(Command::Files(Box::new(op))),
+        })
+    };
+    let mk = |path: &str, mode: u16| FileOp::Make {
+        path: path.into(),
+        node: NewNode::Directory,
+        mode,
+        uid: 0,
+        gid: 0,
+        now: t(1),
+    };
+    as_(&mut s, &admin, mk("/closed", 0o755)).unwrap();
+    as_(&mut s, &admin, mk("/open", 0o777)).unwrap();
+    let denied = as_(&mut s, &alice, mk("/closed/x", 0o755)).unwrap_err();
+    assert_eq!(denied.kind, ErrorKind::PermissionDenied);
+    as_(&mut s, &alice, mk("/open/mine", 0o700)).unwrap();
+    assert_eq!(s.lookup("/open/mine").unwrap().owner, "alice");
+    // Not hers: no chmod.
+    let chmod = FileOp::SetAttr {
+        path: "/closed".into(),
+        ino: 0,
+        attr: SetAttr {
+            mode: Some(0o777),
+            ..SetAttr::default()
+        },
+        now: t(2),
+    };
+    assert_eq!(
+        as_(&mut s, &alice, chmod).unwrap_err().kind,
+        ErrorKind::PermissionDenied
+    );
+}

@@ -1,0 +1,344 @@
+//! The file service's API: what a mount (`cairn mount`) asks of the masters (docs/files.md).
+//!
+//! A mount's files and directories are the namespace's inodes (one namespace for `cairn fs`,
+//! S3's internal files and every mount), with POSIX attributes ([`Attr`]) beside the
+//! namespace's owner and permission bits. A regular file's bytes are [`Extent`]s: byte ranges
+//! of *segments*, FlatLogFiles below [`SEGMENTS_DIR`] that mounts append records to
+//! (docs/formats/fs-segment.md). A mount writes the data first, durably, then commits the
+//! extents ([`FileOp::Write`]), so a file never names bytes that are not there.
+//!
+//! Calls name an inode by its path, as the mount last saw it, and by its inode number: a call
+//! whose path now names another inode is refused (`not-found`, ESTALE to the application),
+//! so a mount never changes a file another mount put at the same path.
+//!
+//! Changes ([`FileOp`]) travel in `Batch` calls (concurrent calls share one Raft entry);
+//! reads ([`FileQuery`]) in `FileRead`. Both are JSON in protobuf `bytes`.
+
+use serde::{Deserialize, Serialize};
+
+/// Where segments live.
+pub const SEGMENTS_DIR: &str = "/.fs/seg";
+/// Longest name of a directory entry, in bytes (POSIX's `NAME_MAX` on Linux).
+pub const NAME_MAX: usize = 255;
+/// Most extents one [`FileOp::Write`] may commit.
+pub const MAX_WRITE_EXTENTS: usize = 4096;
+/// Most entries one [`FileQuery::Readdir`] answers.
+pub const READDIR_MAX: u32 = 1000;
+/// Longest symbolic link target, in bytes (Linux's `PATH_MAX`).
+pub const SYMLINK_MAX: usize = 4095;
+
+/// The path of segment `seg`.
+pub fn segment_path(seg: u64) -> String {
+    format!("{SEGMENTS_DIR}/{seg:016x}")
+}
+
+/// A file type, as `stat`'s `st_mode` high bits say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeType {
+    Regular,
+    Directory,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+/// A time: seconds and nanoseconds since the Unix epoch (before it: negative seconds).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Time {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+impl Time {
+    /// A time `ms` milliseconds after the epoch.
+    pub fn from_ms(ms: u64) -> Self {
+        Self {
+            secs: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+            nanos: u32::try_from(ms % 1000).unwrap_or(0) * 1_000_000,
+        }
+    }
+
+    /// Milliseconds after the epoch (0 before it).
+    pub fn as_ms(&self) -> u64 {
+        u64::try_from(self.secs)
+            .unwrap_or(0)
+            .saturating_mul(1000)
+            .saturating_add(u64::from(self.nanos / 1_000_000))
+    }
+}
+
+/// What `stat` shows of a file, directory or other node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: NodeType,
+    /// Permission bits (and setuid, setgid, sticky): `st_mode & 07777`.
+    pub mode: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    /// Bytes: a regular file's length, a symlink's target's length; 0 for the rest.
+    pub size: u64,
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
+    /// A device node's number.
+    pub rdev: u32,
+    /// The Cairn user who owns it (the namespace's owner; empty: the cluster).
+    pub owner: String,
+}
+
+/// A byte range of a file held in a segment: file bytes `[offset, offset + len)` are segment
+/// `seg`'s bytes `[seg_offset, seg_offset + len)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+    pub seg: u64,
+    pub seg_offset: u64,
+}
+
+impl Extent {
+    pub fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+}
+
+/// Where a file's bytes are: its extents in order (no two overlap; gaps read as zeros), or
+/// the file's own FlatLogFile (a file `cairn fs` wrote: its bytes are the log's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Data {
+    Extents(Vec<Extent>),
+    /// Read the file itself, `[0, size)`.
+    Own,
+}
+
+/// A new node's type and what it needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NewNode {
+    Regular,
+    Directory,
+    Symlink { target: String },
+    Fifo,
+    Socket,
+    CharDevice { rdev: u32 },
+    BlockDevice { rdev: u32 },
+}
+
+/// `rename(2)`'s flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameFlags {
+    /// `RENAME_NOREPLACE`: refuse when the destination exists.
+    pub noreplace: bool,
+    /// `RENAME_EXCHANGE`: swap the two, which both exist.
+    pub exchange: bool,
+}
+
+/// Attributes a `setattr` changes (`None`: unchanged).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    pub mode: Option<u16>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// Truncate or extend (with zeros) to this many bytes.
+    pub size: Option<u64>,
+    pub atime: Option<Time>,
+    pub mtime: Option<Time>,
+}
+
+/// A change, applied by the partition that holds its path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileOp {
+    /// `mkdir`, `mknod`, `create`, `symlink`: a new node at `path` (its parent exists; the
+    /// path does not).
+    Make {
+        path: String,
+        node: NewNode,
+        mode: u16,
+        uid: u32,
+        gid: u32,
+        now: Time,
+    },
+    /// `unlink` (`dir` false) or `rmdir` (`dir` true) of `path`, inode `ino`.
+    Remove {
+        path: String,
+        ino: u64,
+        dir: bool,
+        now: Time,
+    },
+    /// `rename(2)` of `from` (inode `ino`) to `to`, replacing what is there (a file by a
+    /// file, an empty directory by a directory) unless `flags` say otherwise.
+    Rename {
+        from: String,
+        ino: u64,
+        to: String,
+        flags: RenameFlags,
+        now: Time,
+    },
+    /// `chmod`, `chown`, `truncate`, `utimens`.
+    SetAttr {
+        path: String,
+        ino: u64,
+        attr: SetAttr,
+        now: Time,
+    },
+    /// Makes written bytes the file's: each extent replaces the file's bytes it covers, and
+    /// the file's size becomes at least `size` (writes past the end).
+    Write {
+        path: String,
+        ino: u64,
+        extents: Vec<Extent>,
+        size: u64,
+        now: Time,
+    },
+}
+
+impl FileOp {
+    /// The path whose partition applies the change.
+    pub fn path(&self) -> &str {
+        match self {
+            FileOp::Make { path, .. }
+            | FileOp::Remove { path, .. }
+            | FileOp::SetAttr { path, .. }
+            | FileOp::Write { path, .. } => path,
+            FileOp::Rename { from, .. } => from,
+        }
+    }
+}
+
+/// A read, answered by the partition that holds its path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileQuery {
+    /// The node at `path`.
+    Lookup { path: String },
+    /// Up to `limit` entries of directory `path` (inode `ino`) after the name `after`.
+    Readdir {
+        path: String,
+        ino: u64,
+        after: String,
+        limit: u32,
+    },
+    /// A file's attributes and where its bytes are.
+    Map { path: String, ino: u64 },
+    /// The file system's size and free space.
+    Statfs,
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub name: String,
+    pub attr: Attr,
+}
+
+/// What a [`FileQuery`] or [`FileOp`] answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileReply {
+    /// Make, SetAttr, Write, Lookup.
+    Attr(Attr),
+    /// Remove, Rename.
+    Done,
+    Readdir {
+        entries: Vec<Entry>,
+        more: bool,
+    },
+    Map {
+        attr: Attr,
+        data: Data,
+        /// A symlink's target.
+        target: Option<String>,
+    },
+    Statfs {
+        /// Bytes the chunkservers hold and have free, divided by the default copies.
+        total: u64,
+        free: u64,
+        files: u64,
+    },
+}
+
+/// Encodes for a `bytes` field.
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("file service types serialize")
+}
+
+/// Decodes from a `bytes` field.
+///
+/// # Errors
+/// The bytes are not JSON of `T`.
+pub fn decode<T: for<'a> Deserialize<'a>>(bytes: &[u8]) -> Result<T, crate::MetaError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| crate::MetaError::invalid(format!("file service message: {e}")))
+}
+
+/// Checks a new entry's name.
+///
+/// # Errors
+/// `invalid-argument` naming what is wrong: empty, `.` or `..`, a `/` or NUL, longer than
+/// [`NAME_MAX`] bytes.
+pub fn check_name(name: &str) -> Result<(), crate::MetaError> {
+    if name.is_empty() || name == "." || name == ".." {
+        return Err(crate::MetaError::invalid(format!("{name:?}: not a name")));
+    }
+    if name.len() > NAME_MAX {
+        return Err(crate::MetaError::invalid(format!(
+            "a name of {} bytes: at most {NAME_MAX}",
+            name.len()
+        )));
+    }
+    if name.contains(['/', '\0']) {
+        return Err(crate::MetaError::invalid(format!(
+            "{name:?}: a name holds no / or NUL"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_convert_to_and_from_milliseconds() {
+        let t = Time::from_ms(1_234_567);
+        assert_eq!(
+            t,
+            Time {
+                secs: 1234,
+                nanos: 567_000_000
+            }
+        );
+        assert_eq!(t.as_ms(), 1_234_567);
+        assert_eq!(Time { secs: -5, nanos: 0 }.as_ms(), 0);
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("a").is_ok());
+        assert!(check_name(&"x".repeat(NAME_MAX)).is_ok());
+        assert!(check_name(&"x".repeat(NAME_MAX + 1)).is_err());
+        for bad in ["", ".", "..", "a/b", "a\0b"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ops_round_trip_as_json() {
+        let op = FileOp::Write {
+            path: "/a".into(),
+            ino: 7,
+            extents: vec![Extent {
+                offset: 0,
+                len: 4096,
+                seg: 1,
+                seg_offset: 32,
+            }],
+            size: 4096,
+            now: Time::from_ms(5),
+        };
+        let back: FileOp = decode(&encode(&op)).unwrap();
+        assert_eq!(back, op);
+        assert!(decode::<FileOp>(b"{").is_err());
+    }
+}
