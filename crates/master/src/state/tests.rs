@@ -314,11 +314,26 @@ fn namespace_operations() {
         policy: None,
     })
     .unwrap();
-    create(&mut s, "/a/f", Some("c1"), 2).unwrap();
+    let first = create(&mut s, "/a/f", Some("c1"), 2)
+        .unwrap()
+        .inode
+        .unwrap();
     assert_eq!(
         kind(create(&mut s, "/a/f", None, 0)),
         ErrorKind::AlreadyExists
     );
+    assert_eq!(
+        kind(create(&mut s, "/a/f", Some("c2"), 2)),
+        ErrorKind::AlreadyExists,
+        "another writer's create"
+    );
+    // The same writer's create again (its answer lost, the client retried): the file as the
+    // first made it, its chunks unchanged.
+    let again = create(&mut s, "/a/f", Some("c1"), 2)
+        .unwrap()
+        .inode
+        .unwrap();
+    assert_eq!(again, first);
     assert_eq!(
         kind(create(&mut s, "/a/f/x", None, 0)),
         ErrorKind::NotADirectory
