@@ -13,6 +13,7 @@ mod limits;
 mod local;
 mod master;
 mod metrics;
+mod mount;
 mod s3;
 // get_opt and delete serve the nemesis test, which includes the file.
 #[allow(dead_code)]
@@ -67,6 +68,8 @@ enum Command {
     Volume(volume::VolumeCommand),
     /// Serve volumes over NBD (qemu, nbdcopy, fio's nbd engine).
     Nbd(volume::NbdArgs),
+    /// Mount the cluster's file system at a local directory (FUSE).
+    Mount(mount::MountArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -112,6 +115,7 @@ fn main() -> std::process::ExitCode {
         Command::Tls(c) => tls::run(c),
         Command::Volume(c) => volume::run(c),
         Command::Nbd(a) => volume::nbd(a),
+        Command::Mount(a) => mount::run(a),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

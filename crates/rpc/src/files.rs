@@ -27,6 +27,11 @@ pub const READDIR_MAX: u32 = 1000;
 /// Longest symbolic link target, in bytes (Linux's `PATH_MAX`).
 pub const SYMLINK_MAX: usize = 4095;
 
+/// The most a file may hold, in bytes (2^63 - 1, as `off_t` allows).
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+/// Longest path, in bytes (Linux's `PATH_MAX`, the terminating NUL not counted).
+pub const PATH_MAX: usize = 4095;
+
 /// The path of segment `seg`.
 pub fn segment_path(seg: u64) -> String {
     format!("{SEGMENTS_DIR}/{seg:016x}")
@@ -258,6 +263,56 @@ pub enum FileReply {
     },
 }
 
+/// The bytes of `extents` after cutting out `[from, to)`.
+pub fn cut(extents: &mut Vec<Extent>, from: u64, to: u64) {
+    let mut out = Vec::with_capacity(extents.len() + 1);
+    for e in extents.drain(..) {
+        if e.end() <= from || e.offset >= to {
+            out.push(e);
+            continue;
+        }
+        if e.offset < from {
+            out.push(Extent {
+                len: from - e.offset,
+                ..e
+            });
+        }
+        if e.end() > to {
+            let skip = to - e.offset;
+            out.push(Extent {
+                offset: to,
+                len: e.len - skip,
+                seg: e.seg,
+                seg_offset: e.seg_offset + skip,
+            });
+        }
+    }
+    *extents = out;
+}
+
+/// Puts `new` into `extents` (sorted, not overlapping), replacing what it covers and joining
+/// it to a neighbour that continues it in the same segment.
+pub fn overlay(extents: &mut Vec<Extent>, new: Extent) {
+    if new.len == 0 {
+        return;
+    }
+    cut(extents, new.offset, new.end());
+    let at = extents.partition_point(|e| e.offset < new.offset);
+    extents.insert(at, new);
+    // Join with the one before and after when the bytes continue in the same segment.
+    let joins = |a: &Extent, b: &Extent| {
+        a.end() == b.offset && a.seg == b.seg && a.seg_offset + a.len == b.seg_offset
+    };
+    if at + 1 < extents.len() && joins(&extents[at], &extents[at + 1]) {
+        extents[at].len += extents[at + 1].len;
+        extents.remove(at + 1);
+    }
+    if at > 0 && joins(&extents[at - 1], &extents[at]) {
+        extents[at - 1].len += extents[at].len;
+        extents.remove(at);
+    }
+}
+
 /// Encodes for a `bytes` field.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("file service types serialize")
@@ -311,6 +366,39 @@ mod tests {
         );
         assert_eq!(t.as_ms(), 1_234_567);
         assert_eq!(Time { secs: -5, nanos: 0 }.as_ms(), 0);
+    }
+
+    fn ext(offset: u64, len: u64, seg: u64, seg_offset: u64) -> Extent {
+        Extent {
+            offset,
+            len,
+            seg,
+            seg_offset,
+        }
+    }
+
+    #[test]
+    fn overlay_replaces_the_bytes_it_covers_and_joins_neighbours() {
+        let mut x = vec![ext(0, 100, 1, 0)];
+        overlay(&mut x, ext(10, 10, 2, 0));
+        assert_eq!(
+            x,
+            vec![ext(0, 10, 1, 0), ext(10, 10, 2, 0), ext(20, 80, 1, 20)]
+        );
+        // Continuing segment 2 where it left off joins the extent before.
+        overlay(&mut x, ext(20, 5, 2, 10));
+        assert_eq!(
+            x,
+            vec![ext(0, 10, 1, 0), ext(10, 15, 2, 0), ext(25, 75, 1, 25)]
+        );
+        // Covering everything leaves one.
+        overlay(&mut x, ext(0, 200, 3, 7));
+        assert_eq!(x, vec![ext(0, 200, 3, 7)]);
+        // Past the end: a hole between.
+        overlay(&mut x, ext(300, 1, 3, 500));
+        assert_eq!(x, vec![ext(0, 200, 3, 7), ext(300, 1, 3, 500)]);
+        cut(&mut x, 100, u64::MAX);
+        assert_eq!(x, vec![ext(0, 100, 3, 7)]);
     }
 
     #[test]

@@ -10,66 +10,15 @@
 use super::*;
 use cairn_rpc::files::{
     Attr, Data, Entry, Extent, FileOp, FileQuery, FileReply, NewNode, NodeType, RenameFlags,
-    SetAttr, Time,
+    SetAttr, Time, cut, overlay,
 };
 
-/// The most a file may hold, in bytes (2^63 - 1, as `off_t` allows).
-pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+use cairn_rpc::files::MAX_FILE_SIZE;
 
 fn stale(path: &str, ino: u64) -> MetaError {
     MetaError::not_found(format!(
         "{path}: no longer inode {ino} (renamed or removed by another mount)"
     ))
-}
-
-/// The bytes of `extents` after cutting out `[from, to)`.
-fn cut(extents: &mut Vec<Extent>, from: u64, to: u64) {
-    let mut out = Vec::with_capacity(extents.len() + 1);
-    for e in extents.drain(..) {
-        if e.end() <= from || e.offset >= to {
-            out.push(e);
-            continue;
-        }
-        if e.offset < from {
-            out.push(Extent {
-                len: from - e.offset,
-                ..e
-            });
-        }
-        if e.end() > to {
-            let skip = to - e.offset;
-            out.push(Extent {
-                offset: to,
-                len: e.len - skip,
-                seg: e.seg,
-                seg_offset: e.seg_offset + skip,
-            });
-        }
-    }
-    *extents = out;
-}
-
-/// Puts `new` into `extents` (sorted, not overlapping), replacing what it covers and joining
-/// it to a neighbour that continues it in the same segment.
-pub fn overlay(extents: &mut Vec<Extent>, new: Extent) {
-    if new.len == 0 {
-        return;
-    }
-    cut(extents, new.offset, new.end());
-    let at = extents.partition_point(|e| e.offset < new.offset);
-    extents.insert(at, new);
-    // Join with the one before and after when the bytes continue in the same segment.
-    let joins = |a: &Extent, b: &Extent| {
-        a.end() == b.offset && a.seg == b.seg && a.seg_offset + a.len == b.seg_offset
-    };
-    if at + 1 < extents.len() && joins(&extents[at], &extents[at + 1]) {
-        extents[at].len += extents[at + 1].len;
-        extents.remove(at + 1);
-    }
-    if at > 0 && joins(&extents[at - 1], &extents[at]) {
-        extents[at - 1].len += extents[at].len;
-        extents.remove(at);
-    }
 }
 
 fn node_type(ino: &Inode) -> NodeType {

@@ -57,30 +57,6 @@ fn kind(r: Result<FileReply, MetaError>) -> ErrorKind {
 }
 
 #[test]
-fn overlay_replaces_the_bytes_it_covers_and_joins_neighbours() {
-    let mut x = vec![ext(0, 100, 1, 0)];
-    overlay(&mut x, ext(10, 10, 2, 0));
-    assert_eq!(
-        x,
-        vec![ext(0, 10, 1, 0), ext(10, 10, 2, 0), ext(20, 80, 1, 20)]
-    );
-    // Continuing segment 2 where it left off joins the extent before.
-    overlay(&mut x, ext(20, 5, 2, 10));
-    assert_eq!(
-        x,
-        vec![ext(0, 10, 1, 0), ext(10, 15, 2, 0), ext(25, 75, 1, 25)]
-    );
-    // Covering everything leaves one.
-    overlay(&mut x, ext(0, 200, 3, 7));
-    assert_eq!(x, vec![ext(0, 200, 3, 7)]);
-    // Past the end: a hole between.
-    overlay(&mut x, ext(300, 1, 3, 500));
-    assert_eq!(x, vec![ext(0, 200, 3, 7), ext(300, 1, 3, 500)]);
-    cut(&mut x, 100, u64::MAX);
-    assert_eq!(x, vec![ext(0, 100, 3, 7)]);
-}
-
-#[test]
 fn nodes_are_made_with_their_posix_attributes() {
     let mut s = State::default();
     let d = make(&mut s, "/d", NewNode::Directory);

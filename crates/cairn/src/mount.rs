@@ -1,0 +1,56 @@
+//! `cairn mount DIR`: the cluster's file system at a local directory (docs/files.md).
+
+use crate::cluster::ClusterArgs;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct MountArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// The directory to mount on (it must exist).
+    dir: PathBuf,
+    /// Let other local users use the mount (the kernel checks each one's rights on the files'
+    /// owners and bits); the default when run as root.
+    #[arg(long)]
+    allow_other: bool,
+}
+
+/// Mounts and serves until Ctrl-C, SIGTERM or an unmount (`fusermount3 -u DIR`, `umount
+/// DIR`); at Ctrl-C and SIGTERM every write is flushed before the mount goes.
+pub fn run(a: MountArgs) -> anyhow::Result<()> {
+    let masters = a.cluster.masters()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let client = crate::cluster::client(&masters).await?;
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let opts = cairn_files::Options {
+            allow_other: a.allow_other || root,
+        };
+        let stop = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("a SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        if cairn_files::clear_stale(&a.dir)? {
+            eprintln!(
+                "cairn mount: {} held a mount whose process died (unmounted it)",
+                a.dir.display()
+            );
+        }
+        eprintln!(
+            "cairn mount: serving {} (Ctrl-C to unmount)",
+            a.dir.display()
+        );
+        cairn_files::mount(client, &a.dir, &opts, stop).await?;
+        eprintln!("cairn mount: unmounted {}", a.dir.display());
+        Ok(())
+    })
+}

@@ -1,0 +1,345 @@
+//! The file service through the kernel (issue 40, docs/files.md): `cairn mount` processes
+//! serving real FUSE mounts, driven with std::fs and libc calls as any program would.
+
+mod common;
+
+use common::{Cluster, bytes, cairn};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// A `cairn mount` process and its directory.
+struct Mount {
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+fn mounted(dir: &Path) -> bool {
+    // (Not canonicalized: a dead mount's directory does not stat; the test's are canonical.)
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == dir.to_str() && l.contains(" - fuse"))
+}
+
+impl Mount {
+    fn start(masters: &[String], dir: &Path) -> Self {
+        // Made the first time; a dead mount's directory is there (and does not stat).
+        let _ = fs::create_dir(dir);
+        let child = cairn()
+            .args(["mount", "--cluster", &masters.join(",")])
+            .arg(dir)
+            .env("CAIRN_LOG", "warn,fuser=error")
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(20);
+        // Mounted and answering (a dead mount at `dir` is listed until the new one clears it).
+        while !(mounted(dir) && fs::read_dir(dir).is_ok()) {
+            assert!(Instant::now() < until, "{} never mounted", dir.display());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self {
+            dir: dir.to_owned(),
+            child: Some(child),
+        }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.join(p)
+    }
+
+    fn signal(&mut self, sig: libc::c_int) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(c.id() as libc::pid_t, sig) };
+        c.wait().unwrap()
+    }
+
+    /// Ctrl-C: flushes, unmounts, exits 0.
+    fn stop(mut self) {
+        let st = self.signal(libc::SIGINT);
+        assert!(st.success(), "cairn mount exited {st}");
+        assert!(!mounted(&self.dir), "still mounted after Ctrl-C");
+    }
+
+    /// SIGKILL: the mount stays behind, its directory answering ENOTCONN.
+    fn kill(mut self) {
+        self.signal(libc::SIGKILL);
+    }
+}
+
+/// A test that failed with a mount running: the process and its mount go.
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+            if let Ok(c) = std::ffi::CString::new(self.dir.as_os_str().as_bytes()) {
+                // SAFETY: a NUL-terminated path.
+                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            }
+        }
+    }
+}
+
+fn errno(r: std::io::Result<impl Sized>) -> i32 {
+    match r {
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+        Ok(_) => 0,
+    }
+}
+
+fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> i32 {
+    let f = std::ffi::CString::new(from.as_os_str().as_bytes()).unwrap();
+    let t = std::ffi::CString::new(to.as_os_str().as_bytes()).unwrap();
+    // SAFETY: NUL-terminated paths, AT_FDCWD.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            flags,
+        )
+    };
+    if r == 0 {
+        0
+    } else {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+    }
+}
+
+fn read_all(p: &Path) -> Vec<u8> {
+    let mut v = Vec::new();
+    File::open(p).unwrap().read_to_end(&mut v).unwrap();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_serves_posix_operations_and_its_files_outlive_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cl.master_addrs();
+    let mnt = dir.path().join("mnt");
+    let m = Mount::start(&masters, &mnt);
+
+    // Directories, files written in pieces, read back whole.
+    fs::create_dir_all(m.path("a/b")).unwrap();
+    let data = bytes(1, 0, 3 << 20);
+    {
+        let mut f = File::create(m.path("a/b/big")).unwrap();
+        for piece in data.chunks(100_000) {
+            f.write_all(piece).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    assert_eq!(read_all(&m.path("a/b/big")), data);
+    // Random overwrites inside, reads across their edges.
+    let mut want = data.clone();
+    let f = OpenOptions::new()
+        .write(true)
+        .read(true)
+        .open(m.path("a/b/big"))
+        .unwrap();
+    for (at, len) in [
+        (10u64, 5usize),
+        (4090, 20),
+        (1 << 20, 70_000),
+        (3_000_000, 1),
+    ] {
+        let b = bytes(at + 7, 0, len);
+        f.write_at(&b, at).unwrap();
+        want[at as usize..at as usize + len].copy_from_slice(&b);
+        let mut got = vec![0u8; len + 200];
+        let from = at.saturating_sub(100);
+        let n = f.read_at(&mut got, from).unwrap();
+        assert_eq!(
+            &got[..n],
+            &want[from as usize..from as usize + n],
+            "at {at}"
+        );
+    }
+    drop(f);
+    assert_eq!(read_all(&m.path("a/b/big")), want);
+    // Truncate down, then up: the bytes past the cut read as zeros (sparse).
+    let f = OpenOptions::new()
+        .write(true)
+        .open(m.path("a/b/big"))
+        .unwrap();
+    f.set_len(1000).unwrap();
+    f.set_len(5000).unwrap();
+    drop(f);
+    let got = read_all(&m.path("a/b/big"));
+    assert_eq!(got.len(), 5000);
+    assert_eq!(&got[..1000], &want[..1000]);
+    assert!(got[1000..].iter().all(|&b| b == 0));
+    // A write far past the end leaves a hole.
+    {
+        let f = File::create(m.path("sparse")).unwrap();
+        f.write_at(b"end", 10 << 20).unwrap();
+    }
+    let meta = fs::metadata(m.path("sparse")).unwrap();
+    assert_eq!(meta.len(), (10 << 20) + 3);
+    let mut hole = vec![1u8; 4096];
+    File::open(m.path("sparse"))
+        .unwrap()
+        .read_at(&mut hole, 5 << 20)
+        .unwrap();
+    assert!(hole.iter().all(|&b| b == 0));
+    // O_APPEND.
+    {
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(m.path("sparse"))
+            .unwrap();
+        f.write_all(b"+more").unwrap();
+    }
+    assert_eq!(
+        fs::metadata(m.path("sparse")).unwrap().len(),
+        (10 << 20) + 8
+    );
+
+    // Renames: over a file, of a directory, NOREPLACE and EXCHANGE.
+    fs::write(m.path("x"), b"x").unwrap();
+    fs::write(m.path("y"), b"y").unwrap();
+    fs::rename(m.path("x"), m.path("y")).unwrap();
+    assert_eq!(fs::read(m.path("y")).unwrap(), b"x");
+    assert_eq!(errno(fs::metadata(m.path("x"))), libc::ENOENT);
+    fs::rename(m.path("a/b"), m.path("c")).unwrap();
+    assert_eq!(fs::metadata(m.path("c/big")).unwrap().len(), 5000);
+    fs::write(m.path("z"), b"z").unwrap();
+    assert_eq!(
+        renameat2(&m.path("y"), &m.path("z"), libc::RENAME_NOREPLACE),
+        libc::EEXIST
+    );
+    assert_eq!(
+        renameat2(&m.path("y"), &m.path("c"), libc::RENAME_EXCHANGE),
+        0
+    );
+    assert_eq!(fs::read(m.path("c")).unwrap(), b"x");
+    assert!(m.path("y/big").exists());
+    // A directory over a non-empty one; a file over a directory.
+    assert_eq!(errno(fs::rename(m.path("a"), m.path("y"))), libc::ENOTEMPTY);
+    assert_eq!(errno(fs::rename(m.path("z"), m.path("a"))), libc::EISDIR);
+
+    // Symlinks, FIFOs, modes, owners, times.
+    std::os::unix::fs::symlink("y/big", m.path("link")).unwrap();
+    assert_eq!(fs::read_link(m.path("link")).unwrap(), Path::new("y/big"));
+    assert_eq!(fs::metadata(m.path("link")).unwrap().len(), 5000);
+    let fifo = std::ffi::CString::new(m.path("fifo").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(
+        &fs::symlink_metadata(m.path("fifo")).unwrap().file_type()
+    ));
+    fs::set_permissions(m.path("z"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(
+        fs::metadata(m.path("z")).unwrap().permissions().mode() & 0o7777,
+        0o600
+    );
+    std::os::unix::fs::chown(m.path("z"), Some(1234), Some(5678)).unwrap();
+    let md = std::os::unix::fs::MetadataExt::uid(&fs::metadata(m.path("z")).unwrap());
+    assert_eq!(md, 1234);
+
+    // Errors as POSIX names them.
+    assert_eq!(errno(fs::remove_dir(m.path("y"))), libc::ENOTEMPTY);
+    assert_eq!(errno(fs::remove_file(m.path("y"))), libc::EISDIR);
+    assert_eq!(errno(fs::create_dir(m.path("z/sub"))), libc::ENOTDIR);
+    assert_eq!(
+        errno(fs::write(m.path(&"n".repeat(256)), b"")),
+        libc::ENAMETOOLONG
+    );
+    fs::write(m.path(&"n".repeat(255)), b"longest name").unwrap();
+
+    // A directory of more entries than a readdir page, listed whole.
+    fs::create_dir(m.path("many")).unwrap();
+    for i in 0..1200 {
+        File::create(m.path(&format!("many/f{i:04}"))).unwrap();
+    }
+    let mut names: Vec<_> = fs::read_dir(m.path("many"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 1200);
+    assert_eq!(names[0], "f0000");
+    assert_eq!(names[1199], "f1199");
+
+    // statfs: the cluster's space.
+    let c = std::ffi::CString::new(mnt.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a zeroed statvfs to fill.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut sv) }, 0);
+    assert!(sv.f_blocks > 0 && sv.f_bfree > 0 && sv.f_bfree <= sv.f_blocks);
+
+    // Ctrl-C: every write flushed, unmounted; a new mount reads it all.
+    fs::write(m.path("last"), b"written just before the unmount").unwrap();
+    m.stop();
+    let m = Mount::start(&masters, &mnt);
+    assert_eq!(
+        fs::read(m.path("last")).unwrap(),
+        b"written just before the unmount"
+    );
+    assert_eq!(&read_all(&m.path("y/big"))[..1000], &want[..1000]);
+    assert_eq!(fs::read_dir(m.path("many")).unwrap().count(), 1200);
+    m.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_mounts_share_one_namespace_close_to_open_and_survive_a_killed_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let cl = Cluster::start(dir.path(), 1, 3).await;
+    let masters = cl.master_addrs();
+    let a = Mount::start(&masters, &dir.path().join("a"));
+    let b = Mount::start(&masters, &dir.path().join("b"));
+
+    // Close on one, open on the other: read whole.
+    let data = bytes(9, 0, 1 << 20);
+    fs::write(a.path("shared"), &data).unwrap();
+    assert_eq!(read_all(&b.path("shared")), data);
+    // Changed on B, closed; A's next open sees the change.
+    {
+        let f = OpenOptions::new()
+            .write(true)
+            .open(b.path("shared"))
+            .unwrap();
+        f.write_at(b"from b", 100).unwrap();
+    }
+    let got = read_all(&a.path("shared"));
+    assert_eq!(&got[100..106], b"from b");
+    assert_eq!(got.len(), data.len());
+    // A rename on A is seen on B (after the kernel's entry cache, 1 s).
+    fs::rename(a.path("shared"), a.path("moved")).unwrap();
+    std::thread::sleep(cairn_files::ATTR_TTL + Duration::from_millis(300));
+    assert_eq!(errno(fs::metadata(b.path("shared"))), libc::ENOENT);
+    assert_eq!(&read_all(&b.path("moved"))[100..106], b"from b");
+    // The same file by the `cairn fs` namespace: it is there.
+    let c = cl.client().await;
+    assert_eq!(c.stat("/moved").await.unwrap().path, "/moved");
+
+    // A killed mount: what was fsynced or closed is there; the directory is mounted again.
+    {
+        let mut f = File::create(a.path("synced")).unwrap();
+        f.write_all(b"durable").unwrap();
+        f.sync_all().unwrap();
+        // Not closed before the kill.
+        std::mem::forget(f);
+    }
+    let adir = a.dir.clone();
+    a.kill();
+    // (A listing: the root's attributes may come from the kernel's cache.)
+    assert_eq!(errno(fs::read_dir(&adir)), libc::ENOTCONN);
+    let a = Mount::start(&masters, &adir);
+    assert_eq!(fs::read(a.path("synced")).unwrap(), b"durable");
+    assert_eq!(fs::read(b.path("synced")).unwrap(), b"durable");
+    assert!(
+        fs::read_dir(a.path("")).unwrap().count() >= 2,
+        "the remounted directory lists"
+    );
+    a.stop();
+    b.stop();
+}

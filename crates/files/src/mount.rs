@@ -1,0 +1,145 @@
+//! `cairn mount`: the FUSE session around [`CairnFs`], its background flush, and what happens
+//! at the start and the end of a mount (docs/files.md "Mounting").
+
+use crate::fs::CairnFs;
+use cairn_client::Client;
+use fuser::{Config, MountOption, Session, SessionACL};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("{0}: not a directory to mount on")]
+    NotADirectory(PathBuf),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: a mount whose process died is there and could not be unmounted: {source}")]
+    Stale {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// How a mount is made.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Other local users may use the mount (the kernel checks each one's permissions on the
+    /// nodes' POSIX owners and bits).
+    pub allow_other: bool,
+}
+
+/// Whether a mount whose process died is at `dir` (its directory answers "transport endpoint
+/// is not connected"); if so it is unmounted (lazily) and the function says so.
+///
+/// # Errors
+/// It is there and could not be unmounted.
+pub fn clear_stale(dir: &Path) -> Result<bool, MountError> {
+    match std::fs::metadata(dir) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+                .map_err(|_| MountError::NotADirectory(dir.to_owned()))?;
+            // SAFETY: a NUL-terminated path; umount2 reads it only.
+            let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            if r == 0 {
+                return Ok(true);
+            }
+            let direct = std::io::Error::last_os_error();
+            // Not root: the setuid helper, as libfuse does.
+            let helper = std::process::Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(dir)
+                .status();
+            match helper {
+                Ok(s) if s.success() => Ok(true),
+                _ => Err(MountError::Stale {
+                    path: dir.to_owned(),
+                    source: direct,
+                }),
+            }
+        }
+        Err(e) => Err(MountError::Io {
+            path: dir.to_owned(),
+            source: e,
+        }),
+        Ok(m) if !m.is_dir() => Err(MountError::NotADirectory(dir.to_owned())),
+        Ok(_) => Ok(false),
+    }
+}
+
+/// Mounts the cluster's file system at `dir` and serves it until `stop` resolves (then
+/// flushes every file and unmounts) or the mount is taken away (`fusermount -u`, `umount`).
+///
+/// # Errors
+/// The mount point is not a directory, or the kernel refused the mount.
+pub async fn mount(
+    client: Client,
+    dir: &Path,
+    opts: &Options,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), MountError> {
+    if clear_stale(dir)? {
+        tracing::warn!(dir = %dir.display(), "a mount whose process died was here; unmounted it");
+    }
+    let fs = CairnFs::new(tokio::runtime::Handle::current(), client);
+    let shared = fs.shared();
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName("cairn".into()),
+        MountOption::Subtype("cairn".into()),
+        MountOption::DefaultPermissions,
+    ];
+    config.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(1);
+    let io = |source| MountError::Io {
+        path: dir.to_owned(),
+        source,
+    };
+    let mut session = Session::new(fs, dir, &config).map_err(io)?;
+    let mut unmounter = session.unmount_callable();
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+    let runner = std::thread::Builder::new()
+        .name("fuse".into())
+        .spawn(move || {
+            let r = session.run();
+            let _ = done_tx.send(());
+            r
+        })
+        .map_err(io)?;
+    let flusher = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                shared.flush_older(crate::FLUSH_EVERY).await;
+            }
+        })
+    };
+    tracing::info!(dir = %dir.display(), "mounted");
+    tokio::select! {
+        () = stop => {
+            // Every write made durable before the mount goes.
+            shared.flush_older(Duration::ZERO).await;
+            if let Err(e) = unmounter.unmount() {
+                tracing::warn!(error = %e, "unmounting");
+            }
+            let _ = (&mut done_rx).await;
+        }
+        _ = &mut done_rx => {}
+    }
+    flusher.abort();
+    let r = tokio::task::spawn_blocking(move || runner.join())
+        .await
+        .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+    match r {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(io(e)),
+        Err(_) => Err(io(std::io::Error::other("the FUSE session panicked"))),
+    }
+}

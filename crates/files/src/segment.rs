@@ -1,0 +1,247 @@
+//! Segments: the FlatLogFiles a mount appends file data to (docs/formats/fs-segment.md).
+//!
+//! A mount writes the dirty ranges of its files as *records* — a 32-byte header naming the
+//! inode and file offset, then the bytes — into its open segment, one append for every range
+//! a flush carries, and then commits the ranges as extents of their files
+//! ([`cairn_rpc::files::FileOp::Write`]). Many small files share a segment, as S3's small
+//! objects share packs, so a 4 KiB file costs 4 KiB and a header, not a chunk of its own.
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..4 | magic `CFSG` |
+//! | 4 | version (1) |
+//! | 5..8 | reserved (0) |
+//! | 8..16 | inode (u64 LE) |
+//! | 16..24 | file offset of the data (u64 LE) |
+//! | 24..28 | data length (u32 LE) |
+//! | 28..32 | CRC32C of bytes 0..28 |
+//!
+//! The data's integrity is the chunk store's (a CRC32C per 4 KiB unit) and the data plane's
+//! (a CRC32C per frame); the header's CRC lets a reader walking a segment (garbage collection,
+//! a person with no index) tell a record from anything else.
+
+use bytes::{BufMut, BytesMut};
+use cairn_client::{Client, CreateOptions, FlatLogFile};
+use cairn_rpc::files::{Extent, segment_path};
+
+pub const MAGIC: [u8; 4] = *b"CFSG";
+pub const VERSION: u8 = 1;
+pub const HEADER_BYTES: usize = 32;
+/// Most data bytes one record holds (a longer range is several records).
+pub const MAX_RECORD: usize = 4 << 20;
+/// A segment takes no more appends past this many bytes: the next goes to a new one.
+pub const SEGMENT_BYTES: u64 = 256 << 20;
+
+/// A record's header, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub ino: u64,
+    pub offset: u64,
+    pub len: u32,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RecordError {
+    #[error("record truncated: {0} bytes")]
+    Truncated(usize),
+    #[error("bad magic")]
+    Magic,
+    #[error("unknown record version {0}")]
+    Version(u8),
+    #[error("header checksum mismatch")]
+    HeaderCrc,
+}
+
+/// Appends a record of `data` (at most [`MAX_RECORD`] bytes) for inode `ino`'s bytes at
+/// `offset` to `out`; returns where the data starts inside `out`.
+pub fn encode(out: &mut BytesMut, ino: u64, offset: u64, data: &[u8]) -> usize {
+    assert!(
+        data.len() <= MAX_RECORD,
+        "a record holds at most {MAX_RECORD} bytes"
+    );
+    let mut h = [0u8; HEADER_BYTES];
+    h[0..4].copy_from_slice(&MAGIC);
+    h[4] = VERSION;
+    h[8..16].copy_from_slice(&ino.to_le_bytes());
+    h[16..24].copy_from_slice(&offset.to_le_bytes());
+    h[24..28].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    let crc = crc32c::crc32c(&h[..28]);
+    h[28..32].copy_from_slice(&crc.to_le_bytes());
+    out.put_slice(&h);
+    let at = out.len();
+    out.put_slice(data);
+    at
+}
+
+/// Decodes the header at the start of `buf`.
+///
+/// # Errors
+/// Too short, wrong magic or version, or a checksum mismatch.
+pub fn decode(buf: &[u8]) -> Result<Header, RecordError> {
+    let h: &[u8; HEADER_BYTES] = buf
+        .get(..HEADER_BYTES)
+        .and_then(|b| b.try_into().ok())
+        .ok_or(RecordError::Truncated(buf.len()))?;
+    if h[0..4] != MAGIC {
+        return Err(RecordError::Magic);
+    }
+    if h[4] != VERSION {
+        return Err(RecordError::Version(h[4]));
+    }
+    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let u64_at = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&h[i..i + 8]);
+        u64::from_le_bytes(b)
+    };
+    if crc32c::crc32c(&h[..28]) != u32_at(28) {
+        return Err(RecordError::HeaderCrc);
+    }
+    Ok(Header {
+        ino: u64_at(8),
+        offset: u64_at(16),
+        len: u32_at(24),
+    })
+}
+
+/// One range to write: inode `ino`'s bytes at `offset`.
+pub struct Piece<'a> {
+    pub ino: u64,
+    pub offset: u64,
+    pub data: &'a [u8],
+}
+
+/// The mount's open segment.
+pub struct Segments {
+    client: Client,
+    open: Option<(u64, FlatLogFile)>,
+}
+
+impl Segments {
+    pub fn new(client: Client) -> Self {
+        Self { client, open: None }
+    }
+
+    /// A new segment with a number no other has (a random one, made exclusively).
+    async fn start(&mut self) -> Result<(), cairn_client::Error> {
+        loop {
+            let seg = rand::random::<u64>() | 1;
+            let opts = CreateOptions {
+                parents: true,
+                ..CreateOptions::default()
+            };
+            match self.client.create(&segment_path(seg), opts).await {
+                Ok(f) => {
+                    self.open = Some((seg, f));
+                    return Ok(());
+                }
+                Err(cairn_client::Error::Meta(e))
+                    if e.kind == cairn_rpc::ErrorKind::AlreadyExists =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Appends `pieces` as records, durably, in one append; the extents that name their
+    /// bytes, in the pieces' order (a piece longer than [`MAX_RECORD`] is several).
+    ///
+    /// # Errors
+    /// The append failed on the open segment and on a new one.
+    pub async fn write(
+        &mut self,
+        pieces: &[Piece<'_>],
+    ) -> Result<Vec<Extent>, cairn_client::Error> {
+        let mut buf = BytesMut::new();
+        let mut at = Vec::new();
+        for p in pieces {
+            for (i, chunk) in p.data.chunks(MAX_RECORD).enumerate() {
+                let offset = p.offset + (i * MAX_RECORD) as u64;
+                let start = encode(&mut buf, p.ino, offset, chunk);
+                at.push((offset, chunk.len() as u64, start as u64));
+            }
+        }
+        let buf = buf.freeze();
+        let mut tries = 0;
+        loop {
+            if self
+                .open
+                .as_ref()
+                .is_none_or(|(_, f)| f.len() >= SEGMENT_BYTES)
+            {
+                if let Some((_, full)) = self.open.take() {
+                    // Sealed off the write's path failing or not: its records are durable.
+                    if let Err(e) = full.close().await {
+                        tracing::warn!(error = %e, "closing a full segment");
+                    }
+                }
+                self.start().await?;
+            }
+            let (seg, f) = self.open.as_mut().expect("started");
+            let seg = *seg;
+            match f.append_bytes(buf.clone()).await {
+                Ok(base) => {
+                    return Ok(at
+                        .into_iter()
+                        .map(|(offset, len, start)| Extent {
+                            offset,
+                            len,
+                            seg,
+                            seg_offset: base + start,
+                        })
+                        .collect());
+                }
+                Err(e) if tries == 0 => {
+                    // A writer that failed is unusable: a new segment, once.
+                    tracing::warn!(seg, error = %e, "segment append failed; starting a new segment");
+                    self.open = None;
+                    tries += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Closes the open segment (its bytes are durable already; this seals it).
+    pub async fn close(&mut self) {
+        if let Some((seg, f)) = self.open.take()
+            && let Err(e) = f.close().await
+        {
+            tracing::warn!(seg, error = %e, "closing the open segment");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_damage_is_refused() {
+        let mut buf = BytesMut::new();
+        let at = encode(&mut buf, 0xabc, 1 << 40, b"hello");
+        assert_eq!(at, HEADER_BYTES);
+        assert_eq!(&buf[at..], b"hello");
+        let h = decode(&buf).unwrap();
+        assert_eq!(
+            h,
+            Header {
+                ino: 0xabc,
+                offset: 1 << 40,
+                len: 5
+            }
+        );
+        assert_eq!(decode(&buf[..10]), Err(RecordError::Truncated(10)));
+        for (i, want) in [
+            (0, RecordError::Magic),
+            (4, RecordError::Version(0xfe)),
+            (9, RecordError::HeaderCrc),
+        ] {
+            let mut bad = buf.to_vec();
+            bad[i] ^= if i == 4 { 0xff } else { 1 };
+            assert_eq!(decode(&bad), Err(want), "byte {i}");
+        }
+    }
+}
