@@ -20,10 +20,17 @@ use std::time::{Duration, Instant};
 
 #[allow(clippy::zombie_processes)] // on a failed start the test panics; the process is orphaned
 fn up(dir: &std::path::Path) -> std::process::Child {
+    up_with(dir, &[])
+}
+
+/// [`up`] with more arguments for `cairn up`.
+#[allow(clippy::zombie_processes)]
+fn up_with(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> std::process::Child {
     use std::io::BufRead;
     let mut child = cairn(dir)
         .args(["up", "--disk-size", "128m", "--data-dir"])
         .arg(dir)
+        .args(extra)
         .env("CAIRN_LOG", "error")
         .stdout(Stdio::piped())
         .spawn()
@@ -222,6 +229,46 @@ fn up_put_cat_ctrl_c_and_up_again() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Whether a FUSE file system is mounted at `dir` (a canonical path).
+fn fuse_at(dir: &std::path::Path) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == dir.to_str() && l.contains(" - fuse"))
+}
+
+#[test]
+fn up_with_mount_serves_the_file_system_and_unmounts_it_when_stopped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cairn-data");
+    let mnt = tmp.path().join("mnt");
+    let child = up_with(&dir, &["--mount".as_ref(), mnt.as_os_str()]);
+    let until = Instant::now() + Duration::from_secs(30);
+    while !(fuse_at(&mnt) && std::fs::read_dir(&mnt).is_ok()) {
+        assert!(
+            Instant::now() < until,
+            "cairn up never mounted {}",
+            mnt.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::create_dir(mnt.join("tour")).unwrap();
+    std::fs::write(mnt.join("tour/hello"), b"through the kernel").unwrap();
+    assert_eq!(
+        std::fs::read(mnt.join("tour/hello")).unwrap(),
+        b"through the kernel"
+    );
+    // The same namespace as `cairn fs`.
+    let out = run_ok(
+        cairn(&dir)
+            .args(["fs", "ls", "/tour"])
+            .env("CAIRN_CLUSTER", masters(&dir)),
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hello"));
+    stop(child);
+    assert!(!fuse_at(&mnt), "the mount outlived `cairn up`");
 }
 
 /// The processes whose parent is `pid`.

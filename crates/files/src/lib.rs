@@ -5,6 +5,8 @@
 mod fs;
 pub mod mount;
 pub mod segment;
+mod shared;
 
-pub use fs::{ATTR_TTL, CairnFs, DIRTY_FILE_MAX, FLUSH_EVERY};
+pub use fs::CairnFs;
 pub use mount::{MountError, Options, clear_stale, mount};
+pub use shared::{ATTR_TTL, DIRTY_FILE_MAX, FLUSH_EVERY};

@@ -54,6 +54,10 @@ pub struct UpArgs {
     /// Do not run an NBD server (block volumes).
     #[arg(long)]
     no_nbd: bool,
+    /// Mount the cluster's file system at this directory (`cairn mount`, as the admin user),
+    /// supervised like the servers; unmounted when the cluster stops.
+    #[arg(long, value_name = "DIR")]
+    mount: Option<std::path::PathBuf>,
     /// Port of the NBD server on 127.0.0.1 (default: 10809 if free, else any free port; kept
     /// in cluster.toml across restarts).
     #[arg(long)]
@@ -97,6 +101,7 @@ enum Kind {
     Chunkserver,
     S3,
     Nbd,
+    Mount,
 }
 
 /// Where `cairn up` keeps the admin user's credentials it made (an aws CLI credentials file,
@@ -386,6 +391,32 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         });
     }
 
+    if let Some(mnt) = &a.mount {
+        std::fs::create_dir_all(mnt)?;
+        let mnt = std::fs::canonicalize(mnt)?;
+        procs.push(Managed {
+            name: "mount".into(),
+            kind: Kind::Mount,
+            index: 0,
+            args: vec![
+                "mount".into(),
+                "--cluster".into(),
+                masters_list.clone(),
+                "--credentials".into(),
+                dir.join(ADMIN_CREDENTIALS).display().to_string(),
+            ]
+            .into_iter()
+            .chain(tls_args.iter().cloned())
+            .chain([mnt.display().to_string()])
+            .collect(),
+            child: None,
+            started: Instant::now(),
+            // Started once the cluster is ready (the admin's credentials are made then).
+            restart_at: None,
+            backoff: Duration::from_millis(500),
+        });
+    }
+
     let fresh = file
         .chunkserver_procs
         .iter()
@@ -477,6 +508,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                     Kind::Chunkserver => file.chunkserver_procs[m.index].pid = pid,
                     Kind::S3 => file.s3_procs[m.index].pid = pid,
                     Kind::Nbd => file.nbd_procs[m.index].pid = pid,
+                    Kind::Mount => {}
                 }
             }
             file.store(&dir)?;
@@ -546,7 +578,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                     );
                     for m in procs
                         .iter_mut()
-                        .filter(|m| matches!(m.kind, Kind::S3 | Kind::Nbd))
+                        .filter(|m| matches!(m.kind, Kind::S3 | Kind::Nbd | Kind::Mount))
                     {
                         m.restart_at = Some(Instant::now());
                     }
@@ -557,6 +589,13 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                             }
                         }
                         Err(e) => eprintln!("cairn up: no admin credentials: {e:#}"),
+                    }
+                    if let Some(mnt) = &a.mount {
+                        println!(
+                            "  file system    {} (cairn mount; log {})",
+                            mnt.display(),
+                            logs.join("mount.log").display()
+                        );
                     }
                     if let Some(p) = file.nbd_procs.first() {
                         print_nbd(&p.addr, a.nbd_insecure, || {
@@ -586,8 +625,15 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     }
 
     eprintln!("cairn up: stopping");
-    // Gateways and chunkservers first (chunkservers checkpoint their stores), then the masters.
-    for kind in [Kind::Nbd, Kind::S3, Kind::Chunkserver, Kind::Master] {
+    // The mount first (it flushes its files), gateways and chunkservers next (chunkservers
+    // checkpoint their stores), then the masters.
+    for kind in [
+        Kind::Mount,
+        Kind::Nbd,
+        Kind::S3,
+        Kind::Chunkserver,
+        Kind::Master,
+    ] {
         for m in procs.iter().filter(|m| m.kind == kind) {
             if let Some(c) = &m.child {
                 // SAFETY: kill(2) on our own child's pid.

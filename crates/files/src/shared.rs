@@ -1,0 +1,590 @@
+//! The mount's state and its data path (docs/files.md): where each node the kernel knows is,
+//! each open file's dirty ranges and extents, and the calls that read, write and flush them.
+//! `fs.rs` turns the kernel's calls into these.
+
+use crate::segment::{Piece, Segments};
+use cairn_client::Client;
+use cairn_rpc::files::{
+    Attr, Data, Extent, FileOp, FileQuery, FileReply, NewNode, NodeType, SetAttr, Time,
+    segment_path,
+};
+use cairn_rpc::{ErrorKind, MetaError};
+use fuser::{Errno, FileType, INodeNo, ReplyDirectory};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long the kernel keeps attributes and directory entries without asking again.
+pub const ATTR_TTL: Duration = Duration::from_secs(1);
+/// Dirty bytes of one file that make a write flush them before it returns.
+pub const DIRTY_FILE_MAX: usize = 8 << 20;
+/// Dirty ranges older than this are flushed by the background flush.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
+/// Entries asked of the masters per readdir page.
+const READDIR_PAGE: u32 = 512;
+
+/// A node the kernel knows: where it is (as this mount last saw it).
+pub(crate) struct Node {
+    pub(crate) parent: u64,
+    pub(crate) name: String,
+    pub(crate) lookups: u64,
+}
+
+/// A file's state in this mount while it is open or dirty.
+#[derive(Default)]
+pub(crate) struct FileState {
+    pub(crate) opens: u32,
+    /// Written and not yet flushed: non-overlapping ranges by offset.
+    pub(crate) dirty: BTreeMap<u64, Vec<u8>>,
+    pub(crate) dirty_bytes: usize,
+    pub(crate) dirty_since: Option<Instant>,
+    /// The file's size as this mount knows it (its writes and truncates included).
+    pub(crate) size: Option<u64>,
+    /// The file's extents as last read or written here (dropped at open: close-to-open).
+    pub(crate) map: Option<Data>,
+}
+
+/// A directory being read: the names handed out, by offset (cookies stay valid while the
+/// directory changes: each names the entry to go on after).
+pub(crate) struct DirHandle {
+    pub(crate) names: Vec<(String, u64, FileType)>,
+    pub(crate) done: bool,
+}
+
+pub(crate) struct Shared {
+    pub(crate) client: Client,
+    pub(crate) nodes: Mutex<HashMap<u64, Node>>,
+    pub(crate) files: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<FileState>>>>,
+    pub(crate) dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
+    pub(crate) segments: tokio::sync::Mutex<Segments>,
+    pub(crate) next_handle: AtomicU64,
+}
+
+pub(crate) fn errno(e: &MetaError) -> Errno {
+    match e.kind {
+        ErrorKind::NotFound => Errno::ENOENT,
+        ErrorKind::AlreadyExists => Errno::EEXIST,
+        ErrorKind::NotADirectory => Errno::ENOTDIR,
+        ErrorKind::IsADirectory => Errno::EISDIR,
+        ErrorKind::DirectoryNotEmpty => Errno::ENOTEMPTY,
+        ErrorKind::InvalidArgument => Errno::EINVAL,
+        ErrorKind::PermissionDenied => Errno::EACCES,
+        ErrorKind::NoSpace | ErrorKind::Reclaiming => Errno::ENOSPC,
+        _ => Errno::EIO,
+    }
+}
+
+pub(crate) fn client_errno(e: &cairn_client::Error) -> Errno {
+    match e {
+        cairn_client::Error::Meta(m) => errno(m),
+        _ => Errno::EIO,
+    }
+}
+
+pub(crate) fn system_time(t: Time) -> SystemTime {
+    if t.secs >= 0 {
+        UNIX_EPOCH + Duration::new(t.secs as u64, t.nanos)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs())
+            + Duration::from_nanos(u64::from(t.nanos))
+    }
+}
+
+pub(crate) fn time_of(t: SystemTime) -> Time {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Time {
+            secs: d.as_secs() as i64,
+            nanos: d.subsec_nanos(),
+        },
+        Err(e) => {
+            let d = e.duration();
+            let (mut secs, mut nanos) = (-(d.as_secs() as i64), d.subsec_nanos());
+            if nanos > 0 {
+                secs -= 1;
+                nanos = 1_000_000_000 - nanos;
+            }
+            Time { secs, nanos }
+        }
+    }
+}
+
+pub(crate) fn file_type(k: NodeType) -> FileType {
+    match k {
+        NodeType::Regular => FileType::RegularFile,
+        NodeType::Directory => FileType::Directory,
+        NodeType::Symlink => FileType::Symlink,
+        NodeType::Fifo => FileType::NamedPipe,
+        NodeType::Socket => FileType::Socket,
+        NodeType::CharDevice => FileType::CharDevice,
+        NodeType::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+pub(crate) fn name_of(name: &OsStr) -> Result<String, Errno> {
+    let s = name.to_str().ok_or(Errno::EINVAL)?;
+    if s.len() > cairn_rpc::files::NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    Ok(s.to_owned())
+}
+
+pub(crate) fn join(dir: &str, name: &str) -> String {
+    if dir == "/" {
+        format!("/{name}")
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+/// Inserts `data` at `offset` into non-overlapping `dirty` ranges, replacing what it covers
+/// and joining ranges it touches; the change in dirty bytes.
+pub(crate) fn add_dirty(dirty: &mut BTreeMap<u64, Vec<u8>>, offset: u64, data: &[u8]) -> isize {
+    let end = offset + data.len() as u64;
+    let mut start = offset;
+    let mut merged: Vec<u8> = Vec::new();
+    let mut removed = 0usize;
+    // A range before that reaches the new one: its head comes first.
+    if let Some((&o, prev)) = dirty.range(..=offset).next_back()
+        && o + prev.len() as u64 >= offset
+    {
+        start = o;
+        merged.extend_from_slice(&prev[..(offset - o) as usize]);
+    }
+    merged.extend_from_slice(data);
+    let overlapping: Vec<u64> = dirty.range(start..=end).map(|(&o, _)| o).collect();
+    for o in overlapping {
+        let r = dirty.remove(&o).expect("listed");
+        removed += r.len();
+        let r_end = o + r.len() as u64;
+        if r_end > end {
+            merged.extend_from_slice(&r[(end - o) as usize..]);
+        }
+    }
+    let added = merged.len();
+    dirty.insert(start, merged);
+    added as isize - removed as isize
+}
+
+impl Shared {
+    pub(crate) fn new(client: Client) -> Self {
+        Self {
+            segments: tokio::sync::Mutex::new(Segments::new(client.clone())),
+            client,
+            nodes: Mutex::new(HashMap::new()),
+            files: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+        }
+    }
+
+    pub(crate) fn path(&self, ino: u64) -> Result<String, Errno> {
+        if ino == 1 {
+            return Ok("/".into());
+        }
+        let nodes = self.nodes.lock();
+        let mut names = Vec::new();
+        let mut cur = ino;
+        while cur != 1 {
+            let n = nodes.get(&cur).ok_or(Errno::ESTALE)?;
+            names.push(n.name.as_str());
+            cur = n.parent;
+            if names.len() > 4096 {
+                return Err(Errno::ELOOP);
+            }
+        }
+        names.reverse();
+        Ok(format!("/{}", names.join("/")))
+    }
+
+    pub(crate) fn child_path(&self, parent: u64, name: &OsStr) -> Result<(String, String), Errno> {
+        let name = name_of(name)?;
+        let dir = self.path(parent)?;
+        let path = join(&dir, &name);
+        if path.len() > cairn_rpc::files::PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        Ok((path, name))
+    }
+
+    /// The kernel learnt of `attr` as `name` in `parent`.
+    pub(crate) fn remember(&self, parent: u64, name: &str, attr: &Attr) {
+        if attr.ino == 1 {
+            return;
+        }
+        let mut nodes = self.nodes.lock();
+        let n = nodes.entry(attr.ino).or_insert_with(|| Node {
+            parent,
+            name: name.to_owned(),
+            lookups: 0,
+        });
+        n.parent = parent;
+        name.clone_into(&mut n.name);
+        n.lookups += 1;
+    }
+
+    pub(crate) async fn query(&self, q: &FileQuery) -> Result<FileReply, Errno> {
+        self.client
+            .masters()
+            .file_query(q)
+            .await
+            .map_err(|e| errno(&e))
+    }
+
+    pub(crate) async fn op(&self, op: &FileOp) -> Result<FileReply, Errno> {
+        self.client
+            .masters()
+            .file_op(op)
+            .await
+            .map_err(|e| errno(&e))
+    }
+
+    pub(crate) fn state(&self, ino: u64) -> Arc<tokio::sync::Mutex<FileState>> {
+        self.files.lock().entry(ino).or_default().clone()
+    }
+
+    /// `attr` with this mount's unflushed size.
+    pub(crate) async fn local(&self, mut attr: Attr) -> Attr {
+        let st = self.files.lock().get(&attr.ino).cloned();
+        if let Some(st) = st {
+            let st = st.lock().await;
+            if let Some(size) = st.size {
+                attr.size = size;
+            }
+        }
+        attr
+    }
+
+    pub(crate) async fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
+        let path = self.path(ino)?;
+        match self.query(&FileQuery::Lookup { path }).await? {
+            FileReply::Attr(a) if a.ino == ino => Ok(self.local(a).await),
+            FileReply::Attr(_) => Err(Errno::ESTALE),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    pub(crate) async fn make(
+        &self,
+        req: (u32, u32),
+        parent: u64,
+        name: &OsStr,
+        node: NewNode,
+        mode: u16,
+    ) -> Result<Attr, Errno> {
+        let (path, name) = self.child_path(parent, name)?;
+        let op = FileOp::Make {
+            path,
+            node,
+            mode,
+            uid: req.0,
+            gid: req.1,
+            now: time_of(SystemTime::now()),
+        };
+        match self.op(&op).await? {
+            FileReply::Attr(a) => {
+                self.remember(parent, &name, &a);
+                Ok(a)
+            }
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    /// The file's extents, read from the masters when not known here.
+    async fn map_of(&self, ino: u64, st: &mut FileState) -> Result<Data, Errno> {
+        if let Some(m) = &st.map {
+            return Ok(m.clone());
+        }
+        let path = self.path(ino)?;
+        match self.query(&FileQuery::Map { path, ino }).await? {
+            FileReply::Map { attr, data, .. } => {
+                if st.size.is_none() {
+                    st.size = Some(attr.size);
+                }
+                st.map = Some(data.clone());
+                Ok(data)
+            }
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    pub(crate) async fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        let st = self.state(ino);
+        let mut st = st.lock().await;
+        let data = self.map_of(ino, &mut st).await?;
+        let file_size = st.size.unwrap_or(0);
+        if offset >= file_size {
+            return Ok(Vec::new());
+        }
+        let len = u64::from(size).min(file_size - offset);
+        let end = offset + len;
+        let mut out = vec![0u8; len as usize];
+        let own = |seg: u64| seg == 0;
+        let extents = match &data {
+            Data::Extents(x) => x.clone(),
+            Data::Own => vec![Extent {
+                offset: 0,
+                len: u64::MAX / 2,
+                seg: 0,
+                seg_offset: 0,
+            }],
+        };
+        for e in extents
+            .iter()
+            .filter(|e| e.offset < end && e.end() > offset)
+        {
+            let lo = e.offset.max(offset);
+            let hi = e.end().min(end);
+            let at = e.seg_offset + (lo - e.offset);
+            let n = (hi - lo) as usize;
+            let bytes = if own(e.seg) {
+                // The file's own log: committed bytes only (past them, zeros).
+                let path = self.path(ino)?;
+                let committed = match self.client.stat(&path).await {
+                    Ok(s) => s.length,
+                    Err(e) => return Err(client_errno(&e)),
+                };
+                let n = (n as u64).min(committed.saturating_sub(at)) as usize;
+                if n == 0 {
+                    continue;
+                }
+                self.client.read(&path, at, n).await
+            } else {
+                self.client
+                    .read_acknowledged(&segment_path(e.seg), at, n)
+                    .await
+            }
+            .map_err(|e| {
+                tracing::warn!(ino, error = %e, "reading a file's bytes");
+                client_errno(&e)
+            })?;
+            let from = (lo - offset) as usize;
+            out[from..from + bytes.len()].copy_from_slice(&bytes);
+        }
+        // This mount's unflushed writes over them.
+        for (&o, d) in st.dirty.range(..end) {
+            let d_end = o + d.len() as u64;
+            if d_end <= offset {
+                continue;
+            }
+            let lo = o.max(offset);
+            let hi = d_end.min(end);
+            out[(lo - offset) as usize..(hi - offset) as usize]
+                .copy_from_slice(&d[(lo - o) as usize..(hi - o) as usize]);
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        if end > cairn_rpc::files::MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        let st = self.state(ino);
+        let mut st = st.lock().await;
+        if st.size.is_none() {
+            // The size a write past the end extends from.
+            self.map_of(ino, &mut st).await?;
+        }
+        let delta = add_dirty(&mut st.dirty, offset, data);
+        st.dirty_bytes = st.dirty_bytes.saturating_add_signed(delta);
+        st.dirty_since.get_or_insert_with(Instant::now);
+        st.size = Some(st.size.unwrap_or(0).max(end));
+        if st.dirty_bytes >= DIRTY_FILE_MAX {
+            self.flush_locked(ino, &mut st).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes the file's dirty ranges durable and its own: records in the segment, then one
+    /// commit of their extents (several for very many ranges).
+    async fn flush_locked(&self, ino: u64, st: &mut FileState) -> Result<(), Errno> {
+        if st.dirty.is_empty() {
+            return Ok(());
+        }
+        let path = self.path(ino)?;
+        let extents = {
+            let pieces: Vec<Piece<'_>> = st
+                .dirty
+                .iter()
+                .map(|(&offset, d)| Piece {
+                    ino,
+                    offset,
+                    data: d,
+                })
+                .collect();
+            self.segments
+                .lock()
+                .await
+                .write(&pieces)
+                .await
+                .map_err(|e| {
+                    tracing::warn!(ino, error = %e, "flushing a file's writes");
+                    client_errno(&e)
+                })?
+        };
+        let size = st.size.unwrap_or(0);
+        for part in extents.chunks(cairn_rpc::files::MAX_WRITE_EXTENTS) {
+            let op = FileOp::Write {
+                path: path.clone(),
+                ino,
+                extents: part.to_vec(),
+                size,
+                now: time_of(SystemTime::now()),
+            };
+            self.op(&op).await?;
+        }
+        if let Some(Data::Extents(x)) = &mut st.map {
+            for e in &extents {
+                cairn_rpc::files::overlay(x, *e);
+            }
+        } else {
+            st.map = None;
+        }
+        st.dirty.clear();
+        st.dirty_bytes = 0;
+        st.dirty_since = None;
+        Ok(())
+    }
+
+    pub(crate) async fn flush(&self, ino: u64) -> Result<(), Errno> {
+        let st = self.files.lock().get(&ino).cloned();
+        match st {
+            Some(st) => self.flush_locked(ino, &mut *st.lock().await).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes every file whose oldest dirty range is older than `age`.
+    pub(crate) async fn flush_older(&self, age: Duration) {
+        let files: Vec<(u64, Arc<tokio::sync::Mutex<FileState>>)> = self
+            .files
+            .lock()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        for (ino, st) in files {
+            let mut st = st.lock().await;
+            if st.dirty_since.is_some_and(|t| t.elapsed() >= age)
+                && let Err(e) = self.flush_locked(ino, &mut st).await
+            {
+                tracing::warn!(ino, errno = ?e, "background flush failed; will try again");
+            }
+        }
+    }
+
+    pub(crate) async fn setattr(&self, ino: u64, attr: SetAttr) -> Result<Attr, Errno> {
+        let st = self.state(ino);
+        let mut st = st.lock().await;
+        if attr.size.is_some() {
+            // Writes before a truncate land before it.
+            self.flush_locked(ino, &mut st).await?;
+        }
+        let path = self.path(ino)?;
+        let op = FileOp::SetAttr {
+            path,
+            ino,
+            attr: attr.clone(),
+            now: time_of(SystemTime::now()),
+        };
+        let a = match self.op(&op).await? {
+            FileReply::Attr(a) => a,
+            _ => return Err(Errno::EIO),
+        };
+        if attr.size.is_some() {
+            st.size = Some(a.size);
+            st.map = None;
+        }
+        Ok(a)
+    }
+
+    pub(crate) async fn readdir(&self, ino: u64, fh: u64, offset: u64, mut reply: ReplyDirectory) {
+        let Some(h) = self.dirs.lock().get(&fh).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        let mut h = h.lock().await;
+        let mut i = offset as usize;
+        loop {
+            while i < h.names.len() {
+                let (name, child, kind) = &h.names[i];
+                if reply.add(INodeNo(*child), (i + 1) as u64, *kind, name) {
+                    return reply.ok();
+                }
+                i += 1;
+            }
+            if h.done {
+                return reply.ok();
+            }
+            let after = h
+                .names
+                .last()
+                .filter(|_| h.names.len() > 2)
+                .map(|n| n.0.clone())
+                .unwrap_or_default();
+            let path = match self.path(ino) {
+                Ok(p) => p,
+                Err(e) => return reply.error(e),
+            };
+            let q = FileQuery::Readdir {
+                path,
+                ino,
+                after,
+                limit: READDIR_PAGE,
+            };
+            match self.query(&q).await {
+                Ok(FileReply::Readdir { entries, more }) => {
+                    for e in entries {
+                        h.names.push((e.name, e.attr.ino, file_type(e.attr.kind)));
+                    }
+                    h.done = !more;
+                }
+                Ok(_) => return reply.error(Errno::EIO),
+                Err(e) => return reply.error(e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirty_ranges_merge_and_replace() {
+        let mut d = BTreeMap::new();
+        assert_eq!(add_dirty(&mut d, 10, b"abc"), 3);
+        assert_eq!(add_dirty(&mut d, 20, b"xyz"), 3);
+        // Touching the first at its end joins it.
+        assert_eq!(add_dirty(&mut d, 13, b"de"), 2);
+        assert_eq!(d[&10], b"abcde");
+        // Covering the first's tail up to the second's start joins all three.
+        assert_eq!(add_dirty(&mut d, 12, b"12345678"), 5);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[&10], b"ab12345678xyz");
+        // Inside: replaces bytes, no growth.
+        assert_eq!(add_dirty(&mut d, 11, b"Q"), 0);
+        assert_eq!(d[&10], b"aQ12345678xyz");
+        // Before, not touching: a range of its own.
+        assert_eq!(add_dirty(&mut d, 0, b"0"), 1);
+        assert_eq!(d.len(), 2);
+    }
+
+    #[test]
+    fn times_convert_both_ways() {
+        for t in [
+            Time { secs: 0, nanos: 0 },
+            Time {
+                secs: 1_700_000_000,
+                nanos: 123,
+            },
+            Time {
+                secs: -2,
+                nanos: 500,
+            },
+        ] {
+            assert_eq!(time_of(system_time(t)), t, "{t:?}");
+        }
+    }
+}
