@@ -268,6 +268,18 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
             for path in paths {
                 let st = c.stat(&path).await?;
                 anyhow::ensure!(!st.is_dir, "{path}: is a directory");
+                // A file a mount wrote: its bytes are extents of segments (docs/files.md).
+                if let Ok((data @ cairn_rpc::files::Data::Extents(_), size)) =
+                    c.file_map(&path).await
+                {
+                    let mut off = 0;
+                    while off < size {
+                        let n = (size - off).min(PIECE as u64) as usize;
+                        out.write_all(&c.read_mapped(&path, &data, size, off, n).await?)?;
+                        off += n as u64;
+                    }
+                    continue;
+                }
                 copy_out(
                     &c,
                     &path,

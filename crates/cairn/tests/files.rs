@@ -320,6 +320,24 @@ async fn two_mounts_share_one_namespace_close_to_open_and_survive_a_killed_mount
     // The same file by the `cairn fs` namespace: it is there.
     let c = cl.client().await;
     assert_eq!(c.stat("/moved").await.unwrap().path, "/moved");
+    let cat = common::run_ok(
+        cairn()
+            .args(["fs", "--cluster", &masters.join(","), "cat", "/moved"])
+            .env("CAIRN_LOG", "error"),
+    );
+    let mut want = data.clone();
+    want[100..106].copy_from_slice(b"from b");
+    assert!(
+        cat.stdout == want,
+        "cairn fs cat reads what the mounts wrote"
+    );
+    let ls = common::run_ok(cairn().args(["fs", "--cluster", &masters.join(","), "ls", "-l", "/"]));
+    let ls = String::from_utf8_lossy(&ls.stdout);
+    let line = ls.lines().find(|l| l.ends_with("moved")).expect("listed");
+    assert!(
+        line.contains(&data.len().to_string()),
+        "its size listed: {line}"
+    );
 
     // A killed mount: what was fsynced or closed is there; the directory is mounted again.
     {

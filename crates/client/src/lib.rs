@@ -27,6 +27,7 @@ mod data;
 mod fs;
 mod group;
 pub mod health;
+mod mapped;
 mod policy;
 mod writer;
 

@@ -5,8 +5,7 @@
 use crate::segment::{Piece, Segments};
 use cairn_client::Client;
 use cairn_rpc::files::{
-    Attr, Data, Extent, FileOp, FileQuery, FileReply, NewNode, NodeType, SetAttr, Time,
-    segment_path,
+    Attr, Data, FileOp, FileQuery, FileReply, NewNode, NodeType, SetAttr, Time,
 };
 use cairn_rpc::{ErrorKind, MetaError};
 use fuser::{Errno, FileType, INodeNo, ReplyDirectory};
@@ -318,51 +317,16 @@ impl Shared {
         if offset >= file_size {
             return Ok(Vec::new());
         }
-        let len = u64::from(size).min(file_size - offset);
-        let end = offset + len;
-        let mut out = vec![0u8; len as usize];
-        let own = |seg: u64| seg == 0;
-        let extents = match &data {
-            Data::Extents(x) => x.clone(),
-            Data::Own => vec![Extent {
-                offset: 0,
-                len: u64::MAX / 2,
-                seg: 0,
-                seg_offset: 0,
-            }],
-        };
-        for e in extents
-            .iter()
-            .filter(|e| e.offset < end && e.end() > offset)
-        {
-            let lo = e.offset.max(offset);
-            let hi = e.end().min(end);
-            let at = e.seg_offset + (lo - e.offset);
-            let n = (hi - lo) as usize;
-            let bytes = if own(e.seg) {
-                // The file's own log: committed bytes only (past them, zeros).
-                let path = self.path(ino)?;
-                let committed = match self.client.stat(&path).await {
-                    Ok(s) => s.length,
-                    Err(e) => return Err(client_errno(&e)),
-                };
-                let n = (n as u64).min(committed.saturating_sub(at)) as usize;
-                if n == 0 {
-                    continue;
-                }
-                self.client.read(&path, at, n).await
-            } else {
-                self.client
-                    .read_acknowledged(&segment_path(e.seg), at, n)
-                    .await
-            }
+        let path = self.path(ino)?;
+        let mut out = self
+            .client
+            .read_mapped(&path, &data, file_size, offset, size as usize)
+            .await
             .map_err(|e| {
                 tracing::warn!(ino, error = %e, "reading a file's bytes");
                 client_errno(&e)
             })?;
-            let from = (lo - offset) as usize;
-            out[from..from + bytes.len()].copy_from_slice(&bytes);
-        }
+        let end = offset + out.len() as u64;
         // This mount's unflushed writes over them.
         for (&o, d) in st.dirty.range(..end) {
             let d_end = o + d.len() as u64;

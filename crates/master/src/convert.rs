@@ -387,7 +387,11 @@ pub fn dir_entry(ino: &Inode) -> pb::DirEntry {
         name: ino.name.clone(),
         is_dir: f.is_none(),
         inode: ino.id,
-        length: f.map_or(0, |f| f.committed_length()),
+        // A file a mount wrote: its size (its bytes are in segments, docs/files.md).
+        length: match ino.posix.as_ref().filter(|p| p.extents.is_some()) {
+            Some(p) => p.size,
+            None => f.map_or(0, |f| f.committed_length()),
+        },
         chunks: f.map_or(0, |f| f.chunks.len() as u32),
         sealed: f.is_some_and(|f| f.sealed),
         mtime_ms: ino.mtime_ms,
