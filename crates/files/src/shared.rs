@@ -202,7 +202,7 @@ impl Shared {
         let name = name_of(name)?;
         let dir = self.path(parent)?;
         let path = join(&dir, &name);
-        if path.len() > cairn_rpc::files::PATH_MAX {
+        if path.len() > cairn_rpc::MAX_PATH {
             return Err(Errno::ENAMETOOLONG);
         }
         Ok((path, name))

@@ -29,8 +29,6 @@ pub const SYMLINK_MAX: usize = 4095;
 
 /// The most a file may hold, in bytes (2^63 - 1, as `off_t` allows).
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
-/// Longest path, in bytes (Linux's `PATH_MAX`, the terminating NUL not counted).
-pub const PATH_MAX: usize = 4095;
 
 /// The path of segment `seg`.
 pub fn segment_path(seg: u64) -> String {

@@ -18,7 +18,7 @@ pub mod seal;
 pub mod tls;
 
 pub use error::{ErrorKind, LEADER_METADATA, MetaError};
-pub use path::{PathError, components, normalize};
+pub use path::{MAX_PATH, PathError, components, normalize};
 
 /// Most copies a file may ask for.
 pub const MAX_REPLICAS: u32 = 5;
