@@ -213,15 +213,8 @@ impl Filesystem for CairnFs {
             libc::S_IFDIR => NewNode::Directory,
             _ => return reply.error(Errno::EINVAL),
         };
-        let s = self.shared.clone();
-        let (name, ids) = (name.to_owned(), req_ids(req));
         let perm = (mode & !umask & 0o7777) as u16;
-        self.spawn(async move {
-            match s.make(ids, parent.0, &name, node, perm).await {
-                Ok(a) => reply.entry(&ATTR_TTL, &file_attr(&a), Generation(0)),
-                Err(e) => reply.error(e),
-            }
-        });
+        self.make_entry(req, parent, name, node, perm, reply);
     }
 
     fn mkdir(
@@ -233,15 +226,8 @@ impl Filesystem for CairnFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let s = self.shared.clone();
-        let (name, ids) = (name.to_owned(), req_ids(req));
         let perm = (mode & !umask & 0o7777) as u16;
-        self.spawn(async move {
-            match s.make(ids, parent.0, &name, NewNode::Directory, perm).await {
-                Ok(a) => reply.entry(&ATTR_TTL, &file_attr(&a), Generation(0)),
-                Err(e) => reply.error(e),
-            }
-        });
+        self.make_entry(req, parent, name, NewNode::Directory, perm, reply);
     }
 
     fn symlink(
@@ -258,17 +244,14 @@ impl Filesystem for CairnFs {
         if target.len() > cairn_rpc::files::SYMLINK_MAX {
             return reply.error(Errno::ENAMETOOLONG);
         }
-        let s = self.shared.clone();
-        let (name, ids) = (link_name.to_owned(), req_ids(req));
-        self.spawn(async move {
-            match s
-                .make(ids, parent.0, &name, NewNode::Symlink { target }, 0o777)
-                .await
-            {
-                Ok(a) => reply.entry(&ATTR_TTL, &file_attr(&a), Generation(0)),
-                Err(e) => reply.error(e),
-            }
-        });
+        self.make_entry(
+            req,
+            parent,
+            link_name,
+            NewNode::Symlink { target },
+            0o777,
+            reply,
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -578,6 +561,26 @@ impl Filesystem for CairnFs {
 }
 
 impl CairnFs {
+    /// mknod, mkdir, symlink: a new node, answered as a lookup is.
+    fn make_entry(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        node: NewNode,
+        perm: u16,
+        reply: ReplyEntry,
+    ) {
+        let s = self.shared.clone();
+        let (name, ids) = (name.to_owned(), req_ids(req));
+        self.spawn(async move {
+            match s.make(ids, parent.0, &name, node, perm).await {
+                Ok(a) => reply.entry(&ATTR_TTL, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
     fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
         let s = self.shared.clone();
         let name = name.to_owned();
