@@ -89,10 +89,20 @@ pub async fn renamer(c: Client, a: String, b: String, seed: u64, stop: Arc<Atomi
                 parents: true,
                 ..CreateOptions::default()
             };
-            let mut w = c
-                .create(&path, opts)
-                .await
-                .unwrap_or_else(|e| panic!("{path}: {e}"));
+            // `already exists`: this create's own first try, committed by a master that
+            // stopped before answering (a create is not idempotent: docs/masters.md); the
+            // file is empty and held by this client, which opens it again.
+            let mut w = match c.create(&path, opts).await {
+                Ok(w) => w,
+                Err(cairn_client::Error::Meta(e))
+                    if e.kind == cairn_rpc::ErrorKind::AlreadyExists =>
+                {
+                    c.open_append(&path)
+                        .await
+                        .unwrap_or_else(|e| panic!("{path}: opening again: {e}"))
+                }
+                Err(e) => panic!("{path}: {e}"),
+            };
             w.append(&bytes(s, 0, LEN)).await.unwrap();
             w.close().await.unwrap();
         }

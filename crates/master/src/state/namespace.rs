@@ -59,21 +59,6 @@ pub(super) fn check_writer(
 }
 
 impl State {
-    /// The file at `path` when a create under `lease` made it and nothing happened to it
-    /// since: still held by that writer, not sealed, no byte committed. A client's id is
-    /// its own, and it creates a path once (a second create of a path it holds open is the
-    /// first's retry).
-    fn created_by(&self, path: &str, lease: Option<&Lease>) -> Option<InodeId> {
-        let lease = lease?;
-        let ino = self.lookup(path).ok()?;
-        let f = ino.file()?;
-        let same = f.lease.as_ref().is_some_and(|l| l.holder == lease.holder)
-            && !f.sealed
-            && f.committed_length() == 0
-            && f.chunks.iter().all(|c| !c.sealed);
-        same.then_some(ino.id)
-    }
-
     /// Applies a namespace command; [`State::apply`] sends only those here.
     pub(super) fn apply_namespace(&mut self, cmd: &Command) -> Response {
         self.check_moving(cmd)?;
@@ -123,11 +108,6 @@ impl State {
                 policy.check()?;
                 perm::check_mode(*mode)?;
                 let group = Self::group_of(policy, placements, *groups)?;
-                if let Some(id) = self.created_by(path, lease.as_ref()) {
-                    // The same create again: its answer was lost (a leader stopped after
-                    // committing it) and the client retried. The file as the first made it.
-                    return self.reply(id);
-                }
                 let (parent, name) = self.parent_for_new(path, *parents, *now_ms)?;
                 let chunks = self.new_chunks(placements, group);
                 let id = self.insert(

@@ -314,26 +314,19 @@ fn namespace_operations() {
         policy: None,
     })
     .unwrap();
-    let first = create(&mut s, "/a/f", Some("c1"), 2)
-        .unwrap()
-        .inode
-        .unwrap();
+    create(&mut s, "/a/f", Some("c1"), 2).unwrap();
     assert_eq!(
         kind(create(&mut s, "/a/f", None, 0)),
         ErrorKind::AlreadyExists
     );
+    // The same writer's second create of a path it holds open is refused too: the masters
+    // cannot tell it from a retry (they do not see appends to an open chunk, so "nothing
+    // written yet" is not theirs to judge), and answering the file handed a second writer a
+    // file the first was writing (RELIABILITY.md, session 48: an S3 pack removed while named).
     assert_eq!(
-        kind(create(&mut s, "/a/f", Some("c2"), 2)),
-        ErrorKind::AlreadyExists,
-        "another writer's create"
+        kind(create(&mut s, "/a/f", Some("c1"), 2)),
+        ErrorKind::AlreadyExists
     );
-    // The same writer's create again (its answer lost, the client retried): the file as the
-    // first made it, its chunks unchanged.
-    let again = create(&mut s, "/a/f", Some("c1"), 2)
-        .unwrap()
-        .inode
-        .unwrap();
-    assert_eq!(again, first);
     assert_eq!(
         kind(create(&mut s, "/a/f/x", None, 0)),
         ErrorKind::NotADirectory
