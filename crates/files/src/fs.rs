@@ -424,13 +424,7 @@ impl Filesystem for CairnFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let s = self.shared.clone();
-        self.spawn(async move {
-            match s.flush(ino.0).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(e),
-            }
-        });
+        self.flush_reply(ino, reply);
     }
 
     fn release(
@@ -470,13 +464,8 @@ impl Filesystem for CairnFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let s = self.shared.clone();
-        self.spawn(async move {
-            match s.flush(ino.0).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(e),
-            }
-        });
+        // Data and metadata alike: a flush commits the extents with the size and mtime.
+        self.flush_reply(ino, reply);
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -561,6 +550,17 @@ impl Filesystem for CairnFs {
 }
 
 impl CairnFs {
+    /// close (FUSE flush), fsync, fdatasync: the file's dirty ranges made durable and its own.
+    fn flush_reply(&self, ino: INodeNo, reply: ReplyEmpty) {
+        let s = self.shared.clone();
+        self.spawn(async move {
+            match s.flush(ino.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
     /// mknod, mkdir, symlink: a new node, answered as a lookup is.
     fn make_entry(
         &self,

@@ -200,9 +200,20 @@ pub fn gateway_with(masters: &[String], listen: &str, extra: &[&str]) -> Proc {
     p
 }
 
+/// A loopback address free now and never handed out before in this test process: two
+/// clusters of one test binary that got the same port once made one's masters talk Raft to
+/// the other's (they share the cluster secret), and openraft stopped on the foreign leader.
 pub fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = l.local_addr().unwrap();
+        let mut given = GIVEN.lock().unwrap();
+        if !given.contains(&a.port()) {
+            given.push(a.port());
+            return a.to_string();
+        }
+    }
 }
 
 pub struct Cluster {
