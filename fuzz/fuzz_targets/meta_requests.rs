@@ -182,6 +182,9 @@ fuzz_target!(|data: &[u8]| {
                         }),
                         Op::Delete(d) => Some(Command::Delete { path: convert::path(&d.path).ok()? }),
                         Op::Object(b) => Some(Command::Object(Box::new(cairn_rpc::object::decode(b).ok()?))),
+                        // The file service's changes (docs/files.md): any JSON that decodes,
+                        // applied as the masters apply it.
+                        Op::Fs(b) => Some(Command::Files(Box::new(cairn_rpc::files::decode(b).ok()?))),
                     })
                     // An odd body: every command on behalf of a user who owns nothing (checked
                     // against the permission bits as it applies).

@@ -7,9 +7,9 @@
 //! (docs/formats/fs-segment.md). A mount writes the data first, durably, then commits the
 //! extents ([`FileOp::Write`]), so a file never names bytes that are not there.
 //!
-//! Calls name an inode by its path, as the mount last saw it, and by its inode number: a call
-//! whose path now names another inode is refused (`not-found`, ESTALE to the application),
-//! so a mount never changes a file another mount put at the same path.
+//! Calls name an inode by its path, as the mount last saw it, and most by its inode number too
+//! (0: any): a call whose path now names another inode is refused (`not-found`), so a mount
+//! never changes a file another mount put at the same path.
 //!
 //! Changes ([`FileOp`]) travel in `Batch` calls (concurrent calls share one Raft entry);
 //! reads ([`FileQuery`]) in `FileRead`. Both are JSON in protobuf `bytes`.
