@@ -5,15 +5,13 @@
 //! has none, and its attributes are derived (uid and gid 0, times from the namespace's
 //! milliseconds, a file's bytes its own FlatLogFile's). The namespace's owner and permission
 //! bits are the node's: `chmod` changes the bits every client checks, `chown` the POSIX owner
-//! the mount's kernel checks (docs/files.md "Who may do what").
+//! the mount's kernel checks (docs/files.md "One namespace").
 
 use super::*;
 use cairn_rpc::files::{
-    Attr, Data, Entry, Extent, FileOp, FileQuery, FileReply, NewNode, NodeType, RenameFlags,
-    SetAttr, Time, cut, overlay,
+    Attr, Data, Entry, Extent, FileOp, FileQuery, FileReply, MAX_FILE_SIZE, NewNode, NodeType,
+    RenameFlags, SetAttr, Time, cut, overlay,
 };
-
-use cairn_rpc::files::MAX_FILE_SIZE;
 
 fn stale(path: &str, ino: u64) -> MetaError {
     MetaError::not_found(format!(
