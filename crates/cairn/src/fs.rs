@@ -1,6 +1,7 @@
 //! `cairn fs …`: the cluster's files through the client SDK, with the conventions of `cp`,
 //! `mv`, `ls`, `du` and `df`.
 
+mod cat;
 mod ls;
 
 use crate::cluster::ClusterArgs;
@@ -263,34 +264,7 @@ async fn fs(masters: Vec<String>, json: bool, cmd: FsCommand) -> anyhow::Result<
                 String::new,
             );
         }
-        FsCommand::Cat { paths } => {
-            let mut out = crate::local::Stdout(std::io::stdout());
-            for path in paths {
-                let st = c.stat(&path).await?;
-                anyhow::ensure!(!st.is_dir, "{path}: is a directory");
-                // A file a mount wrote: its bytes are extents of segments (docs/files.md).
-                if let Ok((data @ cairn_rpc::files::Data::Extents(_), size)) =
-                    c.file_map(&path).await
-                {
-                    let mut off = 0;
-                    while off < size {
-                        let n = (size - off).min(PIECE as u64) as usize;
-                        out.write_all(&c.read_mapped(&path, &data, size, off, n).await?)?;
-                        off += n as u64;
-                    }
-                    continue;
-                }
-                copy_out(
-                    &c,
-                    &path,
-                    st.length,
-                    &mut out,
-                    &indicatif::ProgressBar::hidden(),
-                )
-                .await?;
-            }
-            out.flush()?;
-        }
+        FsCommand::Cat { paths } => cat::cat(&c, &paths).await?,
         FsCommand::Append { path, wait, new } => {
             let mut data = Vec::new();
             std::io::stdin().read_to_end(&mut data)?;
@@ -782,7 +756,7 @@ fn read_full(f: &mut (impl Read + ?Sized), buf: &mut [u8]) -> std::io::Result<us
     Ok(n)
 }
 
-async fn copy_out(
+pub(super) async fn copy_out(
     c: &Client,
     path: &str,
     length: u64,
