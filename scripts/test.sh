@@ -10,6 +10,8 @@ export CAIRN_TEST_PYTHON="$PWD/target/py-venv/bin/python"
 # Real NBD clients for the block service's end-to-end tests (crates/cairn/tests/block.rs):
 # qemu-img, qemu-io, nbdinfo, nbdcopy, fio, from the distribution's packages.
 ./scripts/block-tools.sh
+# fsx, the file-system exerciser, for the file service's tests (crates/cairn/tests/files.rs).
+./scripts/fs-tools.sh
 cargo test --workspace --locked
 # The fuzz targets are their own workspace (cargo-fuzz runs them on nightly): keep them
 # compiling against today's APIs.

@@ -456,6 +456,25 @@ impl Filesystem for CairnFs {
         });
     }
 
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let s = self.shared.clone();
+        self.spawn(async move {
+            match s.fallocate(ino.0, offset, length, mode).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
     fn fsync(
         &self,
         _req: &Request,

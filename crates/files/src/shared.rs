@@ -464,6 +464,75 @@ impl Shared {
         Ok(a)
     }
 
+    /// `fallocate(2)`: mode 0 extends the size (holes read as zeros: space is not reserved
+    /// ahead, a later write may still find the cluster full); `FALLOC_FL_KEEP_SIZE` alone
+    /// does nothing; `FALLOC_FL_PUNCH_HOLE` and `FALLOC_FL_ZERO_RANGE` cut the range's
+    /// extents out, so it reads as zeros. The rest (collapse, insert, unshare) is
+    /// `EOPNOTSUPP`, as on file systems without them.
+    pub(crate) async fn fallocate(
+        &self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        mode: i32,
+    ) -> Result<(), Errno> {
+        const KNOWN: i32 =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        let end = offset.checked_add(len).ok_or(Errno::EFBIG)?;
+        if len == 0 {
+            return Err(Errno::EINVAL);
+        }
+        if end > cairn_rpc::files::MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        if mode & !KNOWN != 0 {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let zero = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0;
+        if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 && !keep_size {
+            // As Linux: a hole is punched inside the size only.
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let st = self.state(ino);
+        let mut st = st.lock().await;
+        // Writes before it land before it.
+        self.flush_locked(ino, &mut st).await?;
+        let path = self.path(ino)?;
+        if zero {
+            self.op(&FileOp::Punch {
+                path: path.clone(),
+                ino,
+                offset,
+                len,
+                now: time_of(SystemTime::now()),
+            })
+            .await?;
+            st.map = None;
+        }
+        if !keep_size {
+            if st.size.is_none() {
+                self.map_of(ino, &mut st).await?;
+            }
+            if end > st.size.unwrap_or(0) {
+                let op = FileOp::SetAttr {
+                    path,
+                    ino,
+                    attr: SetAttr {
+                        size: Some(end),
+                        ..SetAttr::default()
+                    },
+                    now: time_of(SystemTime::now()),
+                };
+                if let FileReply::Attr(a) = self.op(&op).await? {
+                    st.size = Some(a.size);
+                }
+                st.map = None;
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) async fn readdir(&self, ino: u64, fh: u64, offset: u64, mut reply: ReplyDirectory) {
         let Some(h) = self.dirs.lock().get(&fh).cloned() else {
             return reply.error(Errno::EBADF);

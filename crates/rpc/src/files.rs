@@ -196,6 +196,15 @@ pub enum FileOp {
         size: u64,
         now: Time,
     },
+    /// `fallocate(FALLOC_FL_PUNCH_HOLE)`: the file's bytes `[offset, offset + len)` read as
+    /// zeros from now on (their extents are cut out); the size is unchanged.
+    Punch {
+        path: String,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        now: Time,
+    },
 }
 
 impl FileOp {
@@ -205,7 +214,8 @@ impl FileOp {
             FileOp::Make { path, .. }
             | FileOp::Remove { path, .. }
             | FileOp::SetAttr { path, .. }
-            | FileOp::Write { path, .. } => path,
+            | FileOp::Write { path, .. }
+            | FileOp::Punch { path, .. } => path,
             FileOp::Rename { from, .. } => from,
         }
     }

@@ -42,7 +42,8 @@ impl Inner {
             FileOp::Make { path, now, .. }
             | FileOp::Remove { path, now, .. }
             | FileOp::SetAttr { path, now, .. }
-            | FileOp::Write { path, now, .. } => {
+            | FileOp::Write { path, now, .. }
+            | FileOp::Punch { path, now, .. } => {
                 *path = convert::path(path)?;
                 *now = t;
             }

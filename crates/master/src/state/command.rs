@@ -444,6 +444,7 @@ fn file_op_name(op: &cairn_rpc::files::FileOp) -> &'static str {
         F::Rename { .. } => "rename",
         F::SetAttr { .. } => "setattr",
         F::Write { .. } => "write",
+        F::Punch { .. } => "punch",
     }
 }
 

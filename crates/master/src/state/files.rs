@@ -145,6 +145,13 @@ impl State {
                 size,
                 now,
             } => self.write_node(path, *ino, extents, *size, *now)?,
+            FileOp::Punch {
+                path,
+                ino,
+                offset,
+                len,
+                now,
+            } => self.punch_node(path, *ino, *offset, *len, *now)?,
         };
         Ok(Reply {
             file: Some(reply),
@@ -508,6 +515,39 @@ impl State {
         Ok(FileReply::Attr(self.node_attr(&self.ino(node.id))))
     }
 
+    /// Cuts `[offset, offset + len)` out of a regular file's extents: those bytes read as
+    /// zeros (a hole); the size stays.
+    fn punch_node(
+        &mut self,
+        path: &str,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        now: Time,
+    ) -> Result<FileReply, MetaError> {
+        let node = self.node(path, ino)?;
+        if node_type(&node) != NodeType::Regular {
+            return Err(MetaError::new(
+                ErrorKind::IsADirectory,
+                format!("{path}: not a regular file"),
+            ));
+        }
+        let Some(end) = offset.checked_add(len).filter(|_| len > 0) else {
+            return Err(MetaError::invalid(format!(
+                "{path}: a hole of {len} bytes at {offset}"
+            )));
+        };
+        self.own_to_extents(node.id);
+        let p = self.posix_mut(node.id);
+        cut(p.extents.as_mut().expect("made above"), offset, end);
+        p.mtime = now;
+        p.ctime = now;
+        if let Some(i) = self.inodes.get_mut(&node.id) {
+            i.mtime_ms = i.mtime_ms.max(now.as_ms());
+        }
+        Ok(FileReply::Attr(self.node_attr(&self.ino(node.id))))
+    }
+
     /// Answers a file service read (all but `Statfs`, which needs the chunkservers).
     ///
     /// # Errors
@@ -587,7 +627,9 @@ impl State {
                 }
                 self.check_reach(ino.id, user)
             }
-            FileOp::Write { path, .. } => self.check_path(path, user, perm::WRITE).map(|_| ()),
+            FileOp::Write { path, .. } | FileOp::Punch { path, .. } => {
+                self.check_path(path, user, perm::WRITE).map(|_| ())
+            }
         }
     }
 

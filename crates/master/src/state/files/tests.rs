@@ -227,6 +227,62 @@ fn writes_lay_extents_and_truncate_cuts_them() {
 }
 
 #[test]
+fn a_punched_hole_cuts_extents_and_keeps_the_size() {
+    let mut s = State::default();
+    let f = make(&mut s, "/f", NewNode::Regular);
+    let punch = |s: &mut State, path: &str, ino: u64, offset: u64, len: u64| {
+        apply(
+            s,
+            FileOp::Punch {
+                path: path.into(),
+                ino,
+                offset,
+                len,
+                now: t(9900),
+            },
+        )
+    };
+    apply(
+        &mut s,
+        FileOp::Write {
+            path: "/f".into(),
+            ino: f.ino,
+            extents: vec![ext(0, 8192, 5, 0)],
+            size: 8192,
+            now: t(9000),
+        },
+    )
+    .unwrap();
+    punch(&mut s, "/f", f.ino, 100, 4000).unwrap();
+    // Past the end: nothing to cut, and the size stays.
+    punch(&mut s, "/f", f.ino, 1 << 20, 10).unwrap();
+    let (a, data) = map(&s, "/f");
+    assert_eq!(a.size, 8192);
+    assert_eq!(a.mtime, t(9900));
+    assert_eq!(
+        data,
+        Data::Extents(vec![ext(0, 100, 5, 0), ext(4100, 4092, 5, 4100)])
+    );
+    assert_eq!(
+        kind(punch(&mut s, "/f", f.ino, 0, 0)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        kind(punch(&mut s, "/f", f.ino, u64::MAX, 2)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        kind(punch(&mut s, "/f", f.ino + 1, 0, 1)),
+        ErrorKind::NotFound
+    );
+    let d = make(&mut s, "/d", NewNode::Directory);
+    assert_eq!(
+        kind(punch(&mut s, "/d", d.ino, 0, 1)),
+        ErrorKind::IsADirectory
+    );
+}
+
+#[test]
 fn a_file_cairn_fs_wrote_reads_its_own_log_until_a_mount_writes_it() {
     let mut s = State::default();
     let ino = create_file(&mut s, "/logs/app", 1);
