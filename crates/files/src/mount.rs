@@ -37,10 +37,21 @@ pub struct Options {
 /// # Errors
 /// It is there and could not be unmounted.
 pub fn clear_stale(dir: &Path) -> Result<bool, MountError> {
-    match std::fs::metadata(dir) {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| MountError::NotADirectory(dir.to_owned()))?;
+    // `stat` alone is not enough: the kernel answers it from its attribute cache for a
+    // second after the process died. statfs always asks the file system's process.
+    let probe = std::fs::metadata(dir).and_then(|m| {
+        // SAFETY: a NUL-terminated path and a zeroed statvfs for the kernel to fill.
+        let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(c.as_ptr(), &mut sv) } == 0 {
+            Ok(m)
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    });
+    match probe {
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-                .map_err(|_| MountError::NotADirectory(dir.to_owned()))?;
             // SAFETY: a NUL-terminated path; umount2 reads it only.
             let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
             if r == 0 {

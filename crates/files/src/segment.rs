@@ -50,6 +50,8 @@ pub enum RecordError {
     Version(u8),
     #[error("header checksum mismatch")]
     HeaderCrc,
+    #[error("reserved header bytes are not zero")]
+    Reserved,
 }
 
 /// Appends a record of `data` (at most [`MAX_RECORD`] bytes) for inode `ino`'s bytes at
@@ -76,7 +78,7 @@ pub fn encode(out: &mut BytesMut, ino: u64, offset: u64, data: &[u8]) -> usize {
 /// Decodes the header at the start of `buf`.
 ///
 /// # Errors
-/// Too short, wrong magic or version, or a checksum mismatch.
+/// Too short, wrong magic or version, a checksum mismatch, or reserved bytes set.
 pub fn decode(buf: &[u8]) -> Result<Header, RecordError> {
     let h: &[u8; HEADER_BYTES] = buf
         .get(..HEADER_BYTES)
@@ -96,6 +98,10 @@ pub fn decode(buf: &[u8]) -> Result<Header, RecordError> {
     };
     if crc32c::crc32c(&h[..28]) != u32_at(28) {
         return Err(RecordError::HeaderCrc);
+    }
+    // Version 1 has no use for them: a later version that does is a new version.
+    if h[5..8] != [0, 0, 0] {
+        return Err(RecordError::Reserved);
     }
     Ok(Header {
         ino: u64_at(8),
@@ -243,5 +249,11 @@ mod tests {
             bad[i] ^= if i == 4 { 0xff } else { 1 };
             assert_eq!(decode(&bad), Err(want), "byte {i}");
         }
+        // A reserved byte set, under a checksum that matches it (found by fuzzing).
+        let mut odd = buf.to_vec();
+        odd[5] = 95;
+        let crc = crc32c::crc32c(&odd[..28]);
+        odd[28..32].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode(&odd), Err(RecordError::Reserved));
     }
 }

@@ -3,11 +3,13 @@
 //! verification data (a file of three replicas, one `replicas:3,then:ec:2+1,lz4` whose sealed
 //! chunks the chunkservers convert to compressed chunk groups at once, one erasure-coded
 //! `ec:2+1`) and a reader reads, S3 clients PUT, DELETE and GET objects through the gateway,
-//! and an NBD client writes, trims, flushes and reads a volume whose collector compacts 64 KiB
-//! segments all the time.
+//! an NBD client writes, trims, flushes and reads a volume whose collector compacts 64 KiB
+//! segments all the time, and a file writer creates, writes, fsyncs, closes, renames,
+//! truncates, deletes and reads files through a `cairn mount` (mount.rs).
 //!
 //! Each scenario, chosen by its seed, injects one to three faults at random times — SIGKILL and
-//! restart of a chunkserver, a master or the services (gateway and NBD server), a slow server, an erroring server, a
+//! restart of a chunkserver, a master or the services (gateway, NBD server and mount), a slow
+//! server, an erroring server, a
 //! frozen server, a full disk — heals them, and checks:
 //! - every acknowledged append reads back with the right bytes (a loss otherwise);
 //! - every byte any reader saw is the right byte for its position and lies inside what the
@@ -19,7 +21,11 @@
 //! - every block of the volume read (during the run, after each reconnection, and at the end)
 //!   is what the client last wrote there, or — after a lost connection or a failed request —
 //!   its last answered write (durable once answered) or what the last completed FLUSH left, or
-//!   something written or trimmed since.
+//!   something written or trimmed since;
+//! - every file read through the mount (during the run, after the mount was killed, and at
+//!   the end, after a SIGKILL of the mount with files open) holds what its last fsync, close,
+//!   create, truncate or rename left, or a later state its writes reached (any of them once the
+//!   mount was killed); while the mount lives, exactly what it last answered.
 //!
 //! `cargo test --test nemesis` runs 10 scenarios (seed 1). More:
 //! `CAIRN_NEMESIS_SCENARIOS=200 CAIRN_NEMESIS_SEED=7 cargo test --release --test nemesis -- --nocapture`
@@ -36,15 +42,19 @@ mod s3client;
 
 mod files;
 mod metadata;
+mod mount;
 mod nbd;
 mod plan;
 mod renames;
+mod report;
 mod s3;
 
 use files::*;
 use metadata::{check_metadata, compare_copies};
+use mount::*;
 use nbd::*;
 use plan::*;
+use report::*;
 use s3::*;
 
 use bytes::Bytes;
@@ -84,65 +94,11 @@ const MOVE_FILES: usize = 50;
 /// How long the workload runs in each scenario; faults start and end inside it.
 const ACTIVE: Duration = Duration::from_millis(3000);
 
-#[derive(Debug, Default)]
-struct Totals {
-    scenarios: u64,
-    faults: BTreeMap<String, u64>,
-    appends: u64,
-    append_errors: u64,
-    bytes_verified: u64,
-    reads: u64,
-    read_errors: u64,
-    losses: u64,
-    corrupt_reads: u64,
-    unacked_reads: u64,
-    misplaced: u64,
-    under_replicated: u64,
-    s3_puts: u64,
-    s3_deletes: u64,
-    s3_gets: u64,
-    s3_errors: u64,
-    s3_bad_gets: u64,
-    s3_losses: u64,
-    /// Chunks of the `then:ec` files found converted at the end of their scenario.
-    converted: u64,
-    /// Chunks of files in the split partition (`PARTITIONED`), allocated by it.
-    partition_chunks: u64,
-    nbd_writes: u64,
-    nbd_errors: u64,
-    /// Blocks read back and checked against the model.
-    nbd_blocks_checked: u64,
-    /// Blocks that read something the model does not allow.
-    nbd_bad_blocks: u64,
-    /// Scenarios whose volume could not be read back within a minute of their end.
-    nbd_unreadable: u64,
-    /// Metadata consistency checks run (one per scenario, every partition) and the
-    /// problems they found.
-    metadata_checks: u64,
-    metadata_problems: u64,
-    /// Partitions whose three masters' copies were compared at one log entry
-    /// (`cairn admin digests`), those whose masters never stood at one entry together, and
-    /// those whose copies differed.
-    copies_compared: u64,
-    copies_uncompared: u64,
-    copies_diverged: u64,
-    /// Populated directories moved into a partition under the faults, moves not finished
-    /// within a minute of the faults' end, and moves that lost rows.
-    moves: u64,
-    /// Of those, directories hashed over partitions.
-    hashed: u64,
-    moves_unfinished: u64,
-    moves_lost_rows: u64,
-    /// Renames across partitions answered, failed, and files they lost (txn.rs).
-    renames: u64,
-    rename_errors: u64,
-    renames_lost: u64,
-}
-
 async fn scenario(
     cl: &mut Cluster,
     gw: &mut Gateway,
     nbd: &mut Nbd,
+    mnt: &mut MountSvc,
     index: u64,
     seed: u64,
     t: &mut Totals,
@@ -249,6 +205,23 @@ async fn scenario(
         tokio::task::spawn_blocking(move || nbd_client(addr, model, seed, stop))
     };
 
+    // The file service: a writer through the kernel in a directory of its own.
+    let fs_dir = mnt.dir.join(format!("fs/s{index}"));
+    let made = Instant::now();
+    while let Err(e) = std::fs::create_dir_all(&fs_dir) {
+        assert!(
+            made.elapsed() < Duration::from_secs(60),
+            "{}: {e}",
+            fs_dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let fs_rd = {
+        let g = mnt.generation.load(Ordering::SeqCst);
+        let (dir, gen_, stop) = (fs_dir.clone(), mnt.generation.clone(), stop.clone());
+        tokio::task::spawn_blocking(move || fs_writer(dir, fs_names(g), gen_, seed, stop))
+    };
+
     // CAIRN_NEMESIS_STARVE=N: N threads spin on the CPU while the faults run (to the last
     // one's end), so the cluster's processes are starved as they fail over (the runs that
     // lost metadata had other work starving the machine: RELIABILITY.md, session 40).
@@ -301,10 +274,12 @@ async fn scenario(
             (Kind::KillService, true) => {
                 gw.proc.kill();
                 nbd.proc.kill();
+                mnt.kill();
             }
             (Kind::KillService, false) => {
                 gw.proc.start();
                 nbd.proc.start();
+                tokio::task::block_in_place(|| mnt.start_proc());
             }
             (_, true) => cl.fault(f.target, f.spec).await,
             (_, false) => cl.fault(f.target, FaultSpec::default()).await,
@@ -340,6 +315,16 @@ async fn scenario(
     t.nbd_blocks_checked += nbd_seen.checked;
     t.nbd_bad_blocks += nbd_seen.bad;
     t.nbd_unreadable += u64::from(nbd_seen.unreadable);
+    let (mut fs_model, fs_open, mut fs_seen) = fs_rd.await.expect("file writer");
+    tokio::task::block_in_place(|| {
+        fs_check_after_kill(mnt, &fs_dir, &mut fs_model, fs_open, &mut fs_seen);
+        let _ = std::fs::remove_dir_all(&fs_dir);
+    });
+    t.fs_ops += fs_seen.ops;
+    t.fs_errors += fs_seen.errors;
+    t.fs_synced += fs_seen.synced;
+    t.fs_checked += fs_seen.checked;
+    t.fs_bad += fs_seen.bad;
     let s3_lost = s3_verify_and_delete(&gw.s3, &s3_log).await;
     t.s3_losses += s3_lost;
     for s in &s3_seen {
@@ -473,7 +458,8 @@ async fn scenario(
     eprintln!(
         "  appends {} (errors {}), reads {} (errors {}), lost {lost}, corrupt reads {}, chunks {}; \
          s3 puts {}, deletes {}, gets {} (errors {}, bad {}), keys lost {s3_lost}; \
-         nbd writes {}, blocks checked {} (errors {}, bad {})",
+         nbd writes {}, blocks checked {} (errors {}, bad {}); \
+         files: calls {}, errors {}, synced {}, checked {}, bad {}",
         written.iter().map(|w| w.appends).sum::<u64>(),
         written.iter().map(|w| w.errors).sum::<u64>(),
         seen.reads,
@@ -489,6 +475,11 @@ async fn scenario(
         nbd_seen.checked,
         nbd_seen.errors,
         nbd_seen.bad,
+        fs_seen.ops,
+        fs_seen.errors,
+        fs_seen.synced,
+        fs_seen.checked,
+        fs_seen.bad,
     );
     for (path, _) in &files {
         c.delete(path).await.expect("delete");
@@ -581,6 +572,8 @@ async fn nemesis() {
         ),
         model: Some(NbdModel::new()),
     };
+    // The file service: a `cairn mount` the scenarios' file writers use.
+    let mut mnt = MountSvc::start(&dir.path().join("mnt"), &masters);
     let mut t = Totals::default();
     let started = Instant::now();
     for i in first..first + scenarios {
@@ -588,136 +581,14 @@ async fn nemesis() {
             &mut cl,
             &mut gw,
             &mut nbd,
+            &mut mnt,
             i,
             seed.wrapping_mul(1_000_003).wrapping_add(i),
             &mut t,
         )
         .await;
     }
-    let faults: u64 = t.faults.values().sum();
-    println!();
-    println!(
-        "nemesis: seed {seed}, {scenarios} scenarios in {:.0?}",
-        started.elapsed()
-    );
-    println!(
-        "| scenarios | faults injected | appends acked | bytes verified | reads checked | append errors | read errors | losses | corrupt reads | unacked reads | chunks short of copies |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    println!(
-        "| {} | {faults} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-        t.scenarios,
-        t.appends,
-        t.bytes_verified,
-        t.reads,
-        t.append_errors,
-        t.read_errors,
-        t.losses,
-        t.corrupt_reads,
-        t.unacked_reads,
-        t.under_replicated
-    );
-    println!(
-        "| S3 PUTs acked | S3 DELETEs acked | S3 GETs checked | S3 errors | bad S3 GETs | S3 keys lost |"
-    );
-    println!("|---|---|---|---|---|---|");
-    println!(
-        "| {} | {} | {} | {} | {} | {} |",
-        t.s3_puts, t.s3_deletes, t.s3_gets, t.s3_errors, t.s3_bad_gets, t.s3_losses
-    );
-    println!("| NBD writes acked | NBD errors | NBD blocks checked | NBD bad blocks |");
-    println!("|---|---|---|---|");
-    println!(
-        "| {} | {} | {} | {} |",
-        t.nbd_writes, t.nbd_errors, t.nbd_blocks_checked, t.nbd_bad_blocks
-    );
-    println!("faults by kind: {:?}", t.faults);
-    println!("chunks converted to compressed groups: {}", t.converted);
-    println!(
-        "chunks in partition 1 ({PARTITIONED}): {}",
-        t.partition_chunks
-    );
-    println!(
-        "subtrees moved into partitions: {} (of them hashed over {HASH_SHARDS}: {}; not finished {}, rows lost {})",
-        t.moves, t.hashed, t.moves_unfinished, t.moves_lost_rows
-    );
-    println!(
-        "renames across partitions: {} (errors {}, files lost {})",
-        t.renames, t.rename_errors, t.renames_lost
-    );
-    println!(
-        "metadata checks: {} (problems {})",
-        t.metadata_checks, t.metadata_problems
-    );
-    println!(
-        "masters' copies compared: {} (diverged {}, not at one entry together {})",
-        t.copies_compared, t.copies_diverged, t.copies_uncompared
-    );
-    // Canary: a run that acknowledged and verified nothing proves nothing; one that converted
-    // nothing did not test conversion.
-    assert!(
-        t.appends > 0
-            && t.bytes_verified > 0
-            && t.reads > 0
-            && t.s3_puts > 0
-            && t.s3_gets > 0
-            && t.nbd_writes > 0
-            && t.nbd_blocks_checked > 0,
-        "{t:?}"
-    );
-    assert!(t.converted > 0, "no chunk was converted: {t:?}");
-    assert!(
-        t.scenarios <= MOVE_AT || t.moves > 0,
-        "no subtree was moved: {t:?}"
-    );
-    assert_eq!(t.moves_unfinished, 0, "moves not finished: {t:?}");
-    assert_eq!(t.moves_lost_rows, 0, "moves lost rows: {t:?}");
-    assert!(t.renames > 0, "no rename across partitions: {t:?}");
-    assert_eq!(
-        t.renames_lost, 0,
-        "renames across partitions lost files: {t:?}"
-    );
-    assert!(
-        t.partition_chunks > 0,
-        "no chunk was written in a partition: {t:?}"
-    );
-    assert_eq!(t.s3_losses, 0, "S3 keys not as acknowledged: {t:?}");
-    assert_eq!(
-        t.s3_bad_gets, 0,
-        "S3 GETs returned wrong or stale objects: {t:?}"
-    );
-    assert_eq!(t.losses, 0, "acknowledged bytes lost: {t:?}");
-    assert_eq!(
-        t.nbd_bad_blocks, 0,
-        "NBD blocks read other than flushed or written since: {t:?}"
-    );
-    assert_eq!(
-        t.nbd_unreadable, 0,
-        "the volume was not served again within a minute: {t:?}"
-    );
-    assert_eq!(t.corrupt_reads, 0, "readers saw wrong bytes: {t:?}");
-    assert_eq!(
-        t.unacked_reads, 0,
-        "readers saw unacknowledged bytes: {t:?}"
-    );
-    assert_eq!(
-        t.misplaced, 0,
-        "appends acknowledged at the wrong offset: {t:?}"
-    );
-    assert_eq!(t.under_replicated, 0, "chunks left short of copies: {t:?}");
-    assert!(t.metadata_checks > 0, "no metadata check ran: {t:?}");
-    assert_eq!(
-        t.metadata_problems, 0,
-        "the metadata consistency check found problems: {t:?}"
-    );
-    assert!(
-        t.copies_compared > 0,
-        "no masters' copies were compared: {t:?}"
-    );
-    assert_eq!(
-        t.copies_diverged, 0,
-        "masters' copies of a partition differ at one entry: {t:?}"
-    );
+    report(&t, seed, scenarios, started.elapsed());
 }
 
 /// Canary for the checker: a file one byte shorter than "acknowledged", or with a wrong byte,
