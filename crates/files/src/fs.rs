@@ -323,19 +323,17 @@ impl Filesystem for CairnFs {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let s = self.shared.clone();
+        let reads = flags.0 & libc::O_ACCMODE != libc::O_WRONLY;
         self.spawn(async move {
-            let st = s.state(ino.0);
-            let mut st = st.lock().await;
-            st.opens += 1;
-            // Close-to-open: what another mount closed before this open is read whole.
-            if st.dirty.is_empty() {
-                st.map = None;
-                st.size = None;
+            match s.opened(ino.0, reads).await {
+                Ok(()) => {
+                    let fh = s.next_handle.fetch_add(1, Ordering::Relaxed);
+                    reply.opened(FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(e),
             }
-            let fh = s.next_handle.fetch_add(1, Ordering::Relaxed);
-            reply.opened(FileHandle(fh), FopenFlags::empty());
         });
     }
 
@@ -439,17 +437,7 @@ impl Filesystem for CairnFs {
     ) {
         let s = self.shared.clone();
         self.spawn(async move {
-            let r = s.flush(ino.0).await;
-            let st = s.files.lock().get(&ino.0).cloned();
-            if let Some(st) = st {
-                let mut g = st.lock().await;
-                g.opens = g.opens.saturating_sub(1);
-                if g.opens == 0 && g.dirty.is_empty() {
-                    drop(g);
-                    s.files.lock().remove(&ino.0);
-                }
-            }
-            match r {
+            match s.closed(ino.0).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
             }
@@ -604,18 +592,7 @@ impl CairnFs {
         let s = self.shared.clone();
         let name = name.to_owned();
         self.spawn(async move {
-            let r = async {
-                let (path, _) = s.child_path(parent.0, &name)?;
-                s.op(&FileOp::Remove {
-                    path,
-                    ino: 0,
-                    dir,
-                    now: time_of(SystemTime::now()),
-                })
-                .await
-            }
-            .await;
-            match r {
+            match s.remove(parent.0, &name, dir).await {
                 Ok(_) => reply.ok(),
                 Err(e) => reply.error(e),
             }

@@ -25,7 +25,8 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// Entries asked of the masters per readdir page.
 const READDIR_PAGE: u32 = 512;
 
-/// A node the kernel knows: where it is (as this mount last saw it).
+/// A node the kernel knows: where it is (as this mount last saw it). `parent` 0: `name` is the
+/// node's whole path (a file moved to [`UNLINKED_DIR`]).
 pub(crate) struct Node {
     pub(crate) parent: u64,
     pub(crate) name: String,
@@ -44,7 +45,14 @@ pub(crate) struct FileState {
     pub(crate) size: Option<u64>,
     /// The file's extents as last read or written here (dropped at open: close-to-open).
     pub(crate) map: Option<Data>,
+    /// Unlinked while open here: the name it was moved to below [`UNLINKED_DIR`], removed at
+    /// its last close.
+    pub(crate) unlinked: Option<String>,
 }
+
+/// Where a file unlinked while this mount has it open waits for its last close (NFS's
+/// "silly rename", out of its directory's listing): `/.fs/unlinked/<inode>-<random>`.
+pub const UNLINKED_DIR: &str = "/.fs/unlinked";
 
 /// A directory being read: the names handed out, by offset (cookies stay valid while the
 /// directory changes: each names the entry to go on after).
@@ -188,6 +196,10 @@ impl Shared {
         let mut cur = ino;
         while cur != 1 {
             let n = nodes.get(&cur).ok_or(Errno::ESTALE)?;
+            if n.parent == 0 {
+                names.push(n.name.trim_start_matches('/'));
+                break;
+            }
             names.push(n.name.as_str());
             cur = n.parent;
             if names.len() > 4096 {
@@ -244,7 +256,7 @@ impl Shared {
         self.files.lock().entry(ino).or_default().clone()
     }
 
-    /// `attr` with this mount's unflushed size.
+    /// `attr` with this mount's unflushed size (and no link for a file unlinked while open).
     pub(crate) async fn local(&self, mut attr: Attr) -> Attr {
         let st = self.files.lock().get(&attr.ino).cloned();
         if let Some(st) = st {
@@ -252,8 +264,139 @@ impl Shared {
             if let Some(size) = st.size {
                 attr.size = size;
             }
+            if st.unlinked.is_some() {
+                attr.nlink = 0;
+            }
         }
         attr
+    }
+
+    /// unlink(2) and rmdir(2). A file this mount has open is moved to [`UNLINKED_DIR`]
+    /// instead, so that its reads and writes go on, and removed at its last close
+    /// ([`Shared::closed`]).
+    pub(crate) async fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> Result<(), Errno> {
+        let (path, name) = self.child_path(parent, name)?;
+        let open = if dir {
+            None
+        } else {
+            let candidates: Vec<(u64, Arc<tokio::sync::Mutex<FileState>>)> = {
+                let nodes = self.nodes.lock();
+                self.files
+                    .lock()
+                    .iter()
+                    .filter(|(ino, _)| {
+                        nodes
+                            .get(ino)
+                            .is_some_and(|n| n.parent == parent && n.name == name)
+                    })
+                    .map(|(ino, st)| (*ino, st.clone()))
+                    .collect()
+            };
+            let mut found = None;
+            for (ino, st) in candidates {
+                if st.lock().await.opens > 0 {
+                    found = Some((ino, st));
+                }
+            }
+            found
+        };
+        let Some((ino, st)) = open else {
+            self.op(&FileOp::Remove {
+                path,
+                ino: 0,
+                dir,
+                now: time_of(SystemTime::now()),
+            })
+            .await?;
+            return Ok(());
+        };
+        let mut st = st.lock().await;
+        for d in ["/.fs", UNLINKED_DIR] {
+            let make = FileOp::Make {
+                path: d.into(),
+                node: NewNode::Directory,
+                mode: 0o700,
+                uid: 0,
+                gid: 0,
+                now: time_of(SystemTime::now()),
+            };
+            match self.op(&make).await {
+                Ok(_) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let to = format!("{UNLINKED_DIR}/{ino:016x}-{:016x}", rand::random::<u64>());
+        self.op(&FileOp::Rename {
+            from: path,
+            ino,
+            to: to.clone(),
+            flags: cairn_rpc::files::RenameFlags::default(),
+            now: time_of(SystemTime::now()),
+        })
+        .await?;
+        if let Some(n) = self.nodes.lock().get_mut(&ino) {
+            n.parent = 0;
+            n.name.clone_from(&to);
+        }
+        st.unlinked = Some(to);
+        Ok(())
+    }
+
+    /// A file's open. Close-to-open: what another mount closed before it is read whole, so
+    /// the extents known here are dropped (unless this mount has writes of its own not yet
+    /// flushed) and, for an open that reads, fetched now — an open file stays readable when
+    /// another mount unlinks it (its extents are known here; segments are not collected).
+    pub(crate) async fn opened(&self, ino: u64, reads: bool) -> Result<(), Errno> {
+        let st = self.state(ino);
+        let mut st = st.lock().await;
+        if st.dirty.is_empty() && st.unlinked.is_none() {
+            st.map = None;
+            st.size = None;
+        }
+        if reads {
+            // Its path names another inode now (renamed over, unlinked since the kernel
+            // looked it up): ESTALE makes the kernel look the name up again and retry.
+            self.map_of(ino, &mut st)
+                .await
+                .map_err(|e| if e == Errno::ENOENT { Errno::ESTALE } else { e })?;
+        }
+        st.opens += 1;
+        Ok(())
+    }
+
+    /// A file's close (FUSE release): flushed; forgotten when no open and nothing dirty is
+    /// left; removed for good when it was unlinked while open.
+    pub(crate) async fn closed(&self, ino: u64) -> Result<(), Errno> {
+        let Some(st) = self.files.lock().get(&ino).cloned() else {
+            return Ok(());
+        };
+        let mut g = st.lock().await;
+        g.opens = g.opens.saturating_sub(1);
+        if g.opens == 0
+            && let Some(path) = g.unlinked.take()
+        {
+            // Its bytes go with it: nothing to flush.
+            g.dirty.clear();
+            g.dirty_bytes = 0;
+            g.dirty_since = None;
+            drop(g);
+            self.files.lock().remove(&ino);
+            self.nodes.lock().remove(&ino);
+            self.op(&FileOp::Remove {
+                path,
+                ino,
+                dir: false,
+                now: time_of(SystemTime::now()),
+            })
+            .await?;
+            return Ok(());
+        }
+        let r = self.flush_locked(ino, &mut g).await;
+        if g.opens == 0 && g.dirty.is_empty() {
+            drop(g);
+            self.files.lock().remove(&ino);
+        }
+        r
     }
 
     pub(crate) async fn getattr(&self, ino: u64) -> Result<Attr, Errno> {

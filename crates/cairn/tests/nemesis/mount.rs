@@ -71,7 +71,11 @@ impl MountSvc {
                 "{} never mounted again",
                 self.dir.display()
             );
-            if let Some(st) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("cairn mount {} exited {st}", self.dir.display());
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -260,10 +264,10 @@ pub(super) fn fs_writer(
                         }
                     }
                 }
-                if !open.contains_key(&i) {
+                if let std::collections::btree_map::Entry::Vacant(e) = open.entry(i) {
                     match OpenOptions::new().write(true).open(path(i)) {
                         Ok(f) => {
-                            open.insert(i, (f, g));
+                            e.insert((f, g));
                         }
                         Err(_) => {
                             seen.errors += 1;

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The file service against its floors, same run (BENCHMARKS.md "File service"): a fresh
+# `cairn up --mount` (1 master, 3 chunkservers, replicas:3, TLS) in target/bench-files, and
+# the same work on this machine's own file system through bindfs (a FUSE passthrough: the
+# FUSE floor) and directly:
+#   1. untar of Debian's linux-source tarball (decompressed once beforehand), then rm -rf;
+#   2. small files: create + write 4 KiB + close, stat, unlink, at 16 threads
+#      (scripts/bench-smallfiles.py), with the cluster's CPU per create (every process of
+#      the `cairn up`: masters, chunkservers, the mount);
+#   3. fio: 1 MiB sequential write and read, 4 jobs, against `cairn bench append|read` at
+#      depth 4; 4 KiB random writes with fsync every 32 against the NBD figure (fio's nbd
+#      engine, depth 32, fsync every 32) on the same cluster;
+#   4. space: SPACE_FILES files of 4 KiB, and what the chunkservers hold for them.
+#
+#   scripts/bench-files.sh            ROUNDS=2 FILES=8000 SPACE_FILES=100000 SECS=10
+#
+# Runs as root (bindfs and the mount). Installs bindfs and linux-source-6.1 (Debian) when
+# missing. Everything it makes is removed at the end (the cluster, both mounts, the floor's
+# files); the decompressed tarball stays in target/ for the next run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CAIRN=${CAIRN:-$ROOT/target/release/cairn}
+ROUNDS=${ROUNDS:-2}
+FILES=${FILES:-8000}
+SPACE_FILES=${SPACE_FILES:-100000}
+SECS=${SECS:-10}
+WORK=$ROOT/target/bench-files
+MNT=$WORK/mnt
+FLOOR=$WORK/floor
+BIND=$WORK/bind
+TAR=$ROOT/target/linux-source.tar
+TICK=$(getconf CLK_TCK)
+
+[[ $(id -u) == 0 ]] || { echo "bench-files.sh needs root (bindfs, allow_other)" >&2; exit 2; }
+need=()
+command -v bindfs >/dev/null || need+=(bindfs)
+[[ -f /usr/src/linux-source-6.1.tar.xz || -f $TAR ]] || need+=(linux-source-6.1)
+command -v fio >/dev/null || need+=(fio)
+if (( ${#need[@]} )); then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+[[ -f $TAR ]] || xz -dc /usr/src/linux-source-6.1.tar.xz >"$TAR"
+if [[ "$CAIRN" == "$ROOT/target/release/cairn" ]]; then
+    cargo build --release --locked --quiet -p cairn
+fi
+
+cleanup() {
+    umount -l "$BIND" 2>/dev/null || true
+    (cd "$WORK" 2>/dev/null && "$CAIRN" down >/dev/null 2>&1) || true
+    umount -l "$MNT" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+cleanup
+mkdir -p "$MNT" "$FLOOR" "$BIND"
+cd "$WORK"
+"$CAIRN" up --disk-size 8g --no-zero-fill --no-s3 --mount "$MNT" >"$WORK/up.log" 2>&1 &
+UP_PID=$!
+for _ in $(seq 1 120); do
+    grep -q " - fuse" <(grep " $MNT " /proc/self/mountinfo) 2>/dev/null && ls "$MNT" >/dev/null 2>&1 && break
+    sleep 0.5
+done
+grep -q " $MNT " /proc/self/mountinfo || { echo "the mount never came up ($WORK/up.log)" >&2; exit 1; }
+bindfs "$FLOOR" "$BIND"
+# shellcheck source=bench-lib.sh
+source "$ROOT/scripts/bench-lib.sh"
+ratio() { python3 -c "print(round($1 / max($2, 1e-9), 3))"; }
+secs() { local s; s=$(date +%s.%N); "$@" >/dev/null; python3 -c "print(round($(date +%s.%N) - $s, 2))"; }
+echo "machine: $(nproc) cores, $(uname -r); cairn: $("$CAIRN" --version 2>/dev/null || echo "$CAIRN")"
+
+echo "## untar of linux-source-6.1 ($(tar -tf "$TAR" | wc -l) entries, $(du -m "$TAR" | cut -f1) MiB)"
+echo "round,ext4_s,bindfs_s,cairn_s,cairn_rm_s,bindfs_rm_s,cpu_s_cairn,ratio_vs_bindfs"
+for r in $(seq 1 "$ROUNDS"); do
+    mkdir -p "$FLOOR/direct" "$BIND/u" "$MNT/u"
+    e=$(secs tar -xf "$TAR" -C "$FLOOR/direct"); rm -rf "$FLOOR/direct"
+    b=$(secs tar -xf "$TAR" -C "$BIND/u")
+    c0=$(cluster_cpu)
+    c=$(secs tar -xf "$TAR" -C "$MNT/u")
+    c1=$(cluster_cpu)
+    crm=$(secs rm -rf "$MNT/u")
+    brm=$(secs rm -rf "$BIND/u")
+    echo "$r,$e,$b,$c,$crm,$brm,$(python3 -c "print(round($c1 - $c0, 1))"),$(ratio "$b" "$c")"
+done
+
+echo "## small files: $FILES of 4 KiB at 16 threads"
+echo "round,phase,ext4_per_s,bindfs_per_s,cairn_per_s,ratio_vs_bindfs,cluster_cpu_us_per_op"
+field() { python3 -c "import json,sys; print([json.loads(l) for l in sys.stdin if '\"$1\"' in l][0]['ops_per_s'])"; }
+for r in $(seq 1 "$ROUNDS"); do
+    e=$(python3 "$ROOT/scripts/bench-smallfiles.py" "$FLOOR/sf" "$FILES")
+    b=$(python3 "$ROOT/scripts/bench-smallfiles.py" "$BIND/sf" "$FILES")
+    c0=$(cluster_cpu)
+    c=$(python3 "$ROOT/scripts/bench-smallfiles.py" "$MNT/sf" "$FILES")
+    c1=$(cluster_cpu)
+    for phase in create stat unlink; do
+        ev=$(field "$phase" <<<"$e"); bv=$(field "$phase" <<<"$b"); cv=$(field "$phase" <<<"$c")
+        cpu=""
+        [[ $phase == create ]] && cpu=$(python3 -c "print(round(($c1 - $c0) / (3 * $FILES) * 1e6))")
+        echo "$r,$phase,$ev,$bv,$cv,$(ratio "$cv" "$bv"),$cpu"
+    done
+done
+echo "(cluster CPU per op: the whole run's CPU over its three phases, divided by 3 × files)"
+
+echo "## fio on the mount against the cluster's own floors"
+echo "round,what,fio_ops_per_s,fio_mib_per_s,floor_ops_per_s,floor_mib_per_s,ratio"
+fio_file() { # rw bs jobs extra... -> "iops MiB/s"
+    local rw=$1 bs=$2 jobs=$3; shift 3
+    fio --name=f --directory="$MNT" --rw="$rw" --bs="$bs" --numjobs="$jobs" --size=256m \
+        --runtime="$SECS" --time_based --group_reporting --output-format=json "$@" 2>/dev/null |
+        python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; d=j["write"] if j["write"]["io_bytes"] else j["read"]; print(round(d["iops"]), round(d["bw"]/1024,1))'
+}
+bench() { # op size depth -> "ops/s MiB/s"
+    "$CAIRN" bench "$1" --size "$2" --depth "$3" --seconds "$SECS" --json 2>/dev/null | head -1 |
+        python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(round(j.get("ops_per_s", 0)), round(j.get("mib_per_s", 0),1))'
+}
+VOL=bench-files
+"$CAIRN" volume create "$VOL" --size 1g >/dev/null
+NBD_ADDR=$(grep -o 'nbds\?://[0-9.:]*' "$WORK/up.log" | head -1 | sed 's#nbds\?://##')
+NBD_ADDR=${NBD_ADDR:-127.0.0.1:10809}
+if [[ -d cairn-data/nbd-admin ]]; then
+    URI="nbds://$NBD_ADDR/$VOL?tls-certificates=$WORK/cairn-data/nbd-admin"
+else
+    URI="nbd://$NBD_ADDR/$VOL"
+fi
+fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1m --iodepth=8 --size=1g >/dev/null 2>&1
+nbd_fio() {
+    fio --name=b --ioengine=nbd --uri="$URI" --rw=randwrite --bs=4k --iodepth=32 --fsync=32 \
+        --size=1g --runtime="$SECS" --time_based --output-format=json 2>/dev/null |
+        python3 -c 'import json,sys; t=sys.stdin.read(); d=json.loads(t[t.index("{"):])["jobs"][0]["write"]; print(round(d["iops"]), round(d["bw"]/1024,1))'
+}
+for r in $(seq 1 "$ROUNDS"); do
+    f=$(bench append 1m 4); n=$(fio_file write 1m 4)
+    echo "$r,1m-write-4jobs,${n% *},${n#* },${f% *},${f#* },$(ratio "${n#* }" "${f#* }")"
+    rm -f "$MNT"/f.*
+    # (fio lays its files out first, untimed.)
+    f=$(bench read 1m 4); n=$(fio_file read 1m 4)
+    echo "$r,1m-read-4jobs,${n% *},${n#* },${f% *},${f#* },$(ratio "${n#* }" "${f#* }")"
+    rm -f "$MNT"/f.*
+    f=$(nbd_fio); n=$(fio_file randwrite 4k 1 --fsync=32)
+    echo "$r,4k-randwrite-fsync32-vs-nbd-d32,${n% *},${n#* },${f% *},${f#* },$(ratio "${n% *}" "${f% *}")"
+    rm -f "$MNT"/f.*
+done
+"$CAIRN" volume delete "$VOL" >/dev/null
+
+echo "## space: $SPACE_FILES files of 4 KiB"
+used() { "$CAIRN" status --json | python3 -c 'import json,sys; print(sum(c["used_bytes"] for c in json.load(sys.stdin)["chunkservers"]))'; }
+sleep 3
+u0=$(used)
+s=$(secs python3 "$ROOT/scripts/bench-smallfiles.py" "$MNT/space" "$SPACE_FILES" --keep)
+sleep 5
+u1=$(used)
+python3 -c "
+n=$SPACE_FILES; d=n*4096; u=$u1-$u0
+print(f'files {n}, data {d/1e6:.0f} MB, chunkservers hold {u/1e6:.0f} MB more = {u/d:.2f}x the data ({u/(3*d):.2f}x of 3 replicas), in {$s} s')"
