@@ -12,7 +12,8 @@
 #      engine, depth 32, fsync every 32) on the same cluster;
 #   4. space: SPACE_FILES files of 4 KiB, and what the chunkservers hold for them.
 #
-#   scripts/bench-files.sh            ROUNDS=2 FILES=8000 SPACE_FILES=100000 SECS=10
+#   scripts/bench-files.sh     ROUNDS=2 UNTAR_ROUNDS=$ROUNDS FILES=8000 SPACE_FILES=100000
+#                              SECS=10 VOL_SIZE=1g
 #
 # Runs as root (bindfs and the mount). Installs bindfs and linux-source-6.1 (Debian) when
 # missing. Everything it makes is removed at the end (the cluster, both mounts, the floor's
@@ -25,6 +26,8 @@ ROUNDS=${ROUNDS:-2}
 FILES=${FILES:-8000}
 SPACE_FILES=${SPACE_FILES:-100000}
 SECS=${SECS:-10}
+UNTAR_ROUNDS=${UNTAR_ROUNDS:-$ROUNDS}
+VOL_SIZE=${VOL_SIZE:-1g}
 WORK=$ROOT/target/bench-files
 MNT=$WORK/mnt
 FLOOR=$WORK/floor
@@ -55,13 +58,13 @@ trap cleanup EXIT
 cleanup
 mkdir -p "$MNT" "$FLOOR" "$BIND"
 cd "$WORK"
-"$CAIRN" up --disk-size 8g --no-zero-fill --no-s3 --mount "$MNT" >"$WORK/up.log" 2>&1 &
+"$CAIRN" up --disk-size ${DISK_SIZE:-4g} --no-zero-fill --no-s3 --mount "$MNT" >"$ROOT/target/bench-files-up.log" 2>&1 &
 UP_PID=$!
 for _ in $(seq 1 120); do
     grep -q " - fuse" <(grep " $MNT " /proc/self/mountinfo) 2>/dev/null && ls "$MNT" >/dev/null 2>&1 && break
     sleep 0.5
 done
-grep -q " $MNT " /proc/self/mountinfo || { echo "the mount never came up ($WORK/up.log)" >&2; exit 1; }
+grep -q " $MNT " /proc/self/mountinfo || { echo "the mount never came up ($ROOT/target/bench-files-up.log)" >&2; exit 1; }
 bindfs "$FLOOR" "$BIND"
 # shellcheck source=bench-lib.sh
 source "$ROOT/scripts/bench-lib.sh"
@@ -71,7 +74,7 @@ echo "machine: $(nproc) cores, $(uname -r); cairn: $("$CAIRN" --version 2>/dev/n
 
 echo "## untar of linux-source-6.1 ($(tar -tf "$TAR" | wc -l) entries, $(du -m "$TAR" | cut -f1) MiB)"
 echo "round,ext4_s,bindfs_s,cairn_s,cairn_rm_s,bindfs_rm_s,cpu_s_cairn,ratio_vs_bindfs"
-for r in $(seq 1 "$ROUNDS"); do
+for r in $(seq 1 "$UNTAR_ROUNDS"); do
     mkdir -p "$FLOOR/direct" "$BIND/u" "$MNT/u"
     e=$(secs tar -xf "$TAR" -C "$FLOOR/direct"); rm -rf "$FLOOR/direct"
     b=$(secs tar -xf "$TAR" -C "$BIND/u")
@@ -114,18 +117,18 @@ bench() { # op size depth -> "ops/s MiB/s"
         python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(round(j.get("ops_per_s", 0)), round(j.get("mib_per_s", 0),1))'
 }
 VOL=bench-files
-"$CAIRN" volume create "$VOL" --size 1g >/dev/null
-NBD_ADDR=$(grep -o 'nbds\?://[0-9.:]*' "$WORK/up.log" | head -1 | sed 's#nbds\?://##')
+"$CAIRN" volume create "$VOL" --size "$VOL_SIZE" >/dev/null
+NBD_ADDR=$(grep -o 'nbds\?://[0-9.:]*' "$ROOT/target/bench-files-up.log" | head -1 | sed 's#nbds\?://##')
 NBD_ADDR=${NBD_ADDR:-127.0.0.1:10809}
 if [[ -d cairn-data/nbd-admin ]]; then
     URI="nbds://$NBD_ADDR/$VOL?tls-certificates=$WORK/cairn-data/nbd-admin"
 else
     URI="nbd://$NBD_ADDR/$VOL"
 fi
-fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1m --iodepth=8 --size=1g >/dev/null 2>&1
+fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1m --iodepth=8 --size="$VOL_SIZE" >/dev/null 2>&1
 nbd_fio() {
     fio --name=b --ioengine=nbd --uri="$URI" --rw=randwrite --bs=4k --iodepth=32 --fsync=32 \
-        --size=1g --runtime="$SECS" --time_based --output-format=json 2>/dev/null |
+        --size="$VOL_SIZE" --runtime="$SECS" --time_based --output-format=json 2>/dev/null |
         python3 -c 'import json,sys; t=sys.stdin.read(); d=json.loads(t[t.index("{"):])["jobs"][0]["write"]; print(round(d["iops"]), round(d["bw"]/1024,1))'
 }
 for r in $(seq 1 "$ROUNDS"); do
