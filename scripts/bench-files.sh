@@ -9,7 +9,7 @@
 #      the `cairn up`: masters, chunkservers, the mount);
 #   3. fio: 1 MiB sequential write and read, 4 jobs, against `cairn bench append|read` at
 #      depth 4; 4 KiB random writes with fsync every 32 against the NBD figure (fio's nbd
-#      engine, depth 32, fsync every 32) on the same cluster;
+#      engine, depth 32, fsync every 32, plain NBD on loopback) on the same cluster;
 #   4. space: SPACE_FILES files of 4 KiB, and what the chunkservers hold for them.
 #
 #   scripts/bench-files.sh     ROUNDS=2 UNTAR_ROUNDS=$ROUNDS FILES=8000 SPACE_FILES=100000
@@ -58,7 +58,7 @@ trap cleanup EXIT
 cleanup
 mkdir -p "$MNT" "$FLOOR" "$BIND"
 cd "$WORK"
-"$CAIRN" up --disk-size ${DISK_SIZE:-4g} --no-zero-fill --no-s3 --mount "$MNT" >"$ROOT/target/bench-files-up.log" 2>&1 &
+"$CAIRN" up --disk-size ${DISK_SIZE:-4g} --no-zero-fill --no-s3 --nbd-insecure --mount "$MNT" >"$ROOT/target/bench-files-up.log" 2>&1 &
 UP_PID=$!
 for _ in $(seq 1 120); do
     grep -q " - fuse" <(grep " $MNT " /proc/self/mountinfo) 2>/dev/null && ls "$MNT" >/dev/null 2>&1 && break
@@ -120,11 +120,8 @@ VOL=bench-files
 "$CAIRN" volume create "$VOL" --size "$VOL_SIZE" >/dev/null
 NBD_ADDR=$(grep -o 'nbds\?://[0-9.:]*' "$ROOT/target/bench-files-up.log" | head -1 | sed 's#nbds\?://##')
 NBD_ADDR=${NBD_ADDR:-127.0.0.1:10809}
-if [[ -d cairn-data/nbd-admin ]]; then
-    URI="nbds://$NBD_ADDR/$VOL?tls-certificates=$WORK/cairn-data/nbd-admin"
-else
-    URI="nbd://$NBD_ADDR/$VOL"
-fi
+# Plain NBD (`--nbd-insecure`): fio's nbd engine refuses a URI naming certificate files.
+URI="nbd://$NBD_ADDR/$VOL"
 fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1m --iodepth=8 --size="$VOL_SIZE" >/dev/null 2>&1
 nbd_fio() {
     fio --name=b --ioengine=nbd --uri="$URI" --rw=randwrite --bs=4k --iodepth=32 --fsync=32 \

@@ -86,7 +86,7 @@ impl Filesystem for CairnFs {
         // Unmounting: every dirty range is flushed before the session ends.
         self.rt.block_on(async move {
             s.flush_older(Duration::ZERO).await;
-            s.segments.lock().await.close().await;
+            s.segments.close().await;
         });
     }
 

@@ -220,6 +220,86 @@ impl Segments {
     }
 }
 
+/// Why a group append failed: the append's own error, shared by every flush in the group;
+/// `None` when the append was dropped before it answered.
+pub type GroupError = Option<std::sync::Arc<cairn_client::Error>>;
+
+/// One flush's ranges, owned, waiting for the next group append.
+struct Job {
+    pieces: Vec<(u64, u64, Vec<u8>)>,
+    done: tokio::sync::oneshot::Sender<Result<Vec<Extent>, GroupError>>,
+}
+
+/// Group commit of the mount's flushes: the ranges of every flush that arrives while an
+/// append is in flight go out together in the next one, one durable append for all of them
+/// (concurrent closes of many small files otherwise queue one replicated append each).
+pub struct GroupWriter {
+    segments: tokio::sync::Mutex<Segments>,
+    pending: parking_lot::Mutex<Vec<Job>>,
+}
+
+impl GroupWriter {
+    pub fn new(client: Client) -> Self {
+        Self {
+            segments: tokio::sync::Mutex::new(Segments::new(client)),
+            pending: parking_lot::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Appends `pieces` (inode, file offset, bytes) durably, with whatever other flushes are
+    /// waiting; their extents in order, as [`Segments::write`] gives them.
+    ///
+    /// # Errors
+    /// The group's append failed.
+    pub async fn write(&self, pieces: Vec<(u64, u64, Vec<u8>)>) -> Result<Vec<Extent>, GroupError> {
+        let (done, rx) = tokio::sync::oneshot::channel();
+        self.pending.lock().push(Job { pieces, done });
+        {
+            // Whoever holds the segment appends everything queued by then; a job already
+            // taken by the holder before finds the queue without it and just waits.
+            let mut seg = self.segments.lock().await;
+            let jobs = std::mem::take(&mut *self.pending.lock());
+            if !jobs.is_empty() {
+                let all: Vec<Piece<'_>> = jobs
+                    .iter()
+                    .flat_map(|j| {
+                        j.pieces.iter().map(|(ino, offset, data)| Piece {
+                            ino: *ino,
+                            offset: *offset,
+                            data,
+                        })
+                    })
+                    .collect();
+                match seg.write(&all).await {
+                    Ok(extents) => {
+                        let mut it = extents.into_iter();
+                        for j in jobs {
+                            let n: usize = j
+                                .pieces
+                                .iter()
+                                .map(|p| p.2.len().div_ceil(MAX_RECORD))
+                                .sum();
+                            let _ = j.done.send(Ok(it.by_ref().take(n).collect()));
+                        }
+                    }
+                    Err(e) => {
+                        let e = std::sync::Arc::new(e);
+                        for j in jobs {
+                            let _ = j.done.send(Err(Some(e.clone())));
+                        }
+                    }
+                }
+            }
+        }
+        rx.await.unwrap_or(Err(None))
+    }
+
+    /// Closes the open segment (see [`Segments::close`]).
+    pub async fn close(&self) {
+        self.segments.lock().await.close().await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,7 @@
 //! each open file's dirty ranges and extents, and the calls that read, write and flush them.
 //! `fs.rs` turns the kernel's calls into these.
 
-use crate::segment::{Piece, Segments};
+use crate::segment::GroupWriter;
 use cairn_client::Client;
 use cairn_rpc::files::{
     Attr, Data, FileOp, FileQuery, FileReply, NewNode, NodeType, SetAttr, Time,
@@ -66,7 +66,7 @@ pub(crate) struct Shared {
     pub(crate) nodes: Mutex<HashMap<u64, Node>>,
     pub(crate) files: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<FileState>>>>,
     pub(crate) dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
-    pub(crate) segments: tokio::sync::Mutex<Segments>,
+    pub(crate) segments: GroupWriter,
     pub(crate) next_handle: AtomicU64,
 }
 
@@ -178,7 +178,7 @@ pub(crate) fn add_dirty(dirty: &mut BTreeMap<u64, Vec<u8>>, offset: u64, data: &
 impl Shared {
     pub(crate) fn new(client: Client) -> Self {
         Self {
-            segments: tokio::sync::Mutex::new(Segments::new(client.clone())),
+            segments: GroupWriter::new(client.clone()),
             client,
             nodes: Mutex::new(HashMap::new()),
             files: Mutex::new(HashMap::new()),
@@ -512,26 +512,18 @@ impl Shared {
             return Ok(());
         }
         let path = self.path(ino)?;
-        let extents = {
-            let pieces: Vec<Piece<'_>> = st
-                .dirty
-                .iter()
-                .map(|(&offset, d)| Piece {
-                    ino,
-                    offset,
-                    data: d,
-                })
-                .collect();
-            self.segments
-                .lock()
-                .await
-                .write(&pieces)
-                .await
-                .map_err(|e| {
-                    tracing::warn!(ino, error = %e, "flushing a file's writes");
-                    client_errno(&e)
-                })?
-        };
+        let pieces: Vec<(u64, u64, Vec<u8>)> = st
+            .dirty
+            .iter()
+            .map(|(&offset, d)| (ino, offset, d.clone()))
+            .collect();
+        let extents = self.segments.write(pieces).await.map_err(|e| match e {
+            Some(e) => {
+                tracing::warn!(ino, error = %e, "flushing a file's writes");
+                client_errno(&e)
+            }
+            None => Errno::EIO,
+        })?;
         let size = st.size.unwrap_or(0);
         for part in extents.chunks(cairn_rpc::files::MAX_WRITE_EXTENTS) {
             let op = FileOp::Write {
