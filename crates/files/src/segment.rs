@@ -31,6 +31,9 @@ pub const HEADER_BYTES: usize = 32;
 pub const MAX_RECORD: usize = 4 << 20;
 /// A segment takes no more appends past this many bytes: the next goes to a new one.
 pub const SEGMENT_BYTES: u64 = 256 << 20;
+/// How long sealing a segment the mount leaves (full, or its writer failed) may hold up the
+/// flush that leaves it; one not sealed by then stays open, as a killed mount's does.
+const SEAL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A record's header, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,8 +182,10 @@ impl Segments {
             {
                 if let Some((_, full)) = self.open.take() {
                     // Sealed off the write's path failing or not: its records are durable.
-                    if let Err(e) = full.close().await {
-                        tracing::warn!(error = %e, "closing a full segment");
+                    match tokio::time::timeout(SEAL_WAIT, full.close()).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => tracing::warn!(error = %e, "closing a full segment"),
+                        Err(_) => tracing::warn!("closing a full segment timed out"),
                     }
                 }
                 self.start().await?;
@@ -200,9 +205,19 @@ impl Segments {
                         .collect());
                 }
                 Err(e) if tries == 0 => {
-                    // A writer that failed is unusable: a new segment, once.
+                    // A writer that failed is unusable: sealed at what it acknowledged (so
+                    // that readers find the committed extents in it without recovering it),
+                    // then a new segment, once.
                     tracing::warn!(seg, error = %e, "segment append failed; starting a new segment");
-                    self.open = None;
+                    if let Some((_, failed)) = self.open.take() {
+                        match tokio::time::timeout(SEAL_WAIT, failed.close()).await {
+                            Ok(Ok(_)) => {}
+                            Ok(Err(e)) => {
+                                tracing::warn!(seg, error = %e, "sealing a failed segment");
+                            }
+                            Err(_) => tracing::warn!(seg, "sealing a failed segment timed out"),
+                        }
+                    }
                     tries += 1;
                 }
                 Err(e) => return Err(e),
