@@ -318,7 +318,7 @@ async fn scenario(
     t.nbd_unreadable += u64::from(nbd_seen.unreadable);
     let (mut fs_model, fs_open, mut fs_seen) = fs_rd.await.expect("file writer");
     tokio::task::block_in_place(|| {
-        let kill = index % FS_KILL_EVERY == 0;
+        let kill = index.is_multiple_of(FS_KILL_EVERY);
         fs_check_at_end(mnt, kill, &fs_dir, &mut fs_model, fs_open, &mut fs_seen);
         let _ = std::fs::remove_dir_all(&fs_dir);
     });

@@ -182,6 +182,20 @@ fn describe(s: &Option<Vec<u8>>) -> String {
     }
 }
 
+/// Checks what a read of name `i` found against the model, learns it, and counts it.
+fn check(n: &mut FsName, i: usize, got: Option<Vec<u8>>, g: u64, seen: &mut FsSeen, when: &str) {
+    seen.checked += 1;
+    let want = n.states.clone();
+    if !n.learn(got.clone(), g) {
+        seen.bad += 1;
+        eprintln!(
+            "  FILE BAD f{i} {when}: read {}, allowed {:?}",
+            describe(&got),
+            want.iter().map(describe).collect::<Vec<_>>()
+        );
+    }
+}
+
 /// Reads `path` whole (`None`: absent); `Err` for any other failure.
 fn read_name(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
     match File::open(path) {
@@ -224,16 +238,7 @@ pub(super) fn fs_writer(
         if !names[i].exact || names[i].generation != g {
             match read_name(&path(i)) {
                 Ok(got) if generation.load(Ordering::SeqCst) == g => {
-                    seen.checked += 1;
-                    let want = names[i].clone();
-                    if !names[i].learn(got.clone(), g) {
-                        seen.bad += 1;
-                        eprintln!(
-                            "  FILE BAD f{i} while running: read {}, allowed {:?}",
-                            describe(&got),
-                            want.states.iter().map(describe).collect::<Vec<_>>()
-                        );
-                    }
+                    check(&mut names[i], i, got, g, &mut seen, "while running");
                 }
                 _ => {
                     seen.errors += 1;
@@ -406,16 +411,7 @@ pub(super) fn fs_writer(
             // A read through a new open: exactly what the mount last answered.
             _ => match read_name(&path(i)) {
                 Ok(got) if generation.load(Ordering::SeqCst) == g => {
-                    seen.checked += 1;
-                    let want = names[i].clone();
-                    if !names[i].learn(got.clone(), g) {
-                        seen.bad += 1;
-                        eprintln!(
-                            "  FILE BAD f{i} while running: read {}, expected {}",
-                            describe(&got),
-                            want.states.last().map_or("nothing".into(), describe)
-                        );
-                    }
+                    check(&mut names[i], i, got, g, &mut seen, "while running");
                 }
                 _ => {
                     seen.errors += 1;
@@ -481,16 +477,8 @@ pub(super) fn fs_check_at_end(
                 Err(_) => std::thread::sleep(Duration::from_millis(300)),
             }
         };
-        seen.checked += 1;
-        let want = n.clone();
-        if !n.learn(got.clone(), g) {
-            seen.bad += 1;
-            eprintln!(
-                "  FILE BAD f{i} at the end (mount killed: {kill}): read {}, allowed {:?}",
-                describe(&got),
-                want.states.iter().map(describe).collect::<Vec<_>>()
-            );
-        }
+        let when = format!("at the end (mount killed: {kill})");
+        check(n, i, got, g, seen, &when);
     }
     let mut listed: Vec<String> = std::fs::read_dir(dir)
         .map(|d| {
