@@ -311,11 +311,13 @@ impl Shared {
             return Ok(());
         };
         let mut st = st.lock().await;
-        for d in ["/.fs", UNLINKED_DIR] {
+        // Shared by every mount and user: the service's directory readable by all, the
+        // waiting room writable by all with the sticky bit (as /tmp).
+        for (d, mode) in [("/.fs", 0o755), (UNLINKED_DIR, 0o1777)] {
             let make = FileOp::Make {
                 path: d.into(),
                 node: NewNode::Directory,
-                mode: 0o700,
+                mode,
                 uid: 0,
                 gid: 0,
                 now: time_of(SystemTime::now()),
