@@ -34,6 +34,8 @@ FLOOR=$WORK/floor
 BIND=$WORK/bind
 TAR=$ROOT/target/linux-source.tar
 TICK=$(getconf CLK_TCK)
+# shellcheck source=bench-lib.sh
+source "$ROOT/scripts/bench-lib.sh"
 
 [[ $(id -u) == 0 ]] || { echo "bench-files.sh needs root (bindfs, allow_other)" >&2; exit 2; }
 need=()
@@ -60,14 +62,8 @@ mkdir -p "$MNT" "$FLOOR" "$BIND"
 cd "$WORK"
 "$CAIRN" up --disk-size ${DISK_SIZE:-4g} --no-zero-fill --no-s3 --nbd-insecure --mount "$MNT" >"$ROOT/target/bench-files-up.log" 2>&1 &
 UP_PID=$!
-for _ in $(seq 1 120); do
-    grep -q " - fuse" <(grep " $MNT " /proc/self/mountinfo) 2>/dev/null && ls "$MNT" >/dev/null 2>&1 && break
-    sleep 0.5
-done
-grep -q " $MNT " /proc/self/mountinfo || { echo "the mount never came up ($ROOT/target/bench-files-up.log)" >&2; exit 1; }
+wait_for_mount "$MNT" "$ROOT/target/bench-files-up.log"
 bindfs "$FLOOR" "$BIND"
-# shellcheck source=bench-lib.sh
-source "$ROOT/scripts/bench-lib.sh"
 ratio() { python3 -c "print(round($1 / max($2, 1e-9), 3))"; }
 secs() { local s; s=$(date +%s.%N); "$@" >/dev/null; python3 -c "print(round($(date +%s.%N) - $s, 2))"; }
 echo "machine: $(nproc) cores, $(uname -r); cairn: $("$CAIRN" --version 2>/dev/null || echo "$CAIRN")"

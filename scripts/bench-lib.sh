@@ -1,5 +1,16 @@
-# Shared by the benchmark scripts that run `cairn bench create` against a `cairn up`: sourced,
-# not run. Needs UP_PID (the `cairn up` process) and TICK (getconf CLK_TCK).
+# Shared by the scripts that run against a `cairn up` (benchmarks, the file-system suites):
+# sourced, not run. The CPU functions need UP_PID (the `cairn up` process) and TICK (getconf
+# CLK_TCK).
+
+wait_for_mount() { # MNT LOG: waits up to 60 s for `cairn up --mount MNT` to answer; else exits
+    local mnt=$1 log=$2
+    for _ in $(seq 1 120); do
+        grep -q " - fuse" <(grep " $mnt " /proc/self/mountinfo) 2>/dev/null && ls "$mnt" >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    echo "the mount never came up ($log)" >&2
+    exit 1
+}
 
 cluster_cpu() { # seconds of CPU of the children of $UP_PID
     local t=0

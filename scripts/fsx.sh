@@ -44,11 +44,9 @@ cleanup
 mkdir -p "$MNT"
 "$CAIRN" up --data-dir "$DATA" --disk-size "${DISK_SIZE:-2g}" --no-zero-fill --no-s3 --no-nbd --mount "$MNT" \
     >"$ROOT/target/fsx-up.log" 2>&1 &
-for _ in $(seq 1 120); do
-    grep -q " - fuse" <(grep " $MNT " /proc/self/mountinfo) 2>/dev/null && ls "$MNT" >/dev/null 2>&1 && break
-    sleep 0.5
-done
-grep -q " $MNT " /proc/self/mountinfo || { echo "the mount never came up (target/fsx-up.log)" >&2; exit 1; }
+# shellcheck source=bench-lib.sh
+source "$ROOT/scripts/bench-lib.sh"
+wait_for_mount "$MNT" "$ROOT/target/fsx-up.log"
 
 failed=0
 # One run: its name, then the command; prints "NAME: ok|FAILED in S s" (the log is kept in

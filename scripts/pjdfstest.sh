@@ -51,11 +51,9 @@ cleanup
 mkdir -p "$MNT" "$FLOOR"
 "$CAIRN" up --data-dir "$DATA" --disk-size 768m --no-zero-fill --no-s3 --no-nbd --mount "$MNT" \
     >"$ROOT/target/pjdfstest-up.log" 2>&1 &
-for _ in $(seq 1 120); do
-    grep -q " - fuse" <(grep " $MNT " /proc/self/mountinfo) 2>/dev/null && ls "$MNT" >/dev/null 2>&1 && break
-    sleep 0.5
-done
-grep -q " $MNT " /proc/self/mountinfo || { echo "the mount never came up (target/pjdfstest-up.log)" >&2; exit 1; }
+# shellcheck source=bench-lib.sh
+source "$ROOT/scripts/bench-lib.sh"
+wait_for_mount "$MNT" "$ROOT/target/pjdfstest-up.log"
 
 # One run of the selected test files in DIR: "file number ok|not" lines.
 run() {
