@@ -326,11 +326,17 @@ impl DataConn {
             pending: &self.pending,
             id: h.request_id,
         };
-        if self.tx.send((h, cap, payload)).await.is_err() {
-            return Err(lost("writer gone".into()));
-        }
-        let (rh, rp) = match tokio::time::timeout(self.timeout, rx).await {
-            Ok(r) => r.map_err(|_| lost("reply dropped".into()))??,
+        // The timeout covers the wait for room in the send queue too: a writer stuck on a
+        // peer that stopped reading (a stopped process, a full socket) holds the queue, and a
+        // call must not wait on it without bound.
+        let sent_and_answered = async {
+            if self.tx.send((h, cap, payload)).await.is_err() {
+                return Err(lost("writer gone".into()));
+            }
+            rx.await.map_err(|_| lost("reply dropped".into()))?
+        };
+        let (rh, rp) = match tokio::time::timeout(self.timeout, sent_and_answered).await {
+            Ok(r) => r?,
             Err(_) => {
                 return Err(Error::Timeout {
                     addr: self.addr,

@@ -188,11 +188,13 @@ impl Segments {
                         Err(_) => tracing::warn!("closing a full segment timed out"),
                     }
                 }
-                self.start().await?;
+                crate::warn_if_slow("a new segment", 0, self.start()).await?;
             }
             let (seg, f) = self.open.as_mut().expect("started");
             let seg = *seg;
-            match f.append_bytes(buf.clone()).await {
+            match crate::warn_if_slow("an append to segment", seg, f.append_bytes(buf.clone()))
+                .await
+            {
                 Ok(base) => {
                     return Ok(at
                         .into_iter()
@@ -272,7 +274,7 @@ impl GroupWriter {
         {
             // Whoever holds the segment appends everything queued by then; a job already
             // taken by the holder before finds the queue without it and just waits.
-            let mut seg = self.segments.lock().await;
+            let mut seg = crate::warn_if_slow("the segment lock", 0, self.segments.lock()).await;
             let jobs = std::mem::take(&mut *self.pending.lock());
             if !jobs.is_empty() {
                 let all: Vec<Piece<'_>> = jobs

@@ -372,7 +372,7 @@ impl Shared {
         let Some(st) = self.files.lock().get(&ino).cloned() else {
             return Ok(());
         };
-        let mut g = st.lock().await;
+        let mut g = crate::warn_if_slow("the file's lock, to close it", ino, st.lock()).await;
         g.opens = g.opens.saturating_sub(1);
         if g.opens == 0
             && let Some(path) = g.unlinked.take()
@@ -519,13 +519,15 @@ impl Shared {
             .iter()
             .map(|(&offset, d)| (ino, offset, d.clone()))
             .collect();
-        let extents = self.segments.write(pieces).await.map_err(|e| match e {
-            Some(e) => {
-                tracing::warn!(ino, error = %e, "flushing a file's writes");
-                client_errno(&e)
-            }
-            None => Errno::EIO,
-        })?;
+        let extents = crate::warn_if_slow("a segment append", ino, self.segments.write(pieces))
+            .await
+            .map_err(|e| match e {
+                Some(e) => {
+                    tracing::warn!(ino, error = %e, "flushing a file's writes");
+                    client_errno(&e)
+                }
+                None => Errno::EIO,
+            })?;
         let size = st.size.unwrap_or(0);
         for part in extents.chunks(cairn_rpc::files::MAX_WRITE_EXTENTS) {
             let op = FileOp::Write {
@@ -535,7 +537,7 @@ impl Shared {
                 size,
                 now: time_of(SystemTime::now()),
             };
-            self.op(&op).await?;
+            crate::warn_if_slow("the masters' commit of extents", ino, self.op(&op)).await?;
         }
         if let Some(Data::Extents(x)) = &mut st.map {
             for e in &extents {
@@ -553,7 +555,11 @@ impl Shared {
     pub(crate) async fn flush(&self, ino: u64) -> Result<(), Errno> {
         let st = self.files.lock().get(&ino).cloned();
         match st {
-            Some(st) => self.flush_locked(ino, &mut *st.lock().await).await,
+            Some(st) => {
+                let mut g =
+                    crate::warn_if_slow("the file's lock, to flush it", ino, st.lock()).await;
+                self.flush_locked(ino, &mut g).await
+            }
             None => Ok(()),
         }
     }

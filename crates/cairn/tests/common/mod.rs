@@ -299,8 +299,6 @@ impl Cluster {
                         a.clone(),
                         "--masters".into(),
                         maddrs.join(","),
-                        "--disk-size".into(),
-                        "256m".into(),
                         // Fast to create; the process and `up` tests cover zero-filling.
                         "--no-zero-fill".into(),
                         "--heartbeat-ms".into(),
@@ -308,6 +306,13 @@ impl Cluster {
                         "--fault-injection".into(),
                     ]
                     .into_iter()
+                    // 256 MiB each unless the caller gives a size (sparse: --no-zero-fill).
+                    .chain(
+                        (!extra.contains(&"--disk-size"))
+                            .then(|| ["--disk-size".to_string(), "256m".to_string()])
+                            .into_iter()
+                            .flatten(),
+                    )
                     .chain(extra.iter().map(|s| s.to_string()))
                     .collect(),
                     addr: a,

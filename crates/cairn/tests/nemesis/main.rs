@@ -515,7 +515,7 @@ async fn nemesis() {
     let tls = env("CAIRN_NEMESIS_TLS", 0) == 1;
     let tls_dir = dir.path().join("tls");
     let tls_dir_arg = tls_dir.display().to_string();
-    let (mut master_extra, cs_extra): (Vec<&str>, Vec<&str>) = if tls {
+    let (mut master_extra, mut cs_extra): (Vec<&str>, Vec<&str>) = if tls {
         common::run_ok(common::cairn().args(["tls", "init"]).arg(&tls_dir));
         common::TLS_DIR.set(tls_dir.clone()).unwrap();
         (vec!["--tls-dir", &tls_dir_arg], vec!["--data-tls"])
@@ -525,6 +525,12 @@ async fn nemesis() {
     // Snapshots often and short logs behind them: a master killed for a while catches up by
     // receiving the leader's tables (streamed as a snapshot file), under the faults too.
     master_extra.extend(["--snapshot-every", "200", "--log-keep", "50"]);
+    // Room for what 200 scenarios leave (the writers' files, the mount's segments) on three
+    // servers while the fourth is down or came back empty: with 256 MiB the cluster filled
+    // (RELIABILITY.md, seed 62). The disks are sparse files (--no-zero-fill).
+    // CAIRN_NEMESIS_DISK gives another size (e.g. 256m, to run a full cluster).
+    let disk = std::env::var("CAIRN_NEMESIS_DISK").unwrap_or_else(|_| "1g".into());
+    cs_extra.extend(["--disk-size", &disk]);
     eprintln!("nemesis with TLS: {tls}");
     let mut cl = Cluster::start_full(dir.path(), 3, 4, &master_extra, &cs_extra).await;
     let masters = cl.master_addrs();
