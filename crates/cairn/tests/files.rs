@@ -113,6 +113,84 @@ fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> i32 {
     }
 }
 
+/// Extended attribute calls as a program makes them: `Err(errno)` on failure.
+mod xattr {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+
+    fn c(s: &[u8]) -> CString {
+        CString::new(s).unwrap()
+    }
+
+    fn ret(r: isize) -> Result<usize, i32> {
+        if r < 0 {
+            Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(-1))
+        } else {
+            Ok(r as usize)
+        }
+    }
+
+    pub fn set(p: &Path, name: &str, value: &[u8], flags: i32) -> Result<(), i32> {
+        let (p, n) = (c(p.as_os_str().as_bytes()), c(name.as_bytes()));
+        // SAFETY: NUL-terminated strings and a value slice with its length.
+        let r = unsafe {
+            libc::setxattr(
+                p.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                flags,
+            )
+        };
+        ret(r as isize).map(|_| ())
+    }
+
+    /// The value, read as programs do: its size first, then into a buffer that size.
+    pub fn get(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
+        let (p, n) = (c(p.as_os_str().as_bytes()), c(name.as_bytes()));
+        // SAFETY: NUL-terminated strings; a null buffer of size 0 asks for the size.
+        let len = ret(unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) })?;
+        let mut buf = vec![0u8; len];
+        // SAFETY: a buffer of `len` bytes.
+        let got = ret(unsafe {
+            libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        })?;
+        buf.truncate(got);
+        Ok(buf)
+    }
+
+    /// getxattr into a buffer of `size` bytes.
+    pub fn get_into(p: &Path, name: &str, size: usize) -> Result<usize, i32> {
+        let (p, n) = (c(p.as_os_str().as_bytes()), c(name.as_bytes()));
+        let mut buf = vec![0u8; size];
+        // SAFETY: a buffer of `size` bytes.
+        ret(unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), size) })
+    }
+
+    pub fn list(p: &Path) -> Result<Vec<String>, i32> {
+        let p = c(p.as_os_str().as_bytes());
+        // SAFETY: as `get`.
+        let len = ret(unsafe { libc::listxattr(p.as_ptr(), std::ptr::null_mut(), 0) })?;
+        let mut buf = vec![0u8; len];
+        // SAFETY: a buffer of `len` bytes.
+        let got = ret(unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), len) })?;
+        let mut names: Vec<String> = buf[..got]
+            .split(|&b| b == 0)
+            .filter(|n| !n.is_empty())
+            .map(|n| String::from_utf8(n.to_vec()).unwrap())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    pub fn remove(p: &Path, name: &str) -> Result<(), i32> {
+        let (p, n) = (c(p.as_os_str().as_bytes()), c(name.as_bytes()));
+        // SAFETY: NUL-terminated strings.
+        ret(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) } as isize).map(|_| ())
+    }
+}
+
 fn read_all(p: &Path) -> Vec<u8> {
     let mut v = Vec::new();
     File::open(p).unwrap().read_to_end(&mut v).unwrap();
@@ -314,6 +392,61 @@ async fn a_mount_serves_posix_operations_and_its_files_outlive_it() {
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut sv) }, 0);
     assert!(sv.f_blocks > 0 && sv.f_bfree > 0 && sv.f_bfree <= sv.f_blocks);
 
+    // Extended attributes, with setxattr(2)'s flags and the sizes programs ask for.
+    let x = m.path("xattrs");
+    fs::write(&x, b"data").unwrap();
+    assert_eq!(xattr::list(&x), Ok(vec![]));
+    assert_eq!(xattr::get(&x, "user.color"), Err(libc::ENODATA));
+    assert_eq!(xattr::set(&x, "user.color", b"blue", 0), Ok(()));
+    assert_eq!(xattr::get(&x, "user.color"), Ok(b"blue".to_vec()));
+    assert_eq!(xattr::get_into(&x, "user.color", 2), Err(libc::ERANGE));
+    assert_eq!(
+        xattr::set(&x, "user.color", b"red", libc::XATTR_CREATE),
+        Err(libc::EEXIST)
+    );
+    assert_eq!(
+        xattr::set(&x, "user.size", b"1", libc::XATTR_REPLACE),
+        Err(libc::ENODATA)
+    );
+    assert_eq!(
+        xattr::set(&x, "user.color", b"green", libc::XATTR_REPLACE),
+        Ok(())
+    );
+    assert_eq!(xattr::set(&x, "user.empty", b"", 0), Ok(()));
+    assert_eq!(xattr::get(&x, "user.empty"), Ok(Vec::new()));
+    assert_eq!(xattr::set(&x, "trusted.t", b"\0\xff binary", 0), Ok(()));
+    assert_eq!(
+        xattr::list(&x),
+        Ok(vec![
+            "trusted.t".into(),
+            "user.color".into(),
+            "user.empty".into()
+        ])
+    );
+    assert_eq!(xattr::remove(&x, "user.empty"), Ok(()));
+    assert_eq!(xattr::remove(&x, "user.empty"), Err(libc::ENODATA));
+    // Largest values (64 KiB) until the node's 128 KiB is full: ENOSPC, as ext4 says.
+    let big = bytes(3, 0, 65536);
+    assert_eq!(xattr::set(&x, "user.big1", &big, 0), Ok(()));
+    assert_eq!(xattr::set(&x, "user.big2", &big, 0), Err(libc::ENOSPC));
+    assert_eq!(xattr::get(&x, "user.big1"), Ok(big.clone()));
+    // No POSIX ACLs: a valid one (user rw, group r, other r) is refused.
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm) in [(0x01u16, 6u16), (0x04, 4), (0x20, 4)] {
+        acl.extend(tag.to_le_bytes());
+        acl.extend(perm.to_le_bytes());
+        acl.extend(u32::MAX.to_le_bytes());
+    }
+    assert_eq!(
+        xattr::set(&x, "system.posix_acl_access", &acl, 0),
+        Err(libc::EOPNOTSUPP)
+    );
+    // Directories hold them too; writes go on after (the kernel asks for
+    // security.capability before each write).
+    assert_eq!(xattr::set(&m.path("y"), "user.dir", b"d", 0), Ok(()));
+    fs::write(&x, bytes(4, 0, 100_000)).unwrap();
+    assert_eq!(read_all(&x), bytes(4, 0, 100_000));
+
     // Ctrl-C: every write flushed, unmounted; a new mount reads it all.
     fs::write(m.path("last"), b"written just before the unmount").unwrap();
     m.stop();
@@ -322,6 +455,9 @@ async fn a_mount_serves_posix_operations_and_its_files_outlive_it() {
         fs::read(m.path("last")).unwrap(),
         b"written just before the unmount"
     );
+    assert_eq!(xattr::get(&x, "user.color"), Ok(b"green".to_vec()));
+    assert_eq!(xattr::get(&m.path("y"), "user.dir"), Ok(b"d".to_vec()));
+    assert_eq!(xattr::get(&x, "user.big1"), Ok(big));
     assert_eq!(&read_all(&m.path("y/big"))[..1000], &want[..1000]);
     assert_eq!(fs::read_dir(m.path("many")).unwrap().count(), 1200);
     m.stop();
@@ -376,6 +512,16 @@ async fn two_mounts_share_one_namespace_close_to_open_and_survive_a_killed_mount
         line.contains(&data.len().to_string()),
         "its size listed: {line}"
     );
+
+    // An extended attribute set on A is read on B once its cache (1 s) has passed; removed
+    // on B, it is gone on A.
+    assert_eq!(xattr::get(&b.path("moved"), "user.k"), Err(libc::ENODATA));
+    assert_eq!(xattr::set(&a.path("moved"), "user.k", b"v", 0), Ok(()));
+    std::thread::sleep(cairn_files::ATTR_TTL + Duration::from_millis(300));
+    assert_eq!(xattr::get(&b.path("moved"), "user.k"), Ok(b"v".to_vec()));
+    assert_eq!(xattr::remove(&b.path("moved"), "user.k"), Ok(()));
+    std::thread::sleep(cairn_files::ATTR_TTL + Duration::from_millis(300));
+    assert_eq!(xattr::get(&a.path("moved"), "user.k"), Err(libc::ENODATA));
 
     // Unlinked while open on this mount: reads, writes and fstat go on (no link left); the
     // directory empties; the last close removes it.

@@ -18,7 +18,8 @@ use cairn_rpc::files::{Attr, Data, FileOp, FileQuery, FileReply, NewNode, Rename
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -553,6 +554,56 @@ impl Filesystem for CairnFs {
                 Err(e) => reply.error(e),
             }
         });
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let s = self.shared.clone();
+        let (name, value) = (name.to_owned(), value.to_vec());
+        self.spawn(async move {
+            match s.setxattr(ino.0, &name, Some(&value), flags).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let s = self.shared.clone();
+        let name = name.to_owned();
+        self.spawn(async move { xattr_reply(s.getxattr(ino.0, &name, size).await, reply) });
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let s = self.shared.clone();
+        self.spawn(async move { xattr_reply(s.listxattr(ino.0, size).await, reply) });
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let s = self.shared.clone();
+        let name = name.to_owned();
+        self.spawn(async move {
+            match s.setxattr(ino.0, &name, None, 0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+}
+
+fn xattr_reply(r: Result<crate::xattrs::Sized, Errno>, reply: ReplyXattr) {
+    match r {
+        Ok(crate::xattrs::Sized::Len(n)) => reply.size(n),
+        Ok(crate::xattrs::Sized::Data(d)) => reply.data(&d),
+        Err(e) => reply.error(e),
     }
 }
 

@@ -6,6 +6,7 @@ mod fs;
 pub mod mount;
 pub mod segment;
 mod shared;
+mod xattrs;
 
 pub use fs::CairnFs;
 pub use mount::{MountError, Options, clear_stale, mount};

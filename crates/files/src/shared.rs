@@ -68,6 +68,7 @@ pub(crate) struct Shared {
     pub(crate) dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
     pub(crate) segments: GroupWriter,
     pub(crate) next_handle: AtomicU64,
+    pub(crate) xattr_cache: crate::xattrs::XattrCache,
 }
 
 pub(crate) fn errno(e: &MetaError) -> Errno {
@@ -184,6 +185,7 @@ impl Shared {
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
+            xattr_cache: Default::default(),
         }
     }
 
@@ -430,6 +432,7 @@ impl Shared {
         match self.op(&op).await? {
             FileReply::Attr(a) => {
                 self.remember(parent, &name, &a);
+                self.xattr_cache.none(a.ino);
                 Ok(a)
             }
             _ => Err(Errno::EIO),
@@ -455,13 +458,30 @@ impl Shared {
     }
 
     pub(crate) async fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
-        let st = self.state(ino);
-        let mut st = st.lock().await;
-        let data = self.map_of(ino, &mut st).await?;
-        let file_size = st.size.unwrap_or(0);
-        if offset >= file_size {
-            return Ok(Vec::new());
-        }
+        // The file's lock is held while the map, the size and this mount's unflushed writes
+        // over the range are taken, not while the bytes are read: a read that waits on a
+        // slow or failing replica must not hold up the file's flushes (a close waited 56 s
+        // on one in the nemesis). The result is the file as it was when the read started.
+        let (data, file_size, over) = {
+            let st = self.state(ino);
+            let mut st = st.lock().await;
+            let data = self.map_of(ino, &mut st).await?;
+            let file_size = st.size.unwrap_or(0);
+            if offset >= file_size {
+                return Ok(Vec::new());
+            }
+            let end = offset.saturating_add(u64::from(size)).min(file_size);
+            let over: Vec<(u64, Vec<u8>)> = st
+                .dirty
+                .range(..end)
+                .filter_map(|(&o, d)| {
+                    let d_end = o + d.len() as u64;
+                    let (lo, hi) = (o.max(offset), d_end.min(end));
+                    (lo < hi).then(|| (lo, d[(lo - o) as usize..(hi - o) as usize].to_vec()))
+                })
+                .collect();
+            (data, file_size, over)
+        };
         let path = self.path(ino)?;
         let mut out = self
             .client
@@ -471,17 +491,10 @@ impl Shared {
                 tracing::warn!(ino, error = %e, "reading a file's bytes");
                 client_errno(&e)
             })?;
-        let end = offset + out.len() as u64;
         // This mount's unflushed writes over them.
-        for (&o, d) in st.dirty.range(..end) {
-            let d_end = o + d.len() as u64;
-            if d_end <= offset {
-                continue;
-            }
-            let lo = o.max(offset);
-            let hi = d_end.min(end);
-            out[(lo - offset) as usize..(hi - offset) as usize]
-                .copy_from_slice(&d[(lo - o) as usize..(hi - o) as usize]);
+        for (lo, d) in over {
+            let at = (lo - offset) as usize;
+            out[at..at + d.len()].copy_from_slice(&d);
         }
         Ok(out)
     }

@@ -30,6 +30,18 @@ pub const SYMLINK_MAX: usize = 4095;
 /// The most a file may hold, in bytes (2^63 - 1, as `off_t` allows).
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
+/// Longest extended attribute name, in bytes, namespace prefix included (Linux's
+/// `XATTR_NAME_MAX`).
+pub const XATTR_NAME_MAX: usize = 255;
+/// Largest extended attribute value, in bytes (Linux's `XATTR_SIZE_MAX`).
+pub const XATTR_SIZE_MAX: usize = 65536;
+/// Most bytes one node's extended attributes hold, names and values together (they live in
+/// the inode's record, read with every lookup); past it a set answers `ENOSPC`, as ext4
+/// does when its attribute block is full.
+pub const XATTRS_MAX: usize = 128 << 10;
+/// The extended attribute namespaces a node may hold (`system.` is POSIX ACLs: not kept).
+pub const XATTR_NAMESPACES: [&str; 3] = ["user.", "trusted.", "security."];
+
 /// The path of segment `seg`.
 pub fn segment_path(seg: u64) -> String {
     format!("{SEGMENTS_DIR}/{seg:016x}")
@@ -151,6 +163,18 @@ pub struct SetAttr {
     pub mtime: Option<Time>,
 }
 
+/// `setxattr(2)`'s flags: whether the attribute may, must or must not exist already.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum XattrSet {
+    /// Create it or replace it.
+    #[default]
+    Any,
+    /// `XATTR_CREATE`: it must not exist (`already-exists`).
+    Create,
+    /// `XATTR_REPLACE`: it must exist (answered [`FileReply::NoXattr`] when it does not).
+    Replace,
+}
+
 /// A change, applied by the partition that holds its path.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FileOp {
@@ -205,6 +229,18 @@ pub enum FileOp {
         len: u64,
         now: Time,
     },
+    /// `setxattr(2)` (`value` some) or `removexattr(2)` (none) of extended attribute `name`;
+    /// the node's ctime becomes `now`. Answers the node's attributes, or
+    /// [`FileReply::NoXattr`] when a removal or an [`XattrSet::Replace`] finds no such
+    /// attribute.
+    SetXattr {
+        path: String,
+        ino: u64,
+        name: String,
+        value: Option<Vec<u8>>,
+        flags: XattrSet,
+        now: Time,
+    },
 }
 
 impl FileOp {
@@ -215,7 +251,8 @@ impl FileOp {
             | FileOp::Remove { path, .. }
             | FileOp::SetAttr { path, .. }
             | FileOp::Write { path, .. }
-            | FileOp::Punch { path, .. } => path,
+            | FileOp::Punch { path, .. }
+            | FileOp::SetXattr { path, .. } => path,
             FileOp::Rename { from, .. } => from,
         }
     }
@@ -237,6 +274,8 @@ pub enum FileQuery {
     Map { path: String, ino: u64 },
     /// The file system's size and free space.
     Statfs,
+    /// Every extended attribute of `path` (inode `ino`).
+    Xattrs { path: String, ino: u64 },
 }
 
 /// One directory entry.
@@ -269,6 +308,10 @@ pub enum FileReply {
         free: u64,
         files: u64,
     },
+    /// A node's extended attributes, by name.
+    Xattrs(std::collections::BTreeMap<String, Vec<u8>>),
+    /// SetXattr: no attribute of that name to remove or replace (`ENODATA`).
+    NoXattr,
 }
 
 /// The bytes of `extents` after cutting out `[from, to)`.
@@ -358,6 +401,38 @@ pub fn check_name(name: &str) -> Result<(), crate::MetaError> {
     Ok(())
 }
 
+/// Checks an extended attribute's name and value (`None`: a removal).
+///
+/// # Errors
+/// `invalid-argument` naming what is wrong: no known namespace prefix or nothing after it, a
+/// NUL, a name longer than [`XATTR_NAME_MAX`] bytes, a value longer than [`XATTR_SIZE_MAX`].
+pub fn check_xattr(name: &str, value: Option<&[u8]>) -> Result<(), crate::MetaError> {
+    let known = XATTR_NAMESPACES
+        .iter()
+        .any(|ns| name.len() > ns.len() && name.starts_with(ns));
+    if !known {
+        return Err(crate::MetaError::invalid(format!(
+            "extended attribute {name:?}: the name starts with one of {} and goes on",
+            XATTR_NAMESPACES.join(", ")
+        )));
+    }
+    if name.len() > XATTR_NAME_MAX || name.contains('\0') {
+        return Err(crate::MetaError::invalid(format!(
+            "extended attribute name of {} bytes: at most {XATTR_NAME_MAX}, no NUL",
+            name.len()
+        )));
+    }
+    if let Some(v) = value
+        && v.len() > XATTR_SIZE_MAX
+    {
+        return Err(crate::MetaError::invalid(format!(
+            "extended attribute value of {} bytes: at most {XATTR_SIZE_MAX}",
+            v.len()
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,6 +482,27 @@ mod tests {
         assert_eq!(x, vec![ext(0, 200, 3, 7), ext(300, 1, 3, 500)]);
         cut(&mut x, 100, u64::MAX);
         assert_eq!(x, vec![ext(0, 100, 3, 7)]);
+    }
+
+    #[test]
+    fn xattr_names_and_values_are_checked() {
+        assert!(check_xattr("user.a", Some(b"v")).is_ok());
+        assert!(check_xattr("trusted.x", None).is_ok());
+        assert!(check_xattr("security.selinux", Some(&[0; XATTR_SIZE_MAX])).is_ok());
+        for bad in [
+            "user.",
+            "user",
+            "system.posix_acl_access",
+            "other.a",
+            "",
+            "user.a\0",
+        ] {
+            assert!(check_xattr(bad, Some(b"v")).is_err(), "{bad:?}");
+        }
+        let long = format!("user.{}", "x".repeat(XATTR_NAME_MAX - 4));
+        assert!(check_xattr(&long, None).is_err());
+        assert!(check_xattr(&long[..XATTR_NAME_MAX], None).is_ok());
+        assert!(check_xattr("user.a", Some(&[0; XATTR_SIZE_MAX + 1])).is_err());
     }
 
     #[test]

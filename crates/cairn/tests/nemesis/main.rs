@@ -49,6 +49,7 @@ mod plan;
 mod renames;
 mod report;
 mod s3;
+mod watchdog;
 
 use files::*;
 use metadata::{check_metadata, compare_copies};
@@ -111,6 +112,7 @@ async fn scenario(
         request_timeout: Duration::from_secs(2),
         ..ClientOptions::default()
     };
+    watchdog::step(index, "the start");
     let c = cl.client_with(opts.clone()).await;
     let stop = Arc::new(AtomicBool::new(false));
     let files: Vec<(String, u64)> = (0..WRITERS)
@@ -255,6 +257,7 @@ async fn scenario(
     let mover = moving
         .clone()
         .map(|dir| split(dir, cl.master_addrs().join(",")));
+    watchdog::step(index, "the faults");
     let t0 = Instant::now();
     for (at, i, begin) in events {
         tokio::time::sleep(at.saturating_sub(t0.elapsed())).await;
@@ -295,20 +298,26 @@ async fn scenario(
     }
     tokio::time::sleep(ACTIVE.saturating_sub(t0.elapsed())).await;
     stop.store(true, Ordering::Relaxed);
+    watchdog::step(index, "the append writers");
     let mut written = Vec::new();
     for w in writers {
         written.push(w.await.expect("writer task"));
     }
+    watchdog::step(index, "the reader");
     let seen = rd.await.expect("reader task");
+    watchdog::step(index, "the renamer");
     let renamed = renamer.await.expect("renamer task");
     t.renames += renamed.renames;
     t.rename_errors += renamed.errors;
     t.renames_lost += renamed.lost;
+    watchdog::step(index, "the S3 writers");
     let mut s3_seen = Vec::new();
     for w in s3_writers {
         s3_seen.push(w.await.expect("s3 writer task"));
     }
+    watchdog::step(index, "the S3 reader");
     s3_seen.push(s3_rd.await.expect("s3 reader task"));
+    watchdog::step(index, "the NBD client");
     let (model, nbd_seen) = nbd_rd.await.expect("nbd client");
     nbd.model = Some(model);
     t.nbd_writes += nbd_seen.writes;
@@ -316,7 +325,9 @@ async fn scenario(
     t.nbd_blocks_checked += nbd_seen.checked;
     t.nbd_bad_blocks += nbd_seen.bad;
     t.nbd_unreadable += u64::from(nbd_seen.unreadable);
+    watchdog::step(index, "the file writer");
     let (mut fs_model, fs_open, mut fs_seen) = fs_rd.await.expect("file writer");
+    watchdog::step(index, "the files' check at the end");
     tokio::task::block_in_place(|| {
         let kill = index.is_multiple_of(FS_KILL_EVERY);
         fs_check_at_end(mnt, kill, &fs_dir, &mut fs_model, fs_open, &mut fs_seen);
@@ -327,6 +338,7 @@ async fn scenario(
     t.fs_synced += fs_seen.synced;
     t.fs_checked += fs_seen.checked;
     t.fs_bad += fs_seen.bad;
+    watchdog::step(index, "the S3 check at the end");
     let s3_lost = s3_verify_and_delete(&gw.s3, &s3_log).await;
     t.s3_losses += s3_lost;
     for s in &s3_seen {
@@ -338,6 +350,7 @@ async fn scenario(
     }
 
     // The move ends: its driver, or the next leader's, or the split asked again.
+    watchdog::step(index, "the move's end");
     let mut moved_to = None;
     if let (Some(dir), Some(m)) = (&moving, mover) {
         let out = m.await.expect("split task");
@@ -382,6 +395,7 @@ async fn scenario(
         }
     }
 
+    watchdog::step(index, "the appends' verification");
     let mut lost = 0;
     for ((path, fseed), w) in files.iter().zip(&written) {
         let l = verify(&c, path, *fseed, w.acked).await;
@@ -407,6 +421,7 @@ async fn scenario(
     t.scenarios += 1;
     // Every chunk written returns to all its copies (the masters' locations), and the
     // leader counts nothing short or being repaired.
+    watchdog::step(index, "the copies' return");
     let deadline = Instant::now() + Duration::from_secs(90);
     let s = loop {
         let mut short = Vec::new();
@@ -454,7 +469,9 @@ async fn scenario(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
+    watchdog::step(index, "the metadata check");
     check_metadata(cl, t).await;
+    watchdog::step(index, "the copies' comparison");
     compare_copies(cl, t).await;
     eprintln!("  renames {renamed:?}");
     eprintln!(
@@ -483,6 +500,7 @@ async fn scenario(
         fs_seen.checked,
         fs_seen.bad,
     );
+    watchdog::step(index, "the deletes");
     for (path, _) in &files {
         c.delete(path).await.expect("delete");
     }
@@ -583,6 +601,7 @@ async fn nemesis() {
     // The file service: a `cairn mount` the scenarios' file writers use.
     let mut mnt = MountSvc::start(&dir.path().join("mnt"), &masters);
     let mut t = Totals::default();
+    watchdog::start();
     let started = Instant::now();
     for i in first..first + scenarios {
         scenario(

@@ -305,6 +305,7 @@ mod tests {
                 seg: 3,
                 seg_offset: 4,
             }]),
+            xattrs: [("user.a".to_string(), vec![0, 1, 2])].into(),
         }))));
     }
 

@@ -43,7 +43,8 @@ impl Inner {
             | FileOp::Remove { path, now, .. }
             | FileOp::SetAttr { path, now, .. }
             | FileOp::Write { path, now, .. }
-            | FileOp::Punch { path, now, .. } => {
+            | FileOp::Punch { path, now, .. }
+            | FileOp::SetXattr { path, now, .. } => {
                 *path = convert::path(path)?;
                 *now = t;
             }
@@ -97,7 +98,8 @@ impl Inner {
             }
             FileQuery::Lookup { path }
             | FileQuery::Readdir { path, .. }
-            | FileQuery::Map { path, .. } => {
+            | FileQuery::Map { path, .. }
+            | FileQuery::Xattrs { path, .. } => {
                 let path = convert::path(path)?;
                 let routed = self.route(&path).await?;
                 self.check_above(&routed, who)?;
@@ -107,7 +109,9 @@ impl Inner {
                     // Search on the way; read on a directory listed.
                     let ino = st.lookup(&path)?;
                     st.check_reach(ino.id, name)?;
-                    if matches!(q, FileQuery::Readdir { .. }) {
+                    // Read on an extended attribute's node (the kernel asks the same of
+                    // the process for user.*).
+                    if matches!(q, FileQuery::Readdir { .. } | FileQuery::Xattrs { .. }) {
                         st.check_inode(ino.id, name, crate::state::perm::READ)?;
                     }
                 }
@@ -122,6 +126,7 @@ impl Inner {
                         limit,
                     },
                     FileQuery::Map { ino, .. } => FileQuery::Map { path, ino },
+                    FileQuery::Xattrs { ino, .. } => FileQuery::Xattrs { path, ino },
                     FileQuery::Statfs => FileQuery::Statfs,
                 };
                 st.file_query(&q)?

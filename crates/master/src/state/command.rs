@@ -445,6 +445,7 @@ fn file_op_name(op: &cairn_rpc::files::FileOp) -> &'static str {
         F::SetAttr { .. } => "setattr",
         F::Write { .. } => "write",
         F::Punch { .. } => "punch",
+        F::SetXattr { .. } => "setxattr",
     }
 }
 

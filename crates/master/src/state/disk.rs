@@ -9,9 +9,10 @@ use redb::WriteTransaction;
 use serde::Deserializer;
 use std::sync::Arc;
 
-/// Inodes by id (docs/formats/master-state.md). Version 2 adds `posix` (the file service's
-/// attributes, docs/files.md); version 1 records are read as having none.
-pub const INODES: TableDef = TableDef::new("inodes", 2).upgraded_by(inode_from_v1);
+/// Inodes by id (docs/formats/master-state.md). Version 2 added `posix` (the file service's
+/// attributes, docs/files.md), version 3 `posix.xattrs`; older records are read as having
+/// none.
+pub const INODES: TableDef = TableDef::new("inodes", 3).upgraded_by(inode_from_old);
 /// (parent, name) → child.
 pub const DENTRIES: TableDef = TableDef::new("dentries", 1);
 /// chunk → the file that owns it.
@@ -49,72 +50,152 @@ impl From<InodeV1> for Inode {
     }
 }
 
-/// A version 1 record of `inodes` as version 2 (see [`crate::kv::upgrade`]).
+/// [`Inode`] as version 2 stored it: `posix` without `xattrs`.
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct InodeV2 {
+    id: InodeId,
+    parent: InodeId,
+    name: String,
+    ctime_ms: u64,
+    mtime_ms: u64,
+    kind: super::Kind,
+    owner: String,
+    mode: u16,
+    posix: Option<Box<PosixV2>>,
+}
+
+/// [`super::Posix`] as version 2 of `inodes` stored it: the same fields but `xattrs`.
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct PosixV2 {
+    kind: cairn_rpc::files::NodeType,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    size: u64,
+    atime: cairn_rpc::files::Time,
+    mtime: cairn_rpc::files::Time,
+    ctime: cairn_rpc::files::Time,
+    rdev: u32,
+    target: String,
+    extents: Option<Vec<cairn_rpc::files::Extent>>,
+}
+
+impl From<InodeV2> for Inode {
+    fn from(i: InodeV2) -> Self {
+        Inode {
+            id: i.id,
+            parent: i.parent,
+            name: i.name,
+            ctime_ms: i.ctime_ms,
+            mtime_ms: i.mtime_ms,
+            kind: i.kind,
+            owner: i.owner,
+            mode: i.mode,
+            posix: i.posix.map(|p| {
+                Box::new(super::Posix {
+                    kind: p.kind,
+                    uid: p.uid,
+                    gid: p.gid,
+                    nlink: p.nlink,
+                    size: p.size,
+                    atime: p.atime,
+                    mtime: p.mtime,
+                    ctime: p.ctime,
+                    rdev: p.rdev,
+                    target: p.target,
+                    extents: p.extents,
+                    xattrs: Default::default(),
+                })
+            }),
+        }
+    }
+}
+
+/// An inode record of an older version (1 or 2), as a current one.
+fn old_inode(bytes: &[u8]) -> Result<Inode, crate::kv::RecordError> {
+    use crate::kv::codec::decode_record;
+    Ok(match bytes.first() {
+        Some(1) => decode_record::<InodeV1>(INODES.name, 1, bytes)?.into(),
+        _ => decode_record::<InodeV2>(INODES.name, 2, bytes)?.into(),
+    })
+}
+
+/// A version 1 or 2 record of `inodes` as the current version (see [`crate::kv::upgrade`]).
 ///
 /// # Errors
-/// The bytes are not a version 1 record.
-pub fn inode_from_v1(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
-    let i: InodeV1 = crate::kv::codec::decode_record(INODES.name, 1, bytes)?;
+/// The bytes are not a version 1 or 2 record.
+pub fn inode_from_old(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
     Ok(crate::kv::codec::encode_record(
         INODES.version,
-        &Inode::from(i),
+        &old_inode(bytes)?,
     ))
 }
 
-/// The `txns` cell as version 1 stored it: decisions carry version 1 inodes.
+/// The `txns` cell as versions 1 and 2 stored it: decisions carry inodes of that version.
 #[derive(serde::Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
-struct TxnsV1 {
+struct TxnsOld<I> {
     next: u64,
-    open: std::collections::BTreeMap<u64, IntentV1>,
+    open: std::collections::BTreeMap<u64, IntentOld<I>>,
 }
 
 #[derive(serde::Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
-struct IntentV1 {
+struct IntentOld<I> {
     from: String,
     to: String,
     src: super::partitions::PartitionId,
     dst: super::partitions::PartitionId,
     started_ms: u64,
-    decision: Option<DecisionV1>,
+    decision: Option<DecisionOld<I>>,
 }
 
 #[derive(serde::Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
-enum DecisionV1 {
-    Commit(Box<InodeV1>),
+enum DecisionOld<I> {
+    Commit(Box<I>),
     Abort,
 }
 
-/// A version 1 `txns` cell as version 2.
+impl<I: Into<Inode>> TxnsOld<I> {
+    fn current(self) -> super::txn::Txns {
+        use super::txn::{Decision, Intent, Txns};
+        Txns {
+            next: self.next,
+            open: self
+                .open
+                .into_iter()
+                .map(|(id, i)| {
+                    let decision = i.decision.map(|d| match d {
+                        DecisionOld::Commit(ino) => Decision::Commit(Box::new((*ino).into())),
+                        DecisionOld::Abort => Decision::Abort,
+                    });
+                    let intent = Intent {
+                        from: i.from,
+                        to: i.to,
+                        src: i.src,
+                        dst: i.dst,
+                        started_ms: i.started_ms,
+                        decision,
+                    };
+                    (id, intent)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A version 1 or 2 `txns` cell as the current version.
 ///
 /// # Errors
-/// The bytes are not a version 1 record.
-pub fn txns_from_v1(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
-    use super::txn::{Decision, Intent, Txns};
-    let t: TxnsV1 = crate::kv::codec::decode_record(TXNS.name, 1, bytes)?;
-    let txns = Txns {
-        next: t.next,
-        open: t
-            .open
-            .into_iter()
-            .map(|(id, i)| {
-                let decision = i.decision.map(|d| match d {
-                    DecisionV1::Commit(ino) => Decision::Commit(Box::new(Inode::from(*ino))),
-                    DecisionV1::Abort => Decision::Abort,
-                });
-                let intent = Intent {
-                    from: i.from,
-                    to: i.to,
-                    src: i.src,
-                    dst: i.dst,
-                    started_ms: i.started_ms,
-                    decision,
-                };
-                (id, intent)
-            })
-            .collect(),
+/// The bytes are not a version 1 or 2 record.
+pub fn txns_from_old(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
+    use crate::kv::codec::decode_record;
+    let txns = match bytes.first() {
+        Some(1) => decode_record::<TxnsOld<InodeV1>>(TXNS.name, 1, bytes)?.current(),
+        _ => decode_record::<TxnsOld<InodeV2>>(TXNS.name, 2, bytes)?.current(),
     };
     Ok(crate::kv::codec::encode_record(TXNS.version, &txns))
 }
@@ -164,8 +245,8 @@ const MOVE_SHARDS: TableDef = cell("move_shards");
 const HOME: TableDef = cell("home");
 const MOVING: TableDef = cell("moving");
 const LOAD_SEALED: TableDef = cell("load_sealed");
-/// Version 2: the inode a decision carries is a version 2 inode.
-const TXNS: TableDef = TableDef::new("txns", 2).upgraded_by(txns_from_v1);
+/// The inode a decision carries is an inode of `INODES`' version: 3 since xattrs.
+const TXNS: TableDef = TableDef::new("txns", 3).upgraded_by(txns_from_old);
 const LOCKS: TableDef = cell("locks");
 
 /// Every table of the state, cells included (what a snapshot file holds; `counts` is
@@ -640,11 +721,13 @@ mod tests {
         assert_ne!(other_crc, changed);
     }
 
-    /// Version 1 inodes and `txns` (from before the file service) convert to version 2 with
-    /// no POSIX attributes and otherwise the same fields; version 2 bytes are not converted.
+    /// Version 1 inodes and `txns` (from before the file service) and version 2 ones (before
+    /// xattrs) convert to version 3 with the fields they lack empty and the rest the same;
+    /// version 3 bytes are not converted.
     #[test]
-    fn version_1_inodes_and_txns_convert_to_version_2() {
+    fn version_1_and_2_inodes_and_txns_convert_to_version_3() {
         use crate::kv::codec::{decode_record, encode_record};
+        use cairn_rpc::files::{Extent, NodeType, Time};
         let v1 = || InodeV1 {
             id: 42,
             parent: 1,
@@ -655,34 +738,83 @@ mod tests {
             owner: "alice".into(),
             mode: 0o750,
         };
-        let bytes = inode_from_v1(&encode_record(1, &v1())).unwrap();
-        assert_eq!(bytes[0], 2);
-        let ino: Inode = decode_record("inodes", 2, &bytes).unwrap();
+        let bytes = inode_from_old(&encode_record(1, &v1())).unwrap();
+        assert_eq!(bytes[0], 3);
+        let ino: Inode = decode_record("inodes", 3, &bytes).unwrap();
         assert_eq!(ino, Inode::from(v1()));
         assert_eq!((ino.id, ino.owner.as_str(), ino.mode), (42, "alice", 0o750));
         assert!(ino.posix.is_none());
-        assert!(inode_from_v1(&bytes).is_err(), "version 2 is not converted");
-        let txns = TxnsV1 {
-            next: 9,
-            open: [(
-                8,
-                IntentV1 {
-                    from: "/a".into(),
-                    to: "/p/a".into(),
-                    src: 0,
-                    dst: 1,
-                    started_ms: 5,
-                    decision: Some(DecisionV1::Commit(Box::new(v1()))),
-                },
-            )]
-            .into(),
+        assert!(
+            inode_from_old(&bytes).is_err(),
+            "version 3 is not converted"
+        );
+        let v2 = || InodeV2 {
+            id: 43,
+            parent: 1,
+            name: "g".into(),
+            ctime_ms: 5,
+            mtime_ms: 6,
+            kind: super::super::Kind::Dir,
+            owner: "bob".into(),
+            mode: 0o640,
+            posix: Some(Box::new(PosixV2 {
+                kind: NodeType::Regular,
+                uid: 7,
+                gid: 8,
+                nlink: 1,
+                size: 9,
+                atime: Time { secs: 1, nanos: 2 },
+                mtime: Time { secs: 3, nanos: 4 },
+                ctime: Time { secs: 5, nanos: 6 },
+                rdev: 0,
+                target: String::new(),
+                extents: Some(vec![Extent {
+                    offset: 0,
+                    len: 9,
+                    seg: 11,
+                    seg_offset: 32,
+                }]),
+            })),
         };
-        let bytes = txns_from_v1(&encode_record(1, &txns)).unwrap();
-        let t: super::super::txn::Txns = decode_record("txns", 2, &bytes).unwrap();
-        assert_eq!(t.next, 9);
-        match &t.open[&8].decision {
-            Some(super::super::txn::Decision::Commit(i)) => assert_eq!(**i, Inode::from(v1())),
-            other => panic!("{other:?}"),
+        let bytes = inode_from_old(&encode_record(2, &v2())).unwrap();
+        let ino: Inode = decode_record("inodes", 3, &bytes).unwrap();
+        assert_eq!(ino, Inode::from(v2()));
+        let p = ino.posix.as_ref().unwrap();
+        assert_eq!((p.uid, p.gid, p.size, p.mtime.nanos), (7, 8, 9, 4));
+        assert_eq!(p.extents.as_ref().unwrap()[0].seg, 11);
+        assert!(p.xattrs.is_empty());
+        fn txns<I>(ino: I) -> TxnsOld<I> {
+            TxnsOld {
+                next: 9,
+                open: [(
+                    8,
+                    IntentOld {
+                        from: "/a".into(),
+                        to: "/p/a".into(),
+                        src: 0,
+                        dst: 1,
+                        started_ms: 5,
+                        decision: Some(DecisionOld::Commit(Box::new(ino))),
+                    },
+                )]
+                .into(),
+            }
         }
+        let decided = |bytes: &[u8]| {
+            let t: super::super::txn::Txns = decode_record("txns", 3, bytes).unwrap();
+            assert_eq!(t.next, 9);
+            match &t.open[&8].decision {
+                Some(super::super::txn::Decision::Commit(i)) => (**i).clone(),
+                other => panic!("{other:?}"),
+            }
+        };
+        let from_1 = txns_from_old(&encode_record(1, &txns(v1()))).unwrap();
+        assert_eq!(decided(&from_1), Inode::from(v1()));
+        let from_2 = txns_from_old(&encode_record(2, &txns(v2()))).unwrap();
+        assert_eq!(decided(&from_2), Inode::from(v2()));
+        assert!(
+            txns_from_old(&from_2).is_err(),
+            "version 3 is not converted"
+        );
     }
 }

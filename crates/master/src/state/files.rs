@@ -10,7 +10,7 @@
 use super::*;
 use cairn_rpc::files::{
     Attr, Data, Entry, Extent, FileOp, FileQuery, FileReply, MAX_FILE_SIZE, NewNode, NodeType,
-    RenameFlags, SetAttr, Time, cut, overlay,
+    RenameFlags, SetAttr, Time, XattrSet, cut, overlay,
 };
 
 fn stale(path: &str, ino: u64) -> MetaError {
@@ -85,6 +85,7 @@ impl State {
                 target: String::new(),
                 // A file `cairn fs` wrote: its own log holds its bytes until a write.
                 extents: (!file).then(Vec::new),
+                xattrs: Default::default(),
             }));
         }
         ino.posix.as_mut().expect("just made")
@@ -152,6 +153,14 @@ impl State {
                 len,
                 now,
             } => self.punch_node(path, *ino, *offset, *len, *now)?,
+            FileOp::SetXattr {
+                path,
+                ino,
+                name,
+                value,
+                flags,
+                now,
+            } => self.set_xattr(path, *ino, name, value.as_deref(), *flags, *now)?,
         };
         Ok(Reply {
             file: Some(reply),
@@ -216,6 +225,7 @@ impl State {
             rdev,
             target,
             extents: (kind == NodeType::Regular).then(Vec::new),
+            xattrs: Default::default(),
         };
         self.inodes.get_mut(&id).expect("inserted").posix = Some(Box::new(posix));
         self.touch_dir(parent, now, i32::from(dir));
@@ -548,6 +558,61 @@ impl State {
         Ok(FileReply::Attr(self.node_attr(&self.ino(node.id))))
     }
 
+    /// Sets (`value` some) or removes extended attribute `name` of the node at `path`.
+    fn set_xattr(
+        &mut self,
+        path: &str,
+        ino: u64,
+        name: &str,
+        value: Option<&[u8]>,
+        flags: XattrSet,
+        now: Time,
+    ) -> Result<FileReply, MetaError> {
+        cairn_rpc::files::check_xattr(name, value)?;
+        let node = self.node(path, ino)?;
+        let held = node
+            .posix
+            .as_ref()
+            .is_some_and(|p| p.xattrs.contains_key(name));
+        match (value, flags, held) {
+            (None, _, false) | (Some(_), XattrSet::Replace, false) => {
+                return Ok(FileReply::NoXattr);
+            }
+            (Some(_), XattrSet::Create, true) => {
+                return Err(MetaError::new(
+                    ErrorKind::AlreadyExists,
+                    format!("{path}: extended attribute {name} exists"),
+                ));
+            }
+            _ => {}
+        }
+        if let Some(v) = value {
+            let others: usize = node.posix.as_ref().map_or(0, |p| {
+                p.xattrs
+                    .iter()
+                    .filter(|(n, _)| n.as_str() != name)
+                    .map(|(n, v)| n.len() + v.len())
+                    .sum()
+            });
+            if others + name.len() + v.len() > cairn_rpc::files::XATTRS_MAX {
+                return Err(MetaError::new(
+                    ErrorKind::NoSpace,
+                    format!(
+                        "{path}: its extended attributes would hold more than {} bytes",
+                        cairn_rpc::files::XATTRS_MAX
+                    ),
+                ));
+            }
+        }
+        let p = self.posix_mut(node.id);
+        match value {
+            Some(v) => p.xattrs.insert(name.to_owned(), v.to_vec()),
+            None => p.xattrs.remove(name),
+        };
+        p.ctime = now;
+        Ok(FileReply::Attr(self.node_attr(&self.ino(node.id))))
+    }
+
     /// Answers a file service read (all but `Statfs`, which needs the chunkservers).
     ///
     /// # Errors
@@ -592,6 +657,15 @@ impl State {
                     target,
                 })
             }
+            FileQuery::Xattrs { path, ino } => {
+                let node = self.node(path, *ino)?;
+                Ok(FileReply::Xattrs(
+                    node.posix
+                        .as_ref()
+                        .map(|p| p.xattrs.clone())
+                        .unwrap_or_default(),
+                ))
+            }
             FileQuery::Statfs => Err(MetaError::internal("statfs is answered by the service")),
         }
     }
@@ -629,6 +703,19 @@ impl State {
             }
             FileOp::Write { path, .. } | FileOp::Punch { path, .. } => {
                 self.check_path(path, user, perm::WRITE).map(|_| ())
+            }
+            // As the kernel checks user.* (write permission on the node); trusted.* and
+            // security.* the kernel keeps to privileged processes, and the masters to the
+            // node's owner.
+            FileOp::SetXattr { path, name, .. } => {
+                let ino = self.check_path(path, user, perm::WRITE)?;
+                if !name.starts_with("user.") && ino.owner != user {
+                    return Err(MetaError::new(
+                        ErrorKind::PermissionDenied,
+                        format!("{path}: only its owner sets {name}"),
+                    ));
+                }
+                Ok(())
             }
         }
     }

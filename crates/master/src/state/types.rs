@@ -331,6 +331,10 @@ pub struct Posix {
     /// A regular file's bytes, in offset order, none overlapping; `None`: the file's own
     /// FlatLogFile holds them (a file `cairn fs` wrote, then touched by a mount).
     pub extents: Option<Vec<cairn_rpc::files::Extent>>,
+    /// Extended attributes by name (`user.`, `trusted.`, `security.`; at most
+    /// [`cairn_rpc::files::XATTRS_MAX`] bytes of names and values). Version 3 of `inodes`.
+    #[serde(default)]
+    pub xattrs: std::collections::BTreeMap<String, Vec<u8>>,
 }
 
 impl Inode {

@@ -501,3 +501,102 @@ fn a_user_changes_only_what_the_bits_let_them() {
         ErrorKind::PermissionDenied
     );
 }
+
+#[test]
+fn xattrs_are_set_replaced_removed_and_bounded() {
+    let mut s = State::default();
+    let f = make(&mut s, "/f", NewNode::Regular);
+    let set = |s: &mut State, name: &str, value: Option<&[u8]>, flags: XattrSet| {
+        apply(
+            s,
+            FileOp::SetXattr {
+                path: "/f".into(),
+                ino: f.ino,
+                name: name.into(),
+                value: value.map(<[u8]>::to_vec),
+                flags,
+                now: t(7000),
+            },
+        )
+    };
+    let all = |s: &State| match s
+        .file_query(&FileQuery::Xattrs {
+            path: "/f".into(),
+            ino: f.ino,
+        })
+        .unwrap()
+    {
+        FileReply::Xattrs(x) => x,
+        other => panic!("{other:?}"),
+    };
+    assert!(all(&s).is_empty());
+    // XATTR_REPLACE of a missing one, and removing one, answer "no such attribute".
+    assert_eq!(
+        set(&mut s, "user.a", Some(b"1"), XattrSet::Replace).unwrap(),
+        FileReply::NoXattr
+    );
+    assert_eq!(
+        set(&mut s, "user.a", None, XattrSet::Any).unwrap(),
+        FileReply::NoXattr
+    );
+    match set(&mut s, "user.a", Some(b"1"), XattrSet::Create).unwrap() {
+        FileReply::Attr(a) => assert_eq!(a.ctime, t(7000)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        kind(set(&mut s, "user.a", Some(b"2"), XattrSet::Create)),
+        ErrorKind::AlreadyExists
+    );
+    set(&mut s, "user.a", Some(b"22"), XattrSet::Replace).unwrap();
+    set(&mut s, "trusted.b", Some(b""), XattrSet::Any).unwrap();
+    assert_eq!(
+        all(&s),
+        [
+            ("trusted.b".to_string(), Vec::new()),
+            ("user.a".to_string(), b"22".to_vec())
+        ]
+        .into()
+    );
+    // Bad names and values are refused; so is more than XATTRS_MAX in all.
+    for bad in ["user.", "system.posix_acl_access", "nonsense"] {
+        assert_eq!(
+            kind(set(&mut s, bad, Some(b"1"), XattrSet::Any)),
+            ErrorKind::InvalidArgument,
+            "{bad}"
+        );
+    }
+    let big = vec![7u8; cairn_rpc::files::XATTR_SIZE_MAX];
+    set(&mut s, "user.big1", Some(&big), XattrSet::Any).unwrap();
+    assert_eq!(
+        kind(set(&mut s, "user.big2", Some(&big), XattrSet::Any)),
+        ErrorKind::NoSpace
+    );
+    // Replacing one with a value of the same size fits (its old bytes do not count).
+    set(&mut s, "user.big1", Some(&big), XattrSet::Any).unwrap();
+    set(&mut s, "user.big1", None, XattrSet::Any).unwrap();
+    set(&mut s, "user.big2", Some(&big), XattrSet::Any).unwrap();
+    assert_eq!(all(&s).len(), 3);
+    // A directory holds them too; a stale inode number is refused.
+    make(&mut s, "/d", NewNode::Directory);
+    apply(
+        &mut s,
+        FileOp::SetXattr {
+            path: "/d".into(),
+            ino: 0,
+            name: "user.d".into(),
+            value: Some(b"x".to_vec()),
+            flags: XattrSet::Any,
+            now: t(7100),
+        },
+    )
+    .unwrap();
+    let stale = FileOp::SetXattr {
+        path: "/d".into(),
+        ino: f.ino,
+        name: "user.d".into(),
+        value: None,
+        flags: XattrSet::Any,
+        now: t(7200),
+    };
+    assert_eq!(kind(apply(&mut s, stale)), ErrorKind::NotFound);
+}
