@@ -3,7 +3,9 @@
 //! decoding never panics; a key that decodes encodes back to the same bytes (the encoding is
 //! canonical, so two byte strings never name one key); a record that decodes encodes to
 //! bytes that decode to the same record; an `objects` record of version 1 converts to one of
-//! version 2 that decodes, or is refused. Cells too: the partition map, homes, moves, renames'
+//! version 2 that decodes, or is refused; an `inodes` record of version 1 or 2 (and a `txns`
+//! cell of those versions, whose decisions carry inodes) converts to version 3, or is refused.
+//! Cells too: the partition map, homes, moves, renames'
 //! intents and locks, subtrees and hashed directories, bucket placements.
 use cairn_master::kv::codec::{Key, decode_record, encode_record};
 use cairn_master::state::moves::Move;
@@ -11,6 +13,7 @@ use cairn_master::state::objects::buckets::Placement;
 use cairn_master::state::objects::stored::object_from_v1;
 use cairn_master::state::partitions::{Home, PartitionMap};
 use cairn_master::state::txn::{Lock, Txns};
+use cairn_master::state::{Inode, inode_from_old, txns_from_old};
 use cairn_rpc::object::ObjectMeta;
 use libfuzzer_sys::fuzz_target;
 
@@ -40,6 +43,13 @@ fuzz_target!(|data: &[u8]| {
     record::<ObjectMeta>(data);
     if let Ok(v2) = object_from_v1(data) {
         decode_record::<ObjectMeta>("fuzz", 2, &v2).expect("a converted record decodes");
+    }
+    record::<Inode>(data);
+    if let Ok(v3) = inode_from_old(data) {
+        decode_record::<Inode>("fuzz", 3, &v3).expect("a converted inode decodes");
+    }
+    if let Ok(v3) = txns_from_old(data) {
+        decode_record::<Txns>("fuzz", 3, &v3).expect("converted txns decode");
     }
     record::<PartitionMap>(data);
     record::<Home>(data);

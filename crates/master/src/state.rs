@@ -20,7 +20,7 @@ pub mod files;
 mod namespace;
 pub use check::{MAX_LISTED, Report as CheckReport};
 pub(crate) mod disk;
-pub use disk::TABLES;
+pub use disk::{TABLES, inode_from_old, txns_from_old};
 pub mod hashed;
 pub mod moves;
 pub mod objects;
