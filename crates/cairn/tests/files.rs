@@ -441,6 +441,23 @@ async fn a_mount_serves_posix_operations_and_its_files_outlive_it() {
         xattr::set(&x, "system.posix_acl_access", &acl, 0),
         Err(libc::EOPNOTSUPP)
     );
+    // The attr tools, as a person runs them (scripts/fs-tools.sh installs them).
+    common::run_ok(
+        std::process::Command::new("setfattr")
+            .args(["-n", "user.tool", "-v", "0x00ff10"])
+            .arg(&x),
+    );
+    let dump = common::run_ok(
+        std::process::Command::new("getfattr")
+            .args(["-d", "-e", "hex"])
+            .arg(&x),
+    );
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        dump.contains("user.tool=0x00ff10") && dump.contains("user.color=0x677265656e"),
+        "{dump}"
+    );
+    assert_eq!(xattr::get(&x, "user.tool"), Ok(vec![0, 0xff, 0x10]));
     // Directories hold them too; writes go on after (the kernel asks for
     // security.capability before each write).
     assert_eq!(xattr::set(&m.path("y"), "user.dir", b"d", 0), Ok(()));
