@@ -20,10 +20,10 @@ pub const CHUNK_OWNER: TableDef = TableDef::new("chunk_owner", 1);
 /// chunk → the partition its file moved to.
 pub const FORWARDS: TableDef = TableDef::new("forwards", 1);
 
-/// [`Inode`] as version 1 of `inodes` stored it: the same fields but `posix`.
+/// The fields every version of `inodes` starts with; version 1 is only these.
 #[derive(serde::Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
-struct InodeV1 {
+struct Head {
     id: InodeId,
     parent: InodeId,
     name: String,
@@ -34,36 +34,36 @@ struct InodeV1 {
     mode: u16,
 }
 
-impl From<InodeV1> for Inode {
-    fn from(i: InodeV1) -> Self {
+impl Head {
+    fn with(self, posix: Option<Box<super::Posix>>) -> Inode {
         Inode {
-            id: i.id,
-            parent: i.parent,
-            name: i.name,
-            ctime_ms: i.ctime_ms,
-            mtime_ms: i.mtime_ms,
-            kind: i.kind,
-            owner: i.owner,
-            mode: i.mode,
-            posix: None,
+            id: self.id,
+            parent: self.parent,
+            name: self.name,
+            ctime_ms: self.ctime_ms,
+            mtime_ms: self.mtime_ms,
+            kind: self.kind,
+            owner: self.owner,
+            mode: self.mode,
+            posix,
         }
     }
 }
 
-/// [`Inode`] as version 2 stored it: `posix` without `xattrs`.
+/// [`Inode`] as version 1 of `inodes` stored it: the same fields but `posix`.
+type InodeV1 = Head;
+
+impl From<InodeV1> for Inode {
+    fn from(i: InodeV1) -> Self {
+        i.with(None)
+    }
+}
+
+/// [`Inode`] as version 2 stored it: `posix` without `xattrs` (postcard writes a tuple
+/// struct's fields in order, as a struct's: the same bytes as the fields in one struct).
 #[derive(serde::Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
-struct InodeV2 {
-    id: InodeId,
-    parent: InodeId,
-    name: String,
-    ctime_ms: u64,
-    mtime_ms: u64,
-    kind: super::Kind,
-    owner: String,
-    mode: u16,
-    posix: Option<Box<PosixV2>>,
-}
+struct InodeV2(Head, Option<Box<PosixV2>>);
 
 /// [`super::Posix`] as version 2 of `inodes` stored it: the same fields but `xattrs`.
 #[derive(serde::Deserialize)]
@@ -83,33 +83,23 @@ struct PosixV2 {
 }
 
 impl From<InodeV2> for Inode {
-    fn from(i: InodeV2) -> Self {
-        Inode {
-            id: i.id,
-            parent: i.parent,
-            name: i.name,
-            ctime_ms: i.ctime_ms,
-            mtime_ms: i.mtime_ms,
-            kind: i.kind,
-            owner: i.owner,
-            mode: i.mode,
-            posix: i.posix.map(|p| {
-                Box::new(super::Posix {
-                    kind: p.kind,
-                    uid: p.uid,
-                    gid: p.gid,
-                    nlink: p.nlink,
-                    size: p.size,
-                    atime: p.atime,
-                    mtime: p.mtime,
-                    ctime: p.ctime,
-                    rdev: p.rdev,
-                    target: p.target,
-                    extents: p.extents,
-                    xattrs: Default::default(),
-                })
-            }),
-        }
+    fn from(InodeV2(head, posix): InodeV2) -> Self {
+        head.with(posix.map(|p| {
+            Box::new(super::Posix {
+                kind: p.kind,
+                uid: p.uid,
+                gid: p.gid,
+                nlink: p.nlink,
+                size: p.size,
+                atime: p.atime,
+                mtime: p.mtime,
+                ctime: p.ctime,
+                rdev: p.rdev,
+                target: p.target,
+                extents: p.extents,
+                xattrs: Default::default(),
+            })
+        }))
     }
 }
 
@@ -748,34 +738,54 @@ mod tests {
             inode_from_old(&bytes).is_err(),
             "version 3 is not converted"
         );
-        let v2 = || InodeV2 {
-            id: 43,
-            parent: 1,
-            name: "g".into(),
-            ctime_ms: 5,
-            mtime_ms: 6,
-            kind: super::super::Kind::Dir,
-            owner: "bob".into(),
-            mode: 0o640,
-            posix: Some(Box::new(PosixV2 {
-                kind: NodeType::Regular,
-                uid: 7,
-                gid: 8,
-                nlink: 1,
-                size: 9,
-                atime: Time { secs: 1, nanos: 2 },
-                mtime: Time { secs: 3, nanos: 4 },
-                ctime: Time { secs: 5, nanos: 6 },
-                rdev: 0,
-                target: String::new(),
-                extents: Some(vec![Extent {
-                    offset: 0,
-                    len: 9,
-                    seg: 11,
-                    seg_offset: 32,
-                }]),
-            })),
+        let v2 = || {
+            let head = Head {
+                id: 43,
+                parent: 1,
+                name: "g".into(),
+                ctime_ms: 5,
+                mtime_ms: 6,
+                kind: super::super::Kind::Dir,
+                owner: "bob".into(),
+                mode: 0o640,
+            };
+            InodeV2(
+                head,
+                Some(Box::new(PosixV2 {
+                    kind: NodeType::Regular,
+                    uid: 7,
+                    gid: 8,
+                    nlink: 1,
+                    size: 9,
+                    atime: Time { secs: 1, nanos: 2 },
+                    mtime: Time { secs: 3, nanos: 4 },
+                    ctime: Time { secs: 5, nanos: 6 },
+                    rdev: 0,
+                    target: String::new(),
+                    extents: Some(vec![Extent {
+                        offset: 0,
+                        len: 9,
+                        seg: 11,
+                        seg_offset: 32,
+                    }]),
+                })),
+            )
         };
+        // The old layouts are today's without the fields added since, each the last: a
+        // version 1 record is a version 3 one without `posix` (`00`: none), a version 2
+        // record one without `xattrs` (`00`: empty) — so these types read what older masters
+        // wrote, not only what they themselves write.
+        let now = |i: Inode| encode_record(3, &i);
+        let (old1, new1) = (encode_record(1, &v1()), now(Inode::from(v1())));
+        assert_eq!(
+            (&old1[1..], new1.last()),
+            (&new1[1..new1.len() - 1], Some(&0))
+        );
+        let (old2, new2) = (encode_record(2, &v2()), now(Inode::from(v2())));
+        assert_eq!(
+            (&old2[1..], new2.last()),
+            (&new2[1..new2.len() - 1], Some(&0))
+        );
         let bytes = inode_from_old(&encode_record(2, &v2())).unwrap();
         let ino: Inode = decode_record("inodes", 3, &bytes).unwrap();
         assert_eq!(ino, Inode::from(v2()));
