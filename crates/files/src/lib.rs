@@ -16,7 +16,8 @@ pub use shared::{ATTR_TTL, DIRTY_FILE_MAX, FLUSH_EVERY};
 const SLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Runs `fut`, warning every [`SLOW_EVERY`] while it has not finished, with what it waits for
-/// (`what`) and on what (`id`: an inode, a segment): a close that does not return names the step it is stuck in.
+/// (`what`) and on what (`id`: an inode, a segment): a close that does not return names the
+/// step it is stuck in.
 pub(crate) async fn warn_if_slow<T>(what: &str, id: u64, fut: impl Future<Output = T>) -> T {
     let started = std::time::Instant::now();
     let mut fut = std::pin::pin!(fut);

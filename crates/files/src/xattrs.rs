@@ -23,6 +23,9 @@ const CACHE_SWEEP: usize = 4096;
 #[derive(Default)]
 pub(crate) struct XattrCache {
     map: parking_lot::Mutex<HashMap<u64, (Instant, Xattrs)>>,
+    /// Bumped by every change made here: a read of the masters that started before one
+    /// does not cache what it found (it may predate the change).
+    changes: std::sync::atomic::AtomicU64,
 }
 
 impl XattrCache {
@@ -32,8 +35,17 @@ impl XattrCache {
         (at.elapsed() < ATTR_TTL).then(|| x.clone())
     }
 
-    pub(crate) fn put(&self, ino: u64, x: Xattrs) {
+    fn changes(&self) -> u64 {
+        self.changes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Caches `x`, read when [`XattrCache::changes`] was `seen`, unless a change was made
+    /// here since.
+    fn put(&self, ino: u64, x: Xattrs, seen: u64) {
         let mut m = self.map.lock();
+        if self.changes() != seen {
+            return;
+        }
         if m.len() >= CACHE_SWEEP {
             m.retain(|_, (at, _)| at.elapsed() < ATTR_TTL);
         }
@@ -42,11 +54,16 @@ impl XattrCache {
 
     /// A node made here has none (saves the first write's question to the masters).
     pub(crate) fn none(&self, ino: u64) {
-        self.put(ino, Arc::default());
+        self.put(ino, Arc::default(), self.changes());
     }
 
-    pub(crate) fn forget(&self, ino: u64) {
-        self.map.lock().remove(&ino);
+    /// A change of `ino`'s attributes is under way or done: what is cached goes, and reads
+    /// in flight do not cache theirs.
+    fn forget(&self, ino: u64) {
+        let mut m = self.map.lock();
+        self.changes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        m.remove(&ino);
     }
 }
 
@@ -83,10 +100,11 @@ impl Shared {
             return Ok(x);
         }
         let path = self.path(ino)?;
+        let seen = self.xattr_cache.changes();
         match self.query(&FileQuery::Xattrs { path, ino }).await? {
             FileReply::Xattrs(x) => {
                 let x = Arc::new(x);
-                self.xattr_cache.put(ino, x.clone());
+                self.xattr_cache.put(ino, x.clone(), seen);
                 Ok(x)
             }
             _ => Err(Errno::EIO),
@@ -157,6 +175,19 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_that_started_before_a_change_is_not_cached() {
+        let c = XattrCache::default();
+        let seen = c.changes();
+        c.forget(7);
+        c.put(7, Arc::default(), seen);
+        assert!(c.get(7).is_none(), "read before the change");
+        c.put(7, Arc::default(), c.changes());
+        assert!(c.get(7).is_some());
+        c.none(8);
+        assert!(c.get(8).is_some_and(|x| x.is_empty()));
+    }
 
     #[test]
     fn sizes_follow_the_syscalls_rules() {
