@@ -778,6 +778,11 @@ pub enum ObjectError {
     /// for (its layout changed since the gateway asked): the gateway asks again and retries.
     #[error("the bucket's layout changed: {0}")]
     Moved(String),
+    /// The pack named by a shared extent was retired by compaction (its lease had lapsed and
+    /// no object named it) before this object named it: the gateway drops the pack and the
+    /// client's retry writes the data to a new one.
+    #[error("pack {0} was retired before this write was committed")]
+    PackRetired(String),
 }
 
 /// Encodes for a `bytes` field.

@@ -242,7 +242,7 @@ async fn move_if_live(
         from,
         to,
     };
-    match change(&data.client, &op).await {
+    match data.commit(&op).await {
         Ok(_) => Ok(true),
         // Overwritten or deleted meanwhile: the copy is dead, the writer won.
         Err(e) if e.code() == &S3ErrorCode::NoSuchKey => Ok(false),

@@ -115,6 +115,14 @@ impl Places {
         }
     }
 
+    /// Tells the pack writers that the index refused `pack` as retired (compaction dropped
+    /// it): the one writing it starts a new pack.
+    pub fn retire_pack(&self, pack: &str) {
+        for place in self.open.lock().values() {
+            place.packs.retire(pack);
+        }
+    }
+
     /// The place of `key` in `bucket`.
     ///
     /// # Errors
@@ -252,6 +260,29 @@ impl Drop for ReadingGuard {
 }
 
 impl DataStore {
+    /// Applies an index change that names data this gateway wrote (a PUT, a part, a
+    /// compaction move). A refusal because the data's pack was retired also retires the
+    /// pack here, so the client's retry (503) goes to a new pack.
+    ///
+    /// # Errors
+    /// As [`crate::change`].
+    pub async fn commit(
+        &self,
+        op: &cairn_rpc::object::ObjectOp,
+    ) -> Result<cairn_rpc::object::OpReply, S3Error> {
+        match self.client.masters().object_op(op).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => {
+                if let cairn_rpc::object::ObjectError::PackRetired(pack) = &e {
+                    tracing::warn!(%pack, "the index refused a write to a retired pack");
+                    self.places.retire_pack(pack);
+                }
+                Err(crate::ops::s3_err(e))
+            }
+            Err(e) => Err(crate::meta_err(e)),
+        }
+    }
+
     /// Stores a body: up to `pack_max` bytes as a pack record, more in a file of its own
     /// (`own_name` under the blob directory). Digests are computed on the way.
     ///

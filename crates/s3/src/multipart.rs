@@ -50,7 +50,7 @@ impl Cairn {
             bucket: upload.bucket.clone(),
             key: upload.key.clone(),
         };
-        if let Err(e) = change(&self.data.client, &op).await {
+        if let Err(e) = self.data.commit(&op).await {
             if e.code() != &S3ErrorCode::ServiceUnavailable {
                 self.discard(std::slice::from_ref(&extent)).await;
             }

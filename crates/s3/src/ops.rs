@@ -47,6 +47,8 @@ pub fn s3_err(e: ObjectError) -> S3Error {
         // The gateway wrote the data for a layout that changed: a client's retry is routed
         // anew.
         ObjectError::Moved(_) => C::ServiceUnavailable,
+        // The data went to a pack compaction retired; the client's retry goes to a new one.
+        ObjectError::PackRetired(_) => C::ServiceUnavailable,
         // Volumes are not S3's; a gateway never asks about them.
         ObjectError::NoSuchVolume
         | ObjectError::VolumeExists
@@ -393,7 +395,7 @@ impl Cairn {
             meta,
             condition,
         };
-        match change(&self.data.client, &op).await {
+        match self.data.commit(&op).await {
             Ok(OpReply::Object(o)) => Ok(o),
             Ok(OpReply::Done | OpReply::Volume(_)) => {
                 Err(internal("a PUT answered without its object"))

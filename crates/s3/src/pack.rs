@@ -131,7 +131,14 @@ const MAX_GROUP_BYTES: usize = 8 << 20;
 pub struct Packs {
     lanes: Vec<mpsc::Sender<Put>>,
     next: Arc<AtomicU64>,
+    /// Packs the index refused as retired ([`Packs::retire`]): a lane leaves its open pack
+    /// before the next append when it is one of them.
+    retired: Retired,
+    /// `opts.dir` with a trailing `/`.
+    dir: String,
 }
+
+type Retired = Arc<parking_lot::Mutex<std::collections::HashSet<String>>>;
 
 /// Settings of the pack writers.
 #[derive(Debug, Clone)]
@@ -149,17 +156,42 @@ pub struct PackOptions {
 impl Packs {
     pub fn start(client: Client, opts: PackOptions) -> Self {
         let seq = Arc::new(AtomicU64::new(0));
+        let retired = Retired::default();
         let lanes = (0..opts.lanes.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::channel(1024);
-                tokio::spawn(lane(client.clone(), opts.clone(), seq.clone(), rx));
+                tokio::spawn(lane(
+                    client.clone(),
+                    opts.clone(),
+                    seq.clone(),
+                    retired.clone(),
+                    rx,
+                ));
                 tx
             })
             .collect();
         Self {
             lanes,
             next: Arc::new(AtomicU64::new(0)),
+            retired,
+            dir: format!("{}/", opts.dir),
         }
+    }
+
+    /// The index refused an extent in `path` because compaction retired the pack (its lease
+    /// lapsed while no object named it, e.g. while this gateway was stalled): the lane
+    /// writing it starts a new pack before its next append. A path not one of these packs'
+    /// is ignored.
+    pub fn retire(&self, path: &str) {
+        if !path.starts_with(&self.dir) {
+            return;
+        }
+        let mut r = self.retired.lock();
+        if r.len() >= 1024 {
+            // Paths no lane had open (rotated already) are never taken out: bounded here.
+            r.clear();
+        }
+        r.insert(path.to_owned());
     }
 
     /// Appends `data` as a record of `bucket`/`key`; the extent is durable (MinCopy replicas)
@@ -230,9 +262,21 @@ impl std::fmt::Display for PackError {
     }
 }
 
-async fn lane(client: Client, opts: PackOptions, seq: Arc<AtomicU64>, mut rx: mpsc::Receiver<Put>) {
+async fn lane(
+    client: Client,
+    opts: PackOptions,
+    seq: Arc<AtomicU64>,
+    retired: Retired,
+    mut rx: mpsc::Receiver<Put>,
+) {
     let mut open: Option<Open> = None;
     while let Some(first) = rx.recv().await {
+        if let Some(o) = open.take_if(|o| retired.lock().remove(&o.path)) {
+            // In the trash already: nothing more goes to it, and it is not sealed (the
+            // trash deletes it).
+            tracing::warn!(pack = %o.path, "pack retired by compaction while open; starting a new pack");
+            drop(o.file);
+        }
         let mut group = vec![first];
         let mut bytes = group[0].data.len();
         while bytes < MAX_GROUP_BYTES {

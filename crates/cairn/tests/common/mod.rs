@@ -270,7 +270,12 @@ impl Cluster {
                     "--peers".into(),
                     peers.clone(),
                     "--lease-secs".into(),
-                    "5".into(),
+                    // Unless the test sets its own.
+                    master_extra
+                        .iter()
+                        .position(|a| *a == "--lease-secs")
+                        .map_or("5", |i| master_extra[i + 1])
+                        .into(),
                     "--suspect-after-ms".into(),
                     "2000".into(),
                     "--down-after-ms".into(),
@@ -279,7 +284,16 @@ impl Cluster {
                     "1000".into(),
                 ]
                 .into_iter()
-                .chain(master_extra.iter().map(|s| s.to_string()))
+                .chain(
+                    master_extra
+                        .iter()
+                        .enumerate()
+                        .filter(|(j, _)| {
+                            !(master_extra[*j] == "--lease-secs"
+                                || *j > 0 && master_extra[*j - 1] == "--lease-secs")
+                        })
+                        .map(|(_, s)| s.to_string()),
+                )
                 .collect(),
                 addr: a.clone(),
                 child: None,

@@ -735,8 +735,11 @@ impl State {
                     .parts
                     .insert((upload_id.clone(), part.number), part.clone());
                 self.take_extent(&part.extent);
-                if let Some(old) = old.filter(|o| o.extent != part.extent) {
-                    self.free(std::slice::from_ref(&old.extent));
+                match old {
+                    // A retry: its extent was counted when it first applied.
+                    Some(o) if o.extent == part.extent => self.release_pack(&o.extent),
+                    Some(o) => self.free(std::slice::from_ref(&o.extent)),
+                    None => {}
                 }
                 Ok(OpReply::Done)
             }
@@ -975,6 +978,18 @@ impl State {
             // Data written for another partition (the gateway's layout is stale).
             if let Err(m) = self.local_components(&e.path) {
                 return Err(ObjectError::Moved(m.message));
+            }
+            // A pack is retired (DropPack) only while no object names it and its writer's
+            // lease has lapsed; a writer that appended after that must not make it live
+            // again: the trash deletes it after the grace.
+            // An own file in the trash was freed by a later version: naming it again (a PUT
+            // applied once, replaced, then applied again) would name a file being deleted.
+            if self.objects.trash.contains_key(&e.path) {
+                return Err(if e.shared {
+                    ObjectError::PackRetired(e.path.clone())
+                } else {
+                    ObjectError::InvalidArgument(format!("data file {} was freed", e.path))
+                });
             }
             match self.lookup(&e.path) {
                 Ok(ino) if ino.file().is_some() => {}

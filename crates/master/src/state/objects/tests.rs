@@ -534,6 +534,109 @@ fn versions_free_their_data_and_packs_drop_only_when_dead() {
     .unwrap();
 }
 
+/// A pack retired by compaction (no object named it, its writer's lease lapsed) is never
+/// made live again by a writer that appended after: the trash would delete the data of an
+/// acknowledged PUT (seed 62, scenario 144). An own file freed by a later version is not named
+/// again either. A retried part is counted once in its pack.
+#[test]
+fn a_retired_pack_is_never_named_again() {
+    let mut st = State::default();
+    let at = |path: &str, offset| Extent {
+        path: path.into(),
+        offset,
+        len: 10,
+        shared: true,
+    };
+    file(&mut st, "/p/1");
+    file(&mut st, "/p/2");
+    file(&mut st, "/b/1");
+    file(&mut st, "/b/2");
+    create_bucket(&mut st);
+    op(&mut st, put("bkt", "k", meta("1", vec![at("/p/1", 0)]))).unwrap();
+    op(&mut st, put("bkt", "k", meta("2", vec![at("/p/2", 0)]))).unwrap();
+    let drop = ObjectOp::DropPack {
+        path: "/p/1".into(),
+        now_ms: 5,
+    };
+    op(&mut st, drop).unwrap();
+    // The stalled writer's next record in /p/1, committed after the drop.
+    let retired = Err(ObjectError::PackRetired("/p/1".into()));
+    assert_eq!(
+        op(&mut st, put("bkt", "k2", meta("3", vec![at("/p/1", 10)]))),
+        retired
+    );
+    assert!(st.objects.object("bkt", "k2").is_none());
+    assert!(!st.objects.packs.contains_key(&"/p/1".to_owned()));
+    let upload = Upload {
+        id: "up1".into(),
+        bucket: "bkt".into(),
+        key: "k3".into(),
+        owner: "u".into(),
+        initiated_ms: 1,
+        headers: BTreeMap::new(),
+        user_meta: BTreeMap::new(),
+        parts: BTreeMap::new(),
+        checksum_algorithm: None,
+        checksum_type: None,
+    };
+    op(
+        &mut st,
+        ObjectOp::CreateUpload {
+            user: "u".into(),
+            upload,
+        },
+    )
+    .unwrap();
+    let part = |extent: Extent| ObjectOp::PutPart {
+        user: "u".into(),
+        upload_id: "up1".into(),
+        part: Part {
+            number: 1,
+            size: 10,
+            etag: "e1".into(),
+            mtime_ms: 1,
+            extent,
+            checksums: BTreeMap::new(),
+        },
+        bucket: String::new(),
+        key: String::new(),
+    };
+    assert_eq!(op(&mut st, part(at("/p/1", 20))), retired);
+    // A retried part counts once: the pack's use is one object's.
+    op(&mut st, part(at("/p/2", 10))).unwrap();
+    op(&mut st, part(at("/p/2", 10))).unwrap();
+    assert_eq!(
+        *st.objects.packs.get(&"/p/2".to_owned()).unwrap(),
+        PackUse {
+            live_bytes: 20,
+            live_objects: 2
+        }
+    );
+    // Compaction's move into a retired pack is refused as well.
+    let mv = ObjectOp::MoveExtent {
+        bucket: "bkt".into(),
+        key: "k".into(),
+        put_id: "2".into(),
+        from: at("/p/2", 0),
+        to: at("/p/1", 30),
+    };
+    assert_eq!(op(&mut st, mv), retired);
+    // An own file freed by a replacing version is not named again.
+    let own = |p: &str| Extent {
+        path: p.into(),
+        offset: 0,
+        len: 10,
+        shared: false,
+    };
+    op(&mut st, put("bkt", "o", meta("4", vec![own("/b/1")]))).unwrap();
+    op(&mut st, put("bkt", "o", meta("5", vec![own("/b/2")]))).unwrap();
+    assert!(matches!(
+        op(&mut st, put("bkt", "o", meta("4", vec![own("/b/1")]))),
+        Err(ObjectError::InvalidArgument(_))
+    ));
+    assert_eq!(st.objects.object("bkt", "o").unwrap().put_id, "5");
+}
+
 #[test]
 fn successor_skips_every_extension() {
     assert_eq!(successor("a/"), Bound::Included("a0".into()));
