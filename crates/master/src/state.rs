@@ -119,7 +119,9 @@ pub struct State {
 
 impl Default for State {
     fn default() -> Self {
-        let mut inodes = Table::memory(disk::INODES).summed(disk::inode_sum);
+        let mut inodes = Table::memory(disk::INODES)
+            .summed(disk::inode_sum)
+            .tallied(disk::inode_segments);
         inodes.insert(
             ROOT,
             Inode {

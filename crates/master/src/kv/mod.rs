@@ -14,6 +14,7 @@ mod cache;
 mod cell;
 pub mod codec;
 mod sum;
+mod tally;
 mod upgrade;
 
 use cache::Cache;
@@ -21,6 +22,8 @@ pub use cell::Cell;
 pub use codec::{Key, Record, RecordError};
 pub use sum::{SUM_WIDTH, Sum};
 use sum::{add, sub, sum_bytes, sum_from};
+use tally::Tallies;
+pub use tally::{TALLIES, TALLY_WIDTH, Tally, TallyOf};
 pub use upgrade::{Upgrade, UpgradeError, VERSIONS, upgrade};
 
 use parking_lot::Mutex;
@@ -178,6 +181,8 @@ pub struct Table<K: Key, V: Record> {
     /// The table's sum, if it keeps one: the function, the sum of every record but those in
     /// `pending` (taken out when lent by [`Table::get_mut`], added back at the next flush).
     summary: Option<Summary<K, V>>,
+    /// Counts by key of parts of the records, if it keeps them ([`Table::tallied`]).
+    tallies: Option<Tallies<K, V>>,
 }
 
 struct Summary<K, V> {
@@ -198,6 +203,7 @@ impl<K: Key, V: Record> Table<K, V> {
             len: 0,
             stats: CacheStats::default(),
             summary: None,
+            tallies: None,
         }
     }
 
@@ -217,6 +223,7 @@ impl<K: Key, V: Record> Table<K, V> {
             len,
             stats: CacheStats::default(),
             summary: None,
+            tallies: None,
         })
     }
 
@@ -305,6 +312,9 @@ impl<K: Key, V: Record> Table<K, V> {
             s.pending.insert(k.clone());
             s.changed = true;
         }
+        if let Some(t) = &mut self.tallies {
+            t.lend(k, v);
+        }
         Some(Arc::make_mut(v))
     }
 
@@ -333,6 +343,9 @@ impl<K: Key, V: Record> Table<K, V> {
             add(&mut s.sum, (s.of)(&v));
             s.changed = true;
         }
+        if let Some(t) = &mut self.tallies {
+            t.insert(&k, old.as_deref(), &v);
+        }
         self.overlay.insert(k, Some(Arc::new(v)));
         old
     }
@@ -345,6 +358,9 @@ impl<K: Key, V: Record> Table<K, V> {
                 sub(&mut s.sum, (s.of)(&old));
             }
             s.changed = true;
+        }
+        if let Some(t) = &mut self.tallies {
+            t.remove(k, &old);
         }
         if self.store.is_some() {
             self.overlay.insert(k.clone(), None);
@@ -431,6 +447,31 @@ impl<K: Key, V: Record> Table<K, V> {
         self
     }
 
+    /// Keeps tallies by key of `of` over the records from now on (read with
+    /// [`Table::tally`]): read from the store, or counted once over the table when it has
+    /// none stored.
+    pub fn tallied(mut self, of: TallyOf<V>) -> Self {
+        let t = Tallies::open(of, self.def.name, self.store.as_deref(), self.values());
+        self.tallies = Some(t);
+        self
+    }
+
+    /// The tally at `key` (zeros if the table keeps none).
+    pub fn tally(&self, key: u64) -> Tally {
+        match &self.tallies {
+            Some(t) => t.get(self.def.name, self.store.as_deref(), &self.overlay, key),
+            None => [0; TALLY_WIDTH],
+        }
+    }
+
+    /// Every non-zero tally (empty if the table keeps none). Reads them all: for checks.
+    pub fn tallies(&self) -> BTreeMap<u64, Tally> {
+        match &self.tallies {
+            Some(t) => t.all(self.def.name, self.store.as_deref(), &self.overlay),
+            None => BTreeMap::new(),
+        }
+    }
+
     /// The sum of the records (zeros if the table keeps none).
     pub fn sum(&self) -> Sum {
         let Some(s) = &self.summary else {
@@ -467,6 +508,9 @@ impl<K: Key, V: Record> Table<K, V> {
             return Ok(());
         }
         self.flush_sum(tx)?;
+        if let Some(t) = &mut self.tallies {
+            t.flush(self.def.name, tx, &self.overlay)?;
+        }
         {
             let mut t = tx.open_table(self.def.raw())?;
             let mut cache = self.cache.lock();
@@ -500,7 +544,17 @@ impl<K: Key, V: Record> Table<K, V> {
     ) -> Result<(), redb::Error> {
         let rows = std::mem::take(&mut self.overlay);
         let summary = self.summary.take().map(|s| s.of);
+        let tallies = match self.tallies.take() {
+            Some(t) => Some(Tallies::write_out(
+                t.of,
+                self.def.name,
+                tx,
+                rows.values().flatten().cloned(),
+            )?),
+            None => None,
+        };
         *self = Self::open_empty(self.def, store, cache);
+        self.tallies = tallies;
         let mut t = tx.open_table(self.def.raw())?;
         t.retain(|_, _| false)?;
         let mut n = 0u64;
@@ -540,6 +594,7 @@ impl<K: Key, V: Record> Table<K, V> {
             len: 0,
             stats: CacheStats::default(),
             summary: None,
+            tallies: None,
         }
     }
 }
@@ -685,110 +740,4 @@ impl<K: Key, V: Record + PartialEq> PartialEq for Table<K, V> {
 impl<K: Key, V: Record + Eq> Eq for Table<K, V> {}
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use redb::backends::InMemoryBackend;
-
-    const T: TableDef = TableDef::new("test", 1);
-
-    fn store() -> Arc<Store> {
-        let db = Database::builder()
-            .create_with_backend(InMemoryBackend::new())
-            .unwrap();
-        Store::new(Arc::new(db))
-    }
-
-    fn flush(store: &Store, t: &mut Table<(String, String), u64>) {
-        let tx = store.db().begin_write().unwrap();
-        t.flush(&tx).unwrap();
-        tx.commit().unwrap();
-        store.committed();
-    }
-
-    /// A table over the store and a BTreeMap see the same operations and must agree at every
-    /// step, with flushes at random points (the overlay merged over the store).
-    #[test]
-    fn a_stored_table_behaves_as_a_map() {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let s = store();
-        let mut t: Table<(String, String), u64> = Table::open(T, s.clone(), 4).unwrap();
-        let mut mem: Table<(String, String), u64> = Table::memory(T);
-        let mut model = BTreeMap::new();
-        let key = |rng: &mut rand::rngs::StdRng| {
-            (
-                ["a", "b", "a\0"][rng.random_range(0..3)].to_owned(),
-                format!("{}", rng.random_range(0..40)),
-            )
-        };
-        for step in 0..4000u64 {
-            let k = key(&mut rng);
-            match rng.random_range(0..10) {
-                0..=3 => {
-                    let a = t.insert(k.clone(), step).map(|v| *v);
-                    let b = mem.insert(k.clone(), step).map(|v| *v);
-                    assert_eq!(a, model.insert(k.clone(), step));
-                    assert_eq!(b, a);
-                }
-                4..=5 => {
-                    let a = t.remove(&k).map(|v| *v);
-                    assert_eq!(mem.remove(&k).map(|v| *v), a);
-                    assert_eq!(a, model.remove(&k));
-                }
-                6 => {
-                    if let Some(v) = t.get_mut(&k) {
-                        *v += 1;
-                    }
-                    if let Some(v) = mem.get_mut(&k) {
-                        *v += 1;
-                    }
-                    if let Some(v) = model.get_mut(&k) {
-                        *v += 1;
-                    }
-                }
-                7 => flush(&s, &mut t),
-                _ => {
-                    let lo = key(&mut rng);
-                    let want: Vec<_> = model
-                        .range(lo.clone()..)
-                        .map(|(k, v)| (k.clone(), *v))
-                        .collect();
-                    let got: Vec<_> = t.range(lo.clone()..).map(|(k, v)| (k, *v)).collect();
-                    let got_mem: Vec<_> = mem.range(lo..).map(|(k, v)| (k, *v)).collect();
-                    assert_eq!(got, want);
-                    assert_eq!(got_mem, want);
-                }
-            }
-            assert_eq!(t.get(&k).map(|v| *v), model.get(&k).copied());
-            assert_eq!(t.len(), model.len() as u64);
-            assert_eq!(mem.len(), model.len() as u64);
-        }
-        flush(&s, &mut t);
-        // Reopened, the table has what was flushed, counted.
-        let again: Table<(String, String), u64> = Table::open(T, s, 4).unwrap();
-        assert_eq!(again.len(), model.len() as u64);
-        let all: Vec<_> = again.iter().map(|(k, v)| (k, *v)).collect();
-        assert_eq!(all, model.into_iter().collect::<Vec<_>>());
-        assert!(again.stats().misses.load(Ordering::Relaxed) == 0);
-    }
-
-    #[test]
-    fn a_memory_table_writes_out_into_a_store() {
-        let s = store();
-        let mut t: Table<(String, String), u64> = Table::from_rows(
-            T,
-            [
-                (("b".into(), "k".into()), 1u64),
-                (("a".into(), "k".into()), 2),
-            ],
-        );
-        let tx = s.db().begin_write().unwrap();
-        t.write_out(s.clone(), &tx, 16).unwrap();
-        tx.commit().unwrap();
-        s.committed();
-        let again: Table<(String, String), u64> = Table::open(T, s, 16).unwrap();
-        assert_eq!(again.len(), 2);
-        assert_eq!(again.get(&("a".into(), "k".into())).map(|v| *v), Some(2));
-        assert_eq!(again.get(&("a".into(), "x".into())), None);
-    }
-}
+mod tests;

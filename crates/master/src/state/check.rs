@@ -2,7 +2,8 @@
 //! scenario): one state's tables against each other — every inode reachable from the top by
 //! its directory entry, every entry naming its inode, every chunk owned by exactly the file
 //! that lists it, ids inside the state's range and below its counters, the stored totals and
-//! row counts equal to a recount, and the object index's extents naming files that hold them
+//! row counts equal to a recount, the segments' tallies (bytes and extents of each segment
+//! the file service's files name) equal to a recount, and the object index's extents naming files that hold them
 //! with the packs' live counts equal to what the objects name (objects/check.rs).
 //!
 //! It reads the whole state under the state machine's lock: milliseconds for thousands of
@@ -47,8 +48,14 @@ impl State {
         let mut sum = [0u64; 4];
         let mut rows = 0u64;
         let mut owners: BTreeMap<ChunkId, InodeId> = BTreeMap::new();
+        let mut segments: BTreeMap<u64, crate::kv::Tally> = BTreeMap::new();
         for (k, ino) in self.inodes.iter() {
             rows += 1;
+            super::disk::inode_segments(&ino, &mut |seg, t| {
+                let s = segments.entry(seg).or_default();
+                s[0] += t[0];
+                s[1] += t[1];
+            });
             if k != ino.id {
                 r.problem(format!("inode row {k} holds inode {}", ino.id));
             }
@@ -142,6 +149,29 @@ impl State {
             r.problem(format!(
                 "the stored totals (files, dirs, chunks, bytes) {:?} differ from a recount {sum:?}",
                 self.inodes.sum()
+            ));
+        }
+        let tallied = self.inodes.tallies();
+        if tallied != segments {
+            let differ: Vec<_> = tallied
+                .keys()
+                .chain(segments.keys())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .filter(|s| tallied.get(s) != segments.get(s))
+                .take(3)
+                .map(|s| (*s, tallied.get(s), segments.get(s)))
+                .collect();
+            r.problem(format!(
+                "the segments' stored tallies (bytes, extents) differ from a recount at {} \
+                 segments, e.g. (segment, stored, recount) {differ:?}",
+                tallied
+                    .keys()
+                    .chain(segments.keys())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .filter(|s| tallied.get(s) != segments.get(s))
+                    .count()
             ));
         }
         let mut entries = 0u64;

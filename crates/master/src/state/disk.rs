@@ -26,7 +26,9 @@ pub const FORWARDS: TableDef = TableDef::new("forwards", 1);
 pub(super) fn inodes_from_rows<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Table<InodeId, Inode>, D::Error> {
-    Ok(crate::kv::rows(INODES, d)?.summed(inode_sum))
+    Ok(crate::kv::rows(INODES, d)?
+        .summed(inode_sum)
+        .tallied(inode_segments))
 }
 
 /// What an inode adds to the totals `cairn status` shows: files, directories, chunks, bytes.
@@ -34,6 +36,16 @@ pub(super) fn inode_sum(i: &Inode) -> Sum {
     match i.file() {
         Some(f) => [1, 0, f.chunks.len() as u64, f.committed_length()],
         None => [0, 1, 0, 0],
+    }
+}
+
+/// What an inode adds to the segments' tallies: each extent's bytes, and one extent, at its
+/// segment (segment 0, a file's own log, is not a segment).
+pub(super) fn inode_segments(i: &Inode, f: &mut dyn FnMut(u64, crate::kv::Tally)) {
+    for e in i.posix.iter().flat_map(|p| p.extents.iter().flatten()) {
+        if e.seg != 0 {
+            f(e.seg, [e.len, 1]);
+        }
     }
 }
 
@@ -109,6 +121,7 @@ pub static TABLES: &[TableDef] = {
         o::VOLUMES,
         o::PLACEMENTS,
         crate::kv::SUMS,
+        crate::kv::TALLIES,
         crate::kv::VERSIONS,
     ]
 };
@@ -153,7 +166,9 @@ impl State {
             );
         }
         let mut st = Self {
-            inodes: Table::open(INODES, store.clone(), cache)?.summed(inode_sum),
+            inodes: Table::open(INODES, store.clone(), cache)?
+                .summed(inode_sum)
+                .tallied(inode_segments),
             next_inode,
             next_chunk: open_cell(NEXT_CHUNK, store)?,
             servers: open_cell(SERVERS, store)?,

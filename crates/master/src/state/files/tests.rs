@@ -226,6 +226,89 @@ fn writes_lay_extents_and_truncate_cuts_them() {
     assert_eq!(kind(apply(&mut s, to_dir)), ErrorKind::IsADirectory);
 }
 
+/// The segments' tallies (bytes and extents each segment holds for files) follow writes,
+/// overwrites, truncates, holes, renames over a file and unlinks, and the consistency check
+/// agrees with them at every step: what a segment collector asks before deleting a segment.
+#[test]
+fn segment_tallies_follow_every_change_to_extents() {
+    let mut s = State::default();
+    let a = make(&mut s, "/a", NewNode::Regular);
+    let b = make(&mut s, "/b", NewNode::Regular);
+    let write = |s: &mut State, path: &str, ino: u64, extents: Vec<Extent>| {
+        apply(
+            s,
+            FileOp::Write {
+                path: path.into(),
+                ino,
+                extents,
+                size: 0,
+                now: t(9000),
+            },
+        )
+        .unwrap();
+    };
+    let tally = |s: &State, seg: u64| {
+        assert_eq!(s.check().problems, 0, "{:?}", s.check().listed);
+        s.inodes.tally(seg)
+    };
+    write(&mut s, "/a", a.ino, vec![ext(0, 8192, 5, 0)]);
+    write(
+        &mut s,
+        "/b",
+        b.ino,
+        vec![ext(0, 100, 5, 8192), ext(100, 50, 6, 0)],
+    );
+    assert_eq!(tally(&s, 5), [8292, 2]);
+    assert_eq!(tally(&s, 6), [50, 1]);
+    // An overwrite in the middle splits a's extent: two pieces of segment 5, one of 6.
+    write(&mut s, "/a", a.ino, vec![ext(4096, 100, 6, 50)]);
+    assert_eq!(tally(&s, 5), [8192, 3]);
+    assert_eq!(tally(&s, 6), [150, 2]);
+    // A truncate cuts; a hole punched cuts.
+    let setsize = FileOp::SetAttr {
+        path: "/a".into(),
+        ino: a.ino,
+        attr: SetAttr {
+            size: Some(4100),
+            ..SetAttr::default()
+        },
+        now: t(9500),
+    };
+    apply(&mut s, setsize).unwrap();
+    assert_eq!(tally(&s, 5), [4196, 2]);
+    assert_eq!(tally(&s, 6), [54, 2]);
+    let punch = FileOp::Punch {
+        path: "/a".into(),
+        ino: a.ino,
+        offset: 0,
+        len: 4096,
+        now: t(9900),
+    };
+    apply(&mut s, punch).unwrap();
+    assert_eq!(tally(&s, 5), [100, 1]);
+    // b renamed over a: a's extents are gone with it.
+    let rename = FileOp::Rename {
+        from: "/b".into(),
+        ino: b.ino,
+        to: "/a".into(),
+        flags: RenameFlags::default(),
+        now: t(9950),
+    };
+    apply(&mut s, rename).unwrap();
+    assert_eq!(tally(&s, 5), [100, 1]);
+    assert_eq!(tally(&s, 6), [50, 1]);
+    let unlink = FileOp::Remove {
+        path: "/a".into(),
+        ino: b.ino,
+        dir: false,
+        now: t(9990),
+    };
+    apply(&mut s, unlink).unwrap();
+    assert_eq!(tally(&s, 5), [0, 0]);
+    assert_eq!(tally(&s, 6), [0, 0]);
+    assert!(s.inodes.tallies().is_empty());
+}
+
 #[test]
 fn a_punched_hole_cuts_extents_and_keeps_the_size() {
     let mut s = State::default();

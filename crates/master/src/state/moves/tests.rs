@@ -365,6 +365,26 @@ fn a_populated_subtree_moves_with_its_ids_and_its_chunks_forwarded() {
 #[test]
 fn a_large_subtree_loads_in_bounded_batches() {
     let (mut root, mut p1) = setup(1500);
+    // Some files a mount wrote: their extents in segment 9 move with them, and so do the
+    // segments' tallies (checked by `check` below too).
+    for i in [3usize, 700, 1400] {
+        let path = format!("/a/x{}/f{i}", i % 7);
+        let ino = root.lookup(&path).unwrap().id;
+        let write = cairn_rpc::files::FileOp::Write {
+            path,
+            ino,
+            extents: vec![cairn_rpc::files::Extent {
+                offset: 0,
+                len: 10 + i as u64,
+                seg: 9,
+                seg_offset: 0,
+            }],
+            size: 0,
+            now: cairn_rpc::files::Time::from_ms(2),
+        };
+        root.apply(&Command::Files(Box::new(write))).unwrap();
+    }
+    assert_eq!(root.inodes.tally(9), [2133, 3]);
     root.apply(&Command::BeginMove {
         path: "/a".into(),
         to: 1,
@@ -374,6 +394,8 @@ fn a_large_subtree_loads_in_bounded_batches() {
     let batches = copy_and_finish(&mut root, &mut p1);
     assert!(batches > 1, "{batches} batch(es)");
     assert_eq!(p1.totals().0, 1502);
+    assert_eq!(p1.inodes.tally(9), [2133, 3]);
+    assert_eq!(root.inodes.tally(9), [0, 0], "the subtree left the root");
     assert_eq!(p1.check().problems, 0, "{:?}", p1.check().listed);
     assert_eq!(root.check().problems, 0, "{:?}", root.check().listed);
 }
