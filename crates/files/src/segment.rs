@@ -227,6 +227,14 @@ impl Segments {
         }
     }
 
+    /// Leaves segment `seg` if it is the open one (the masters refuse extents in it: it is
+    /// being collected); the next write starts another. It is not sealed: it is deleted.
+    pub fn abandon(&mut self, seg: u64) {
+        if self.open.as_ref().is_some_and(|(s, _)| *s == seg) {
+            self.open = None;
+        }
+    }
+
     /// Closes the open segment (its bytes are durable already; this seals it).
     pub async fn close(&mut self) {
         if let Some((seg, f)) = self.open.take()
@@ -309,6 +317,11 @@ impl GroupWriter {
             }
         }
         rx.await.unwrap_or(Err(None))
+    }
+
+    /// Leaves segment `seg` if it is the open one (see [`Segments::abandon`]).
+    pub async fn abandon(&self, seg: u64) {
+        self.segments.lock().await.abandon(seg);
     }
 
     /// Closes the open segment (see [`Segments::close`]).

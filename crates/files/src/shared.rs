@@ -10,7 +10,7 @@ use cairn_rpc::files::{
 use cairn_rpc::{ErrorKind, MetaError};
 use fuser::{Errno, FileType, INodeNo, ReplyDirectory};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -527,31 +527,39 @@ impl Shared {
             return Ok(());
         }
         let path = self.path(ino)?;
-        let pieces: Vec<(u64, u64, Vec<u8>)> = st
-            .dirty
-            .iter()
-            .map(|(&offset, d)| (ino, offset, d.clone()))
-            .collect();
-        let extents = crate::warn_if_slow("a segment append", ino, self.segments.write(pieces))
-            .await
-            .map_err(|e| match e {
-                Some(e) => {
-                    tracing::warn!(ino, error = %e, "flushing a file's writes");
-                    client_errno(&e)
+        let mut tries = 0;
+        let extents = loop {
+            let pieces: Vec<(u64, u64, Vec<u8>)> = st
+                .dirty
+                .iter()
+                .map(|(&offset, d)| (ino, offset, d.clone()))
+                .collect();
+            let extents = crate::warn_if_slow("a segment append", ino, self.segments.write(pieces))
+                .await
+                .map_err(|e| match e {
+                    Some(e) => {
+                        tracing::warn!(ino, error = %e, "flushing a file's writes");
+                        client_errno(&e)
+                    }
+                    None => Errno::EIO,
+                })?;
+            match self
+                .commit_extents(&path, ino, st.size.unwrap_or(0), &extents)
+                .await
+            {
+                Ok(()) => break extents,
+                // The segment is being collected (this mount stalled past its lease): the
+                // bytes go again, to a new segment, once.
+                Err(e) if e.kind == ErrorKind::Sealed && tries == 0 => {
+                    tracing::warn!(ino, error = %e, "a segment is being collected; writing again");
+                    for seg in extents.iter().map(|e| e.seg).collect::<BTreeSet<_>>() {
+                        self.segments.abandon(seg).await;
+                    }
+                    tries += 1;
                 }
-                None => Errno::EIO,
-            })?;
-        let size = st.size.unwrap_or(0);
-        for part in extents.chunks(cairn_rpc::files::MAX_WRITE_EXTENTS) {
-            let op = FileOp::Write {
-                path: path.clone(),
-                ino,
-                extents: part.to_vec(),
-                size,
-                now: time_of(SystemTime::now()),
-            };
-            crate::warn_if_slow("the masters' commit of extents", ino, self.op(&op)).await?;
-        }
+                Err(e) => return Err(errno(&e)),
+            }
+        };
         if let Some(Data::Extents(x)) = &mut st.map {
             for e in &extents {
                 cairn_rpc::files::overlay(x, *e);
@@ -562,6 +570,28 @@ impl Shared {
         st.dirty.clear();
         st.dirty_bytes = 0;
         st.dirty_since = None;
+        Ok(())
+    }
+
+    /// Commits `extents` of the file at the masters (several writes for very many).
+    async fn commit_extents(
+        &self,
+        path: &str,
+        ino: u64,
+        size: u64,
+        extents: &[cairn_rpc::files::Extent],
+    ) -> Result<(), MetaError> {
+        for part in extents.chunks(cairn_rpc::files::MAX_WRITE_EXTENTS) {
+            let op = FileOp::Write {
+                path: path.to_owned(),
+                ino,
+                extents: part.to_vec(),
+                size,
+                now: time_of(SystemTime::now()),
+            };
+            let commit = self.client.masters().file_op(&op);
+            crate::warn_if_slow("the masters' commit of extents", ino, commit).await?;
+        }
         Ok(())
     }
 

@@ -27,6 +27,7 @@ pub mod objects;
 pub mod partitions;
 pub mod perm;
 pub mod revoke;
+pub mod segments;
 pub mod sizes;
 pub mod txn;
 mod volumes;
@@ -106,6 +107,12 @@ pub struct State {
     /// they went (moves.rs).
     #[serde(skip, default = "disk::forwards_table")]
     forwards: Table<ChunkId, partitions::PartitionId>,
+    /// Segments being collected: writes naming them are refused (segments.rs).
+    #[serde(skip, default = "segments::condemned_table")]
+    condemned: Table<u64, u64>,
+    /// How many times rows arrived from another partition (segments.rs).
+    #[serde(skip, default)]
+    segment_arrivals: segments::Arrivals,
     /// (parent, name) → child; rebuilt from `inodes` after a snapshot is loaded.
     #[serde(skip, default = "disk::dentries_table")]
     dentries: Table<(InodeId, String), InodeId>,
@@ -157,6 +164,8 @@ impl Default for State {
             txns: Cell::default(),
             locks: Cell::default(),
             forwards: disk::forwards_table(),
+            condemned: segments::condemned_table(),
+            segment_arrivals: Cell::default(),
             dentries: disk::dentries_table(),
             chunk_owner: disk::chunk_owner_table(),
             acting: None,
@@ -590,7 +599,9 @@ impl State {
                 top,
                 inodes,
                 policies,
-            } => self.load_rows(top, inodes, policies),
+            } => self
+                .load_rows(top, inodes, policies)
+                .inspect(|_| self.rows_arrived()),
             Command::SealLoad { top } => self.seal_load(top),
             Command::FinishMove { path, to } => self.finish_move(path, *to),
             Command::DelegateSubtree { path, from, to } => self.delegate_subtree(path, *from, *to),
@@ -617,9 +628,14 @@ impl State {
                 top,
                 inodes,
                 policies,
-            } => self.tx_load(*txid, *top, inodes, policies),
+            } => self
+                .tx_load(*txid, *top, inodes, policies)
+                .inspect(|_| self.rows_arrived()),
             Command::TxDecide { txid, record } => self.tx_decide(*txid, record.as_ref()),
-            Command::TxInstall { txid, inode } => self.tx_install(*txid, inode),
+            Command::TxInstall { txid, inode } => self
+                .tx_install(*txid, inode)
+                .inspect(|_| self.rows_arrived()),
+            Command::CondemnSegments { segs, now_ms } => self.condemn_segments(segs, *now_ms),
             Command::TxForward { chunks, to } => self.tx_forward(chunks, *to),
             Command::TxRemove { txid } => self.tx_remove(*txid),
             Command::TxUnlock { txid } => self.tx_unlock(*txid),

@@ -157,6 +157,12 @@ pub enum Command {
     Object(Box<cairn_rpc::object::ObjectOp>),
     /// A file service change (state/files.rs; docs/files.md).
     Files(Box<cairn_rpc::files::FileOp>),
+    /// Segments being collected (segments.rs): from now on a write naming one is refused
+    /// here. Condemning one already condemned changes nothing.
+    CondemnSegments {
+        segs: Vec<u64>,
+        now_ms: u64,
+    },
     /// Replaces users' plain secret keys (from before secrets were sealed) with their sealed
     /// form (access key, sealed secret; cairn_rpc::seal). A user whose secret is sealed
     /// already, or who is gone, is left alone.
@@ -364,6 +370,9 @@ impl fmt::Display for Command {
             // Never the op itself: a user's creation carries its secret.
             Command::Object(op) => write!(f, "object {}", object_op_name(op)),
             Command::Files(op) => write!(f, "file {}", file_op_name(op)),
+            Command::CondemnSegments { segs, .. } => {
+                write!(f, "condemn-segments of {}", segs.len())
+            }
             Command::Bucket(b) => write!(f, "{b}"),
             Command::SealSecrets { sealed } => write!(f, "seal-secrets of {}", sealed.len()),
             Command::PruneRevocations { upto } => write!(f, "prune-revocations to {upto}"),

@@ -110,6 +110,8 @@ pub static TABLES: &[TableDef] = {
         LOAD_SEALED,
         TXNS,
         LOCKS,
+        super::segments::CONDEMNED,
+        super::segments::ARRIVALS,
         o::OBJECTS,
         o::UPLOADS,
         o::PARTS,
@@ -141,6 +143,7 @@ impl State {
             self.dentries.report(),
             self.chunk_owner.report(),
             self.forwards.report(),
+            self.condemned.report(),
         ];
         v.extend(self.objects.table_reports());
         v
@@ -187,6 +190,8 @@ impl State {
             load_sealed: open_cell(LOAD_SEALED, store)?,
             txns: open_cell(TXNS, store)?,
             locks: open_cell(LOCKS, store)?,
+            condemned: Table::open(super::segments::CONDEMNED, store.clone(), cache)?,
+            segment_arrivals: open_cell(super::segments::ARRIVALS, store)?,
             forwards: Table::open(FORWARDS, store.clone(), cache)?,
             dentries: Table::open(DENTRIES, store.clone(), cache)?,
             chunk_owner: Table::open(CHUNK_OWNER, store.clone(), cache)?,
@@ -220,6 +225,8 @@ impl State {
         self.load_sealed.flush(LOAD_SEALED, tx)?;
         self.txns.flush(TXNS, tx)?;
         self.locks.flush(LOCKS, tx)?;
+        self.condemned.flush(tx)?;
+        self.segment_arrivals.flush(super::segments::ARRIVALS, tx)?;
         self.objects.flush(tx)
     }
 
@@ -235,6 +242,7 @@ impl State {
         self.dentries.write_out(store.clone(), tx, cache)?;
         self.chunk_owner.write_out(store.clone(), tx, cache)?;
         self.forwards.write_out(store.clone(), tx, cache)?;
+        self.condemned.write_out(store.clone(), tx, cache)?;
         self.objects.write_out(store, tx, cache)?;
         self.next_inode.touch();
         self.next_chunk.touch();
@@ -253,6 +261,7 @@ impl State {
         self.load_sealed.touch();
         self.txns.touch();
         self.locks.touch();
+        self.segment_arrivals.touch();
         self.flush(tx)
     }
 }

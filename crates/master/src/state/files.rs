@@ -509,6 +509,7 @@ impl State {
         if size > MAX_FILE_SIZE {
             return Err(MetaError::invalid(format!("{path}: size {size} too large")));
         }
+        self.check_condemned(path, extents)?;
         self.own_to_extents(node.id);
         let p = self.posix_mut(node.id);
         let x = p.extents.as_mut().expect("made above");

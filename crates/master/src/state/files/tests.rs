@@ -309,6 +309,52 @@ fn segment_tallies_follow_every_change_to_extents() {
     assert!(s.inodes.tallies().is_empty());
 }
 
+/// A condemned segment (being collected) is named by no new write: the write is refused
+/// (`Sealed`, the mount appends the bytes again elsewhere), writes to other segments go on,
+/// and the partition reports each segment's use and its arrivals.
+#[test]
+fn a_write_naming_a_condemned_segment_is_refused() {
+    let mut s = State::default();
+    let f = make(&mut s, "/f", NewNode::Regular);
+    let write = |s: &mut State, seg: u64| {
+        apply(
+            s,
+            FileOp::Write {
+                path: "/f".into(),
+                ino: f.ino,
+                extents: vec![ext(0, 10, 9, 0), ext(10, 10, seg, 0)],
+                size: 0,
+                now: t(9000),
+            },
+        )
+    };
+    write(&mut s, 7).unwrap();
+    let condemn =
+        |s: &mut State, segs: Vec<u64>| s.apply(&Command::CondemnSegments { segs, now_ms: 1 });
+    condemn(&mut s, vec![7, 8]).unwrap();
+    condemn(&mut s, vec![8]).unwrap();
+    assert!(
+        condemn(&mut s, vec![0]).is_err(),
+        "segment 0 is a file's own log"
+    );
+    let e = write(&mut s, 8).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Sealed, "{e}");
+    write(&mut s, 10).unwrap();
+    let (arrivals, used) = s.segment_use(&[7, 8, 9, 10]);
+    assert_eq!(arrivals, 0);
+    let got: Vec<_> = used
+        .iter()
+        .map(|u| (u.bytes, u.extents, u.condemned))
+        .collect();
+    // 7 lost its extent to the second write (the same range), which went to 10.
+    assert_eq!(
+        got,
+        [(0, 0, true), (0, 0, true), (10, 1, false), (10, 1, false)]
+    );
+    assert_eq!(s.condemned_segments(None, 10), [(7, 1), (8, 1)]);
+    assert_eq!(s.condemned_segments(Some(7), 10), [(8, 1)]);
+}
+
 #[test]
 fn a_punched_hole_cuts_extents_and_keeps_the_size() {
     let mut s = State::default();

@@ -395,6 +395,12 @@ fn a_large_subtree_loads_in_bounded_batches() {
     assert!(batches > 1, "{batches} batch(es)");
     assert_eq!(p1.totals().0, 1502);
     assert_eq!(p1.inodes.tally(9), [2133, 3]);
+    // Each load counts (twice here: every batch is loaded again, which changes nothing else).
+    assert_eq!(
+        p1.segment_use(&[9]).0,
+        2 * batches as u64,
+        "each load is an arrival"
+    );
     assert_eq!(root.inodes.tally(9), [0, 0], "the subtree left the root");
     assert_eq!(p1.check().problems, 0, "{:?}", p1.check().listed);
     assert_eq!(root.check().problems, 0, "{:?}", root.check().listed);
