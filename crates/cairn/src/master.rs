@@ -74,6 +74,15 @@ pub struct MasterArgs {
     /// counts calls over).
     #[arg(long, default_value_t = cairn_master::SplitPolicy::default().every.as_secs())]
     split_every_secs: u64,
+    /// Seconds between rounds of the file service's segment collection (docs/files.md
+    /// "Segment collection"); 0: never.
+    #[arg(long, default_value_t = cairn_master::SegmentCollection::default().every.as_secs_f64())]
+    segment_collect_secs: f64,
+    /// Seconds a segment is left alone after its last append, seal or lease renewal before
+    /// it may be collected (also how long a file unlinked elsewhere stays readable where it
+    /// is open).
+    #[arg(long, default_value_t = cairn_master::SegmentCollection::default().grace.as_secs_f64())]
+    segment_grace_secs: f64,
     /// A file holding the cluster secret (hex; `cairn up` makes DATA_DIR/cluster.secret):
     /// servers prove they hold it on every call between them, and every call is refused
     /// without a proof of a server or a user (docs/security.md). Required unless --insecure.
@@ -175,6 +184,12 @@ pub fn run(a: MasterArgs) -> anyhow::Result<()> {
                 files: a.split_files,
                 load: a.split_load,
                 every: Duration::from_secs(a.split_every_secs.max(1)),
+            },
+            segments: cairn_master::SegmentCollection {
+                every: Duration::try_from_secs_f64(a.segment_collect_secs)
+                    .map_err(|e| anyhow::anyhow!("--segment-collect-secs: {e}"))?,
+                grace: Duration::try_from_secs_f64(a.segment_grace_secs)
+                    .map_err(|e| anyhow::anyhow!("--segment-grace-secs: {e}"))?,
             },
             log_flush_gap: Duration::from_micros(a.log_flush_gap_us),
             cluster_secret: cluster_secret(a.cluster_secret_file.as_deref(), a.insecure)?,

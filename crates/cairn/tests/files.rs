@@ -1,6 +1,8 @@
 //! The file service through the kernel (issue 40, docs/files.md): `cairn mount` processes
 //! serving real FUSE mounts, driven with std::fs and libc calls as any program would.
 
+#[path = "files/collect.rs"]
+mod collect;
 mod common;
 
 use common::{Cluster, bytes, cairn};

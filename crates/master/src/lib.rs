@@ -25,3 +25,4 @@ pub mod wal;
 pub use node::{MasterOptions, serve};
 pub use registry::RegistryOptions;
 pub use service::autosplit::SplitPolicy;
+pub use service::segments::SegmentCollection;

@@ -57,6 +57,8 @@ pub struct MasterOptions {
     pub connections: cairn_rpc::admission::Limits,
     /// When partitions split on their own (docs/partitions.md "Automatic splits").
     pub split: crate::SplitPolicy,
+    /// When the file service's segments are collected (docs/files.md).
+    pub segments: crate::SegmentCollection,
 }
 
 /// The masters' connection limits by default: a first call may carry the largest body
@@ -97,6 +99,7 @@ impl MasterOptions {
             audit: cairn_rpc::audit::Audit::off(),
             connections: default_connection_limits(),
             split: crate::SplitPolicy::default(),
+            segments: crate::SegmentCollection::default(),
         }
     }
 }
@@ -160,6 +163,7 @@ pub async fn serve(
         audit: opts.audit.clone(),
         refusals: Default::default(),
         auto_split: Default::default(),
+        segments: Default::default(),
     });
     let scanner = {
         let meta = meta.clone();
@@ -172,6 +176,7 @@ pub async fn serve(
                 meta.resume_move();
                 meta.auto_split();
                 meta.resume_renames();
+                meta.collect_segments();
                 meta.resume_bucket_deletes().await;
                 meta.scan_repairs();
                 meta.scan_conversions().await;

@@ -24,6 +24,7 @@ mod namespace;
 mod operators;
 mod partitions;
 mod principal;
+pub mod segments;
 mod status;
 mod txn;
 
@@ -105,6 +106,8 @@ pub(crate) struct Inner {
     pub refusals: crate::audit::RefusalBudget,
     /// The load counted for automatic splits (service/autosplit.rs).
     pub auto_split: autosplit::AutoSplit,
+    /// Segment collection's memory (service/segments.rs).
+    pub segments: segments::Collector,
 }
 
 use crate::audit::Call;

@@ -543,6 +543,10 @@ async fn nemesis() {
     // Snapshots often and short logs behind them: a master killed for a while catches up by
     // receiving the leader's tables (streamed as a snapshot file), under the faults too.
     master_extra.extend(["--snapshot-every", "200", "--log-keep", "50"]);
+    // Segments collected every second once unwritten for 6 s (leases last 5 s here): the
+    // segments of the mounts killed at each scenario's end go during the run, and a mount
+    // frozen past its lease meets a condemned segment (docs/files.md "Segment collection").
+    master_extra.extend(["--segment-collect-secs", "1", "--segment-grace-secs", "6"]);
     // Room for what 200 scenarios leave (the writers' files, the mount's segments) on three
     // servers while the fourth is down or came back empty: with 256 MiB the cluster filled
     // (RELIABILITY.md, seed 62). The disks are sparse files (--no-zero-fill).

@@ -113,6 +113,7 @@ impl Inner {
                 now_ms: now,
             };
             self.write_to(&h, init).await?;
+            self.inherit_condemned(&h).await?;
             if let Some(policy) = policy {
                 let keep = Command::Mkdir {
                     path: path.to_owned(),

@@ -374,6 +374,7 @@ impl Inner {
             },
         )
         .await?;
+        self.inherit_condemned(&h).await?;
         if let Some(p) = policy {
             let keep = Command::Mkdir {
                 path: path.clone(),
