@@ -5,7 +5,8 @@
 //! bytes that decode to the same record; an `objects` record of version 1 converts to one of
 //! version 2 that decodes, or is refused; an `inodes` record of version 1 or 2 (and a `txns`
 //! cell of those versions, whose decisions carry inodes) converts to version 3, or is refused.
-//! Cells too: the partition map, homes, moves, renames'
+//! A segments' tally (`tallies`) that decodes encodes back to the same bytes; the condemned
+//! segments' records (`u64`). Cells too: the partition map, homes, moves, renames'
 //! intents and locks, subtrees and hashed directories, bucket placements.
 use cairn_master::kv::codec::{Key, decode_record, encode_record};
 use cairn_master::state::moves::Move;
@@ -57,6 +58,10 @@ fuzz_target!(|data: &[u8]| {
     record::<Txns>(data);
     record::<std::collections::BTreeMap<u64, Lock>>(data);
     record::<u32>(data);
+    record::<u64>(data);
+    if let Some(t) = cairn_master::kv::tally_from(data) {
+        assert_eq!(cairn_master::kv::tally_bytes(&t), data);
+    }
     record::<bool>(data);
     record::<std::collections::BTreeMap<String, u32>>(data);
     record::<std::collections::BTreeMap<String, Vec<u32>>>(data);

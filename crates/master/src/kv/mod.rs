@@ -23,7 +23,7 @@ pub use codec::{Key, Record, RecordError};
 pub use sum::{SUM_WIDTH, Sum};
 use sum::{add, sub, sum_bytes, sum_from};
 use tally::Tallies;
-pub use tally::{TALLIES, TALLY_WIDTH, Tally, TallyOf};
+pub use tally::{TALLIES, TALLY_WIDTH, Tally, TallyOf, tally_bytes, tally_from};
 pub use upgrade::{Upgrade, UpgradeError, VERSIONS, upgrade};
 
 use parking_lot::Mutex;

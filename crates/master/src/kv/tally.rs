@@ -47,11 +47,13 @@ fn row_key(table: &str, key: Option<u64>) -> Vec<u8> {
     k
 }
 
-fn tally_bytes(t: &Tally) -> Vec<u8> {
+/// A tally's stored bytes.
+pub fn tally_bytes(t: &Tally) -> Vec<u8> {
     t.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-fn tally_from(b: &[u8]) -> Option<Tally> {
+/// A tally from its stored bytes (`None`: not [`TALLY_WIDTH`] × 8 bytes).
+pub fn tally_from(b: &[u8]) -> Option<Tally> {
     if b.len() != TALLY_WIDTH * 8 {
         return None;
     }
