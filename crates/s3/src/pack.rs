@@ -134,8 +134,8 @@ pub struct Packs {
     /// Packs the index refused as retired ([`Packs::retire`]): a lane leaves its open pack
     /// before the next append when it is one of them.
     retired: Retired,
-    /// `opts.dir` with a trailing `/`.
-    dir: String,
+    /// How this gateway's packs' paths start (`DIR/WRITER-`).
+    mine: String,
 }
 
 type Retired = Arc<parking_lot::Mutex<std::collections::HashSet<String>>>;
@@ -174,17 +174,17 @@ impl Packs {
             lanes,
             next: Arc::new(AtomicU64::new(0)),
             retired,
-            dir: format!("{}/", opts.dir),
+            mine: format!("{}/{}-", opts.dir, opts.writer_id),
         }
     }
 
     /// The index refused an extent in `path` because compaction retired the pack (its lease
     /// lapsed while no object named it, e.g. while this gateway was stalled): the lane
-    /// writing it starts a new pack before its next append. A path not one of these packs'
-    /// is ignored.
+    /// writing it starts a new pack before its next append. A path not one of this gateway's
+    /// packs is ignored.
     pub fn retire(&self, path: &str) {
-        if !path.starts_with(&self.dir) {
-            return;
+        if !path.starts_with(&self.mine) {
+            return; // another gateway's (a copy's source)
         }
         let mut r = self.retired.lock();
         if r.len() >= 1024 {
