@@ -39,6 +39,23 @@ fn python_cmd(gw: &Proc, a: &Keys, dir: &Path) -> Command {
     c
 }
 
+/// Runs test script `name` in `mode` against the gateway as `a`; its stdout. Fails the test
+/// with both outputs when the script fails.
+fn run_script(gw: &Proc, a: &Keys, dir: &Path, name: &str, mode: &str) -> String {
+    let out = python_cmd(gw, a, dir)
+        .arg(script(name))
+        .arg(mode)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{name} {mode}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// The number in "s3 flows: N passed, 0 failed".
 fn passed(stdout: &str) -> usize {
     stdout
@@ -222,17 +239,7 @@ async fn s3_compaction_reclaims_mostly_dead_packs() {
             .collect()
     };
     let run = |mode: &str| {
-        let out = python_cmd(&gw, &alice, dir.path())
-            .arg(script("compaction.py"))
-            .arg(mode)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{mode}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_script(&gw, &alice, dir.path(), "compaction.py", mode);
     };
     run("fill");
     let before = packs();
@@ -277,17 +284,7 @@ async fn s3_a_put_into_a_retired_pack_is_retried_not_lost() {
     );
     let alice = create_user(&masters, "alice");
     let run = |mode: &str| {
-        let out = python_cmd(&gw, &alice, dir.path())
-            .arg(script("compaction.py"))
-            .arg(mode)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{mode}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_script(&gw, &alice, dir.path(), "compaction.py", mode);
     };
     let trash = || -> u64 {
         let out = run_ok(cairn().args(["status", "--json", "--cluster", &masters.join(",")]));
@@ -329,20 +326,7 @@ async fn s3_a_bucket_placed_in_partitions() {
     let masters = cluster.master_addrs();
     let gw = gateway(&masters, "127.0.0.1:0");
     let alice = create_user(&masters, "alice");
-    let run = |mode: &str| -> String {
-        let out = python_cmd(&gw, &alice, dir.path())
-            .arg(script("placed.py"))
-            .arg(mode)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{mode}: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
-    };
+    let run = |mode: &str| run_script(&gw, &alice, dir.path(), "placed.py", mode);
     let count = |stdout: &str| -> usize {
         stdout
             .lines()

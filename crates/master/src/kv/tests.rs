@@ -3,7 +3,8 @@ use redb::backends::InMemoryBackend;
 
 const T: TableDef = TableDef::new("test", 1);
 
-fn store() -> Arc<Store> {
+/// A store in memory, for tests.
+pub(super) fn store() -> Arc<Store> {
     let db = Database::builder()
         .create_with_backend(InMemoryBackend::new())
         .unwrap();

@@ -149,18 +149,10 @@ store_error!(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::{COUNTS, Key, Store, Table};
-    use redb::backends::InMemoryBackend;
-    use std::sync::Arc;
+    use crate::kv::tests::store;
+    use crate::kv::{COUNTS, Key, Table};
 
     const T: TableDef = TableDef::new("test", 1);
-
-    fn store() -> Arc<Store> {
-        let db = Database::builder()
-            .create_with_backend(InMemoryBackend::new())
-            .unwrap();
-        Store::new(Arc::new(db))
-    }
 
     /// Version 1 records were `u64`s; version 2 holds the number and its double.
     fn double(bytes: &[u8]) -> Result<Vec<u8>, RecordError> {

@@ -144,26 +144,7 @@ fn a_retried_completion_finds_its_object_by_name() {
     let mut st = State::default();
     let user = || "u".to_owned();
     create_bucket(&mut st);
-    let upload = Upload {
-        id: "up1".into(),
-        bucket: "bkt".into(),
-        key: "k".into(),
-        owner: user(),
-        initiated_ms: 1,
-        headers: BTreeMap::new(),
-        user_meta: BTreeMap::new(),
-        parts: BTreeMap::new(),
-        checksum_algorithm: None,
-        checksum_type: None,
-    };
-    op(
-        &mut st,
-        ObjectOp::CreateUpload {
-            user: user(),
-            upload,
-        },
-    )
-    .unwrap();
+    start_upload(&mut st, "k");
     for n in 1..=2u32 {
         let path = format!("/p/{n}");
         file(&mut st, &path);
@@ -213,6 +194,27 @@ fn a_retried_completion_finds_its_object_by_name() {
         op(&mut st, complete("bkt", "other")),
         Err(ObjectError::NoSuchUpload)
     );
+}
+
+/// Upload `up1` of user `u` to `bkt`/`key`.
+fn start_upload(st: &mut State, key: &str) {
+    let upload = Upload {
+        id: "up1".into(),
+        bucket: "bkt".into(),
+        key: key.into(),
+        owner: "u".into(),
+        initiated_ms: 1,
+        headers: BTreeMap::new(),
+        user_meta: BTreeMap::new(),
+        parts: BTreeMap::new(),
+        checksum_algorithm: None,
+        checksum_type: None,
+    };
+    let create = ObjectOp::CreateUpload {
+        user: "u".into(),
+        upload,
+    };
+    op(st, create).unwrap();
 }
 
 fn put(bucket: &str, key: &str, m: ObjectMeta) -> ObjectOp {
@@ -463,26 +465,7 @@ fn a_retired_pack_is_never_named_again() {
     );
     assert!(st.objects.object("bkt", "k2").is_none());
     assert!(!st.objects.packs.contains_key(&"/p/1".to_owned()));
-    let upload = Upload {
-        id: "up1".into(),
-        bucket: "bkt".into(),
-        key: "k3".into(),
-        owner: "u".into(),
-        initiated_ms: 1,
-        headers: BTreeMap::new(),
-        user_meta: BTreeMap::new(),
-        parts: BTreeMap::new(),
-        checksum_algorithm: None,
-        checksum_type: None,
-    };
-    op(
-        &mut st,
-        ObjectOp::CreateUpload {
-            user: "u".into(),
-            upload,
-        },
-    )
-    .unwrap();
+    start_upload(&mut st, "k3");
     let part = |extent: Extent| ObjectOp::PutPart {
         user: "u".into(),
         upload_id: "up1".into(),
