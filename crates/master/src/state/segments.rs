@@ -15,7 +15,7 @@ pub const CONDEMNED: TableDef = TableDef::new("condemned_segments", 1);
 /// How many times rows arrived from another partition.
 pub const ARRIVALS: TableDef = super::disk::cell("segment_arrivals");
 
-/// The most segments one [`Command::CondemnSegments`] names.
+/// The most segments one [`super::Command::CondemnSegments`] names.
 pub const MAX_CONDEMN: usize = 4096;
 
 pub(super) fn condemned_table() -> Table<u64, u64> {
