@@ -2,7 +2,8 @@
 //! body.
 
 use crate::checksum::Sums;
-use crate::ops::{Cairn, etag, timestamp};
+use crate::convert::{etag, timestamp};
+use crate::ops::Cairn;
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
 

@@ -277,7 +277,7 @@ impl DataStore {
                     tracing::warn!(%pack, "the index refused a write to a retired pack");
                     self.places.retire_pack(pack);
                 }
-                Err(crate::ops::s3_err(e))
+                Err(crate::convert::s3_err(e))
             }
             Err(e) => Err(crate::meta_err(e)),
         }

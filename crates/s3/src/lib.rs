@@ -10,9 +10,11 @@ mod access;
 mod attributes;
 mod checksum;
 pub mod compact;
+mod convert;
 pub mod data;
 mod http;
 pub use http::{BODY_IDLE, HEADER_READ_TIMEOUT};
+mod listing;
 mod multipart;
 mod ops;
 pub mod pack;
@@ -203,7 +205,7 @@ impl S3Auth for Auth {
 /// The masters' answer to a read, with the index's refusals as S3 errors.
 pub(crate) async fn query(client: &Client, q: &ObjectQuery) -> S3Result<QueryReply> {
     match client.masters().object_query(q).await {
-        Ok(r) => r.map_err(ops::s3_err),
+        Ok(r) => r.map_err(convert::s3_err),
         Err(e) => Err(meta_err(e)),
     }
 }
@@ -211,7 +213,7 @@ pub(crate) async fn query(client: &Client, q: &ObjectQuery) -> S3Result<QueryRep
 /// A change through the masters, with the index's refusals as S3 errors.
 async fn change(client: &Client, op: &ObjectOp) -> S3Result<OpReply> {
     match client.masters().object_op(op).await {
-        Ok(r) => r.map_err(ops::s3_err),
+        Ok(r) => r.map_err(convert::s3_err),
         Err(e) => Err(meta_err(e)),
     }
 }

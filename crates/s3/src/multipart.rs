@@ -1,11 +1,12 @@
 //! Multipart uploads: create, upload (and copy) parts, complete, abort, list.
 
 use crate::checksum::{self, Sums, checksum_map, declared};
-use crate::data::{hex, internal};
-use crate::ops::{
-    Cairn, check_key, encoder, etag, headers_of, max_keys, owner, part_number, put_condition,
-    timestamp, user_meta,
+use crate::convert::{
+    check_key, etag, headers_of, owner, part_number, put_condition, timestamp, user_meta,
 };
+use crate::data::{hex, internal};
+use crate::listing::{encoder, max_keys};
+use crate::ops::Cairn;
 use crate::{HEX, change, now_ms, query, random_id};
 use cairn_rpc::object::{
     Extent, ListRequest, ObjectMeta, ObjectOp, ObjectQuery, OpReply, Part, QueryReply, Upload,

@@ -1,18 +1,20 @@
 //! The S3 operations, mapped onto the object index and FlatLogFiles.
 
-use crate::checksum::{self, Sums, checksum_map, declared, hasher_for, with_trailers};
+use crate::checksum::{self, checksum_map, declared, hasher_for, with_trailers};
+use crate::convert::{
+    answered_sums, check_key, conditional_delete, etag, headers_of, owner, part_range,
+    preconditions, put_condition, timestamp, user_meta,
+};
 use crate::data::{self, DataStore, Stored, internal};
 use crate::{HEX, Users, change, now_ms, query, random_id};
 use cairn_rpc::object::{
-    Extent, ListEntry, ListPage, ListRequest, MAX_KEY_BYTES, MAX_LIST_KEYS, MAX_PARTS, ObjectError,
-    ObjectMeta, ObjectOp, ObjectQuery, OpReply, PutCondition, QueryReply,
+    Extent, ObjectMeta, ObjectOp, ObjectQuery, OpReply, PutCondition, QueryReply,
 };
 use s3s::checksum::ChecksumHasher;
 use s3s::dto::*;
-use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
-use std::collections::BTreeMap;
+use s3s::{S3, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 #[derive(Clone)]
 pub struct Cairn {
@@ -28,244 +30,7 @@ pub struct Cairn {
 /// How long a bucket found writable is trusted by the early check.
 const WRITABLE_TTL: Duration = Duration::from_secs(2);
 
-pub fn s3_err(e: ObjectError) -> S3Error {
-    use S3ErrorCode as C;
-    let code = match &e {
-        ObjectError::NoSuchBucket => C::NoSuchBucket,
-        ObjectError::BucketAlreadyOwnedByYou => C::BucketAlreadyOwnedByYou,
-        ObjectError::BucketAlreadyExists => C::BucketAlreadyExists,
-        ObjectError::BucketNotEmpty => C::BucketNotEmpty,
-        ObjectError::NoSuchKey => C::NoSuchKey,
-        ObjectError::NoSuchUpload => C::NoSuchUpload,
-        ObjectError::InvalidPart(_) => C::InvalidPart,
-        ObjectError::InvalidPartOrder => C::InvalidPartOrder,
-        ObjectError::EntityTooSmall(_) => C::EntityTooSmall,
-        ObjectError::AccessDenied => C::AccessDenied,
-        ObjectError::UserExists => C::InvalidArgument,
-        ObjectError::InvalidArgument(_) => C::InvalidArgument,
-        ObjectError::PreconditionFailed => C::PreconditionFailed,
-        // The gateway wrote the data for a layout that changed: a client's retry is routed
-        // anew.
-        ObjectError::Moved(_) => C::ServiceUnavailable,
-        // The data went to a pack compaction retired; the client's retry goes to a new one.
-        ObjectError::PackRetired(_) => C::ServiceUnavailable,
-        // Volumes are not S3's; a gateway never asks about them.
-        ObjectError::NoSuchVolume
-        | ObjectError::VolumeExists
-        | ObjectError::NoSuchSnapshot
-        | ObjectError::SnapshotExists
-        | ObjectError::InUse(_) => C::InternalError,
-    };
-    S3Error::with_message(code, e.to_string())
-}
-
-pub(crate) fn timestamp(ms: u64) -> Timestamp {
-    Timestamp::from(UNIX_EPOCH + Duration::from_millis(ms))
-}
-
-pub(crate) fn ms_of(t: &Timestamp) -> u64 {
-    let odt: time::OffsetDateTime = t.clone().into();
-    (odt.unix_timestamp_nanos() / 1_000_000).max(0) as u64
-}
-
-pub(crate) fn etag(e: &str) -> ETag {
-    ETag::Strong(e.to_owned())
-}
-
-pub(crate) fn check_key(key: &str) -> S3Result<()> {
-    if key.is_empty() {
-        return Err(s3_error!(InvalidArgument, "the key is empty"));
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(s3_error!(KeyTooLongError, "keys are at most 1024 bytes"));
-    }
-    Ok(())
-}
-
-/// The system headers an object keeps, from a PUT's (or copy's, or upload's) input.
-pub(crate) fn headers_of(
-    content_type: Option<&String>,
-    content_encoding: Option<&String>,
-    content_disposition: Option<&String>,
-    content_language: Option<&String>,
-    cache_control: Option<&String>,
-    expires: Option<&Timestamp>,
-) -> BTreeMap<String, String> {
-    let mut h = BTreeMap::new();
-    for (name, v) in [
-        ("content-type", content_type),
-        ("content-encoding", content_encoding),
-        ("content-disposition", content_disposition),
-        ("content-language", content_language),
-        ("cache-control", cache_control),
-    ] {
-        let Some(v) = v else { continue };
-        let v = if name == "content-encoding" {
-            // aws-chunked is how the body travelled, not how the object is encoded (S3).
-            let kept: Vec<&str> = v
-                .split(',')
-                .map(str::trim)
-                .filter(|e| !e.is_empty() && !e.eq_ignore_ascii_case("aws-chunked"))
-                .collect();
-            if kept.is_empty() {
-                continue;
-            }
-            kept.join(", ")
-        } else {
-            v.clone()
-        };
-        h.insert(name.to_owned(), v);
-    }
-    if let Some(t) = expires {
-        h.insert("expires".to_owned(), ms_of(t).to_string());
-    }
-    h
-}
-
-pub(crate) fn user_meta(m: Option<Metadata>) -> BTreeMap<String, String> {
-    m.map(|m| m.into_iter().collect()).unwrap_or_default()
-}
-
-/// A conditional write's condition (PUT or CompleteMultipartUpload with If-Match or
-/// If-None-Match), checked by the masters where the write is ordered.
-pub(crate) fn put_condition(
-    if_match: Option<&ETagCondition>,
-    if_none_match: Option<&ETagCondition>,
-) -> S3Result<Option<PutCondition>> {
-    let value = |c: &ETagCondition| match c {
-        ETagCondition::Any => "*".to_owned(),
-        ETagCondition::ETag(e) => e.value().to_owned(),
-    };
-    match (if_match, if_none_match) {
-        (Some(_), Some(_)) => Err(s3_error!(
-            NotImplemented,
-            "If-Match and If-None-Match cannot both be given to a write"
-        )),
-        (Some(c), None) => Ok(Some(PutCondition::IfMatch(value(c)))),
-        (None, Some(c)) => Ok(Some(PutCondition::IfNoneMatch(value(c)))),
-        (None, None) => Ok(None),
-    }
-}
-
-/// Evaluates If-Match / If-None-Match / If-Modified-Since / If-Unmodified-Since (RFC 7232
-/// order: a failed If-Match is 412 before anything else; If-None-Match wins over
-/// If-Modified-Since).
-fn preconditions(
-    o: &ObjectMeta,
-    if_match: Option<&ETagCondition>,
-    if_none_match: Option<&ETagCondition>,
-    if_modified_since: Option<&Timestamp>,
-    if_unmodified_since: Option<&Timestamp>,
-) -> S3Result<()> {
-    let matches = |c: &ETagCondition| match c {
-        ETagCondition::Any => true,
-        ETagCondition::ETag(e) => e.value() == o.etag,
-    };
-    let secs = o.mtime_ms / 1000;
-    if let Some(c) = if_match {
-        if !matches(c) {
-            return Err(s3_error!(PreconditionFailed));
-        }
-    } else if let Some(t) = if_unmodified_since
-        && secs > ms_of(t) / 1000
-    {
-        return Err(s3_error!(PreconditionFailed));
-    }
-    let not_modified = || {
-        // A 304 names the version the client has (RFC 7232 §4.1).
-        let mut e = S3Error::with_message(S3ErrorCode::NotModified, "Not Modified");
-        let mut h = http::HeaderMap::new();
-        if let Ok(v) = http::HeaderValue::from_str(&format!("\"{}\"", o.etag)) {
-            h.insert(http::header::ETAG, v);
-        }
-        let lm = time::OffsetDateTime::from_unix_timestamp((o.mtime_ms / 1000) as i64)
-            .ok()
-            .and_then(|t| {
-                t.format(&time::format_description::well_known::Rfc2822)
-                    .ok()
-            });
-        if let Some(v) = lm.and_then(|v| http::HeaderValue::from_str(&v).ok()) {
-            h.insert(http::header::LAST_MODIFIED, v);
-        }
-        e.set_headers(h);
-        e
-    };
-    if let Some(c) = if_none_match {
-        if matches(c) {
-            return Err(not_modified());
-        }
-    } else if let Some(t) = if_modified_since
-        && secs <= ms_of(t) / 1000
-    {
-        return Err(not_modified());
-    }
-    Ok(())
-}
-
-fn list_entry_object(e: ListEntry, fetch_owner: bool) -> Object {
-    Object {
-        key: Some(e.key),
-        size: Some(e.size as i64),
-        e_tag: Some(etag(&e.etag)),
-        last_modified: Some(timestamp(e.mtime_ms)),
-        storage_class: Some(ObjectStorageClass::from_static(
-            ObjectStorageClass::STANDARD,
-        )),
-        owner: fetch_owner.then(|| owner(&e.owner)),
-        ..Default::default()
-    }
-}
-
-/// A listing's common prefixes, encoded as the request asked.
-pub(crate) fn common_prefixes(
-    prefixes: Vec<String>,
-    enc: impl Fn(String) -> String,
-) -> Vec<CommonPrefix> {
-    prefixes
-        .into_iter()
-        .map(|p| CommonPrefix {
-            prefix: Some(enc(p)),
-        })
-        .collect()
-}
-
-pub(crate) fn owner(name: &str) -> Owner {
-    Owner {
-        display_name: Some(name.to_owned()),
-        id: Some(name.to_owned()),
-    }
-}
-
-/// `encoding-type=url`: keys and prefixes in the answer are percent-encoded.
-pub(crate) fn encoder(encoding: Option<&EncodingType>) -> S3Result<impl Fn(String) -> String> {
-    let url = match encoding.map(EncodingType::as_str) {
-        None => false,
-        Some(EncodingType::URL) => true,
-        Some(other) => return Err(s3_error!(InvalidArgument, "unknown encoding type {other}")),
-    };
-    // What S3 leaves alone: unreserved characters and '/'.
-    const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-        .remove(b'-')
-        .remove(b'_')
-        .remove(b'.')
-        .remove(b'~')
-        .remove(b'/');
-    Ok(move |s: String| match url {
-        true => percent_encoding::utf8_percent_encode(&s, SET).to_string(),
-        false => s,
-    })
-}
-
-pub(crate) fn max_keys(m: Option<i32>) -> S3Result<u32> {
-    match m {
-        None => Ok(MAX_LIST_KEYS as u32),
-        Some(n) if n < 0 => Err(s3_error!(InvalidArgument, "max-keys must not be negative")),
-        Some(n) => Ok((n as u32).min(MAX_LIST_KEYS as u32)),
-    }
-}
-
 impl Cairn {
-    /// The user a signed request acts for (s3s refuses unsigned ones before this).
     /// The user a signed request acts for in `bucket`; an anonymous request to a bucket that
     /// does not exist is told so (NoSuchBucket, as S3), otherwise refused.
     pub(crate) async fn user_in<T>(&self, req: &S3Request<T>, bucket: &str) -> S3Result<String> {
@@ -329,13 +94,6 @@ impl Cairn {
         }
         w.insert(pair, std::time::Instant::now());
         Ok(())
-    }
-
-    pub(crate) async fn list(&self, q: ObjectQuery) -> S3Result<ListPage> {
-        match query(&self.data.client, &q).await? {
-            QueryReply::List(p) => Ok(p),
-            _ => Err(internal("a listing answered with something else")),
-        }
     }
 
     /// Stores a body and, if its digests check out, returns it; otherwise frees what was
@@ -443,66 +201,6 @@ impl Cairn {
         })?;
         Ok((bucket.to_string(), key.to_string(), o))
     }
-}
-
-/// Deletes with conditions are refused rather than done unconditionally.
-fn conditional_delete() -> S3Error {
-    s3_error!(
-        NotImplemented,
-        "conditional deletes (If-Match, If-Match-Last-Modified-Time, If-Match-Size) are not supported"
-    )
-}
-
-/// The bytes of part `n` (1-based) of an object, and its index. A single-part object is its
-/// own part 1. A part past the last is InvalidPart (400), as ceph/s3-tests holds S3 to.
-fn part_range(o: &ObjectMeta, n: i32) -> S3Result<(std::ops::Range<u64>, usize)> {
-    let n = part_number(n)? as usize;
-    let count = o.part_sizes.len().max(1);
-    if n > count {
-        return Err(S3Error::with_message(
-            S3ErrorCode::InvalidPart,
-            format!("the object has {count} parts; there is no part {n}"),
-        ));
-    }
-    if o.part_sizes.is_empty() {
-        return Ok((0..o.size, 0));
-    }
-    let start: u64 = o.part_sizes[..n - 1].iter().sum();
-    Ok((start..start + o.part_sizes[n - 1], n - 1))
-}
-
-/// The checksums a GET or HEAD answers: none unless asked (`x-amz-checksum-mode`) or for a
-/// byte range; a multipart object's part's own for `partNumber`; the object's otherwise.
-fn answered_sums(
-    o: &ObjectMeta,
-    part: Option<usize>,
-    whole: bool,
-    wanted: bool,
-) -> (Sums, Option<ChecksumType>) {
-    if !wanted || o.checksums.is_empty() {
-        return (Sums::default(), None);
-    }
-    let kind = o
-        .checksum_type
-        .clone()
-        .unwrap_or_else(|| ChecksumType::FULL_OBJECT.to_owned());
-    match part {
-        Some(i) if !o.part_sizes.is_empty() => {
-            match (o.checksums.keys().next(), o.part_checksums.get(i)) {
-                (Some(alg), Some(v)) => (Sums::one(alg, v.clone()), Some(ChecksumType::from(kind))),
-                _ => (Sums::default(), None),
-            }
-        }
-        _ if whole => (Sums::of(&o.checksums), Some(ChecksumType::from(kind))),
-        _ => (Sums::default(), None),
-    }
-}
-
-pub(crate) fn part_number(n: i32) -> S3Result<u32> {
-    if n < 1 || n as u32 > MAX_PARTS {
-        return Err(s3_error!(InvalidArgument, "part numbers are 1 to 10000"));
-    }
-    Ok(n as u32)
 }
 
 #[async_trait::async_trait]
@@ -1041,124 +739,14 @@ impl S3 for Cairn {
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
-        let user = self.user(&req).await?;
-        let input = req.input;
-        let enc = encoder(input.encoding_type.as_ref())?;
-        let encoding_type = input.encoding_type.clone();
-        let max = max_keys(input.max_keys)?;
-        let after = match &input.continuation_token {
-            Some(t) => {
-                let raw = data::base64_decode(t)
-                    .ok_or_else(|| s3_error!(InvalidArgument, "bad continuation token"))?;
-                String::from_utf8(raw)
-                    .map_err(|_| s3_error!(InvalidArgument, "bad continuation token"))?
-            }
-            None => input.start_after.clone().unwrap_or_default(),
-        };
-        let prefix = input.prefix.clone().unwrap_or_default();
-        let page = if max == 0 {
-            ListPage::default()
-        } else {
-            self.list(ObjectQuery::ListObjects {
-                user,
-                bucket: input.bucket.clone(),
-                list: ListRequest {
-                    prefix: prefix.clone(),
-                    delimiter: input.delimiter.clone().filter(|d| !d.is_empty()),
-                    after,
-                    max,
-                },
-            })
-            .await?
-        };
-        let fetch_owner = input.fetch_owner.unwrap_or(false);
-        let key_count = (page.entries.len() + page.prefixes.len()) as i32;
-        let next = page
-            .truncated
-            .then(|| {
-                page.last
-                    .clone()
-                    .map(|l| base64_simd::STANDARD.encode_to_string(l.as_bytes()))
-            })
-            .flatten();
-        Ok(S3Response::new(ListObjectsV2Output {
-            name: Some(input.bucket),
-            prefix: Some(enc(prefix)),
-            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(&enc),
-            max_keys: Some(max as i32),
-            key_count: Some(key_count),
-            is_truncated: Some(page.truncated),
-            continuation_token: input.continuation_token,
-            next_continuation_token: next,
-            start_after: input.start_after.map(&enc),
-            encoding_type,
-            contents: Some(
-                page.entries
-                    .into_iter()
-                    .map(|mut e| {
-                        e.key = enc(e.key);
-                        list_entry_object(e, fetch_owner)
-                    })
-                    .collect(),
-            ),
-            common_prefixes: Some(common_prefixes(page.prefixes, &enc)),
-            ..Default::default()
-        }))
+        self.list_v2(req).await
     }
 
     async fn list_objects(
         &self,
         req: S3Request<ListObjectsInput>,
     ) -> S3Result<S3Response<ListObjectsOutput>> {
-        let user = self.user(&req).await?;
-        let input = req.input;
-        let enc = encoder(input.encoding_type.as_ref())?;
-        let encoding_type = input.encoding_type.clone();
-        let max = max_keys(input.max_keys)?;
-        let prefix = input.prefix.clone().unwrap_or_default();
-        let page = if max == 0 {
-            ListPage::default()
-        } else {
-            self.list(ObjectQuery::ListObjects {
-                user,
-                bucket: input.bucket.clone(),
-                list: ListRequest {
-                    prefix: prefix.clone(),
-                    delimiter: input.delimiter.clone().filter(|d| !d.is_empty()),
-                    after: input.marker.clone().unwrap_or_default(),
-                    max,
-                },
-            })
-            .await?
-        };
-        // NextMarker is returned only with a delimiter (S3); clients use the last key otherwise.
-        let next_marker = (page.truncated
-            && input.delimiter.as_ref().is_some_and(|d| !d.is_empty()))
-        .then(|| page.last.clone().map(&enc))
-        .flatten();
-        Ok(S3Response::new(ListObjectsOutput {
-            name: Some(input.bucket),
-            // ListObjects (v1) answers its Prefix as sent, even with encoding-type=url (S3;
-            // SDKs decode Marker, NextMarker, Delimiter, keys and common prefixes only).
-            prefix: Some(prefix),
-            marker: Some(enc(input.marker.unwrap_or_default())),
-            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(&enc),
-            max_keys: Some(max as i32),
-            is_truncated: Some(page.truncated),
-            next_marker,
-            encoding_type,
-            contents: Some(
-                page.entries
-                    .into_iter()
-                    .map(|mut e| {
-                        e.key = enc(e.key);
-                        list_entry_object(e, true)
-                    })
-                    .collect(),
-            ),
-            common_prefixes: Some(common_prefixes(page.prefixes, &enc)),
-            ..Default::default()
-        }))
+        self.list_v1(req).await
     }
 
     async fn create_multipart_upload(

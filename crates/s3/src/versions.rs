@@ -4,7 +4,9 @@
 //! (as on AWS before versioning is enabled), and no delete markers; `GetBucketVersioning`
 //! answers with no status. Turning versioning on is not supported (docs/object.md).
 
-use crate::ops::{Cairn, common_prefixes, encoder, etag, max_keys, owner, timestamp};
+use crate::convert::{etag, owner, timestamp};
+use crate::listing::{common_prefixes, encoder, max_keys};
+use crate::ops::Cairn;
 use cairn_rpc::object::{ListRequest, ObjectQuery};
 use s3s::dto::*;
 use s3s::{S3Response, S3Result};

@@ -20,16 +20,26 @@ pub(super) fn sub(from: &mut Sum, s: Sum) {
 }
 
 pub(super) fn sum_bytes(s: &Sum) -> Vec<u8> {
-    s.iter().flat_map(|x| x.to_le_bytes()).collect()
+    words_bytes(s)
 }
 
 pub(super) fn sum_from(b: &[u8]) -> Option<Sum> {
-    if b.len() != SUM_WIDTH * 8 {
+    words_from(b)
+}
+
+/// `N` u64s little-endian (sums' and tallies' stored bytes).
+pub(super) fn words_bytes<const N: usize>(w: &[u64; N]) -> Vec<u8> {
+    w.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The `N` u64s of [`words_bytes`]; `None` unless exactly `N` × 8 bytes.
+pub(super) fn words_from<const N: usize>(b: &[u8]) -> Option<[u64; N]> {
+    if b.len() != N * 8 {
         return None;
     }
-    let mut s = [0u64; SUM_WIDTH];
-    for (i, c) in b.chunks_exact(8).enumerate() {
-        s[i] = u64::from_le_bytes(c.try_into().ok()?);
+    let mut w = [0u64; N];
+    for (x, c) in w.iter_mut().zip(b.chunks_exact(8)) {
+        *x = u64::from_le_bytes(c.try_into().ok()?);
     }
-    Some(s)
+    Some(w)
 }

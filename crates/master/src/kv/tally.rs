@@ -49,30 +49,28 @@ fn row_key(table: &str, key: Option<u64>) -> Vec<u8> {
 
 /// A tally's stored bytes.
 pub fn tally_bytes(t: &Tally) -> Vec<u8> {
-    t.iter().flat_map(|x| x.to_le_bytes()).collect()
+    super::sum::words_bytes(t)
 }
 
 /// A tally from its stored bytes (`None`: not [`TALLY_WIDTH`] × 8 bytes).
 pub fn tally_from(b: &[u8]) -> Option<Tally> {
-    if b.len() != TALLY_WIDTH * 8 {
-        return None;
-    }
-    let mut t = [0u64; TALLY_WIDTH];
-    for (i, c) in b.chunks_exact(8).enumerate() {
-        t[i] = u64::from_le_bytes(c.try_into().ok()?);
-    }
-    Some(t)
+    super::sum::words_from(b)
 }
 
-fn add_to(map: &mut BTreeMap<u64, Tally>, key: u64, t: Tally, negate: bool) {
-    let d = map.entry(key).or_insert([0; TALLY_WIDTH]);
-    for (x, y) in d.iter_mut().zip(t) {
+/// `to` plus (or minus) `t`, wrapping: a delta may be "negative" until added to its tally.
+fn add(to: &mut Tally, t: Tally, negate: bool) {
+    for (x, y) in to.iter_mut().zip(t) {
         *x = if negate {
             x.wrapping_sub(y)
         } else {
             x.wrapping_add(y)
         };
     }
+}
+
+fn add_to(map: &mut BTreeMap<u64, Tally>, key: u64, t: Tally, negate: bool) {
+    let d = map.entry(key).or_insert([0; TALLY_WIDTH]);
+    add(d, t, negate);
     if *d == [0; TALLY_WIDTH] {
         map.remove(&key);
     }
@@ -172,23 +170,20 @@ impl<K: Key, V> Tallies<K, V> {
         overlay: &BTreeMap<K, Option<Arc<V>>>,
         key: u64,
     ) -> Tally {
-        let mut m = BTreeMap::new();
-        if let Some(s) = store {
-            add_to(&mut m, key, stored(s, table, key), false);
-        }
+        let mut sum = store.map_or([0; TALLY_WIDTH], |s| stored(s, table, key));
         if let Some(d) = self.delta.get(&key) {
-            add_to(&mut m, key, *d, false);
+            add(&mut sum, *d, false);
         }
         for k in &self.pending {
             if let Some(Some(v)) = overlay.get(k) {
                 (self.of)(v, &mut |k2, t| {
                     if k2 == key {
-                        add_to(&mut m, key, t, false);
+                        add(&mut sum, t, false);
                     }
                 });
             }
         }
-        m.get(&key).copied().unwrap_or([0; TALLY_WIDTH])
+        sum
     }
 
     /// Every non-zero tally (for checks: it reads them all).
@@ -248,17 +243,17 @@ impl<K: Key, V> Tallies<K, V> {
         let mut t = tx.open_table(TALLIES.raw())?;
         for (key, d) in std::mem::take(&mut self.delta) {
             let rk = row_key(table, Some(key));
-            let mut m = BTreeMap::new();
-            if let Some(v) = t.get(rk.as_slice())? {
-                let old = tally_from(v.value())
-                    .unwrap_or_else(|| fatal(TALLIES.name, "a tally of bad length"));
-                add_to(&mut m, key, old, false);
-            }
-            add_to(&mut m, key, d, false);
-            match m.get(&key) {
-                Some(now) => t.insert(rk.as_slice(), tally_bytes(now).as_slice())?,
-                None => t.remove(rk.as_slice())?,
+            let mut now = match t.get(rk.as_slice())? {
+                Some(v) => tally_from(v.value())
+                    .unwrap_or_else(|| fatal(TALLIES.name, "a tally of bad length")),
+                None => [0; TALLY_WIDTH],
             };
+            add(&mut now, d, false);
+            if now == [0; TALLY_WIDTH] {
+                t.remove(rk.as_slice())?;
+            } else {
+                t.insert(rk.as_slice(), tally_bytes(&now).as_slice())?;
+            }
         }
         if std::mem::take(&mut self.unmarked) {
             t.insert(row_key(table, None).as_slice(), [].as_slice())?;

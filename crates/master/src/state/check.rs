@@ -159,19 +159,13 @@ impl State {
                 .collect::<BTreeSet<_>>()
                 .into_iter()
                 .filter(|s| tallied.get(s) != segments.get(s))
-                .take(3)
                 .map(|s| (*s, tallied.get(s), segments.get(s)))
                 .collect();
             r.problem(format!(
                 "the segments' stored tallies (bytes, extents) differ from a recount at {} \
-                 segments, e.g. (segment, stored, recount) {differ:?}",
-                tallied
-                    .keys()
-                    .chain(segments.keys())
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
-                    .filter(|s| tallied.get(s) != segments.get(s))
-                    .count()
+                 segments, e.g. (segment, stored, recount) {:?}",
+                differ.len(),
+                &differ[..differ.len().min(3)]
             ));
         }
         let mut entries = 0u64;

@@ -1,0 +1,253 @@
+//! An open file's bytes at the mount: reads over the extents and this mount's dirty ranges,
+//! writes into the dirty ranges, and flushes — the ranges appended to the mount's segment,
+//! then their extents committed at the masters (docs/files.md "Writes, flushes").
+
+use crate::shared::{DIRTY_FILE_MAX, FileState, Shared, client_errno, errno, time_of};
+use cairn_rpc::files::{Data, FileOp, FileQuery, FileReply};
+use cairn_rpc::{ErrorKind, MetaError};
+use fuser::Errno;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// Inserts `data` at `offset` into non-overlapping `dirty` ranges, replacing what it covers
+/// and joining ranges it touches; the change in dirty bytes.
+pub(crate) fn add_dirty(dirty: &mut BTreeMap<u64, Vec<u8>>, offset: u64, data: &[u8]) -> isize {
+    let end = offset + data.len() as u64;
+    let mut start = offset;
+    let mut merged: Vec<u8> = Vec::new();
+    let mut removed = 0usize;
+    // A range before that reaches the new one: its head comes first.
+    if let Some((&o, prev)) = dirty.range(..=offset).next_back()
+        && o + prev.len() as u64 >= offset
+    {
+        start = o;
+        merged.extend_from_slice(&prev[..(offset - o) as usize]);
+    }
+    merged.extend_from_slice(data);
+    let overlapping: Vec<u64> = dirty.range(start..=end).map(|(&o, _)| o).collect();
+    for o in overlapping {
+        let r = dirty.remove(&o).expect("listed");
+        removed += r.len();
+        let r_end = o + r.len() as u64;
+        if r_end > end {
+            merged.extend_from_slice(&r[(end - o) as usize..]);
+        }
+    }
+    let added = merged.len();
+    dirty.insert(start, merged);
+    added as isize - removed as isize
+}
+
+impl Shared {
+    /// The file's extents, read from the masters when not known here.
+    pub(crate) async fn map_of(&self, ino: u64, st: &mut FileState) -> Result<Data, Errno> {
+        if let Some(m) = &st.map {
+            return Ok(m.clone());
+        }
+        let path = self.path(ino)?;
+        match self.query(&FileQuery::Map { path, ino }).await? {
+            FileReply::Map { attr, data, .. } => {
+                if st.size.is_none() {
+                    st.size = Some(attr.size);
+                }
+                st.map = Some(data.clone());
+                Ok(data)
+            }
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    pub(crate) async fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        // The file's lock is held while the map, the size and this mount's unflushed writes
+        // over the range are taken, not while the bytes are read: a read that waits on a
+        // slow or failing replica must not hold up the file's flushes (a close waited 56 s
+        // on one in the nemesis). The result is the file as it was when the read started.
+        let (data, file_size, over) = {
+            let st = self.state(ino);
+            let mut st = st.lock().await;
+            let data = self.map_of(ino, &mut st).await?;
+            let file_size = st.size.unwrap_or(0);
+            if offset >= file_size {
+                return Ok(Vec::new());
+            }
+            let end = offset.saturating_add(u64::from(size)).min(file_size);
+            let over: Vec<(u64, Vec<u8>)> = st
+                .dirty
+                .range(..end)
+                .filter_map(|(&o, d)| {
+                    let d_end = o + d.len() as u64;
+                    let (lo, hi) = (o.max(offset), d_end.min(end));
+                    (lo < hi).then(|| (lo, d[(lo - o) as usize..(hi - o) as usize].to_vec()))
+                })
+                .collect();
+            (data, file_size, over)
+        };
+        let path = self.path(ino)?;
+        let mut out = self
+            .client
+            .read_mapped(&path, &data, file_size, offset, size as usize)
+            .await
+            .map_err(|e| {
+                tracing::warn!(ino, error = %e, "reading a file's bytes");
+                client_errno(&e)
+            })?;
+        // This mount's unflushed writes over them.
+        for (lo, d) in over {
+            let at = (lo - offset) as usize;
+            out[at..at + d.len()].copy_from_slice(&d);
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        if end > cairn_rpc::files::MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        let st = self.state(ino);
+        let mut st = st.lock().await;
+        if st.size.is_none() {
+            // The size a write past the end extends from.
+            self.map_of(ino, &mut st).await?;
+        }
+        let delta = add_dirty(&mut st.dirty, offset, data);
+        st.dirty_bytes = st.dirty_bytes.saturating_add_signed(delta);
+        st.dirty_since.get_or_insert_with(Instant::now);
+        st.size = Some(st.size.unwrap_or(0).max(end));
+        if st.dirty_bytes >= DIRTY_FILE_MAX {
+            self.flush_locked(ino, &mut st).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes the file's dirty ranges durable and its own: records in the segment, then one
+    /// commit of their extents (several for very many ranges).
+    pub(crate) async fn flush_locked(&self, ino: u64, st: &mut FileState) -> Result<(), Errno> {
+        if st.dirty.is_empty() {
+            return Ok(());
+        }
+        let path = self.path(ino)?;
+        let mut tries = 0;
+        let extents = loop {
+            let pieces: Vec<(u64, u64, Vec<u8>)> = st
+                .dirty
+                .iter()
+                .map(|(&offset, d)| (ino, offset, d.clone()))
+                .collect();
+            let extents = crate::warn_if_slow("a segment append", ino, self.segments.write(pieces))
+                .await
+                .map_err(|e| match e {
+                    Some(e) => {
+                        tracing::warn!(ino, error = %e, "flushing a file's writes");
+                        client_errno(&e)
+                    }
+                    None => Errno::EIO,
+                })?;
+            match self
+                .commit_extents(&path, ino, st.size.unwrap_or(0), &extents)
+                .await
+            {
+                Ok(()) => break extents,
+                // The segment is being collected (this mount stalled past its lease): the
+                // bytes go again, to a new segment, once.
+                Err(e) if e.kind == ErrorKind::Sealed && tries == 0 => {
+                    tracing::warn!(ino, error = %e, "a segment is being collected; writing again");
+                    for seg in extents.iter().map(|e| e.seg).collect::<BTreeSet<_>>() {
+                        self.segments.abandon(seg).await;
+                    }
+                    tries += 1;
+                }
+                Err(e) => return Err(errno(&e)),
+            }
+        };
+        if let Some(Data::Extents(x)) = &mut st.map {
+            for e in &extents {
+                cairn_rpc::files::overlay(x, *e);
+            }
+        } else {
+            st.map = None;
+        }
+        st.dirty.clear();
+        st.dirty_bytes = 0;
+        st.dirty_since = None;
+        Ok(())
+    }
+
+    /// Commits `extents` of the file at the masters (several writes for very many).
+    async fn commit_extents(
+        &self,
+        path: &str,
+        ino: u64,
+        size: u64,
+        extents: &[cairn_rpc::files::Extent],
+    ) -> Result<(), MetaError> {
+        for part in extents.chunks(cairn_rpc::files::MAX_WRITE_EXTENTS) {
+            let op = FileOp::Write {
+                path: path.to_owned(),
+                ino,
+                extents: part.to_vec(),
+                size,
+                now: time_of(SystemTime::now()),
+            };
+            let commit = self.client.masters().file_op(&op);
+            crate::warn_if_slow("the masters' commit of extents", ino, commit).await?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn flush(&self, ino: u64) -> Result<(), Errno> {
+        let st = self.files.lock().get(&ino).cloned();
+        match st {
+            Some(st) => {
+                let mut g =
+                    crate::warn_if_slow("the file's lock, to flush it", ino, st.lock()).await;
+                self.flush_locked(ino, &mut g).await
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes every file whose oldest dirty range is older than `age`.
+    pub(crate) async fn flush_older(&self, age: Duration) {
+        let files: Vec<(u64, Arc<tokio::sync::Mutex<FileState>>)> = self
+            .files
+            .lock()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        for (ino, st) in files {
+            let mut st = st.lock().await;
+            if st.dirty_since.is_some_and(|t| t.elapsed() >= age)
+                && let Err(e) = self.flush_locked(ino, &mut st).await
+            {
+                tracing::warn!(ino, errno = ?e, "background flush failed; will try again");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirty_ranges_merge_and_replace() {
+        let mut d = BTreeMap::new();
+        assert_eq!(add_dirty(&mut d, 10, b"abc"), 3);
+        assert_eq!(add_dirty(&mut d, 20, b"xyz"), 3);
+        // Touching the first at its end joins it.
+        assert_eq!(add_dirty(&mut d, 13, b"de"), 2);
+        assert_eq!(d[&10], b"abcde");
+        // Covering the first's tail up to the second's start joins all three.
+        assert_eq!(add_dirty(&mut d, 12, b"12345678"), 5);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[&10], b"ab12345678xyz");
+        // Inside: replaces bytes, no growth.
+        assert_eq!(add_dirty(&mut d, 11, b"Q"), 0);
+        assert_eq!(d[&10], b"aQ12345678xyz");
+        // Before, not touching: a range of its own.
+        assert_eq!(add_dirty(&mut d, 0, b"0"), 1);
+        assert_eq!(d.len(), 2);
+    }
+}
