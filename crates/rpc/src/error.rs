@@ -43,11 +43,17 @@ pub enum ErrorKind {
     PermissionDenied,
     /// The master does not know this call (it runs an older version).
     Unsupported,
+    /// The change would tie two partitions together (a hard link to a file in another
+    /// partition, or a rename that would carry a hard link away from its other names):
+    /// `EXDEV` to a mount, on which `mv` copies instead (docs/files.md "Hard links").
+    CrossDevice,
+    /// A node has as many names as it may (`EMLINK`).
+    TooManyLinks,
     Internal,
 }
 
 impl ErrorKind {
-    const ALL: [(ErrorKind, &'static str, Code); 18] = [
+    const ALL: [(ErrorKind, &'static str, Code); 20] = [
         (ErrorKind::NotFound, "not-found", Code::NotFound),
         (
             ErrorKind::AlreadyExists,
@@ -93,6 +99,16 @@ impl ErrorKind {
             Code::PermissionDenied,
         ),
         (ErrorKind::Unsupported, "unsupported", Code::Unimplemented),
+        (
+            ErrorKind::CrossDevice,
+            "cross-device",
+            Code::FailedPrecondition,
+        ),
+        (
+            ErrorKind::TooManyLinks,
+            "too-many-links",
+            Code::FailedPrecondition,
+        ),
         (ErrorKind::Internal, "internal", Code::Internal),
     ];
 

@@ -26,6 +26,9 @@ pub const MAX_WRITE_EXTENTS: usize = 4096;
 pub const READDIR_MAX: u32 = 1000;
 /// Longest symbolic link target, in bytes (Linux's `PATH_MAX`).
 pub const SYMLINK_MAX: usize = 4095;
+/// Most names (hard links) one node may have: `link(2)` past it is `EMLINK` (ext4 allows
+/// 65 000; the names are listed in the node's record, so fewer here).
+pub const LINK_MAX: u32 = 4096;
 
 /// The most a file may hold, in bytes (2^63 - 1, as `off_t` allows).
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
@@ -204,6 +207,15 @@ pub enum FileOp {
         flags: RenameFlags,
         now: Time,
     },
+    /// `link(2)`: `to` (absent; its directory exists) becomes another name of the node at
+    /// `from` (inode `ino`), which is not a directory; both in one partition (else
+    /// `cross-device`). Answers the node's attributes (its link count one more).
+    Link {
+        from: String,
+        ino: u64,
+        to: String,
+        now: Time,
+    },
     /// `chmod`, `chown`, `truncate`, `utimens`.
     SetAttr {
         path: String,
@@ -253,7 +265,7 @@ impl FileOp {
             | FileOp::Write { path, .. }
             | FileOp::Punch { path, .. }
             | FileOp::SetXattr { path, .. } => path,
-            FileOp::Rename { from, .. } => from,
+            FileOp::Rename { from, .. } | FileOp::Link { from, .. } => from,
         }
     }
 }

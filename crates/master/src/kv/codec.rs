@@ -306,6 +306,8 @@ mod tests {
                 seg_offset: 4,
             }]),
             xattrs: [("user.a".to_string(), vec![0, 1, 2])].into(),
+            link: 10,
+            links: vec![11, 12],
         }))));
     }
 

@@ -48,7 +48,7 @@ impl Inner {
                 *path = convert::path(path)?;
                 *now = t;
             }
-            FileOp::Rename { from, to, now, .. } => {
+            FileOp::Rename { from, to, now, .. } | FileOp::Link { from, to, now, .. } => {
                 *from = convert::path(from)?;
                 *to = convert::path(to)?;
                 *now = t;

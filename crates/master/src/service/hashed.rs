@@ -75,6 +75,8 @@ impl Inner {
                 Err(e) if e.kind == cairn_rpc::ErrorKind::DirectoryNotEmpty => true,
                 Err(e) => return Err(e),
             };
+            // Its entries go apart by name: no hard link may be among them (links.rs).
+            a.state.refuse_ties(path, true)?;
             let (owner, mode) = match a.state.lookup(path) {
                 Ok(ino) => (ino.owner.clone(), ino.mode),
                 Err(_) => (String::new(), crate::state::perm::DEFAULT_DIR_MODE),

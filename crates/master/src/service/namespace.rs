@@ -373,7 +373,8 @@ impl Inner {
         self.check_above(&routed, who)?;
         self.barrier(&routed).await?;
         let (mut r, signer) = self.states(&routed.h, |part, root| {
-            let ino = part.lookup(&path)?;
+            // Through a hard link's entry, its node (state/files/links.rs).
+            let ino = part.linked(part.lookup(&path)?);
             // A file's stat hands out capabilities to read it: read permission; a directory's
             // needs only the way to it.
             let want = if ino.file().is_some() { perm::READ } else { 0 };

@@ -291,6 +291,7 @@ impl State {
                 ));
             }
         }
+        self.check_links(&mut r);
         self.check_objects(&mut r);
         r
     }

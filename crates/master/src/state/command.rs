@@ -451,6 +451,7 @@ fn file_op_name(op: &cairn_rpc::files::FileOp) -> &'static str {
         F::Make { .. } => "make",
         F::Remove { .. } => "remove",
         F::Rename { .. } => "rename",
+        F::Link { .. } => "link",
         F::SetAttr { .. } => "setattr",
         F::Write { .. } => "write",
         F::Punch { .. } => "punch",

@@ -13,9 +13,9 @@ mod old;
 pub use old::{inode_from_old, txns_from_old};
 
 /// Inodes by id (docs/formats/master-state.md). Version 2 added `posix` (the file service's
-/// attributes, docs/files.md), version 3 `posix.xattrs`; older records are read as having
-/// none.
-pub const INODES: TableDef = TableDef::new("inodes", 3).upgraded_by(inode_from_old);
+/// attributes, docs/files.md), version 3 `posix.xattrs`, version 4 `posix.link` and
+/// `posix.links` (hard links); older records are read as having none.
+pub const INODES: TableDef = TableDef::new("inodes", 4).upgraded_by(inode_from_old);
 /// (parent, name) → child.
 pub const DENTRIES: TableDef = TableDef::new("dentries", 1);
 /// chunk → the file that owns it.
@@ -39,15 +39,26 @@ pub(super) fn inode_sum(i: &Inode) -> Sum {
     }
 }
 
-/// What an inode adds to the segments' tallies: each extent's bytes, and one extent, at its
-/// segment (segment 0, a file's own log, is not a segment).
+/// What an inode adds to the inode table's tallies: each extent's bytes, and one extent, at
+/// its segment (segment 0, a file's own log, is not a segment); and at key
+/// [`LINKS_TALLY`], one for a node tied to another by hard links (a link entry, or a node
+/// with links).
 pub(super) fn inode_segments(i: &Inode, f: &mut dyn FnMut(u64, crate::kv::Tally)) {
-    for e in i.posix.iter().flat_map(|p| p.extents.iter().flatten()) {
-        if e.seg != 0 {
-            f(e.seg, [e.len, 1]);
+    if let Some(p) = &i.posix {
+        for e in p.extents.iter().flatten() {
+            if e.seg != 0 {
+                f(e.seg, [e.len, 1]);
+            }
+        }
+        if p.link != 0 || !p.links.is_empty() {
+            f(LINKS_TALLY, [1, 0]);
         }
     }
 }
+
+/// The inode table's tally of nodes tied by hard links (no segment is 0): while it is 0, no
+/// subtree of the partition holds one, so moves need not look (files/links.rs).
+pub(super) const LINKS_TALLY: u64 = 0;
 
 pub(super) fn dentries_table() -> Table<(InodeId, String), InodeId> {
     Table::memory(DENTRIES)
@@ -80,8 +91,8 @@ const MOVE_SHARDS: TableDef = cell("move_shards");
 const HOME: TableDef = cell("home");
 const MOVING: TableDef = cell("moving");
 const LOAD_SEALED: TableDef = cell("load_sealed");
-/// The inode a decision carries is an inode of `INODES`' version: 3 since xattrs.
-pub(super) const TXNS: TableDef = TableDef::new("txns", 3).upgraded_by(txns_from_old);
+/// The inode a decision carries is an inode of `INODES`' version: 4 since hard links.
+pub(super) const TXNS: TableDef = TableDef::new("txns", 4).upgraded_by(txns_from_old);
 const LOCKS: TableDef = cell("locks");
 
 /// Every table of the state, cells included (what a snapshot file holds; `counts` is

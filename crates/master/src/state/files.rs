@@ -55,13 +55,10 @@ impl State {
         }
     }
 
-    /// The inode at `path`, which must be inode `ino` (0: any).
+    /// The node at `path` (through a hard link's entry: links.rs), which must be inode `ino`
+    /// (0: any).
     fn node(&self, path: &str, ino: u64) -> Result<Arc<Inode>, MetaError> {
-        let found = self.lookup(path)?;
-        if ino != 0 && found.id != ino {
-            return Err(stale(path, ino));
-        }
-        Ok(found)
+        Ok(self.entry(path, ino)?.1)
     }
 
     /// The POSIX attributes of inode `id`, made from the derived ones when it has none.
@@ -86,6 +83,8 @@ impl State {
                 // A file `cairn fs` wrote: its own log holds its bytes until a write.
                 extents: (!file).then(Vec::new),
                 xattrs: Default::default(),
+                link: 0,
+                links: Vec::new(),
             }));
         }
         ino.posix.as_mut().expect("just made")
@@ -133,6 +132,7 @@ impl State {
                 self.rename_node(from, *ino, to, *flags, *now)?;
                 FileReply::Done
             }
+            FileOp::Link { from, ino, to, now } => self.link_node(from, *ino, to, *now)?,
             FileOp::SetAttr {
                 path,
                 ino,
@@ -226,6 +226,8 @@ impl State {
             target,
             extents: (kind == NodeType::Regular).then(Vec::new),
             xattrs: Default::default(),
+            link: 0,
+            links: Vec::new(),
         };
         self.inodes.get_mut(&id).expect("inserted").posix = Some(Box::new(posix));
         self.touch_dir(parent, now, i32::from(dir));
@@ -248,7 +250,7 @@ impl State {
     }
 
     fn remove_node(&mut self, path: &str, ino: u64, dir: bool, now: Time) -> Result<(), MetaError> {
-        let node = self.node(path, ino)?;
+        let node = self.entry(path, ino)?.0;
         if node.id == ROOT || self.holds_subtree(path) {
             return Err(MetaError::invalid(format!("{path} cannot be removed")));
         }
@@ -276,7 +278,7 @@ impl State {
             _ => {}
         }
         let parent = node.parent;
-        self.drop_node(node.id);
+        self.unlink_entry(node.id, Some(now));
         self.touch_dir(parent, now, -i32::from(is_dir));
         Ok(())
     }
@@ -289,7 +291,7 @@ impl State {
         flags: RenameFlags,
         now: Time,
     ) -> Result<(), MetaError> {
-        let src = self.node(from, ino)?;
+        let (src, src_node) = self.entry(from, ino)?;
         let to_name = to.rsplit('/').next().unwrap_or_default();
         cairn_rpc::files::check_name(to_name)?;
         if src.id == ROOT || self.holds_subtree(from) || self.holds_subtree(to) {
@@ -305,8 +307,11 @@ impl State {
             Err(e) if e.kind == ErrorKind::NotFound => None,
             Err(e) => return Err(e),
         };
-        if dest.as_ref().is_some_and(|d| d.id == src.id) {
-            return Ok(()); // the same inode: rename(2) does nothing
+        if dest
+            .as_ref()
+            .is_some_and(|d| self.linked(d.clone()).id == src_node.id)
+        {
+            return Ok(()); // names of the same node: rename(2) does nothing
         }
         if flags.exchange && dest.is_none() {
             return Err(MetaError::not_found(format!("{to} (exchange)")));
@@ -349,7 +354,8 @@ impl State {
                 let i = self.inodes.get_mut(&id).expect("exists");
                 i.parent = parent;
                 i.name = name;
-                self.posix_mut(id).ctime = now;
+                let node = self.linked(self.ino(id)).id;
+                self.posix_mut(node).ctime = now;
             }
             let moved = i32::from(src_dir) - i32::from(d_dir);
             self.touch_dir(old_parent, now, -moved);
@@ -381,14 +387,14 @@ impl State {
                 _ => {}
             }
             replaced_dir = d_dir;
-            self.drop_node(d.id);
+            self.unlink_entry(d.id, Some(now));
         }
         let i = self.inodes.get_mut(&src.id).expect("exists");
         let old = (i.parent, std::mem::replace(&mut i.name, new_name.clone()));
         i.parent = new_parent;
         self.dentries.remove(&old);
         self.dentries.insert((new_parent, new_name), src.id);
-        self.posix_mut(src.id).ctime = now;
+        self.posix_mut(src_node.id).ctime = now;
         let d = i32::from(src_dir);
         self.touch_dir(old_parent, now, -d);
         self.touch_dir(new_parent, now, d - i32::from(replaced_dir));
@@ -620,7 +626,9 @@ impl State {
     /// The lookup's errors; `not-found` for a stale inode number.
     pub fn file_query(&self, q: &FileQuery) -> Result<FileReply, MetaError> {
         match q {
-            FileQuery::Lookup { path } => Ok(FileReply::Attr(self.node_attr(&*self.lookup(path)?))),
+            FileQuery::Lookup { path } => Ok(FileReply::Attr(
+                self.node_attr(&self.linked(self.lookup(path)?)),
+            )),
             FileQuery::Readdir {
                 path,
                 ino,
@@ -635,7 +643,7 @@ impl State {
                         .iter()
                         .map(|i| Entry {
                             name: i.name.clone(),
-                            attr: self.node_attr(i),
+                            attr: self.node_attr(&self.linked(i.clone())),
                         })
                         .collect(),
                     more,
@@ -688,11 +696,17 @@ impl State {
                 self.check_inode(ino.parent, user, perm::WRITE | perm::SEARCH)?;
                 self.check_new_entry(to, user)
             }
+            FileOp::Link { from, to, .. } => {
+                self.check_reach(self.lookup(from)?.id, user)?;
+                self.check_new_entry(to, user)
+            }
             FileOp::SetAttr { path, attr, .. } => {
-                let ino = self.lookup(path)?;
+                let entry = self.lookup(path)?;
+                self.check_reach(entry.id, user)?;
                 if attr.size.is_some() {
-                    self.check_inode(ino.id, user, perm::WRITE)?;
+                    self.check_inode(entry.id, user, perm::WRITE)?;
                 }
+                let ino = self.linked(entry);
                 let owner_only = attr.mode.is_some() || attr.uid.is_some() || attr.gid.is_some();
                 if owner_only && ino.owner != user {
                     return Err(MetaError::new(
@@ -700,7 +714,7 @@ impl State {
                         format!("{path}: only its owner changes its mode or owners"),
                     ));
                 }
-                self.check_reach(ino.id, user)
+                Ok(())
             }
             FileOp::Write { path, .. } | FileOp::Punch { path, .. } => {
                 self.check_path(path, user, perm::WRITE).map(|_| ())
@@ -731,6 +745,9 @@ impl State {
         self.check_inode(dir.id, user, perm::WRITE | perm::SEARCH)
     }
 }
+
+mod links;
+pub use links::TIES_CHECK_ROWS;
 
 #[cfg(test)]
 mod tests;

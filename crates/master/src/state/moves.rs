@@ -105,7 +105,8 @@ impl State {
                 check(to)
             }
             Command::Files(op) => match op.as_ref() {
-                cairn_rpc::files::FileOp::Rename { from, to, .. } => {
+                cairn_rpc::files::FileOp::Rename { from, to, .. }
+                | cairn_rpc::files::FileOp::Link { from, to, .. } => {
                     check(from)?;
                     check(to)
                 }

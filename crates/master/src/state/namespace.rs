@@ -324,15 +324,16 @@ impl State {
                         format!("{path}: directory not empty"),
                     ));
                 }
-                let ino = self.drop_node(id);
+                // A hard link's entry, or a node with links, leaves the node in place.
+                let ino = self.unlink_entry(id, None);
                 Ok(Reply {
-                    inode: Some(ino),
+                    inode: ino,
                     ..Reply::default()
                 })
             }
             Command::SetAttr { path, mode, owner } => {
                 perm::check_mode(*mode)?;
-                let id = self.lookup(path)?.id;
+                let id = self.linked(self.lookup(path)?).id;
                 let ino = self.inodes.get_mut(&id).expect("looked up");
                 // Bits cleared or another owner: rights may have gone (revoke.rs).
                 let narrowed = mode.is_some_and(|m| ino.mode & !m != 0)

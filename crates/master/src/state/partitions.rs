@@ -399,6 +399,8 @@ impl State {
                         format!("{path}: not a directory"),
                     ));
                 }
+                // Hard links stay in their node's partition (files/links.rs).
+                self.refuse_ties(path, false)?;
                 Ok(Some(ino))
             }
             Err(e) if e.kind == ErrorKind::NotFound => Ok(None),

@@ -95,15 +95,17 @@ impl State {
     ///
     /// # Errors
     /// `PermissionDenied`.
+    /// `id` may be a hard link's entry: the way is the entry's, the bits its node's.
     pub fn check_inode(&self, id: InodeId, user: &str, want: u16) -> Result<(), MetaError> {
         self.check_reach(id, user)?;
-        match self.inodes.get(&id) {
+        match self.inodes.get(&id).map(|i| self.linked(i)) {
             Some(ino) if !allows(&ino, user, want) => Err(denied(self.path_of(id))),
             _ => Ok(()),
         }
     }
 
-    /// [`State::check_inode`] of the inode at `path`.
+    /// [`State::check_inode`] of the inode at `path`; answers the node (through a hard
+    /// link's entry).
     ///
     /// # Errors
     /// `NotFound` and the like from the lookup, or `PermissionDenied`.
@@ -115,7 +117,7 @@ impl State {
     ) -> Result<std::sync::Arc<Inode>, MetaError> {
         let ino = self.lookup(path)?;
         self.check_inode(ino.id, user, want)?;
-        Ok(ino)
+        Ok(self.linked(ino))
     }
 
     /// The path of inode `id` (for messages).

@@ -187,6 +187,11 @@ impl State {
                  move across partitions"
             )));
         }
+        // Hard links stay in their node's partition (files/links.rs).
+        self.refuse_tied(&ino, path)?;
+        if ino.file().is_none() {
+            self.refuse_ties(path, false)?;
+        }
         self.locks.insert(
             txid,
             Lock::Source {
@@ -219,7 +224,7 @@ impl State {
                     format!("{path} exists"),
                 ));
             }
-            Ok(ino) if ino.file().is_some() => {}
+            Ok(ino) if ino.file().is_some() => self.refuse_tied(&ino, path)?,
             Ok(_) => {
                 return Err(MetaError::new(
                     ErrorKind::AlreadyExists,

@@ -318,7 +318,7 @@ pub struct Posix {
     pub kind: cairn_rpc::files::NodeType,
     pub uid: u32,
     pub gid: u32,
-    /// Links: a file's names (1 until hard links); a directory's 2 plus its subdirectories.
+    /// Links: a file's names (1 plus its `links`); a directory's 2 plus its subdirectories.
     pub nlink: u32,
     /// A regular file's length (its extents may end before: a sparse tail).
     pub size: u64,
@@ -335,6 +335,14 @@ pub struct Posix {
     /// [`cairn_rpc::files::XATTRS_MAX`] bytes of names and values). Version 3 of `inodes`.
     #[serde(default)]
     pub xattrs: std::collections::BTreeMap<String, Vec<u8>>,
+    /// A hard link: this entry is another name of inode `link` (in the same partition), whose
+    /// record holds everything else; 0 for a node (docs/files.md "Hard links"). Version 4.
+    #[serde(default)]
+    pub link: InodeId,
+    /// A node's other names: the link entries that name it, oldest first (`nlink` is one
+    /// more). Version 4.
+    #[serde(default)]
+    pub links: Vec<InodeId>,
 }
 
 impl Inode {

@@ -69,6 +69,55 @@ struct PosixV2 {
 
 impl From<InodeV2> for Inode {
     fn from(InodeV2(head, posix): InodeV2) -> Self {
+        InodeV3(
+            head,
+            posix.map(|p| {
+                Box::new(PosixV3 {
+                    kind: p.kind,
+                    uid: p.uid,
+                    gid: p.gid,
+                    nlink: p.nlink,
+                    size: p.size,
+                    atime: p.atime,
+                    mtime: p.mtime,
+                    ctime: p.ctime,
+                    rdev: p.rdev,
+                    target: p.target,
+                    extents: p.extents,
+                    xattrs: Default::default(),
+                })
+            }),
+        )
+        .into()
+    }
+}
+
+/// [`Inode`] as version 3 stored it: `posix` without `link` and `links` (hard links).
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct InodeV3(Head, Option<Box<PosixV3>>);
+
+/// [`crate::state::Posix`] as version 3 of `inodes` stored it: the same fields but `link`
+/// and `links`.
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct PosixV3 {
+    kind: cairn_rpc::files::NodeType,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    size: u64,
+    atime: cairn_rpc::files::Time,
+    mtime: cairn_rpc::files::Time,
+    ctime: cairn_rpc::files::Time,
+    rdev: u32,
+    target: String,
+    extents: Option<Vec<cairn_rpc::files::Extent>>,
+    xattrs: std::collections::BTreeMap<String, Vec<u8>>,
+}
+
+impl From<InodeV3> for Inode {
+    fn from(InodeV3(head, posix): InodeV3) -> Self {
         head.with(posix.map(|p| {
             Box::new(crate::state::Posix {
                 kind: p.kind,
@@ -82,25 +131,29 @@ impl From<InodeV2> for Inode {
                 rdev: p.rdev,
                 target: p.target,
                 extents: p.extents,
-                xattrs: Default::default(),
+                xattrs: p.xattrs,
+                link: 0,
+                links: Vec::new(),
             })
         }))
     }
 }
 
-/// An inode record of an older version (1 or 2), as a current one.
+/// An inode record of an older version (1, 2 or 3), as a current one.
 fn old_inode(bytes: &[u8]) -> Result<Inode, crate::kv::RecordError> {
     use crate::kv::codec::decode_record;
     Ok(match bytes.first() {
         Some(1) => decode_record::<InodeV1>(INODES.name, 1, bytes)?.into(),
-        _ => decode_record::<InodeV2>(INODES.name, 2, bytes)?.into(),
+        Some(2) => decode_record::<InodeV2>(INODES.name, 2, bytes)?.into(),
+        _ => decode_record::<InodeV3>(INODES.name, 3, bytes)?.into(),
     })
 }
 
-/// A version 1 or 2 record of `inodes` as the current version (see [`crate::kv::upgrade`]).
+/// A version 1, 2 or 3 record of `inodes` as the current version (see
+/// [`crate::kv::upgrade`]).
 ///
 /// # Errors
-/// The bytes are not a version 1 or 2 record.
+/// The bytes are not a version 1, 2 or 3 record.
 pub fn inode_from_old(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
     Ok(crate::kv::codec::encode_record(
         INODES.version,
@@ -108,7 +161,7 @@ pub fn inode_from_old(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
     ))
 }
 
-/// The `txns` cell as versions 1 and 2 stored it: decisions carry inodes of that version.
+/// The `txns` cell as versions 1 to 3 stored it: decisions carry inodes of that version.
 #[derive(serde::Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
 struct TxnsOld<I> {
@@ -162,15 +215,16 @@ impl<I: Into<Inode>> TxnsOld<I> {
     }
 }
 
-/// A version 1 or 2 `txns` cell as the current version.
+/// A version 1, 2 or 3 `txns` cell as the current version.
 ///
 /// # Errors
-/// The bytes are not a version 1 or 2 record.
+/// The bytes are not a version 1, 2 or 3 record.
 pub fn txns_from_old(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
     use crate::kv::codec::decode_record;
     let txns = match bytes.first() {
         Some(1) => decode_record::<TxnsOld<InodeV1>>(TXNS.name, 1, bytes)?.current(),
-        _ => decode_record::<TxnsOld<InodeV2>>(TXNS.name, 2, bytes)?.current(),
+        Some(2) => decode_record::<TxnsOld<InodeV2>>(TXNS.name, 2, bytes)?.current(),
+        _ => decode_record::<TxnsOld<InodeV3>>(TXNS.name, 3, bytes)?.current(),
     };
     Ok(crate::kv::codec::encode_record(TXNS.version, &txns))
 }
@@ -179,11 +233,11 @@ pub fn txns_from_old(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
 mod tests {
     use super::*;
 
-    /// Version 1 inodes and `txns` (from before the file service) and version 2 ones (before
-    /// xattrs) convert to version 3 with the fields they lack empty and the rest the same;
-    /// version 3 bytes are not converted.
+    /// Version 1 inodes and `txns` (from before the file service), version 2 ones (before
+    /// xattrs) and version 3 ones (before hard links) convert to version 4 with the fields
+    /// they lack empty and the rest the same; version 4 bytes are not converted.
     #[test]
-    fn version_1_and_2_inodes_and_txns_convert_to_version_3() {
+    fn version_1_2_and_3_inodes_and_txns_convert_to_version_4() {
         use crate::kv::codec::{decode_record, encode_record};
         use cairn_rpc::files::{Extent, NodeType, Time};
         let v1 = || InodeV1 {
@@ -197,14 +251,14 @@ mod tests {
             mode: 0o750,
         };
         let bytes = inode_from_old(&encode_record(1, &v1())).unwrap();
-        assert_eq!(bytes[0], 3);
-        let ino: Inode = decode_record("inodes", 3, &bytes).unwrap();
+        assert_eq!(bytes[0], 4);
+        let ino: Inode = decode_record("inodes", 4, &bytes).unwrap();
         assert_eq!(ino, Inode::from(v1()));
         assert_eq!((ino.id, ino.owner.as_str(), ino.mode), (42, "alice", 0o750));
         assert!(ino.posix.is_none());
         assert!(
             inode_from_old(&bytes).is_err(),
-            "version 3 is not converted"
+            "version 4 is not converted"
         );
         let v2 = || {
             let head = Head {
@@ -239,11 +293,33 @@ mod tests {
                 })),
             )
         };
+        let v3 = || {
+            let InodeV2(head, p) = v2();
+            let p = p.unwrap();
+            InodeV3(
+                head,
+                Some(Box::new(PosixV3 {
+                    kind: p.kind,
+                    uid: p.uid,
+                    gid: p.gid,
+                    nlink: p.nlink,
+                    size: p.size,
+                    atime: p.atime,
+                    mtime: p.mtime,
+                    ctime: p.ctime,
+                    rdev: p.rdev,
+                    target: p.target,
+                    extents: p.extents,
+                    xattrs: [("user.a".to_owned(), b"v".to_vec())].into(),
+                })),
+            )
+        };
         // The old layouts are today's without the fields added since, each the last: a
-        // version 1 record is a version 3 one without `posix` (`00`: none), a version 2
-        // record one without `xattrs` (`00`: empty) — so these types read what older masters
+        // version 1 record is a version 4 one without `posix` (`00`: none), a version 2
+        // record one without `xattrs`, `link` and `links` (`00 00 00`: empty, 0, empty), a
+        // version 3 one without `link` and `links` — so these types read what older masters
         // wrote, not only what they themselves write.
-        let now = |i: Inode| encode_record(3, &i);
+        let now = |i: Inode| encode_record(4, &i);
         let (old1, new1) = (encode_record(1, &v1()), now(Inode::from(v1())));
         assert_eq!(
             (&old1[1..], new1.last()),
@@ -251,11 +327,19 @@ mod tests {
         );
         let (old2, new2) = (encode_record(2, &v2()), now(Inode::from(v2())));
         assert_eq!(
-            (&old2[1..], new2.last()),
-            (&new2[1..new2.len() - 1], Some(&0))
+            (&old2[1..], &new2[new2.len() - 3..]),
+            (&new2[1..new2.len() - 3], &[0u8, 0, 0][..])
         );
+        let (old3, new3) = (encode_record(3, &v3()), now(Inode::from(v3())));
+        assert_eq!(
+            (&old3[1..], &new3[new3.len() - 2..]),
+            (&new3[1..new3.len() - 2], &[0u8, 0][..])
+        );
+        let ino: Inode = decode_record("inodes", 4, &inode_from_old(&old3).unwrap()).unwrap();
+        let p = ino.posix.as_ref().unwrap();
+        assert_eq!((p.xattrs.len(), p.link, p.links.len()), (1, 0, 0));
         let bytes = inode_from_old(&encode_record(2, &v2())).unwrap();
-        let ino: Inode = decode_record("inodes", 3, &bytes).unwrap();
+        let ino: Inode = decode_record("inodes", 4, &bytes).unwrap();
         assert_eq!(ino, Inode::from(v2()));
         let p = ino.posix.as_ref().unwrap();
         assert_eq!((p.uid, p.gid, p.size, p.mtime.nanos), (7, 8, 9, 4));
@@ -279,7 +363,7 @@ mod tests {
             }
         }
         let decided = |bytes: &[u8]| {
-            let t: crate::state::txn::Txns = decode_record("txns", 3, bytes).unwrap();
+            let t: crate::state::txn::Txns = decode_record("txns", 4, bytes).unwrap();
             assert_eq!(t.next, 9);
             match &t.open[&8].decision {
                 Some(crate::state::txn::Decision::Commit(i)) => (**i).clone(),
@@ -290,9 +374,11 @@ mod tests {
         assert_eq!(decided(&from_1), Inode::from(v1()));
         let from_2 = txns_from_old(&encode_record(2, &txns(v2()))).unwrap();
         assert_eq!(decided(&from_2), Inode::from(v2()));
+        let from_3 = txns_from_old(&encode_record(3, &txns(v3()))).unwrap();
+        assert_eq!(decided(&from_3), Inode::from(v3()));
         assert!(
-            txns_from_old(&from_2).is_err(),
-            "version 3 is not converted"
+            txns_from_old(&from_3).is_err(),
+            "version 4 is not converted"
         );
     }
 }

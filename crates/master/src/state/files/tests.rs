@@ -2,16 +2,16 @@ use super::*;
 use crate::state::tests::create_file;
 use cairn_rpc::files::FileReply;
 
-fn t(ms: u64) -> Time {
+pub(super) fn t(ms: u64) -> Time {
     Time::from_ms(ms)
 }
 
-fn apply(s: &mut State, op: FileOp) -> Result<FileReply, MetaError> {
+pub(super) fn apply(s: &mut State, op: FileOp) -> Result<FileReply, MetaError> {
     s.apply(&Command::Files(Box::new(op)))
         .map(|r| r.file.expect("a file reply"))
 }
 
-fn make(s: &mut State, path: &str, node: NewNode) -> Attr {
+pub(super) fn make(s: &mut State, path: &str, node: NewNode) -> Attr {
     match apply(
         s,
         FileOp::Make {
@@ -30,7 +30,7 @@ fn make(s: &mut State, path: &str, node: NewNode) -> Attr {
     }
 }
 
-fn ext(offset: u64, len: u64, seg: u64, seg_offset: u64) -> Extent {
+pub(super) fn ext(offset: u64, len: u64, seg: u64, seg_offset: u64) -> Extent {
     Extent {
         offset,
         len,
@@ -39,7 +39,7 @@ fn ext(offset: u64, len: u64, seg: u64, seg_offset: u64) -> Extent {
     }
 }
 
-fn map(s: &State, path: &str) -> (Attr, Data) {
+pub(super) fn map(s: &State, path: &str) -> (Attr, Data) {
     match s
         .file_query(&FileQuery::Map {
             path: path.into(),
@@ -52,7 +52,7 @@ fn map(s: &State, path: &str) -> (Attr, Data) {
     }
 }
 
-fn kind(r: Result<FileReply, MetaError>) -> ErrorKind {
+pub(super) fn kind(r: Result<FileReply, MetaError>) -> ErrorKind {
     r.expect_err("refused").kind
 }
 
