@@ -4,6 +4,8 @@
 #[path = "files/collect.rs"]
 mod collect;
 mod common;
+#[path = "files/links.rs"]
+mod links;
 
 use common::{Cluster, bytes, cairn};
 use std::fs::{self, File, OpenOptions};

@@ -255,6 +255,24 @@ impl Filesystem for CairnFs {
         );
     }
 
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let s = self.shared.clone();
+        let newname = newname.to_owned();
+        self.spawn(async move {
+            match s.link(ino.0, newparent.0, &newname).await {
+                Ok(a) => reply.entry(&ATTR_TTL, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.remove(parent, name, false, reply);
     }
@@ -301,6 +319,16 @@ impl Filesystem for CairnFs {
                 };
                 let moved = find(&nodes, parent.0, &name.to_string_lossy());
                 let other = find(&nodes, newparent.0, &to_name);
+                if moved.is_some() && moved == other {
+                    // Two names of one node: rename(2) did nothing.
+                    return Ok(());
+                }
+                if !flags.exchange {
+                    // The replaced name is gone; its node goes on by another, if any.
+                    drop(nodes);
+                    s.name_gone(newparent.0, &to_name);
+                    nodes = s.nodes.lock();
+                }
                 if let Some(m) = moved
                     && let Some(n) = nodes.get_mut(&m)
                 {

@@ -31,6 +31,18 @@ pub(crate) struct Node {
     pub(crate) parent: u64,
     pub(crate) name: String,
     pub(crate) lookups: u64,
+    /// The node's other names this mount learnt (hard links), the latest last: where it is
+    /// found when `name` is unlinked or replaced here.
+    pub(crate) others: Vec<(u64, String)>,
+}
+
+/// Most other names of one node a mount keeps.
+const OTHER_NAMES: usize = 16;
+
+impl Node {
+    fn is(&self, parent: u64, name: &str) -> bool {
+        self.parent == parent && self.name == name
+    }
 }
 
 /// A file's state in this mount while it is open or dirty.
@@ -81,6 +93,8 @@ pub(crate) fn errno(e: &MetaError) -> Errno {
         ErrorKind::InvalidArgument => Errno::EINVAL,
         ErrorKind::PermissionDenied => Errno::EACCES,
         ErrorKind::NoSpace | ErrorKind::Reclaiming => Errno::ENOSPC,
+        ErrorKind::CrossDevice => Errno::EXDEV,
+        ErrorKind::TooManyLinks => Errno::EMLINK,
         _ => Errno::EIO,
     }
 }
@@ -203,10 +217,39 @@ impl Shared {
             parent,
             name: name.to_owned(),
             lookups: 0,
+            others: Vec::new(),
         });
-        n.parent = parent;
-        name.clone_into(&mut n.name);
+        if !n.is(parent, name) {
+            // Another name of a node with several: the old one may still be good.
+            let old = (n.parent, std::mem::take(&mut n.name));
+            n.others
+                .retain(|o| *o != old && !(o.0 == parent && o.1 == name));
+            if attr.nlink > 1 && old.0 != 0 {
+                n.others.push(old);
+                if n.others.len() > OTHER_NAMES {
+                    n.others.remove(0);
+                }
+            } else if attr.nlink <= 1 {
+                n.others.clear();
+            }
+            n.parent = parent;
+            name.clone_into(&mut n.name);
+        }
         n.lookups += 1;
+    }
+
+    /// The name `name` in `parent` is gone (unlinked, or replaced by a rename): a node known
+    /// by it goes on by another name it has, if this mount knows one.
+    pub(crate) fn name_gone(&self, parent: u64, name: &str) {
+        for n in self.nodes.lock().values_mut() {
+            n.others.retain(|o| !(o.0 == parent && o.1 == name));
+            if n.is(parent, name)
+                && let Some((p, other)) = n.others.pop()
+            {
+                n.parent = p;
+                n.name = other;
+            }
+        }
     }
 
     pub(crate) async fn query(&self, q: &FileQuery) -> Result<FileReply, Errno> {
@@ -218,11 +261,15 @@ impl Shared {
     }
 
     pub(crate) async fn op(&self, op: &FileOp) -> Result<FileReply, Errno> {
-        self.client
-            .masters()
-            .file_op(op)
-            .await
-            .map_err(|e| errno(&e))
+        self.client.masters().file_op(op).await.map_err(|e| {
+            let n = errno(&e);
+            if n == Errno::EIO {
+                // No errno says what went wrong: the log does.
+                tracing::warn!(op = ?std::mem::discriminant(op), path = op.path(), error = %e,
+                    "a change failed (EIO)");
+            }
+            n
+        })
     }
 
     pub(crate) fn state(&self, ino: u64) -> Arc<tokio::sync::Mutex<FileState>> {
@@ -273,6 +320,14 @@ impl Shared {
             }
             found
         };
+        // A file with other names stays reachable by them: only the name goes.
+        let open = match open {
+            Some((ino, _)) => match self.query(&FileQuery::Lookup { path: path.clone() }).await {
+                Ok(FileReply::Attr(a)) if a.ino == ino && a.nlink > 1 => None,
+                _ => open,
+            },
+            None => None,
+        };
         let Some((ino, st)) = open else {
             self.op(&FileOp::Remove {
                 path,
@@ -281,6 +336,7 @@ impl Shared {
                 now: time_of(SystemTime::now()),
             })
             .await?;
+            self.name_gone(parent, &name);
             return Ok(());
         };
         let mut st = st.lock().await;
@@ -405,6 +461,25 @@ impl Shared {
                 self.remember(parent, &name, &a);
                 self.xattr_cache.none(a.ino);
                 Ok(a)
+            }
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    /// `link(2)`: `name` in `parent` becomes another name of `ino`.
+    pub(crate) async fn link(&self, ino: u64, parent: u64, name: &OsStr) -> Result<Attr, Errno> {
+        let from = self.path(ino)?;
+        let (to, name) = self.child_path(parent, name)?;
+        let op = FileOp::Link {
+            from,
+            ino,
+            to,
+            now: time_of(SystemTime::now()),
+        };
+        match self.op(&op).await? {
+            FileReply::Attr(a) => {
+                self.remember(parent, &name, &a);
+                Ok(self.local(a).await)
             }
             _ => Err(Errno::EIO),
         }

@@ -37,7 +37,8 @@ impl State {
         };
         let derived = Time::from_ms(ino.mtime_ms);
         Attr {
-            ino: ino.id,
+            // A partition's top is its inode 1; the kernel knows it by its public number.
+            ino: self.public_id(ino.id),
             kind: node_type(ino),
             mode: ino.mode,
             uid: ino.posix.as_ref().map_or(0, |p| p.uid),

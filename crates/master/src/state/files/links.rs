@@ -51,7 +51,7 @@ impl State {
     ) -> Result<(Arc<Inode>, Arc<Inode>), MetaError> {
         let entry = self.lookup(path)?;
         let node = self.linked(entry.clone());
-        if ino != 0 && node.id != ino {
+        if ino != 0 && self.public_id(node.id) != ino {
             return Err(super::stale(path, ino));
         }
         Ok((entry, node))
