@@ -46,11 +46,11 @@ fuzz_target!(|data: &[u8]| {
         decode_record::<ObjectMeta>("fuzz", 2, &v2).expect("a converted record decodes");
     }
     record::<Inode>(data);
-    if let Ok(v3) = inode_from_old(data) {
-        decode_record::<Inode>("fuzz", 3, &v3).expect("a converted inode decodes");
+    if let Ok(v4) = inode_from_old(data) {
+        decode_record::<Inode>("fuzz", 4, &v4).expect("a converted inode decodes");
     }
-    if let Ok(v3) = txns_from_old(data) {
-        decode_record::<Txns>("fuzz", 3, &v3).expect("converted txns decode");
+    if let Ok(v4) = txns_from_old(data) {
+        decode_record::<Txns>("fuzz", 4, &v4).expect("converted txns decode");
     }
     record::<PartitionMap>(data);
     record::<Home>(data);

@@ -6,6 +6,8 @@ mod collect;
 mod common;
 #[path = "files/links.rs"]
 mod links;
+#[path = "files/names.rs"]
+mod names;
 
 use common::{Cluster, bytes, cairn};
 use std::fs::{self, File, OpenOptions};

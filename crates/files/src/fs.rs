@@ -23,6 +23,7 @@ use fuser::{
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
@@ -189,7 +190,7 @@ impl Filesystem for CairnFs {
             }
             .await;
             match r {
-                Ok(t) => reply.data(t.as_bytes()),
+                Ok(t) => reply.data(&cairn_rpc::files::name_bytes(&t)),
                 Err(e) => reply.error(e),
             }
         });
@@ -239,12 +240,11 @@ impl Filesystem for CairnFs {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
-        let Some(target) = target.to_str().map(str::to_owned) else {
-            return reply.error(Errno::EINVAL);
-        };
-        if target.len() > cairn_rpc::files::SYMLINK_MAX {
+        let bytes = target.as_os_str().as_bytes();
+        if bytes.len() > cairn_rpc::files::SYMLINK_MAX {
             return reply.error(Errno::ENAMETOOLONG);
         }
+        let target = cairn_rpc::files::name_from_bytes(bytes);
         self.make_entry(
             req,
             parent,
@@ -299,7 +299,7 @@ impl Filesystem for CairnFs {
         };
         self.spawn(async move {
             let r = async {
-                let (from, _) = s.child_path(parent.0, &name)?;
+                let (from, from_name) = s.child_path(parent.0, &name)?;
                 let (to, to_name) = s.child_path(newparent.0, &newname)?;
                 s.op(&FileOp::Rename {
                     from,
@@ -317,7 +317,7 @@ impl Filesystem for CairnFs {
                         .find(|(_, v)| v.parent == p && v.name == n)
                         .map(|(k, _)| *k)
                 };
-                let moved = find(&nodes, parent.0, &name.to_string_lossy());
+                let moved = find(&nodes, parent.0, &from_name);
                 let other = find(&nodes, newparent.0, &to_name);
                 if moved.is_some() && moved == other {
                     // Two names of one node: rename(2) did nothing.
@@ -340,7 +340,7 @@ impl Filesystem for CairnFs {
                     && let Some(n) = nodes.get_mut(&o)
                 {
                     n.parent = parent.0;
-                    n.name = name.to_string_lossy().into_owned();
+                    n.name = from_name;
                 }
                 Ok::<(), Errno>(())
             }

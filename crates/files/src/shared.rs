@@ -145,12 +145,14 @@ pub(crate) fn file_type(k: NodeType) -> FileType {
     }
 }
 
+/// A name from the kernel as the namespace keeps it: any bytes (those that are not UTF-8
+/// as code points of their own: `cairn_rpc::files::name_from_bytes`).
 pub(crate) fn name_of(name: &OsStr) -> Result<String, Errno> {
-    let s = name.to_str().ok_or(Errno::EINVAL)?;
-    if s.len() > cairn_rpc::files::NAME_MAX {
+    let b = std::os::unix::ffi::OsStrExt::as_bytes(name);
+    if b.len() > cairn_rpc::files::NAME_MAX {
         return Err(Errno::ENAMETOOLONG);
     }
-    Ok(s.to_owned())
+    Ok(cairn_rpc::files::name_from_bytes(b))
 }
 
 pub(crate) fn join(dir: &str, name: &str) -> String {
@@ -588,6 +590,8 @@ impl Shared {
         loop {
             while i < h.names.len() {
                 let (name, child, kind) = &h.names[i];
+                let name = cairn_rpc::files::name_bytes(name);
+                let name = <OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&name);
                 if reply.add(INodeNo(*child), (i + 1) as u64, *kind, name) {
                     return reply.ok();
                 }

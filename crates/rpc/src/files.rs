@@ -390,24 +390,74 @@ pub fn decode<T: for<'a> Deserialize<'a>>(bytes: &[u8]) -> Result<T, crate::Meta
         .map_err(|e| crate::MetaError::invalid(format!("file service message: {e}")))
 }
 
-/// Checks a new entry's name.
+/// The first of the 256 code points, U+10FF00 to U+10FFFF (the end of plane 16's private
+/// use area), that stand for one raw byte each in a name or a symbolic link's target that is
+/// not UTF-8 (docs/files.md "Names").
+const RAW_BYTE: u32 = 0x10_FF00;
+
+fn raw_byte(b: u8) -> char {
+    char::from_u32(RAW_BYTE + u32::from(b)).expect("in plane 16")
+}
+
+/// The namespace's string for a name (or a symbolic link's target) of any bytes: UTF-8 as it
+/// is; each byte of a sequence that is not UTF-8 — and of a character in U+10FF00..U+10FFFF,
+/// so that the mapping is one to one — as the code point U+10FF00 + the byte.
+pub fn name_from_bytes(b: &[u8]) -> String {
+    let mut out = String::with_capacity(b.len());
+    for chunk in b.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if u32::from(c) >= RAW_BYTE {
+                let mut buf = [0u8; 4];
+                out.extend(c.encode_utf8(&mut buf).bytes().map(raw_byte));
+            } else {
+                out.push(c);
+            }
+        }
+        out.extend(chunk.invalid().iter().copied().map(raw_byte));
+    }
+    out
+}
+
+/// The bytes a namespace string names: [`name_from_bytes`] undone.
+pub fn name_bytes(s: &str) -> std::borrow::Cow<'_, [u8]> {
+    if !s.chars().any(|c| u32::from(c) >= RAW_BYTE) {
+        return std::borrow::Cow::Borrowed(s.as_bytes());
+    }
+    let mut out = Vec::with_capacity(s.len());
+    for c in s.chars() {
+        match u32::from(c).checked_sub(RAW_BYTE) {
+            Some(b) => out.push(b as u8),
+            None => out.extend_from_slice(c.encode_utf8(&mut [0u8; 4]).as_bytes()),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Checks a new entry's name (a [`name_from_bytes`] string).
 ///
 /// # Errors
 /// `invalid-argument` naming what is wrong: empty, `.` or `..`, a `/` or NUL, longer than
-/// [`NAME_MAX`] bytes.
+/// [`NAME_MAX`] bytes, or not the string [`name_from_bytes`] makes of its bytes (two strings
+/// for one name).
 pub fn check_name(name: &str) -> Result<(), crate::MetaError> {
     if name.is_empty() || name == "." || name == ".." {
         return Err(crate::MetaError::invalid(format!("{name:?}: not a name")));
     }
-    if name.len() > NAME_MAX {
+    let bytes = name_bytes(name);
+    if bytes.len() > NAME_MAX {
         return Err(crate::MetaError::invalid(format!(
             "a name of {} bytes: at most {NAME_MAX}",
-            name.len()
+            bytes.len()
         )));
     }
-    if name.contains(['/', '\0']) {
+    if bytes.contains(&b'/') || bytes.contains(&0) {
         return Err(crate::MetaError::invalid(format!(
             "{name:?}: a name holds no / or NUL"
+        )));
+    }
+    if matches!(bytes, std::borrow::Cow::Owned(_)) && name_from_bytes(&bytes) != name {
+        return Err(crate::MetaError::invalid(format!(
+            "{name:?}: raw bytes (U+10FF00 and above) stand only for bytes that are not UTF-8"
         )));
     }
     Ok(())
@@ -448,6 +498,35 @@ pub fn check_xattr(name: &str, value: Option<&[u8]>) -> Result<(), crate::MetaEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Any bytes but `/` and NUL make a name, one string each, and back; the lengths
+    /// checked are the bytes'.
+    #[test]
+    fn names_of_any_bytes_map_one_to_one() {
+        let cases: [&[u8]; 7] = [
+            b"plain",
+            "caf\u{e9}".as_bytes(),
+            b"\xff\xfe latin-1 \xe9",
+            b"half \xe2\x82",
+            "\u{10ff41}literal".as_bytes(),
+            b"\xf4\x8f\xbc\x80",
+            &[0x80; 255],
+        ];
+        for b in cases {
+            let s = name_from_bytes(b);
+            assert_eq!(&*name_bytes(&s), b, "{s:?}");
+            check_name(&s).unwrap();
+        }
+        assert_eq!(name_from_bytes(b"plain"), "plain");
+        assert!(
+            check_name(&name_from_bytes(&[0x80; 256])).is_err(),
+            "256 bytes"
+        );
+        // An escape for a byte that is UTF-8 on its own, or for / or NUL: refused.
+        assert!(check_name(&format!("a{}", raw_byte(b'b'))).is_err());
+        assert!(check_name(&format!("a{}", raw_byte(b'/'))).is_err());
+        assert!(check_name(&format!("a{}", raw_byte(0))).is_err());
+    }
 
     #[test]
     fn times_convert_to_and_from_milliseconds() {

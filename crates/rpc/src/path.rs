@@ -4,7 +4,8 @@
 /// system's deep trees fit (each call a program makes is held to `PATH_MAX`, 4 096, by the
 /// kernel; the path below the mount point may be longer, as on any local file system).
 pub const MAX_PATH: usize = 32 << 10;
-/// Longest component (file or directory name), in bytes.
+/// Longest component (file or directory name), in the bytes it stands for
+/// (`files::name_bytes`).
 pub const MAX_NAME: usize = 255;
 
 /// Why a path is refused.
@@ -41,7 +42,10 @@ pub fn components(path: &str) -> Result<Vec<&str>, PathError> {
     rest.split('/')
         .map(|c| match c {
             "" | "." | ".." => Err(PathError::BadComponent),
-            c if c.len() > MAX_NAME => Err(PathError::NameTooLong),
+            // In the bytes the name stands for (a mount's names of any bytes: files.rs).
+            c if c.len() > MAX_NAME && crate::files::name_bytes(c).len() > MAX_NAME => {
+                Err(PathError::NameTooLong)
+            }
             c => Ok(c),
         })
         .collect()

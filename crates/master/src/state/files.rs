@@ -182,7 +182,8 @@ impl State {
         let name = path.rsplit('/').next().unwrap_or_default();
         cairn_rpc::files::check_name(name)?;
         if let NewNode::Symlink { target } = node
-            && (target.is_empty() || target.len() > cairn_rpc::files::SYMLINK_MAX)
+            && (target.is_empty()
+                || cairn_rpc::files::name_bytes(target).len() > cairn_rpc::files::SYMLINK_MAX)
         {
             return Err(MetaError::invalid(format!(
                 "a symbolic link's target is 1 to {} bytes",
@@ -213,7 +214,8 @@ impl State {
             })
         };
         let id = self.insert(parent, &name, now.as_ms(), ns_kind, Some(mode));
-        let size = target.len() as u64;
+        // A symbolic link's size is its target's bytes.
+        let size = cairn_rpc::files::name_bytes(&target).len() as u64;
         let posix = Posix {
             kind,
             uid,
