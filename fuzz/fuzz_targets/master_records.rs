@@ -62,6 +62,13 @@ fuzz_target!(|data: &[u8]| {
     if let Some(t) = cairn_master::kv::tally_from(data) {
         assert_eq!(cairn_master::kv::tally_bytes(&t), data);
     }
+    // The file service's names of any bytes: one string each, and back (rpc files.rs).
+    let name = cairn_rpc::files::name_from_bytes(data);
+    assert_eq!(&*cairn_rpc::files::name_bytes(&name), data);
+    if let Ok(s) = std::str::from_utf8(data) {
+        let _ = cairn_rpc::files::check_name(s);
+        let _ = cairn_rpc::components(s);
+    }
     record::<bool>(data);
     record::<std::collections::BTreeMap<String, u32>>(data);
     record::<std::collections::BTreeMap<String, Vec<u32>>>(data);

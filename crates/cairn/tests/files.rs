@@ -8,6 +8,8 @@ mod common;
 mod links;
 #[path = "files/names.rs"]
 mod names;
+#[path = "files/policies.rs"]
+mod policies;
 
 use common::{Cluster, bytes, cairn};
 use std::fs::{self, File, OpenOptions};

@@ -128,6 +128,7 @@ impl Shared {
             return Ok(());
         }
         let path = self.path(ino)?;
+        let policy = self.policy_of(ino);
         let mut tries = 0;
         let extents = loop {
             let pieces: Vec<(u64, u64, Vec<u8>)> = st
@@ -135,15 +136,19 @@ impl Shared {
                 .iter()
                 .map(|(&offset, d)| (ino, offset, d.clone()))
                 .collect();
-            let extents = crate::warn_if_slow("a segment append", ino, self.segments.write(pieces))
-                .await
-                .map_err(|e| match e {
-                    Some(e) => {
-                        tracing::warn!(ino, error = %e, "flushing a file's writes");
-                        client_errno(&e)
-                    }
-                    None => Errno::EIO,
-                })?;
+            let extents = crate::warn_if_slow(
+                "a segment append",
+                ino,
+                self.segments.write(&policy, pieces),
+            )
+            .await
+            .map_err(|e| match e {
+                Some(e) => {
+                    tracing::warn!(ino, error = %e, "flushing a file's writes");
+                    client_errno(&e)
+                }
+                None => Errno::EIO,
+            })?;
             match self
                 .commit_extents(&path, ino, st.size.unwrap_or(0), &extents)
                 .await

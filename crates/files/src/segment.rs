@@ -120,15 +120,21 @@ pub struct Piece<'a> {
     pub data: &'a [u8],
 }
 
-/// The mount's open segment.
+/// The mount's open segment of one policy.
 pub struct Segments {
     client: Client,
+    /// The segments' redundancy policy; `None`: `/.fs/seg`'s (the default).
+    policy: Option<cairn_ec::Policy>,
     open: Option<(u64, FlatLogFile)>,
 }
 
 impl Segments {
-    pub fn new(client: Client) -> Self {
-        Self { client, open: None }
+    pub fn new(client: Client, policy: Option<cairn_ec::Policy>) -> Self {
+        Self {
+            client,
+            policy,
+            open: None,
+        }
     }
 
     /// A new segment with a number no other has (a random one, made exclusively).
@@ -137,6 +143,7 @@ impl Segments {
             let seg = rand::random::<u64>() | 1;
             let opts = CreateOptions {
                 parents: true,
+                policy: self.policy,
                 ..CreateOptions::default()
             };
             match self.client.create(&segment_path(seg), opts).await {
@@ -255,35 +262,73 @@ struct Job {
     done: tokio::sync::oneshot::Sender<Result<Vec<Extent>, GroupError>>,
 }
 
-/// Group commit of the mount's flushes: the ranges of every flush that arrives while an
-/// append is in flight go out together in the next one, one durable append for all of them
-/// (concurrent closes of many small files otherwise queue one replicated append each).
-pub struct GroupWriter {
+/// The open segment of one policy and the flushes waiting for it.
+struct Lane {
     segments: tokio::sync::Mutex<Segments>,
     pending: parking_lot::Mutex<Vec<Job>>,
+}
+
+/// Group commit of the mount's flushes: the ranges of every flush that arrives while an
+/// append is in flight go out together in the next one, one durable append for all of them
+/// (concurrent closes of many small files otherwise queue one replicated append each). Files
+/// of each policy (their directory's: docs/files.md "Policies") have segments of their own.
+pub struct GroupWriter {
+    client: Client,
+    lanes: parking_lot::Mutex<std::collections::HashMap<String, std::sync::Arc<Lane>>>,
 }
 
 impl GroupWriter {
     pub fn new(client: Client) -> Self {
         Self {
-            segments: tokio::sync::Mutex::new(Segments::new(client)),
-            pending: parking_lot::Mutex::new(Vec::new()),
+            client,
+            lanes: Default::default(),
         }
     }
 
-    /// Appends `pieces` (inode, file offset, bytes) durably, with whatever other flushes are
-    /// waiting; their extents in order, as [`Segments::write`] gives them.
+    fn lane(&self, policy: &str) -> std::sync::Arc<Lane> {
+        self.lanes
+            .lock()
+            .entry(policy.to_owned())
+            .or_insert_with(|| {
+                // The masters' text of a policy: one that does not parse (a newer master's)
+                // gets the default rather than no segment at all.
+                let parsed = (!policy.is_empty())
+                    .then(|| policy.parse::<cairn_ec::Policy>())
+                    .and_then(|r| {
+                        r.inspect_err(|e| tracing::warn!(policy, error = %e, "a file's policy"))
+                            .ok()
+                    });
+                std::sync::Arc::new(Lane {
+                    segments: tokio::sync::Mutex::new(Segments::new(self.client.clone(), parsed)),
+                    pending: parking_lot::Mutex::new(Vec::new()),
+                })
+            })
+            .clone()
+    }
+
+    fn all(&self) -> Vec<std::sync::Arc<Lane>> {
+        self.lanes.lock().values().cloned().collect()
+    }
+
+    /// Appends `pieces` (inode, file offset, bytes) durably to a segment of `policy` (empty:
+    /// the default), with whatever other flushes of it are waiting; their extents in order,
+    /// as [`Segments::write`] gives them.
     ///
     /// # Errors
     /// The group's append failed.
-    pub async fn write(&self, pieces: Vec<(u64, u64, Vec<u8>)>) -> Result<Vec<Extent>, GroupError> {
+    pub async fn write(
+        &self,
+        policy: &str,
+        pieces: Vec<(u64, u64, Vec<u8>)>,
+    ) -> Result<Vec<Extent>, GroupError> {
+        let lane = self.lane(policy);
         let (done, rx) = tokio::sync::oneshot::channel();
-        self.pending.lock().push(Job { pieces, done });
+        lane.pending.lock().push(Job { pieces, done });
         {
             // Whoever holds the segment appends everything queued by then; a job already
             // taken by the holder before finds the queue without it and just waits.
-            let mut seg = crate::warn_if_slow("the segment lock", 0, self.segments.lock()).await;
-            let jobs = std::mem::take(&mut *self.pending.lock());
+            let mut seg = crate::warn_if_slow("the segment lock", 0, lane.segments.lock()).await;
+            let jobs = std::mem::take(&mut *lane.pending.lock());
             if !jobs.is_empty() {
                 let all: Vec<Piece<'_>> = jobs
                     .iter()
@@ -319,14 +364,18 @@ impl GroupWriter {
         rx.await.unwrap_or(Err(None))
     }
 
-    /// Leaves segment `seg` if it is the open one (see [`Segments::abandon`]).
+    /// Leaves segment `seg` if it is an open one (see [`Segments::abandon`]).
     pub async fn abandon(&self, seg: u64) {
-        self.segments.lock().await.abandon(seg);
+        for lane in self.all() {
+            lane.segments.lock().await.abandon(seg);
+        }
     }
 
-    /// Closes the open segment (see [`Segments::close`]).
+    /// Closes the open segments (see [`Segments::close`]).
     pub async fn close(&self) {
-        self.segments.lock().await.close().await;
+        for lane in self.all() {
+            lane.segments.lock().await.close().await;
+        }
     }
 }
 

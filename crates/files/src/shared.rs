@@ -34,6 +34,8 @@ pub(crate) struct Node {
     /// The node's other names this mount learnt (hard links), the latest last: where it is
     /// found when `name` is unlinked or replaced here.
     pub(crate) others: Vec<(u64, String)>,
+    /// A regular file's policy (`Attr::policy`): its segments'.
+    pub(crate) policy: String,
 }
 
 /// Most other names of one node a mount keeps.
@@ -220,7 +222,9 @@ impl Shared {
             name: name.to_owned(),
             lookups: 0,
             others: Vec::new(),
+            policy: String::new(),
         });
+        attr.policy.clone_into(&mut n.policy);
         if !n.is(parent, name) {
             // Another name of a node with several: the old one may still be good.
             let old = (n.parent, std::mem::take(&mut n.name));
@@ -252,6 +256,15 @@ impl Shared {
                 n.name = other;
             }
         }
+    }
+
+    /// The policy of the segments file `ino`'s bytes go to (empty: the default).
+    pub(crate) fn policy_of(&self, ino: u64) -> String {
+        self.nodes
+            .lock()
+            .get(&ino)
+            .map(|n| n.policy.clone())
+            .unwrap_or_default()
     }
 
     pub(crate) async fn query(&self, q: &FileQuery) -> Result<FileReply, Errno> {

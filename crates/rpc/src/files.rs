@@ -106,6 +106,11 @@ pub struct Attr {
     pub rdev: u32,
     /// The Cairn user who owns it (the namespace's owner; empty: the cluster).
     pub owner: String,
+    /// A regular file's redundancy policy in its text form (`replicas:3,then:ec:4+2,lz4`:
+    /// the directory's when the file was made), which the segments a mount writes its bytes
+    /// to have; empty: the default, `/.fs/seg`'s (docs/files.md "Policies").
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub policy: String,
 }
 
 /// A byte range of a file held in a segment: file bytes `[offset, offset + len)` are segment

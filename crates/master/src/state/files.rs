@@ -53,6 +53,10 @@ impl State {
                 .map_or(Time::from_ms(ino.ctime_ms.max(ino.mtime_ms)), |p| p.ctime),
             rdev: ino.posix.as_ref().map_or(0, |p| p.rdev),
             owner: ino.owner.clone(),
+            policy: match &ino.kind {
+                Kind::File(f) if f.policy != Policy::default() => f.policy.text().to_string(),
+                _ => String::new(),
+            },
         }
     }
 
