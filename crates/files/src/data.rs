@@ -129,6 +129,14 @@ impl Shared {
         }
         let path = self.path(ino)?;
         let policy = self.policy_of(ino);
+        // A stream of writes has segments of its own while the file is open, so that
+        // deleting or rewriting it frees whole segments (docs/files.md "Large files").
+        let own =
+            if st.dirty_bytes >= crate::segment::OWN_SEGMENT_FLUSH || self.segments.has_own(ino) {
+                ino
+            } else {
+                0
+            };
         let mut tries = 0;
         let extents = loop {
             let pieces: Vec<(u64, u64, Vec<u8>)> = st
@@ -139,7 +147,7 @@ impl Shared {
             let extents = crate::warn_if_slow(
                 "a segment append",
                 ino,
-                self.segments.write(&policy, pieces),
+                self.segments.write(&policy, own, pieces),
             )
             .await
             .map_err(|e| match e {

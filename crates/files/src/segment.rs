@@ -268,13 +268,22 @@ struct Lane {
     pending: parking_lot::Mutex<Vec<Job>>,
 }
 
+/// Bytes one flush of a file carries that give the file segments of its own: a file written
+/// as a stream (a write flushes at [`crate::DIRTY_FILE_MAX`] dirty bytes) rather than closed
+/// small (docs/files.md "Large files").
+pub const OWN_SEGMENT_FLUSH: usize = 4 << 20;
+
+/// Which open segment a flush goes to: its policy, and the file whose own it is (0: shared).
+type LaneKey = (String, u64);
+
 /// Group commit of the mount's flushes: the ranges of every flush that arrives while an
 /// append is in flight go out together in the next one, one durable append for all of them
 /// (concurrent closes of many small files otherwise queue one replicated append each). Files
-/// of each policy (their directory's: docs/files.md "Policies") have segments of their own.
+/// of each policy (their directory's: docs/files.md "Policies") have segments of their own,
+/// and so does each large file while it is open.
 pub struct GroupWriter {
     client: Client,
-    lanes: parking_lot::Mutex<std::collections::HashMap<String, std::sync::Arc<Lane>>>,
+    lanes: parking_lot::Mutex<std::collections::HashMap<LaneKey, std::sync::Arc<Lane>>>,
 }
 
 impl GroupWriter {
@@ -285,10 +294,10 @@ impl GroupWriter {
         }
     }
 
-    fn lane(&self, policy: &str) -> std::sync::Arc<Lane> {
+    fn lane(&self, policy: &str, own: u64) -> std::sync::Arc<Lane> {
         self.lanes
             .lock()
-            .entry(policy.to_owned())
+            .entry((policy.to_owned(), own))
             .or_insert_with(|| {
                 // The masters' text of a policy: one that does not parse (a newer master's)
                 // gets the default rather than no segment at all.
@@ -310,18 +319,25 @@ impl GroupWriter {
         self.lanes.lock().values().cloned().collect()
     }
 
+    /// Whether file `ino` has a segment of its own open.
+    pub fn has_own(&self, ino: u64) -> bool {
+        self.lanes.lock().keys().any(|(_, o)| *o == ino)
+    }
+
     /// Appends `pieces` (inode, file offset, bytes) durably to a segment of `policy` (empty:
-    /// the default), with whatever other flushes of it are waiting; their extents in order,
-    /// as [`Segments::write`] gives them.
+    /// the default) — file `own`'s own one, or with `own` 0 the shared one, with whatever
+    /// other flushes of it are waiting; their extents in order, as [`Segments::write`] gives
+    /// them.
     ///
     /// # Errors
     /// The group's append failed.
     pub async fn write(
         &self,
         policy: &str,
+        own: u64,
         pieces: Vec<(u64, u64, Vec<u8>)>,
     ) -> Result<Vec<Extent>, GroupError> {
-        let lane = self.lane(policy);
+        let lane = self.lane(policy, own);
         let (done, rx) = tokio::sync::oneshot::channel();
         lane.pending.lock().push(Job { pieces, done });
         {
@@ -374,6 +390,21 @@ impl GroupWriter {
     /// Closes the open segments (see [`Segments::close`]).
     pub async fn close(&self) {
         for lane in self.all() {
+            lane.segments.lock().await.close().await;
+        }
+    }
+
+    /// File `ino`'s last close: its own segment, if any, is sealed and left.
+    pub async fn release(&self, ino: u64) {
+        if ino == 0 {
+            return;
+        }
+        let own: Vec<std::sync::Arc<Lane>> = {
+            let mut lanes = self.lanes.lock();
+            let keys: Vec<LaneKey> = lanes.keys().filter(|k| k.1 == ino).cloned().collect();
+            keys.iter().filter_map(|k| lanes.remove(k)).collect()
+        };
+        for lane in own {
             lane.segments.lock().await.close().await;
         }
     }

@@ -428,6 +428,7 @@ impl Shared {
             drop(g);
             self.files.lock().remove(&ino);
             self.nodes.lock().remove(&ino);
+            self.segments.release(ino).await;
             self.op(&FileOp::Remove {
                 path,
                 ino,
@@ -441,6 +442,7 @@ impl Shared {
         if g.opens == 0 && g.dirty.is_empty() {
             drop(g);
             self.files.lock().remove(&ino);
+            self.segments.release(ino).await;
         }
         r
     }

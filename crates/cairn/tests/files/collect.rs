@@ -103,3 +103,55 @@ async fn segments_no_file_names_are_collected_and_the_rest_read_whole() {
     // The killed mount's directory, cleared by a new mount there.
     Mount::start(&masters, &dir.path().join("b")).stop();
 }
+
+/// A file written as a stream has segments of its own (docs/files.md "Large files"):
+/// deleted, they go whole, while the small files' shared segment stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_file_has_segments_of_its_own_that_go_whole_when_it_is_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let collect = ["--segment-collect-secs", "0.5", "--segment-grace-secs", "2"];
+    let cl = Cluster::start_full(dir.path(), 1, 3, &collect, &[]).await;
+    let masters = cl.master_addrs();
+    let c = cl.client().await;
+    let lengths = async || -> Vec<u64> {
+        let mut v = Vec::new();
+        for e in c.list("/.fs/seg").await.unwrap() {
+            v.push(
+                c.stat(&format!("/.fs/seg/{}", e.name))
+                    .await
+                    .unwrap()
+                    .length,
+            );
+        }
+        v.sort_unstable();
+        v
+    };
+    let a = Mount::start(&masters, &dir.path().join("a"));
+    let small = bytes(7, 0, 10_000);
+    fs::write(a.path("small"), &small).unwrap();
+    let large = bytes(8, 0, 20 << 20);
+    fs::write(a.path("large"), &large).unwrap();
+    let both = lengths().await;
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert!(both[0] < 1 << 20 && both[1] >= 20 << 20, "{both:?}");
+    assert!(
+        read_all(&a.path("large")) == large,
+        "the large file reads whole"
+    );
+    fs::remove_file(a.path("large")).unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = lengths().await;
+        if now.len() == 1 {
+            assert_eq!(now[0], both[0], "the shared segment stays");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the large file's segment stays: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(fs::read(a.path("small")).unwrap(), small);
+    a.stop();
+}
