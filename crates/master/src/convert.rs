@@ -381,10 +381,12 @@ pub fn node_reply(st: &State, root: &State, path: &str, ino: &Inode) -> pb::Node
     }
 }
 
-pub fn dir_entry(ino: &Inode) -> pb::DirEntry {
+/// A listing's entry: the entry's name, the rest its node's (another for a hard link's
+/// entry: `State::linked`).
+pub fn dir_entry(entry: &Inode, ino: &Inode) -> pb::DirEntry {
     let f = ino.file();
     pb::DirEntry {
-        name: ino.name.clone(),
+        name: entry.name.clone(),
         is_dir: f.is_none(),
         inode: ino.id,
         // A file a mount wrote: its size (its bytes are in segments, docs/files.md).

@@ -131,6 +131,11 @@ async fn hard_links_name_one_file_on_every_mount_and_stay_in_their_partition() {
     assert_eq!(read_all(&a.path("h3")), data);
     assert_eq!(fs::metadata(a.path("h")).unwrap().nlink(), 2);
     assert_eq!(fs::read(a.path("p/z")).unwrap(), b"y");
+    // `cairn fs ls` shows a link's entry with its file's size.
+    let ls = run_ok(cairn().args(["fs", "--cluster", &masters.join(","), "ls", "-l", "/"]));
+    let ls = String::from_utf8_lossy(&ls.stdout);
+    let line = ls.lines().find(|l| l.ends_with(" h3")).expect("h3 listed");
+    assert!(line.contains(&data.len().to_string()), "{line}");
     let out = run_ok(cairn().args(["admin", "--cluster", &masters.join(","), "check", "--json"]));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["problems"], 0, "{v}");

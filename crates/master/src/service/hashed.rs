@@ -255,9 +255,14 @@ impl Inner {
         for &p in shards {
             let h = self.led_soon(p).await?;
             h.read_barrier().await?;
-            let (page, cut) = h.sm.lock().state.list_page(path, after, limit)?;
+            let a = h.sm.lock();
+            let (page, cut) = a.state.list_page(path, after, limit)?;
             more |= cut;
-            all.extend(page.iter().map(|i| crate::convert::dir_entry(i)));
+            all.extend(
+                page.iter()
+                    .map(|i| crate::convert::dir_entry(i, &a.state.linked(i.clone()))),
+            );
+            drop(a);
         }
         all.sort_by(|a, b| a.name.cmp(&b.name));
         if all.len() > limit {

@@ -413,8 +413,10 @@ impl Inner {
                 Some(_) => None,
                 None => {
                     let (page, more) = a.state.list_page(&path, &r.after, limit)?;
-                    let entries: Vec<pb::DirEntry> =
-                        page.iter().map(|i| convert::dir_entry(i)).collect();
+                    let entries: Vec<pb::DirEntry> = page
+                        .iter()
+                        .map(|i| convert::dir_entry(i, &a.state.linked(i.clone())))
+                        .collect();
                     Some((entries, more))
                 }
             }

@@ -92,10 +92,10 @@ impl State {
     }
 
     /// Checks that `user` may reach inode `id` and has `want` on it.
+    /// `id` may be a hard link's entry: the way is the entry's, the bits its node's.
     ///
     /// # Errors
     /// `PermissionDenied`.
-    /// `id` may be a hard link's entry: the way is the entry's, the bits its node's.
     pub fn check_inode(&self, id: InodeId, user: &str, want: u16) -> Result<(), MetaError> {
         self.check_reach(id, user)?;
         match self.inodes.get(&id).map(|i| self.linked(i)) {
