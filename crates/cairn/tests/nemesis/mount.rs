@@ -270,6 +270,9 @@ pub(super) fn fs_writer(
     let mut rng = StdRng::seed_from_u64(seed);
     let mut seen = FsSeen::default();
     let mut open: BTreeMap<usize, (File, u64)> = BTreeMap::new();
+    // A name to unlink before anything else: one of two names of one file (a rename by
+    // link whose unlink failed, or a link that may have been made).
+    let mut unlink_first: Option<usize> = None;
     let path = |i: usize| dir.join(format!("f{i}"));
     // CAIRN_NEMESIS_FS_TRACE=1: every operation and the model after it, on stderr (to replay
     // a bad read's history: the same seed gives the same operations until a call fails).
@@ -297,6 +300,23 @@ pub(super) fn fs_writer(
         if g.is_multiple_of(2) {
             // No mount serves: nothing to do until one does.
             std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        // A name left tied to another by a hard link goes first (see the rename by link).
+        if let Some(k) = unlink_first {
+            match std::fs::remove_file(path(k)) {
+                Ok(()) => {}
+                // A retried call may find it done.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(_) => {
+                    seen.errors += 1;
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            }
+            names[k].durable(None);
+            unlink_first = None;
+            trace(&names, k, "unlinked (a rename by link)".into());
             continue;
         }
         let i = rng.random_range(0..FS_NAMES);
@@ -443,6 +463,23 @@ pub(super) fn fs_writer(
                     continue;
                 }
                 let from = names[i].states.clone();
+                if names[j].last().is_none() && rng.random_bool(0.5) {
+                    // A rename by hard link (`ln f{i} f{j} && rm f{i}`): the link, answered
+                    // by the masters, is durable; until f{i} is unlinked nothing else runs,
+                    // so no write lands on a file the model holds under one name only.
+                    match std::fs::hard_link(path(i), path(j)) {
+                        Ok(()) => {
+                            names[j].states = from;
+                            unlink_first = Some(i);
+                        }
+                        Err(_) => {
+                            seen.errors += 1;
+                            unlink_first = Some(j);
+                        }
+                    }
+                    trace(&names, j, format!("linked to f{i}"));
+                    continue;
+                }
                 match std::fs::rename(path(i), path(j)) {
                     Ok(()) => {
                         names[j].states = from;
