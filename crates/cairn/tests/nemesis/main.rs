@@ -338,6 +338,7 @@ async fn scenario(
     t.fs_synced += fs_seen.synced;
     t.fs_checked += fs_seen.checked;
     t.fs_bad += fs_seen.bad;
+    t.fs_linked += fs_seen.linked;
     watchdog::step(index, "the S3 check at the end");
     let s3_lost = s3_verify_and_delete(&gw.s3, &s3_log).await;
     t.s3_losses += s3_lost;
@@ -478,7 +479,7 @@ async fn scenario(
         "  appends {} (errors {}), reads {} (errors {}), lost {lost}, corrupt reads {}, chunks {}; \
          s3 puts {}, deletes {}, gets {} (errors {}, bad {}), keys lost {s3_lost}; \
          nbd writes {}, blocks checked {} (errors {}, bad {}); \
-         files: calls {}, errors {}, synced {}, checked {}, bad {}",
+         files: calls {}, errors {}, synced {}, checked {}, bad {}, linked {}",
         written.iter().map(|w| w.appends).sum::<u64>(),
         written.iter().map(|w| w.errors).sum::<u64>(),
         seen.reads,
@@ -499,6 +500,7 @@ async fn scenario(
         fs_seen.synced,
         fs_seen.checked,
         fs_seen.bad,
+        fs_seen.linked,
     );
     watchdog::step(index, "the deletes");
     for (path, _) in &files {

@@ -177,6 +177,8 @@ pub(super) struct FsSeen {
     pub(super) synced: u64,
     pub(super) checked: u64,
     pub(super) bad: u64,
+    /// Renames by hard link whose link was answered.
+    pub(super) linked: u64,
 }
 
 fn describe(s: &Option<Vec<u8>>) -> String {
@@ -469,6 +471,7 @@ pub(super) fn fs_writer(
                     // so no write lands on a file the model holds under one name only.
                     match std::fs::hard_link(path(i), path(j)) {
                         Ok(()) => {
+                            seen.linked += 1;
                             names[j].states = from;
                             unlink_first = Some(i);
                         }

@@ -61,6 +61,8 @@ pub(super) struct Totals {
     pub(super) fs_ops: u64,
     pub(super) fs_errors: u64,
     pub(super) fs_synced: u64,
+    /// Renames by hard link (the file writer's).
+    pub(super) fs_linked: u64,
     pub(super) fs_checked: u64,
     pub(super) fs_bad: u64,
 }
@@ -106,12 +108,12 @@ pub(super) fn report(t: &Totals, seed: u64, scenarios: u64, elapsed: Duration) {
         t.nbd_writes, t.nbd_errors, t.nbd_blocks_checked, t.nbd_bad_blocks
     );
     println!(
-        "| file calls | file errors | fsyncs and closes answered | names checked | bad reads |"
+        "| file calls | file errors | fsyncs and closes answered | names checked | bad reads | renames by link |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     println!(
-        "| {} | {} | {} | {} | {} |",
-        t.fs_ops, t.fs_errors, t.fs_synced, t.fs_checked, t.fs_bad
+        "| {} | {} | {} | {} | {} | {} |",
+        t.fs_ops, t.fs_errors, t.fs_synced, t.fs_checked, t.fs_bad, t.fs_linked
     );
     println!("faults by kind: {:?}", t.faults);
     println!("chunks converted to compressed groups: {}", t.converted);
