@@ -325,9 +325,7 @@ impl Filesystem for CairnFs {
                 }
                 if !flags.exchange {
                     // The replaced name is gone; its node goes on by another, if any.
-                    drop(nodes);
-                    s.name_gone(newparent.0, &to_name);
-                    nodes = s.nodes.lock();
+                    crate::shared::name_gone(&mut nodes, newparent.0, &to_name);
                 }
                 if let Some(m) = moved
                     && let Some(n) = nodes.get_mut(&m)

@@ -157,6 +157,19 @@ pub(crate) fn name_of(name: &OsStr) -> Result<String, Errno> {
     Ok(cairn_rpc::files::name_from_bytes(b))
 }
 
+/// [`Shared::name_gone`] on the nodes' map, held.
+pub(crate) fn name_gone(nodes: &mut HashMap<u64, Node>, parent: u64, name: &str) {
+    for n in nodes.values_mut() {
+        n.others.retain(|o| !(o.0 == parent && o.1 == name));
+        if n.is(parent, name)
+            && let Some((p, other)) = n.others.pop()
+        {
+            n.parent = p;
+            n.name = other;
+        }
+    }
+}
+
 pub(crate) fn join(dir: &str, name: &str) -> String {
     if dir == "/" {
         format!("/{name}")
@@ -247,15 +260,7 @@ impl Shared {
     /// The name `name` in `parent` is gone (unlinked, or replaced by a rename): a node known
     /// by it goes on by another name it has, if this mount knows one.
     pub(crate) fn name_gone(&self, parent: u64, name: &str) {
-        for n in self.nodes.lock().values_mut() {
-            n.others.retain(|o| !(o.0 == parent && o.1 == name));
-            if n.is(parent, name)
-                && let Some((p, other)) = n.others.pop()
-            {
-                n.parent = p;
-                n.name = other;
-            }
-        }
+        name_gone(&mut self.nodes.lock(), parent, name);
     }
 
     /// The policy of the segments file `ino`'s bytes go to (empty: the default).
@@ -280,7 +285,7 @@ impl Shared {
             let n = errno(&e);
             if n == Errno::EIO {
                 // No errno says what went wrong: the log does.
-                tracing::warn!(op = ?std::mem::discriminant(op), path = op.path(), error = %e,
+                tracing::warn!(op = op.name(), path = op.path(), error = %e,
                     "a change failed (EIO)");
             }
             n

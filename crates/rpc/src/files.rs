@@ -261,6 +261,20 @@ pub enum FileOp {
 }
 
 impl FileOp {
+    /// The change's name, for logs and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FileOp::Make { .. } => "make",
+            FileOp::Remove { .. } => "remove",
+            FileOp::Rename { .. } => "rename",
+            FileOp::Link { .. } => "link",
+            FileOp::SetAttr { .. } => "setattr",
+            FileOp::Write { .. } => "write",
+            FileOp::Punch { .. } => "punch",
+            FileOp::SetXattr { .. } => "setxattr",
+        }
+    }
+
     /// The path whose partition applies the change.
     pub fn path(&self) -> &str {
         match self {

@@ -9,18 +9,26 @@ use cairn_rpc::object::{ListEntry, ListPage, ListRequest, MAX_LIST_KEYS, ObjectQ
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, s3_error};
 
-fn list_entry_object(e: ListEntry, fetch_owner: bool) -> Object {
-    Object {
-        key: Some(e.key),
-        size: Some(e.size as i64),
-        e_tag: Some(etag(&e.etag)),
-        last_modified: Some(timestamp(e.mtime_ms)),
-        storage_class: Some(ObjectStorageClass::from_static(
-            ObjectStorageClass::STANDARD,
-        )),
-        owner: fetch_owner.then(|| owner(&e.owner)),
-        ..Default::default()
-    }
+/// A listing's objects, their keys encoded as the request asked.
+fn list_objects(
+    entries: Vec<ListEntry>,
+    enc: impl Fn(String) -> String,
+    fetch_owner: bool,
+) -> Vec<Object> {
+    entries
+        .into_iter()
+        .map(|e| Object {
+            size: Some(e.size as i64),
+            e_tag: Some(etag(&e.etag)),
+            last_modified: Some(timestamp(e.mtime_ms)),
+            storage_class: Some(ObjectStorageClass::from_static(
+                ObjectStorageClass::STANDARD,
+            )),
+            owner: fetch_owner.then(|| owner(&e.owner)),
+            key: Some(enc(e.key)),
+            ..Default::default()
+        })
+        .collect()
 }
 
 /// A listing's common prefixes, encoded as the request asked.
@@ -129,15 +137,7 @@ impl Cairn {
             next_continuation_token: next,
             start_after: input.start_after.map(&enc),
             encoding_type,
-            contents: Some(
-                page.entries
-                    .into_iter()
-                    .map(|mut e| {
-                        e.key = enc(e.key);
-                        list_entry_object(e, fetch_owner)
-                    })
-                    .collect(),
-            ),
+            contents: Some(list_objects(page.entries, &enc, fetch_owner)),
             common_prefixes: Some(common_prefixes(page.prefixes, &enc)),
             ..Default::default()
         }))
@@ -185,15 +185,7 @@ impl Cairn {
             is_truncated: Some(page.truncated),
             next_marker,
             encoding_type,
-            contents: Some(
-                page.entries
-                    .into_iter()
-                    .map(|mut e| {
-                        e.key = enc(e.key);
-                        list_entry_object(e, true)
-                    })
-                    .collect(),
-            ),
+            contents: Some(list_objects(page.entries, &enc, true)),
             common_prefixes: Some(common_prefixes(page.prefixes, &enc)),
             ..Default::default()
         }))

@@ -369,7 +369,7 @@ impl fmt::Display for Command {
             Command::Batch(cmds) => write!(f, "batch of {}", cmds.len()),
             // Never the op itself: a user's creation carries its secret.
             Command::Object(op) => write!(f, "object {}", object_op_name(op)),
-            Command::Files(op) => write!(f, "file {}", file_op_name(op)),
+            Command::Files(op) => write!(f, "file {}", op.name()),
             Command::CondemnSegments { segs, .. } => {
                 write!(f, "condemn-segments of {}", segs.len())
             }
@@ -443,20 +443,6 @@ pub struct Reply {
     /// For [`Command::TxBegin`] and [`Command::TxDecide`]: the transaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub txid: Option<u64>,
-}
-
-fn file_op_name(op: &cairn_rpc::files::FileOp) -> &'static str {
-    use cairn_rpc::files::FileOp as F;
-    match op {
-        F::Make { .. } => "make",
-        F::Remove { .. } => "remove",
-        F::Rename { .. } => "rename",
-        F::Link { .. } => "link",
-        F::SetAttr { .. } => "setattr",
-        F::Write { .. } => "write",
-        F::Punch { .. } => "punch",
-        F::SetXattr { .. } => "setxattr",
-    }
 }
 
 fn object_op_name(op: &cairn_rpc::object::ObjectOp) -> &'static str {
