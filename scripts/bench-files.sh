@@ -2,7 +2,8 @@
 # The file service against its floors, same run (BENCHMARKS.md "File service"): a fresh
 # `cairn up --mount` (1 master, 3 chunkservers, replicas:3, TLS) in target/bench-files, and
 # the same work on this machine's own file system through bindfs (a FUSE passthrough: the
-# FUSE floor) and directly:
+# FUSE floor) and directly, and on CephFS through ceph-fuse (scripts/ceph-lib.sh: 1 monitor,
+# 3 BlueStore OSDs, 1 MDS, pools of 3 replicas; CEPHFS=0 leaves it out):
 #   1. untar of Debian's linux-source tarball (decompressed once beforehand), then rm -rf;
 #   2. small files: create + write 4 KiB + close, stat, unlink, at 16 threads
 #      (scripts/bench-smallfiles.py), with the cluster's CPU per create (every process of
@@ -13,7 +14,8 @@
 #   4. space: SPACE_FILES files of 4 KiB, and what the chunkservers hold for them.
 #
 #   scripts/bench-files.sh     ROUNDS=2 UNTAR_ROUNDS=$ROUNDS FILES=8000 SPACE_FILES=100000
-#                              SECS=10 VOL_SIZE=1g
+#                              SECS=10 VOL_SIZE=1g CEPHFS=1 FIO_ROUNDS=$ROUNDS
+#                              SPACE=1 UNTAR_MEMBER= (a path in the tarball: untar only it)
 #
 # Runs as root (bindfs and the mount). Installs bindfs and linux-source-6.1 (Debian) when
 # missing. Everything it makes is removed at the end (the cluster, both mounts, the floor's
@@ -28,6 +30,11 @@ SPACE_FILES=${SPACE_FILES:-100000}
 SECS=${SECS:-10}
 UNTAR_ROUNDS=${UNTAR_ROUNDS:-$ROUNDS}
 VOL_SIZE=${VOL_SIZE:-1g}
+CEPHFS=${CEPHFS:-1}
+FIO_ROUNDS=${FIO_ROUNDS:-$ROUNDS}
+SPACE=${SPACE:-1}
+UNTAR_MEMBER=${UNTAR_MEMBER:-}
+CEPHMNT=$WORK/cephfs
 WORK=$ROOT/target/bench-files
 MNT=$WORK/mnt
 FLOOR=$WORK/floor
@@ -36,6 +43,8 @@ TAR=$ROOT/target/linux-source.tar
 TICK=$(getconf CLK_TCK)
 # shellcheck source=bench-lib.sh
 source "$ROOT/scripts/bench-lib.sh"
+# shellcheck source=ceph-lib.sh
+source "$ROOT/scripts/ceph-lib.sh"
 
 [[ $(id -u) == 0 ]] || { echo "bench-files.sh needs root (bindfs, allow_other)" >&2; exit 2; }
 need=()
@@ -51,6 +60,7 @@ if [[ "$CAIRN" == "$ROOT/target/release/cairn" ]]; then
 fi
 
 cleanup() {
+    ceph_stop
     umount -l "$BIND" 2>/dev/null || true
     (cd "$WORK" 2>/dev/null && "$CAIRN" down >/dev/null 2>&1) || true
     umount -l "$MNT" 2>/dev/null || true
@@ -64,42 +74,71 @@ cd "$WORK"
 UP_PID=$!
 wait_for_mount "$MNT" "$ROOT/target/bench-files-up.log"
 bindfs "$FLOOR" "$BIND"
+if [[ $CEPHFS == 1 ]]; then
+    ceph_start
+    ceph_fs_mount "$CEPHMNT"
+fi
 ratio() { python3 -c "print(round($1 / max($2, 1e-9), 3))"; }
 secs() { local s; s=$(date +%s.%N); "$@" >/dev/null; python3 -c "print(round($(date +%s.%N) - $s, 2))"; }
 echo "machine: $(nproc) cores, $(uname -r); cairn: $("$CAIRN" --version 2>/dev/null || echo "$CAIRN")"
 
-echo "## untar of linux-source-6.1 ($(tar -tf "$TAR" | wc -l) entries, $(du -m "$TAR" | cut -f1) MiB)"
-echo "round,ext4_s,bindfs_s,cairn_s,cairn_rm_s,bindfs_rm_s,cpu_s_cairn,ratio_vs_bindfs"
+entries=$(tar -tf "$TAR" $UNTAR_MEMBER | wc -l)
+echo "## untar of linux-source-6.1${UNTAR_MEMBER:+ (only $UNTAR_MEMBER)} ($entries entries, $(du -m "$TAR" | cut -f1) MiB tarball)"
+echo "round,ext4_s,bindfs_s,cephfs_s,cairn_s,bindfs_rm_s,cephfs_rm_s,cairn_rm_s,cpu_s_cephfs,cpu_s_cairn,ratio_vs_bindfs,ratio_vs_cephfs"
 for r in $(seq 1 "$UNTAR_ROUNDS"); do
     mkdir -p "$FLOOR/direct" "$BIND/u" "$MNT/u"
-    e=$(secs tar -xf "$TAR" -C "$FLOOR/direct"); rm -rf "$FLOOR/direct"
-    b=$(secs tar -xf "$TAR" -C "$BIND/u")
+    e=$(secs tar -xf "$TAR" -C "$FLOOR/direct" $UNTAR_MEMBER); rm -rf "$FLOOR/direct"
+    b=$(secs tar -xf "$TAR" -C "$BIND/u" $UNTAR_MEMBER)
+    brm=$(secs rm -rf "$BIND/u")
+    ce=0 cerm=0 cecpu=0
+    if [[ $CEPHFS == 1 ]]; then
+        mkdir -p "$CEPHMNT/u"
+        c0=$(ceph_cpu)
+        ce=$(secs tar -xf "$TAR" -C "$CEPHMNT/u" $UNTAR_MEMBER)
+        c1=$(ceph_cpu)
+        cerm=$(secs rm -rf "$CEPHMNT/u")
+        cecpu=$(python3 -c "print(round($c1 - $c0, 1))")
+    fi
     c0=$(cluster_cpu)
-    c=$(secs tar -xf "$TAR" -C "$MNT/u")
+    c=$(secs tar -xf "$TAR" -C "$MNT/u" $UNTAR_MEMBER)
     c1=$(cluster_cpu)
     crm=$(secs rm -rf "$MNT/u")
-    brm=$(secs rm -rf "$BIND/u")
-    echo "$r,$e,$b,$c,$crm,$brm,$(python3 -c "print(round($c1 - $c0, 1))"),$(ratio "$b" "$c")"
+    echo "$r,$e,$b,$ce,$c,$brm,$cerm,$crm,$cecpu,$(python3 -c "print(round($c1 - $c0, 1))"),$(ratio "$b" "$c"),$(ratio "$ce" "$c")"
 done
+echo "(ratio: the floor's time over Cairn's — above 1, Cairn is faster; cpu: every process of each cluster, the FUSE client's included)"
 
 echo "## small files: $FILES of 4 KiB at 16 threads"
-echo "round,phase,ext4_per_s,bindfs_per_s,cairn_per_s,ratio_vs_bindfs,cluster_cpu_us_per_op"
+echo "round,phase,ext4_per_s,bindfs_per_s,cephfs_per_s,cairn_per_s,ratio_vs_bindfs,ratio_vs_cephfs,cephfs_cpu_us_per_op,cairn_cpu_us_per_op"
 field() { python3 -c "import json,sys; print([json.loads(l) for l in sys.stdin if '\"$1\"' in l][0]['ops_per_s'])"; }
 for r in $(seq 1 "$ROUNDS"); do
     e=$(python3 "$ROOT/scripts/bench-smallfiles.py" "$FLOOR/sf" "$FILES")
     b=$(python3 "$ROOT/scripts/bench-smallfiles.py" "$BIND/sf" "$FILES")
+    ce='{"phase": "create", "ops_per_s": 0}
+{"phase": "stat", "ops_per_s": 0}
+{"phase": "unlink", "ops_per_s": 0}'
+    k0=0 k1=0
+    if [[ $CEPHFS == 1 ]]; then
+        k0=$(ceph_cpu)
+        ce=$(python3 "$ROOT/scripts/bench-smallfiles.py" "$CEPHMNT/sf" "$FILES")
+        k1=$(ceph_cpu)
+    fi
     c0=$(cluster_cpu)
     c=$(python3 "$ROOT/scripts/bench-smallfiles.py" "$MNT/sf" "$FILES")
     c1=$(cluster_cpu)
     for phase in create stat unlink; do
-        ev=$(field "$phase" <<<"$e"); bv=$(field "$phase" <<<"$b"); cv=$(field "$phase" <<<"$c")
-        cpu=""
-        [[ $phase == create ]] && cpu=$(python3 -c "print(round(($c1 - $c0) / (3 * $FILES) * 1e6))")
-        echo "$r,$phase,$ev,$bv,$cv,$(ratio "$cv" "$bv"),$cpu"
+        ev=$(field "$phase" <<<"$e"); bv=$(field "$phase" <<<"$b"); kv=$(field "$phase" <<<"$ce"); cv=$(field "$phase" <<<"$c")
+        cpu="" kcpu=""
+        if [[ $phase == create ]]; then
+            cpu=$(python3 -c "print(round(($c1 - $c0) / (3 * $FILES) * 1e6))")
+            kcpu=$(python3 -c "print(round(($k1 - $k0) / (3 * $FILES) * 1e6))")
+        fi
+        echo "$r,$phase,$ev,$bv,$kv,$cv,$(ratio "$cv" "$bv"),$(ratio "$cv" "$kv"),$kcpu,$cpu"
     done
 done
-echo "(cluster CPU per op: the whole run's CPU over its three phases, divided by 3 × files)"
+echo "(cpu per op: each cluster's processes over the three phases, divided by 3 × files)"
+ceph_stop
 
+if (( FIO_ROUNDS > 0 )); then
 echo "## fio on the mount against the cluster's own floors"
 echo "round,what,fio_ops_per_s,fio_mib_per_s,floor_ops_per_s,floor_mib_per_s,ratio"
 fio_file() { # rw bs jobs extra... -> "iops MiB/s"
@@ -124,7 +163,7 @@ nbd_fio() {
         --size="$VOL_SIZE" --runtime="$SECS" --time_based --output-format=json 2>/dev/null |
         python3 -c 'import json,sys; t=sys.stdin.read(); d=json.loads(t[t.index("{"):])["jobs"][0]["write"]; print(round(d["iops"]), round(d["bw"]/1024,1))'
 }
-for r in $(seq 1 "$ROUNDS"); do
+for r in $(seq 1 "$FIO_ROUNDS"); do
     f=$(bench append 1m 4); n=$(fio_file write 1m 4)
     echo "$r,1m-write-4jobs,${n% *},${n#* },${f% *},${f#* },$(ratio "${n#* }" "${f#* }")"
     rm -f "$MNT"/f.*
@@ -137,7 +176,9 @@ for r in $(seq 1 "$ROUNDS"); do
     rm -f "$MNT"/f.*
 done
 "$CAIRN" volume delete "$VOL" >/dev/null
+fi
 
+if [[ $SPACE == 1 ]]; then
 echo "## space: $SPACE_FILES files of 4 KiB"
 used() { "$CAIRN" status --json | python3 -c 'import json,sys; print(sum(c["used_bytes"] for c in json.load(sys.stdin)["chunkservers"]))'; }
 sleep 3
@@ -148,3 +189,4 @@ u1=$(used)
 python3 -c "
 n=$SPACE_FILES; d=n*4096; u=$u1-$u0
 print(f'files {n}, data {d/1e6:.0f} MB, chunkservers hold {u/1e6:.0f} MB more = {u/d:.2f}x the data ({u/(3*d):.2f}x of 3 replicas), in {$s} s')"
+fi

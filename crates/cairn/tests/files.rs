@@ -4,6 +4,8 @@
 #[path = "files/collect.rs"]
 mod collect;
 mod common;
+#[path = "files/fresh.rs"]
+mod fresh;
 #[path = "files/links.rs"]
 mod links;
 #[path = "files/names.rs"]

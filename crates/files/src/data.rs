@@ -39,6 +39,27 @@ pub(crate) fn add_dirty(dirty: &mut BTreeMap<u64, Vec<u8>>, offset: u64, data: &
     added as isize - removed as isize
 }
 
+/// Where a write of `data` at `offset` ends, if the file may reach it.
+fn write_end(offset: u64, data: &[u8]) -> Result<u64, Errno> {
+    let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+    if end > cairn_rpc::files::MAX_FILE_SIZE {
+        return Err(Errno::EFBIG);
+    }
+    Ok(end)
+}
+
+/// A write into the file's dirty ranges (its size known).
+fn put_dirty(st: &mut FileState, offset: u64, end: u64, data: &[u8]) {
+    if let Some(f) = st.fresh.as_mut() {
+        // A write after a new file's utimens: the write's time is the file's mtime.
+        f.changes.mtime = None;
+    }
+    let delta = add_dirty(&mut st.dirty, offset, data);
+    st.dirty_bytes = st.dirty_bytes.saturating_add_signed(delta);
+    st.dirty_since.get_or_insert_with(Instant::now);
+    st.size = Some(st.size.unwrap_or(0).max(end));
+}
+
 impl Shared {
     /// The file's extents, read from the masters when not known here.
     pub(crate) async fn map_of(&self, ino: u64, st: &mut FileState) -> Result<Data, Errno> {
@@ -101,33 +122,50 @@ impl Shared {
     }
 
     pub(crate) async fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<(), Errno> {
-        let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
-        if end > cairn_rpc::files::MAX_FILE_SIZE {
-            return Err(Errno::EFBIG);
-        }
+        let end = write_end(offset, data)?;
         let st = self.state(ino);
         let mut st = st.lock().await;
         if st.size.is_none() {
             // The size a write past the end extends from.
             self.map_of(ino, &mut st).await?;
         }
-        let delta = add_dirty(&mut st.dirty, offset, data);
-        st.dirty_bytes = st.dirty_bytes.saturating_add_signed(delta);
-        st.dirty_since.get_or_insert_with(Instant::now);
-        st.size = Some(st.size.unwrap_or(0).max(end));
+        put_dirty(&mut st, offset, end, data);
         if st.dirty_bytes >= DIRTY_FILE_MAX {
             self.flush_locked(ino, &mut st).await?;
         }
         Ok(())
     }
 
+    /// A write answered on the kernel's thread, without a task: when the file's lock is
+    /// free, its size known and the write leaves it under [`DIRTY_FILE_MAX`] (no flush, no
+    /// call). `None`: it needs [`Shared::write`].
+    pub(crate) fn write_now(&self, ino: u64, offset: u64, data: &[u8]) -> Option<Result<(), Errno>> {
+        let end = match write_end(offset, data) {
+            Ok(end) => end,
+            Err(e) => return Some(Err(e)),
+        };
+        let st = self.files.lock().get(&ino).cloned()?;
+        let mut st = st.try_lock().ok()?;
+        if st.size.is_none() || st.dirty_bytes.saturating_add(data.len()) >= DIRTY_FILE_MAX {
+            return None;
+        }
+        put_dirty(&mut st, offset, end, data);
+        Some(Ok(()))
+    }
+
     /// Makes the file's dirty ranges durable and its own: records in the segment, then one
     /// commit of their extents (several for very many ranges).
     pub(crate) async fn flush_locked(&self, ino: u64, st: &mut FileState) -> Result<(), Errno> {
         if st.dirty.is_empty() {
-            return Ok(());
+            return self.flush_attrs(ino, st).await;
         }
         let path = self.path(ino)?;
+        // A new file's attribute changes go with its first bytes.
+        let then = st
+            .fresh
+            .as_ref()
+            .filter(|f| f.waiting())
+            .map(|f| f.changes.clone());
         let policy = self.policy_of(ino);
         // A stream of writes has segments of its own while the file is open, so that
         // deleting or rewriting it frees whole segments (docs/files.md "Large files").
@@ -158,7 +196,7 @@ impl Shared {
                 None => Errno::EIO,
             })?;
             match self
-                .commit_extents(&path, ino, st.size.unwrap_or(0), &extents)
+                .commit_extents(&path, ino, st.size.unwrap_or(0), &extents, then.clone())
                 .await
             {
                 Ok(()) => break extents,
@@ -184,23 +222,53 @@ impl Shared {
         st.dirty.clear();
         st.dirty_bytes = 0;
         st.dirty_since = None;
+        // Its bytes are readable now: later changes go to the masters at once.
+        st.fresh = None;
         Ok(())
     }
 
-    /// Commits `extents` of the file at the masters (several writes for very many).
+    /// A new file's attribute changes that wait while it has no dirty bytes (a `chmod`
+    /// after a flush that found nothing to write): committed alone.
+    async fn flush_attrs(&self, ino: u64, st: &mut FileState) -> Result<(), Errno> {
+        let Some(f) = st.fresh.as_mut().filter(|f| f.waiting()) else {
+            return Ok(());
+        };
+        let op = FileOp::SetAttr {
+            path: self.path(ino)?,
+            ino,
+            attr: f.changes.clone(),
+            now: time_of(SystemTime::now()),
+        };
+        if let FileReply::Attr(a) = self.op(&op).await? {
+            f.attr = a;
+        }
+        f.changes = Default::default();
+        f.ctime = None;
+        st.dirty_since = None;
+        Ok(())
+    }
+
+    /// Commits `extents` of the file at the masters (several writes for very many; `then`
+    /// goes with the last).
     async fn commit_extents(
         &self,
         path: &str,
         ino: u64,
         size: u64,
         extents: &[cairn_rpc::files::Extent],
+        then: Option<cairn_rpc::files::SetAttr>,
     ) -> Result<(), MetaError> {
-        for part in extents.chunks(cairn_rpc::files::MAX_WRITE_EXTENTS) {
+        let parts = extents.chunks(cairn_rpc::files::MAX_WRITE_EXTENTS).count();
+        for (i, part) in extents
+            .chunks(cairn_rpc::files::MAX_WRITE_EXTENTS)
+            .enumerate()
+        {
             let op = FileOp::Write {
                 path: path.to_owned(),
                 ino,
                 extents: part.to_vec(),
                 size,
+                then: if i + 1 == parts { then.clone() } else { None },
                 now: time_of(SystemTime::now()),
             };
             let commit = self.client.masters().file_op(&op);

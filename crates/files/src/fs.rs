@@ -12,7 +12,7 @@
 //! returns) and then commits them as the file's extents: when `close` or `fsync` returns, the
 //! bytes are durable and any mount that opens the file later reads them.
 
-use crate::shared::{ATTR_TTL, DirHandle, Node, Shared, file_type, system_time, time_of};
+use crate::shared::{ATTR_TTL, DirHandle, Shared, file_type, system_time, time_of};
 use cairn_client::Client;
 use cairn_rpc::files::{Attr, Data, FileOp, FileQuery, FileReply, NewNode, RenameFlags, SetAttr};
 use fuser::{
@@ -21,7 +21,6 @@ use fuser::{
     ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
     WriteFlags,
 };
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
@@ -115,16 +114,13 @@ impl Filesystem for CairnFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        let mut nodes = self.shared.nodes.lock();
-        if let Some(n) = nodes.get_mut(&ino.0) {
-            n.lookups = n.lookups.saturating_sub(nlookup);
-            if n.lookups == 0 {
-                nodes.remove(&ino.0);
-            }
-        }
+        self.shared.nodes.lock().forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        if let Some(a) = self.shared.getattr_now(ino.0) {
+            return reply.attr(&ATTR_TTL, &file_attr(&a));
+        }
         let s = self.shared.clone();
         self.spawn(async move {
             match s.getattr(ino.0).await {
@@ -167,6 +163,9 @@ impl Filesystem for CairnFs {
             atime: when(atime),
             mtime: when(mtime),
         };
+        if let Some(a) = s.setattr_now(ino.0, &attr) {
+            return reply.attr(&ATTR_TTL, &file_attr(&a));
+        }
         self.spawn(async move {
             match s.setattr(ino.0, attr).await {
                 Ok(a) => reply.attr(&ATTR_TTL, &file_attr(&s.local(a).await)),
@@ -311,34 +310,23 @@ impl Filesystem for CairnFs {
                 .await?;
                 // The node moved: where this mount finds it now (an exchanged one moved too).
                 let mut nodes = s.nodes.lock();
-                let find = |nodes: &HashMap<u64, Node>, p: u64, n: &str| {
-                    nodes
-                        .iter()
-                        .find(|(_, v)| v.parent == p && v.name == n)
-                        .map(|(k, _)| *k)
-                };
-                let moved = find(&nodes, parent.0, &from_name);
-                let other = find(&nodes, newparent.0, &to_name);
+                let moved = nodes.at(parent.0, &from_name);
+                let other = nodes.at(newparent.0, &to_name);
                 if moved.is_some() && moved == other {
                     // Two names of one node: rename(2) did nothing.
                     return Ok(());
                 }
                 if !flags.exchange {
                     // The replaced name is gone; its node goes on by another, if any.
-                    crate::shared::name_gone(&mut nodes, newparent.0, &to_name);
+                    nodes.name_gone(newparent.0, &to_name);
                 }
-                if let Some(m) = moved
-                    && let Some(n) = nodes.get_mut(&m)
-                {
-                    n.parent = newparent.0;
-                    n.name = to_name.clone();
+                if let Some(m) = moved {
+                    nodes.place(m, newparent.0, &to_name);
                 }
                 if flags.exchange
                     && let Some(o) = other
-                    && let Some(n) = nodes.get_mut(&o)
                 {
-                    n.parent = parent.0;
-                    n.name = from_name;
+                    nodes.place(o, parent.0, &from_name);
                 }
                 Ok::<(), Errno>(())
             }
@@ -385,6 +373,7 @@ impl Filesystem for CairnFs {
                     st.opens += 1;
                     st.size = Some(0);
                     st.map = Some(Data::Extents(Vec::new()));
+                    st.fresh = Some(crate::shared::Fresh::new(a.clone()));
                     let fh = s.next_handle.fetch_add(1, Ordering::Relaxed);
                     reply.created(
                         &ATTR_TTL,
@@ -431,6 +420,11 @@ impl Filesystem for CairnFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        match self.shared.write_now(ino.0, offset, data) {
+            Some(Ok(())) => return reply.written(data.len() as u32),
+            Some(Err(e)) => return reply.error(e),
+            None => {}
+        }
         let s = self.shared.clone();
         let data = data.to_vec();
         self.spawn(async move {
@@ -462,6 +456,9 @@ impl Filesystem for CairnFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.shared.release_now(ino.0) {
+            return reply.ok();
+        }
         let s = self.shared.clone();
         self.spawn(async move {
             match s.closed(ino.0).await {
@@ -528,7 +525,7 @@ impl Filesystem for CairnFs {
             && let Ok(mut h) = h.try_lock()
             && h.names.is_empty()
         {
-            let up = s.nodes.lock().get(&ino.0).map_or(1, |n| n.parent);
+            let up = s.nodes.lock().get(ino.0).map_or(1, |n| n.parent());
             h.names.push((".".into(), ino.0, FileType::Directory));
             h.names.push(("..".into(), up, FileType::Directory));
         }
@@ -603,6 +600,9 @@ impl Filesystem for CairnFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if let Some(r) = self.shared.getxattr_now(ino.0, name, size) {
+            return xattr_reply(r, reply);
+        }
         let s = self.shared.clone();
         let name = name.to_owned();
         self.spawn(async move { xattr_reply(s.getxattr(ino.0, &name, size).await, reply) });
@@ -636,6 +636,9 @@ fn xattr_reply(r: Result<crate::xattrs::Sized, Errno>, reply: ReplyXattr) {
 impl CairnFs {
     /// close (FUSE flush), fsync, fdatasync: the file's dirty ranges made durable and its own.
     fn flush_reply(&self, ino: INodeNo, reply: ReplyEmpty) {
+        if self.shared.flush_now(ino.0) {
+            return reply.ok();
+        }
         let s = self.shared.clone();
         self.spawn(async move {
             match s.flush(ino.0).await {

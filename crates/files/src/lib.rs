@@ -5,6 +5,7 @@
 mod data;
 mod fs;
 pub mod mount;
+mod nodes;
 pub mod segment;
 mod shared;
 mod xattrs;

@@ -2,6 +2,7 @@
 //! dirty ranges and extents, and the namespace calls (`data.rs` has reads, writes and
 //! flushes). `fs.rs` turns the kernel's calls into these.
 
+use crate::nodes::Nodes;
 use crate::segment::GroupWriter;
 use cairn_client::Client;
 use cairn_rpc::files::{
@@ -25,28 +26,6 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// Entries asked of the masters per readdir page.
 const READDIR_PAGE: u32 = 512;
 
-/// A node the kernel knows: where it is (as this mount last saw it). `parent` 0: `name` is the
-/// node's whole path (a file moved to [`UNLINKED_DIR`]).
-pub(crate) struct Node {
-    pub(crate) parent: u64,
-    pub(crate) name: String,
-    pub(crate) lookups: u64,
-    /// The node's other names this mount learnt (hard links), the latest last: where it is
-    /// found when `name` is unlinked or replaced here.
-    pub(crate) others: Vec<(u64, String)>,
-    /// A regular file's policy (`Attr::policy`): its segments'.
-    pub(crate) policy: String,
-}
-
-/// Most other names of one node a mount keeps.
-const OTHER_NAMES: usize = 16;
-
-impl Node {
-    fn is(&self, parent: u64, name: &str) -> bool {
-        self.parent == parent && self.name == name
-    }
-}
-
 /// A file's state in this mount while it is open or dirty.
 #[derive(Default)]
 pub(crate) struct FileState {
@@ -62,6 +41,97 @@ pub(crate) struct FileState {
     /// Unlinked while open here: the name it was moved to below [`UNLINKED_DIR`], removed at
     /// its last close.
     pub(crate) unlinked: Option<String>,
+    /// Made here by `create`, none of its bytes committed yet: the attribute changes taken
+    /// since, committed with its first bytes.
+    pub(crate) fresh: Option<Fresh>,
+}
+
+/// A file this mount made whose bytes no one can read yet (none committed): its `chmod`,
+/// `chown` and `utimens` wait here and go to the masters in the same change as its first
+/// bytes (`FileOp::Write::then`) — one Raft write where `tar`, `cp -p` and `rsync` would
+/// make four (docs/files.md "Attributes of a new file"). No byte of the file is ever
+/// readable under attributes it did not have.
+pub(crate) struct Fresh {
+    /// The node as its create answered.
+    pub(crate) attr: Attr,
+    /// What the changes set (all `None`: nothing waits).
+    pub(crate) changes: SetAttr,
+    /// When the last change was taken: the ctime this mount shows.
+    pub(crate) ctime: Option<Time>,
+}
+
+impl Fresh {
+    pub(crate) fn new(attr: Attr) -> Self {
+        Self {
+            attr,
+            changes: SetAttr::default(),
+            ctime: None,
+        }
+    }
+
+    pub(crate) fn waiting(&self) -> bool {
+        self.changes != SetAttr::default()
+    }
+
+    /// Takes a change of attributes (no size) made at `now`.
+    pub(crate) fn take(&mut self, a: &SetAttr, now: Time) {
+        let c = &mut self.changes;
+        c.mode = a.mode.or(c.mode);
+        c.uid = a.uid.or(c.uid);
+        c.gid = a.gid.or(c.gid);
+        c.atime = a.atime.or(c.atime);
+        c.mtime = a.mtime.or(c.mtime);
+        self.ctime = Some(now);
+    }
+
+    /// `attr` with the changes that wait.
+    pub(crate) fn overlay(&self, attr: &mut Attr) {
+        let c = &self.changes;
+        if let Some(m) = c.mode {
+            attr.mode = m;
+        }
+        if let Some(u) = c.uid {
+            attr.uid = u;
+        }
+        if let Some(g) = c.gid {
+            attr.gid = g;
+        }
+        if let Some(t) = c.atime {
+            attr.atime = t;
+        }
+        if let Some(t) = c.mtime {
+            attr.mtime = t;
+        }
+        if let Some(t) = self.ctime {
+            attr.ctime = t;
+        }
+    }
+}
+
+/// Whether a flush of the file would do anything: dirty bytes, or a new file's attribute
+/// changes.
+fn needs_flush(st: &FileState) -> bool {
+    !st.dirty.is_empty() || st.fresh.as_ref().is_some_and(Fresh::waiting)
+}
+
+/// Takes a `setattr` of a new file that is open here (not a truncate) into its
+/// [`Fresh`] changes; the attributes it answers. `None`: not such a file or change.
+fn defer_attr(st: &mut FileState, attr: &SetAttr) -> Option<Attr> {
+    if attr.size.is_some() || st.opens == 0 {
+        return None;
+    }
+    let size = st.size;
+    let f = st.fresh.as_mut()?;
+    // The kernel checked that the caller may; the masters check the mount's user at the
+    // commit.
+    f.take(attr, time_of(SystemTime::now()));
+    let mut a = f.attr.clone();
+    f.overlay(&mut a);
+    if let Some(size) = size {
+        a.size = size;
+    }
+    st.dirty_since.get_or_insert_with(Instant::now);
+    Some(a)
 }
 
 /// Where a file unlinked while this mount has it open waits for its last close (NFS's
@@ -77,7 +147,7 @@ pub(crate) struct DirHandle {
 
 pub(crate) struct Shared {
     pub(crate) client: Client,
-    pub(crate) nodes: Mutex<HashMap<u64, Node>>,
+    pub(crate) nodes: Mutex<Nodes>,
     pub(crate) files: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<FileState>>>>,
     pub(crate) dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
     pub(crate) segments: GroupWriter,
@@ -157,19 +227,6 @@ pub(crate) fn name_of(name: &OsStr) -> Result<String, Errno> {
     Ok(cairn_rpc::files::name_from_bytes(b))
 }
 
-/// [`Shared::name_gone`] on the nodes' map, held.
-pub(crate) fn name_gone(nodes: &mut HashMap<u64, Node>, parent: u64, name: &str) {
-    for n in nodes.values_mut() {
-        n.others.retain(|o| !(o.0 == parent && o.1 == name));
-        if n.is(parent, name)
-            && let Some((p, other)) = n.others.pop()
-        {
-            n.parent = p;
-            n.name = other;
-        }
-    }
-}
-
 pub(crate) fn join(dir: &str, name: &str) -> String {
     if dir == "/" {
         format!("/{name}")
@@ -183,7 +240,7 @@ impl Shared {
         Self {
             segments: GroupWriter::new(client.clone()),
             client,
-            nodes: Mutex::new(HashMap::new()),
+            nodes: Mutex::new(Nodes::default()),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
@@ -192,26 +249,7 @@ impl Shared {
     }
 
     pub(crate) fn path(&self, ino: u64) -> Result<String, Errno> {
-        if ino == 1 {
-            return Ok("/".into());
-        }
-        let nodes = self.nodes.lock();
-        let mut names = Vec::new();
-        let mut cur = ino;
-        while cur != 1 {
-            let n = nodes.get(&cur).ok_or(Errno::ESTALE)?;
-            if n.parent == 0 {
-                names.push(n.name.trim_start_matches('/'));
-                break;
-            }
-            names.push(n.name.as_str());
-            cur = n.parent;
-            if names.len() > 4096 {
-                return Err(Errno::ELOOP);
-            }
-        }
-        names.reverse();
-        Ok(format!("/{}", names.join("/")))
+        self.nodes.lock().path(ino)
     }
 
     pub(crate) fn child_path(&self, parent: u64, name: &OsStr) -> Result<(String, String), Errno> {
@@ -229,45 +267,22 @@ impl Shared {
         if attr.ino == 1 {
             return;
         }
-        let mut nodes = self.nodes.lock();
-        let n = nodes.entry(attr.ino).or_insert_with(|| Node {
-            parent,
-            name: name.to_owned(),
-            lookups: 0,
-            others: Vec::new(),
-            policy: String::new(),
-        });
-        attr.policy.clone_into(&mut n.policy);
-        if !n.is(parent, name) {
-            // Another name of a node with several: the old one may still be good.
-            let old = (n.parent, std::mem::take(&mut n.name));
-            n.others
-                .retain(|o| *o != old && !(o.0 == parent && o.1 == name));
-            if attr.nlink > 1 && old.0 != 0 {
-                n.others.push(old);
-                if n.others.len() > OTHER_NAMES {
-                    n.others.remove(0);
-                }
-            } else if attr.nlink <= 1 {
-                n.others.clear();
-            }
-            n.parent = parent;
-            name.clone_into(&mut n.name);
-        }
-        n.lookups += 1;
+        self.nodes
+            .lock()
+            .remember(attr.ino, parent, name, attr.nlink, &attr.policy);
     }
 
     /// The name `name` in `parent` is gone (unlinked, or replaced by a rename): a node known
     /// by it goes on by another name it has, if this mount knows one.
     pub(crate) fn name_gone(&self, parent: u64, name: &str) {
-        name_gone(&mut self.nodes.lock(), parent, name);
+        self.nodes.lock().name_gone(parent, name);
     }
 
     /// The policy of the segments file `ino`'s bytes go to (empty: the default).
     pub(crate) fn policy_of(&self, ino: u64) -> String {
         self.nodes
             .lock()
-            .get(&ino)
+            .get(ino)
             .map(|n| n.policy.clone())
             .unwrap_or_default()
     }
@@ -296,11 +311,17 @@ impl Shared {
         self.files.lock().entry(ino).or_default().clone()
     }
 
-    /// `attr` with this mount's unflushed size (and no link for a file unlinked while open).
+    /// `attr` with this mount's unflushed size and attribute changes (and no link for a
+    /// file unlinked while open).
     pub(crate) async fn local(&self, mut attr: Attr) -> Attr {
         let st = self.files.lock().get(&attr.ino).cloned();
         if let Some(st) = st {
-            let st = st.lock().await;
+            let mut st = st.lock().await;
+            if let Some(f) = st.fresh.as_mut() {
+                // What the masters say of what does not wait here (a link's count).
+                f.attr = attr.clone();
+                f.overlay(&mut attr);
+            }
             if let Some(size) = st.size {
                 attr.size = size;
             }
@@ -309,6 +330,66 @@ impl Shared {
             }
         }
         attr
+    }
+
+    /// A file's state, when it has one and its lock is free: for the calls answered on the
+    /// kernel's thread.
+    fn state_now(&self, ino: u64) -> Option<tokio::sync::OwnedMutexGuard<FileState>> {
+        let st = self.files.lock().get(&ino).cloned()?;
+        st.try_lock_owned().ok()
+    }
+
+    /// `setattr` of a new file's mode, owners or times, answered here (docs/files.md
+    /// "Attributes of a new file"). `None`: it needs [`Shared::setattr`].
+    pub(crate) fn setattr_now(&self, ino: u64, attr: &SetAttr) -> Option<Attr> {
+        defer_attr(&mut *self.state_now(ino)?, attr)
+    }
+
+    /// `getattr` of a new file, which only this mount changes until its bytes are
+    /// committed: answered here. `None`: it needs [`Shared::getattr`].
+    pub(crate) fn getattr_now(&self, ino: u64) -> Option<Attr> {
+        let st = self.state_now(ino)?;
+        let f = st.fresh.as_ref().filter(|_| st.unlinked.is_none())?;
+        let mut a = f.attr.clone();
+        f.overlay(&mut a);
+        if let Some(size) = st.size {
+            a.size = size;
+        }
+        Some(a)
+    }
+
+    /// A close (FUSE flush) with nothing to flush, answered here. `false`: it needs
+    /// [`Shared::flush`].
+    pub(crate) fn flush_now(&self, ino: u64) -> bool {
+        if !self.files.lock().contains_key(&ino) {
+            return true;
+        }
+        self.state_now(ino).is_some_and(|st| !needs_flush(&st))
+    }
+
+    /// A release with nothing to flush, no segment of the file's own to seal and no set-aside
+    /// name to remove, answered here. `false`: it needs [`Shared::closed`].
+    pub(crate) fn release_now(&self, ino: u64) -> bool {
+        let mut files = self.files.lock();
+        let Some(st) = files.get(&ino).cloned() else {
+            return true;
+        };
+        let Ok(mut g) = st.try_lock() else {
+            return false;
+        };
+        if needs_flush(&g) || g.unlinked.is_some() {
+            return false;
+        }
+        if g.opens > 1 {
+            g.opens -= 1;
+            return true;
+        }
+        if self.segments.has_own(ino) {
+            return false;
+        }
+        drop(g);
+        files.remove(&ino);
+        true
     }
 
     /// unlink(2) and rmdir(2). A file this mount has open is moved to [`UNLINKED_DIR`]
@@ -325,9 +406,7 @@ impl Shared {
                     .lock()
                     .iter()
                     .filter(|(ino, _)| {
-                        nodes
-                            .get(ino)
-                            .is_some_and(|n| n.parent == parent && n.name == name)
+                        nodes.get(**ino).is_some_and(|n| n.is(parent, &name))
                     })
                     .map(|(ino, st)| (*ino, st.clone()))
                     .collect()
@@ -385,10 +464,7 @@ impl Shared {
             now: time_of(SystemTime::now()),
         })
         .await?;
-        if let Some(n) = self.nodes.lock().get_mut(&ino) {
-            n.parent = 0;
-            n.name.clone_from(&to);
-        }
+        self.nodes.lock().place(ino, 0, &to);
         st.unlinked = Some(to);
         Ok(())
     }
@@ -432,7 +508,7 @@ impl Shared {
             g.dirty_since = None;
             drop(g);
             self.files.lock().remove(&ino);
-            self.nodes.lock().remove(&ino);
+            self.nodes.lock().remove(ino);
             self.segments.release(ino).await;
             self.op(&FileOp::Remove {
                 path,
@@ -444,7 +520,7 @@ impl Shared {
             return Ok(());
         }
         let r = self.flush_locked(ino, &mut g).await;
-        if g.opens == 0 && g.dirty.is_empty() {
+        if g.opens == 0 && !needs_flush(&g) {
             drop(g);
             self.files.lock().remove(&ino);
             self.segments.release(ino).await;
@@ -510,6 +586,9 @@ impl Shared {
     pub(crate) async fn setattr(&self, ino: u64, attr: SetAttr) -> Result<Attr, Errno> {
         let st = self.state(ino);
         let mut st = st.lock().await;
+        if let Some(a) = defer_attr(&mut st, &attr) {
+            return Ok(a);
+        }
         if attr.size.is_some() {
             // Writes before a truncate land before it.
             self.flush_locked(ino, &mut st).await?;

@@ -111,6 +111,19 @@ impl Shared {
         }
     }
 
+    /// `getxattr(2)` answered from the cache on the kernel's thread (the kernel's question
+    /// before each write among them). `None`: not cached; it needs [`Shared::getxattr`].
+    pub(crate) fn getxattr_now(&self, ino: u64, name: &OsStr, size: u32) -> Option<Result<Sized, Errno>> {
+        let Some(name) = known(name) else {
+            return Some(Err(Errno::ENODATA));
+        };
+        let x = self.xattr_cache.get(ino)?;
+        Some(match x.get(name) {
+            Some(v) => sized(v.clone(), size),
+            None => Err(Errno::ENODATA),
+        })
+    }
+
     pub(crate) async fn getxattr(&self, ino: u64, name: &OsStr, size: u32) -> Result<Sized, Errno> {
         let Some(name) = known(name) else {
             return Err(Errno::ENODATA);

@@ -229,12 +229,18 @@ pub enum FileOp {
         now: Time,
     },
     /// Makes written bytes the file's: each extent replaces the file's bytes it covers, and
-    /// the file's size becomes at least `size` (writes past the end).
+    /// the file's size becomes at least `size` (writes past the end). Then `then`, when
+    /// some, applies as a [`FileOp::SetAttr`] would (no size): the `chmod`, `chown` and
+    /// `utimens` a mount took while the new file's bytes were not yet committed, in the
+    /// same change (docs/files.md "Attributes of a new file"). Answers the node's
+    /// attributes.
     Write {
         path: String,
         ino: u64,
         extents: Vec<Extent>,
         size: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        then: Option<SetAttr>,
         now: Time,
     },
     /// `fallocate(FALLOC_FL_PUNCH_HOLE)`: the file's bytes `[offset, offset + len)` read as
@@ -637,10 +643,29 @@ mod tests {
                 seg_offset: 32,
             }],
             size: 4096,
+            then: Some(SetAttr {
+                mode: Some(0o644),
+                ..SetAttr::default()
+            }),
             now: Time::from_ms(5),
         };
         let back: FileOp = decode(&encode(&op)).unwrap();
         assert_eq!(back, op);
         assert!(decode::<FileOp>(b"{").is_err());
+        // A write without attributes is the bytes older masters logged.
+        let older = br#"{"Write":{"path":"/a","ino":7,"extents":[],"size":1,"now":{"secs":0,"nanos":0}}}"#;
+        let FileOp::Write { then, .. } = decode::<FileOp>(older).unwrap() else {
+            panic!("a write");
+        };
+        assert_eq!(then, None);
+        let plain = FileOp::Write {
+            path: "/a".into(),
+            ino: 7,
+            extents: Vec::new(),
+            size: 1,
+            then: None,
+            now: Time { secs: 0, nanos: 0 },
+        };
+        assert_eq!(encode(&plain), older.to_vec());
     }
 }

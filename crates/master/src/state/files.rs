@@ -149,8 +149,20 @@ impl State {
                 ino,
                 extents,
                 size,
+                then,
                 now,
-            } => self.write_node(path, *ino, extents, *size, *now)?,
+            } => {
+                if let Some(then) = then {
+                    // Checked before the write changes anything: the change is whole or
+                    // not at all.
+                    check_then(path, then)?;
+                }
+                let written = self.write_node(path, *ino, extents, *size, *now)?;
+                match then {
+                    Some(then) => self.set_node_attr(path, *ino, then, *now)?,
+                    None => written,
+                }
+            }
             FileOp::Punch {
                 path,
                 ino,
@@ -714,8 +726,7 @@ impl State {
                     self.check_inode(entry.id, user, perm::WRITE)?;
                 }
                 let ino = self.linked(entry);
-                let owner_only = attr.mode.is_some() || attr.uid.is_some() || attr.gid.is_some();
-                if owner_only && ino.owner != user {
+                if owner_only(attr) && ino.owner != user {
                     return Err(MetaError::new(
                         ErrorKind::PermissionDenied,
                         format!("{path}: only its owner changes its mode or owners"),
@@ -723,9 +734,17 @@ impl State {
                 }
                 Ok(())
             }
-            FileOp::Write { path, .. } | FileOp::Punch { path, .. } => {
-                self.check_path(path, user, perm::WRITE).map(|_| ())
+            FileOp::Write { path, then, .. } => {
+                let ino = self.linked(self.check_path(path, user, perm::WRITE)?);
+                if then.as_ref().is_some_and(owner_only) && ino.owner != user {
+                    return Err(MetaError::new(
+                        ErrorKind::PermissionDenied,
+                        format!("{path}: only its owner changes its mode or owners"),
+                    ));
+                }
+                Ok(())
             }
+            FileOp::Punch { path, .. } => self.check_path(path, user, perm::WRITE).map(|_| ()),
             // As the kernel checks user.* (write permission on the node); trusted.* and
             // security.* the kernel keeps to privileged processes, and the masters to the
             // node's owner.
@@ -751,6 +770,22 @@ impl State {
         let dir = self.lookup(parent)?;
         self.check_inode(dir.id, user, perm::WRITE | perm::SEARCH)
     }
+}
+
+/// Whether a change of attributes is one only the node's owner makes.
+fn owner_only(attr: &SetAttr) -> bool {
+    attr.mode.is_some() || attr.uid.is_some() || attr.gid.is_some()
+}
+
+/// A write's attribute change: a `setattr` without a size.
+fn check_then(path: &str, then: &SetAttr) -> Result<(), MetaError> {
+    perm::check_mode(then.mode)?;
+    if then.size.is_some() {
+        return Err(MetaError::invalid(format!(
+            "{path}: a write's attribute change has no size (a truncate is a setattr of its own)"
+        )));
+    }
+    Ok(())
 }
 
 mod links;

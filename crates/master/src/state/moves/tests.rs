@@ -380,6 +380,7 @@ fn a_large_subtree_loads_in_bounded_batches() {
                 seg_offset: 0,
             }],
             size: 0,
+            then: None,
             now: cairn_rpc::files::Time::from_ms(2),
         };
         root.apply(&Command::Files(Box::new(write))).unwrap();

@@ -49,6 +49,7 @@ fn written(s: &mut State, path: &str) -> Attr {
             ino: a.ino,
             extents: vec![ext(0, 100, 7, 32)],
             size: 100,
+            then: None,
             now: t(6000),
         },
     )
@@ -81,6 +82,7 @@ fn a_link_is_another_name_of_the_same_node() {
             ino: f.ino,
             extents: vec![ext(100, 50, 7, 200)],
             size: 150,
+            then: None,
             now: t(7500),
         },
     )
