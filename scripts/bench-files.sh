@@ -34,11 +34,11 @@ CEPHFS=${CEPHFS:-1}
 FIO_ROUNDS=${FIO_ROUNDS:-$ROUNDS}
 SPACE=${SPACE:-1}
 UNTAR_MEMBER=${UNTAR_MEMBER:-}
-CEPHMNT=$WORK/cephfs
 WORK=$ROOT/target/bench-files
 MNT=$WORK/mnt
 FLOOR=$WORK/floor
 BIND=$WORK/bind
+CEPHMNT=$WORK/cephfs
 TAR=$ROOT/target/linux-source.tar
 TICK=$(getconf CLK_TCK)
 # shellcheck source=bench-lib.sh
@@ -75,6 +75,8 @@ UP_PID=$!
 wait_for_mount "$MNT" "$ROOT/target/bench-files-up.log"
 bindfs "$FLOOR" "$BIND"
 if [[ $CEPHFS == 1 ]]; then
+    # 3 copies of the whole tree's 1.3 GB fit (2 GiB OSDs filled up at a third of it).
+    export OSD_BYTES=${OSD_BYTES:-$((6 << 30))}
     ceph_start
     ceph_fs_mount "$CEPHMNT"
 fi
@@ -83,6 +85,35 @@ secs() { local s; s=$(date +%s.%N); "$@" >/dev/null; python3 -c "print(round($(d
 echo "machine: $(nproc) cores, $(uname -r); cairn: $("$CAIRN" --version 2>/dev/null || echo "$CAIRN")"
 
 entries=$(tar -tf "$TAR" $UNTAR_MEMBER | wc -l)
+field() { python3 -c "import json,sys; print([json.loads(l) for l in sys.stdin if '\"$1\"' in l][0]['ops_per_s'])"; }
+# CephFS first, alone: its daemons are stopped before Cairn's rounds (an idle Ceph cluster
+# takes CPU that Cairn's rounds on 2 cores would share; an idle `cairn up` takes next to none).
+declare -a CE_UNTAR CE_RM CE_CPU CE_SF CE_SFCPU
+for r in $(seq 1 "$UNTAR_ROUNDS"); do CE_UNTAR[r]=0 CE_RM[r]=0 CE_CPU[r]=0; done
+for r in $(seq 1 "$ROUNDS"); do
+    CE_SF[r]='{"phase": "create", "ops_per_s": 0}
+{"phase": "stat", "ops_per_s": 0}
+{"phase": "unlink", "ops_per_s": 0}'
+    CE_SFCPU[r]=0
+done
+if [[ $CEPHFS == 1 ]]; then
+    for r in $(seq 1 "$UNTAR_ROUNDS"); do
+        mkdir -p "$CEPHMNT/u"
+        k0=$(ceph_cpu)
+        CE_UNTAR[r]=$(secs tar -xf "$TAR" -C "$CEPHMNT/u" $UNTAR_MEMBER)
+        k1=$(ceph_cpu)
+        CE_RM[r]=$(secs rm -rf "$CEPHMNT/u")
+        CE_CPU[r]=$(python3 -c "print(round($k1 - $k0, 1))")
+    done
+    for r in $(seq 1 "$ROUNDS"); do
+        k0=$(ceph_cpu)
+        CE_SF[r]=$(python3 "$ROOT/scripts/bench-smallfiles.py" "$CEPHMNT/sf" "$FILES")
+        k1=$(ceph_cpu)
+        CE_SFCPU[r]=$(python3 -c "print(round(($k1 - $k0) / (3 * $FILES) * 1e6))")
+    done
+    ceph_stop
+fi
+
 echo "## untar of linux-source-6.1${UNTAR_MEMBER:+ (only $UNTAR_MEMBER)} ($entries entries, $(du -m "$TAR" | cut -f1) MiB tarball)"
 echo "round,ext4_s,bindfs_s,cephfs_s,cairn_s,bindfs_rm_s,cephfs_rm_s,cairn_rm_s,cpu_s_cephfs,cpu_s_cairn,ratio_vs_bindfs,ratio_vs_cephfs"
 for r in $(seq 1 "$UNTAR_ROUNDS"); do
@@ -90,53 +121,33 @@ for r in $(seq 1 "$UNTAR_ROUNDS"); do
     e=$(secs tar -xf "$TAR" -C "$FLOOR/direct" $UNTAR_MEMBER); rm -rf "$FLOOR/direct"
     b=$(secs tar -xf "$TAR" -C "$BIND/u" $UNTAR_MEMBER)
     brm=$(secs rm -rf "$BIND/u")
-    ce=0 cerm=0 cecpu=0
-    if [[ $CEPHFS == 1 ]]; then
-        mkdir -p "$CEPHMNT/u"
-        c0=$(ceph_cpu)
-        ce=$(secs tar -xf "$TAR" -C "$CEPHMNT/u" $UNTAR_MEMBER)
-        c1=$(ceph_cpu)
-        cerm=$(secs rm -rf "$CEPHMNT/u")
-        cecpu=$(python3 -c "print(round($c1 - $c0, 1))")
-    fi
     c0=$(cluster_cpu)
     c=$(secs tar -xf "$TAR" -C "$MNT/u" $UNTAR_MEMBER)
     c1=$(cluster_cpu)
     crm=$(secs rm -rf "$MNT/u")
-    echo "$r,$e,$b,$ce,$c,$brm,$cerm,$crm,$cecpu,$(python3 -c "print(round($c1 - $c0, 1))"),$(ratio "$b" "$c"),$(ratio "$ce" "$c")"
+    echo "$r,$e,$b,${CE_UNTAR[r]},$c,$brm,${CE_RM[r]},$crm,${CE_CPU[r]},$(python3 -c "print(round($c1 - $c0, 1))"),$(ratio "$b" "$c"),$(ratio "${CE_UNTAR[r]}" "$c")"
 done
 echo "(ratio: the floor's time over Cairn's — above 1, Cairn is faster; cpu: every process of each cluster, the FUSE client's included)"
 
 echo "## small files: $FILES of 4 KiB at 16 threads"
 echo "round,phase,ext4_per_s,bindfs_per_s,cephfs_per_s,cairn_per_s,ratio_vs_bindfs,ratio_vs_cephfs,cephfs_cpu_us_per_op,cairn_cpu_us_per_op"
-field() { python3 -c "import json,sys; print([json.loads(l) for l in sys.stdin if '\"$1\"' in l][0]['ops_per_s'])"; }
 for r in $(seq 1 "$ROUNDS"); do
     e=$(python3 "$ROOT/scripts/bench-smallfiles.py" "$FLOOR/sf" "$FILES")
     b=$(python3 "$ROOT/scripts/bench-smallfiles.py" "$BIND/sf" "$FILES")
-    ce='{"phase": "create", "ops_per_s": 0}
-{"phase": "stat", "ops_per_s": 0}
-{"phase": "unlink", "ops_per_s": 0}'
-    k0=0 k1=0
-    if [[ $CEPHFS == 1 ]]; then
-        k0=$(ceph_cpu)
-        ce=$(python3 "$ROOT/scripts/bench-smallfiles.py" "$CEPHMNT/sf" "$FILES")
-        k1=$(ceph_cpu)
-    fi
     c0=$(cluster_cpu)
     c=$(python3 "$ROOT/scripts/bench-smallfiles.py" "$MNT/sf" "$FILES")
     c1=$(cluster_cpu)
     for phase in create stat unlink; do
-        ev=$(field "$phase" <<<"$e"); bv=$(field "$phase" <<<"$b"); kv=$(field "$phase" <<<"$ce"); cv=$(field "$phase" <<<"$c")
+        ev=$(field "$phase" <<<"$e"); bv=$(field "$phase" <<<"$b"); kv=$(field "$phase" <<<"${CE_SF[r]}"); cv=$(field "$phase" <<<"$c")
         cpu="" kcpu=""
         if [[ $phase == create ]]; then
             cpu=$(python3 -c "print(round(($c1 - $c0) / (3 * $FILES) * 1e6))")
-            kcpu=$(python3 -c "print(round(($k1 - $k0) / (3 * $FILES) * 1e6))")
+            kcpu=${CE_SFCPU[r]}
         fi
         echo "$r,$phase,$ev,$bv,$kv,$cv,$(ratio "$cv" "$bv"),$(ratio "$cv" "$kv"),$kcpu,$cpu"
     done
 done
-echo "(cpu per op: each cluster's processes over the three phases, divided by 3 × files)"
-ceph_stop
+echo "(cpu per op: each cluster's processes over the three phases, divided by 3 × files; CephFS's rounds ran before Cairn's, alone)"
 
 if (( FIO_ROUNDS > 0 )); then
 echo "## fio on the mount against the cluster's own floors"

@@ -249,7 +249,8 @@ impl Shared {
     }
 
     /// Commits `extents` of the file at the masters (several writes for very many; `then`
-    /// goes with the last).
+    /// goes with each, so the first bytes are never read under older attributes and a time
+    /// set is the file's after the last).
     async fn commit_extents(
         &self,
         path: &str,
@@ -258,17 +259,13 @@ impl Shared {
         extents: &[cairn_rpc::files::Extent],
         then: Option<cairn_rpc::files::SetAttr>,
     ) -> Result<(), MetaError> {
-        let parts = extents.chunks(cairn_rpc::files::MAX_WRITE_EXTENTS).count();
-        for (i, part) in extents
-            .chunks(cairn_rpc::files::MAX_WRITE_EXTENTS)
-            .enumerate()
-        {
+        for part in extents.chunks(cairn_rpc::files::MAX_WRITE_EXTENTS) {
             let op = FileOp::Write {
                 path: path.to_owned(),
                 ino,
                 extents: part.to_vec(),
                 size,
-                then: if i + 1 == parts { then.clone() } else { None },
+                then: then.clone(),
                 now: time_of(SystemTime::now()),
             };
             let commit = self.client.masters().file_op(&op);
