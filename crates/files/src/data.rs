@@ -139,7 +139,12 @@ impl Shared {
     /// A write answered on the kernel's thread, without a task: when the file's lock is
     /// free, its size known and the write leaves it under [`DIRTY_FILE_MAX`] (no flush, no
     /// call). `None`: it needs [`Shared::write`].
-    pub(crate) fn write_now(&self, ino: u64, offset: u64, data: &[u8]) -> Option<Result<(), Errno>> {
+    pub(crate) fn write_now(
+        &self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<Result<(), Errno>> {
         let end = match write_end(offset, data) {
             Ok(end) => end,
             Err(e) => return Some(Err(e)),

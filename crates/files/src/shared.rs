@@ -405,9 +405,7 @@ impl Shared {
                 self.files
                     .lock()
                     .iter()
-                    .filter(|(ino, _)| {
-                        nodes.get(**ino).is_some_and(|n| n.is(parent, &name))
-                    })
+                    .filter(|(ino, _)| nodes.get(**ino).is_some_and(|n| n.is(parent, &name)))
                     .map(|(ino, st)| (*ino, st.clone()))
                     .collect()
             };

@@ -113,7 +113,12 @@ impl Shared {
 
     /// `getxattr(2)` answered from the cache on the kernel's thread (the kernel's question
     /// before each write among them). `None`: not cached; it needs [`Shared::getxattr`].
-    pub(crate) fn getxattr_now(&self, ino: u64, name: &OsStr, size: u32) -> Option<Result<Sized, Errno>> {
+    pub(crate) fn getxattr_now(
+        &self,
+        ino: u64,
+        name: &OsStr,
+        size: u32,
+    ) -> Option<Result<Sized, Errno>> {
         let Some(name) = known(name) else {
             return Some(Err(Errno::ENODATA));
         };

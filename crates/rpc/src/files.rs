@@ -653,7 +653,8 @@ mod tests {
         assert_eq!(back, op);
         assert!(decode::<FileOp>(b"{").is_err());
         // A write without attributes is the bytes older masters logged.
-        let older = br#"{"Write":{"path":"/a","ino":7,"extents":[],"size":1,"now":{"secs":0,"nanos":0}}}"#;
+        let older =
+            br#"{"Write":{"path":"/a","ino":7,"extents":[],"size":1,"now":{"secs":0,"nanos":0}}}"#;
         let FileOp::Write { then, .. } = decode::<FileOp>(older).unwrap() else {
             panic!("a write");
         };

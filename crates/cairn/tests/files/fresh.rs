@@ -100,7 +100,13 @@ os.close(fd)
     after_ttl();
     let seen = fs::metadata(b.path("new")).unwrap();
     assert_eq!(
-        (seen.mode() & 0o7777, seen.uid(), seen.gid(), seen.mtime(), seen.size()),
+        (
+            seen.mode() & 0o7777,
+            seen.uid(),
+            seen.gid(),
+            seen.mtime(),
+            seen.size()
+        ),
         (0o640, 1234, 5678, 1_000_000_000, 10_000),
         "the close committed them with the bytes"
     );
@@ -124,10 +130,14 @@ os.close(fd)
     );
     // A change with nothing written (an empty file): committed at the close alone.
     let f = File::create(a.path("empty")).unwrap();
-    f.set_permissions(fs::Permissions::from_mode(0o604)).unwrap();
+    f.set_permissions(fs::Permissions::from_mode(0o604))
+        .unwrap();
     drop(f);
     after_ttl();
-    assert_eq!(fs::metadata(b.path("empty")).unwrap().mode() & 0o7777, 0o604);
+    assert_eq!(
+        fs::metadata(b.path("empty")).unwrap().mode() & 0o7777,
+        0o604
+    );
     // fsync makes them durable too: a killed mount loses none of them.
     let f = File::create(a.path("synced")).unwrap();
     std::io::Write::write_all(&mut &f, b"synced").unwrap();
