@@ -345,8 +345,9 @@ impl Shared {
         defer_attr(&mut *self.state_now(ino)?, attr)
     }
 
-    /// `getattr` of a new file, which only this mount changes until its bytes are
-    /// committed: answered here. `None`: it needs [`Shared::getattr`].
+    /// `getattr` of a new file whose bytes are not committed yet: answered here, from its
+    /// create's answer and the changes waiting (another mount's change to it meanwhile
+    /// shows after the close). `None`: it needs [`Shared::getattr`].
     pub(crate) fn getattr_now(&self, ino: u64) -> Option<Attr> {
         let st = self.state_now(ino)?;
         let f = st.fresh.as_ref().filter(|_| st.unlinked.is_none())?;
