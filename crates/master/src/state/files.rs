@@ -725,24 +725,14 @@ impl State {
                 if attr.size.is_some() {
                     self.check_inode(entry.id, user, perm::WRITE)?;
                 }
-                let ino = self.linked(entry);
-                if owner_only(attr) && ino.owner != user {
-                    return Err(MetaError::new(
-                        ErrorKind::PermissionDenied,
-                        format!("{path}: only its owner changes its mode or owners"),
-                    ));
-                }
-                Ok(())
+                check_owner(path, attr, &self.linked(entry), user)
             }
             FileOp::Write { path, then, .. } => {
                 let ino = self.linked(self.check_path(path, user, perm::WRITE)?);
-                if then.as_ref().is_some_and(owner_only) && ino.owner != user {
-                    return Err(MetaError::new(
-                        ErrorKind::PermissionDenied,
-                        format!("{path}: only its owner changes its mode or owners"),
-                    ));
+                match then {
+                    Some(then) => check_owner(path, then, &ino, user),
+                    None => Ok(()),
                 }
-                Ok(())
             }
             FileOp::Punch { path, .. } => self.check_path(path, user, perm::WRITE).map(|_| ()),
             // As the kernel checks user.* (write permission on the node); trusted.* and
@@ -772,9 +762,16 @@ impl State {
     }
 }
 
-/// Whether a change of attributes is one only the node's owner makes.
-fn owner_only(attr: &SetAttr) -> bool {
-    attr.mode.is_some() || attr.uid.is_some() || attr.gid.is_some()
+/// Only a node's owner changes its mode or owners.
+fn check_owner(path: &str, attr: &SetAttr, node: &Inode, user: &str) -> Result<(), MetaError> {
+    let owner_only = attr.mode.is_some() || attr.uid.is_some() || attr.gid.is_some();
+    if owner_only && node.owner != user {
+        return Err(MetaError::new(
+            ErrorKind::PermissionDenied,
+            format!("{path}: only its owner changes its mode or owners"),
+        ));
+    }
+    Ok(())
 }
 
 /// A write's attribute change: a `setattr` without a size.
