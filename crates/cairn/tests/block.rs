@@ -525,13 +525,55 @@ async fn fio_verified_writes_survive_a_sigkill_of_the_server() {
             .stderr(std::process::Stdio::piped());
         c
     };
-    let writer = fio(&server.addr, false).spawn().unwrap();
-    // Killed while fio writes (64 MiB take it several seconds).
-    std::thread::sleep(Duration::from_millis(2500));
+    let mut w = fio(&server.addr, false);
+    // fio prints its running totals every second; the server is killed once it has seen
+    // enough writes complete (a fixed sleep killed it before fio's first write on a busy
+    // machine), well before the 16,384 writes of 64 MiB are done.
+    w.arg("--status-interval=1");
+    let mut writer = w.spawn().unwrap();
+    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let said = said.clone();
+        let mut out = writer.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut out, &mut buf) {
+                said.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    let written = |text: &str| -> u64 {
+        let Some(at) = text.rfind("\"write\" : {") else {
+            return 0;
+        };
+        let rest = &text[at..];
+        let Some(t) = rest.find("\"total_ios\" : ") else {
+            return 0;
+        };
+        rest[t + 14..]
+            .split(',')
+            .next()
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while written(&said.lock().unwrap()) < 2000 {
+        assert!(
+            Instant::now() < deadline,
+            "fio completed too few writes in 120 s: {}",
+            said.lock().unwrap()
+        );
+        if writer.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     server.kill();
     let w = writer.wait_with_output().unwrap();
-    let said =
-        String::from_utf8_lossy(&w.stdout).into_owned() + &String::from_utf8_lossy(&w.stderr);
+    reader.join().unwrap();
+    let said = said.lock().unwrap().clone() + &String::from_utf8_lossy(&w.stderr);
     assert!(
         dir.path().join("local-k-0-verify.state").exists(),
         "fio saved no verify state: {said}"
