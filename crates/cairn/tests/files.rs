@@ -8,6 +8,8 @@ mod common;
 mod fresh;
 #[path = "files/links.rs"]
 mod links;
+#[path = "files/lookups.rs"]
+mod lookups;
 #[path = "files/names.rs"]
 mod names;
 #[path = "files/policies.rs"]

@@ -92,6 +92,12 @@ impl Filesystem for CairnFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        // A name not in a directory this mount made a moment ago (listed.rs).
+        if let Ok(n) = crate::shared::name_of(name)
+            && self.shared.listed.lock().absent(parent.0, &n)
+        {
+            return reply.error(Errno::ENOENT);
+        }
         let s = self.shared.clone();
         let name = name.to_owned();
         self.spawn(async move {
@@ -300,14 +306,29 @@ impl Filesystem for CairnFs {
             let r = async {
                 let (from, from_name) = s.child_path(parent.0, &name)?;
                 let (to, to_name) = s.child_path(newparent.0, &newname)?;
-                s.op(&FileOp::Rename {
-                    from,
-                    ino: 0,
-                    to,
-                    flags,
-                    now: time_of(SystemTime::now()),
-                })
-                .await?;
+                let r = s
+                    .op(&FileOp::Rename {
+                        from,
+                        ino: 0,
+                        to,
+                        flags,
+                        now: time_of(SystemTime::now()),
+                    })
+                    .await;
+                {
+                    let mut l = s.listed.lock();
+                    match r {
+                        Ok(_) if !flags.exchange => {
+                            l.renamed(parent.0, &from_name, newparent.0, &to_name);
+                        }
+                        Ok(_) => {}
+                        Err(_) => {
+                            l.forget(parent.0);
+                            l.forget(newparent.0);
+                        }
+                    }
+                }
+                r?;
                 // The node moved: where this mount finds it now (an exchanged one moved too).
                 let mut nodes = s.nodes.lock();
                 let moved = nodes.at(parent.0, &from_name);
@@ -359,7 +380,7 @@ impl Filesystem for CairnFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let s = self.shared.clone();
@@ -383,6 +404,11 @@ impl Filesystem for CairnFs {
                         FopenFlags::empty(),
                     );
                 }
+                // The name appeared after the kernel's lookup found none (another mount made
+                // it, or a listing here missed it): an open without O_EXCL opens it instead.
+                // ESTALE makes the kernel look the name up again (at the masters: a make
+                // answered "exists" dropped the listing) and open what it finds.
+                Err(Errno::EEXIST) if flags & libc::O_EXCL == 0 => reply.error(Errno::ESTALE),
                 Err(e) => reply.error(e),
             }
         });

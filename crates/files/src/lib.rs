@@ -4,6 +4,7 @@
 
 mod data;
 mod fs;
+mod listed;
 pub mod mount;
 mod nodes;
 pub mod segment;
@@ -11,6 +12,7 @@ mod shared;
 mod xattrs;
 
 pub use fs::CairnFs;
+pub use listed::LISTED_FOR;
 pub use mount::{MountError, Options, clear_stale, mount};
 pub use shared::{ATTR_TTL, DIRTY_FILE_MAX, FLUSH_EVERY};
 

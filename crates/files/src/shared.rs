@@ -2,6 +2,7 @@
 //! dirty ranges and extents, and the namespace calls (`data.rs` has reads, writes and
 //! flushes). `fs.rs` turns the kernel's calls into these.
 
+use crate::listed::Listed;
 use crate::nodes::Nodes;
 use crate::segment::GroupWriter;
 use cairn_client::Client;
@@ -153,6 +154,8 @@ pub(crate) struct Shared {
     pub(crate) segments: GroupWriter,
     pub(crate) next_handle: AtomicU64,
     pub(crate) xattr_cache: crate::xattrs::XattrCache,
+    /// Directories this mount made a moment ago, whose names it knows (negative lookups).
+    pub(crate) listed: Mutex<Listed>,
 }
 
 pub(crate) fn errno(e: &MetaError) -> Errno {
@@ -245,6 +248,7 @@ impl Shared {
             dirs: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             xattr_cache: Default::default(),
+            listed: Mutex::new(Listed::default()),
         }
     }
 
@@ -276,6 +280,17 @@ impl Shared {
     /// by it goes on by another name it has, if this mount knows one.
     pub(crate) fn name_gone(&self, parent: u64, name: &str) {
         self.nodes.lock().name_gone(parent, name);
+    }
+
+    /// This mount's call to take `name` out of `parent` ended (`done`: it did) — what the
+    /// directory's listing, if it has one, learns of it.
+    pub(crate) fn gone_from(&self, parent: u64, name: &str, done: bool) {
+        let mut l = self.listed.lock();
+        if done {
+            l.removed(parent, name);
+        } else {
+            l.forget(parent);
+        }
     }
 
     /// The policy of the segments file `ino`'s bytes go to (empty: the default).
@@ -427,13 +442,20 @@ impl Shared {
             None => None,
         };
         let Some((ino, st)) = open else {
-            self.op(&FileOp::Remove {
-                path,
-                ino: 0,
-                dir,
-                now: time_of(SystemTime::now()),
-            })
-            .await?;
+            let child = self.nodes.lock().at(parent, &name);
+            let r = self
+                .op(&FileOp::Remove {
+                    path,
+                    ino: 0,
+                    dir,
+                    now: time_of(SystemTime::now()),
+                })
+                .await;
+            self.gone_from(parent, &name, r.is_ok());
+            if let Some(c) = child.filter(|_| dir) {
+                self.listed.lock().forget(c);
+            }
+            r?;
             self.name_gone(parent, &name);
             return Ok(());
         };
@@ -455,14 +477,17 @@ impl Shared {
             }
         }
         let to = format!("{UNLINKED_DIR}/{ino:016x}-{:016x}", rand::random::<u64>());
-        self.op(&FileOp::Rename {
-            from: path,
-            ino,
-            to: to.clone(),
-            flags: cairn_rpc::files::RenameFlags::default(),
-            now: time_of(SystemTime::now()),
-        })
-        .await?;
+        let r = self
+            .op(&FileOp::Rename {
+                from: path,
+                ino,
+                to: to.clone(),
+                flags: cairn_rpc::files::RenameFlags::default(),
+                now: time_of(SystemTime::now()),
+            })
+            .await;
+        self.gone_from(parent, &name, r.is_ok());
+        r?;
         self.nodes.lock().place(ino, 0, &to);
         st.unlinked = Some(to);
         Ok(())
@@ -545,6 +570,10 @@ impl Shared {
         mode: u16,
     ) -> Result<Attr, Errno> {
         let (path, name) = self.child_path(parent, name)?;
+        // The service's own directories (segments, the unlinked) get names this mount's
+        // calls do not make: never listed.
+        let list =
+            matches!(node, NewNode::Directory) && path != "/.fs" && !path.starts_with("/.fs/");
         let op = FileOp::Make {
             path,
             node,
@@ -553,13 +582,24 @@ impl Shared {
             gid: req.1,
             now: time_of(SystemTime::now()),
         };
-        match self.op(&op).await? {
-            FileReply::Attr(a) => {
+        let sent = Instant::now();
+        match self.op(&op).await {
+            Ok(FileReply::Attr(a)) => {
                 self.remember(parent, &name, &a);
                 self.xattr_cache.none(a.ino);
+                let mut l = self.listed.lock();
+                l.added(parent, &name);
+                if list {
+                    l.made(a.ino, sent);
+                }
                 Ok(a)
             }
-            _ => Err(Errno::EIO),
+            Ok(_) => Err(Errno::EIO),
+            Err(e) => {
+                // "Exists": someone else's name, which the listing did not have.
+                self.listed.lock().forget(parent);
+                Err(e)
+            }
         }
     }
 
@@ -573,7 +613,12 @@ impl Shared {
             to,
             now: time_of(SystemTime::now()),
         };
-        match self.op(&op).await? {
+        let r = self.op(&op).await;
+        match r {
+            Ok(_) => self.listed.lock().added(parent, &name),
+            Err(_) => self.listed.lock().forget(parent),
+        }
+        match r? {
             FileReply::Attr(a) => {
                 self.remember(parent, &name, &a);
                 Ok(self.local(a).await)
