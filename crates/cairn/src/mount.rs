@@ -13,6 +13,10 @@ pub struct MountArgs {
     /// owners and bits); the default when run as root.
     #[arg(long)]
     allow_other: bool,
+    /// Remove the files of `/.fs/unlinked` (unlinked while open) that no mount kept fresh
+    /// for this many seconds: those of mounts that died before closing them.
+    #[arg(long, default_value_t = cairn_files::UNLINKED_STALE.as_secs(), value_parser = clap::value_parser!(u64).range(4..))]
+    unlinked_stale_secs: u64,
 }
 
 /// Mounts and serves until Ctrl-C, SIGTERM or an unmount (`fusermount3 -u DIR`, `umount
@@ -29,6 +33,7 @@ pub fn run(a: MountArgs) -> anyhow::Result<()> {
         let root = unsafe { libc::geteuid() } == 0;
         let opts = cairn_files::Options {
             allow_other: a.allow_other || root,
+            unlinked_stale: std::time::Duration::from_secs(a.unlinked_stale_secs),
         };
         let stop = async {
             let mut term =

@@ -14,6 +14,8 @@ mod lookups;
 mod names;
 #[path = "files/policies.rs"]
 mod policies;
+#[path = "files/unlinked.rs"]
+mod unlinked;
 
 use common::{Cluster, bytes, cairn};
 use std::fs::{self, File, OpenOptions};
@@ -40,10 +42,16 @@ fn mounted(dir: &Path) -> bool {
 
 impl Mount {
     fn start(masters: &[String], dir: &Path) -> Self {
+        Self::start_with(masters, dir, &[])
+    }
+
+    /// A mount with `extra` arguments to `cairn mount`.
+    fn start_with(masters: &[String], dir: &Path, extra: &[&str]) -> Self {
         // Made the first time; a dead mount's directory is there (and does not stat).
         let _ = fs::create_dir(dir);
         let child = cairn()
             .args(["mount", "--cluster", &masters.join(",")])
+            .args(extra)
             .arg(dir)
             .env("CAIRN_LOG", "warn,fuser=error")
             .spawn()

@@ -9,12 +9,14 @@ pub mod mount;
 mod nodes;
 pub mod segment;
 mod shared;
+mod unlinked;
 mod xattrs;
 
 pub use fs::CairnFs;
 pub use listed::LISTED_FOR;
 pub use mount::{MountError, Options, clear_stale, mount};
 pub use shared::{ATTR_TTL, DIRTY_FILE_MAX, FLUSH_EVERY};
+pub use unlinked::UNLINKED_STALE;
 
 /// How often a wait on the data path that has not ended says so.
 const SLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(20);

@@ -29,6 +29,8 @@ pub struct Options {
     /// Other local users may use the mount (the kernel checks each one's permissions on the
     /// nodes' POSIX owners and bits).
     pub allow_other: bool,
+    /// Entries of `/.fs/unlinked` no mount kept fresh for this long are removed (unlinked.rs).
+    pub unlinked_stale: Duration,
 }
 
 /// Whether a mount whose process died is at `dir` (its directory answers "transport endpoint
@@ -132,6 +134,22 @@ pub async fn mount(
             }
         })
     };
+    let sweeper = {
+        let (shared, stale) = (shared.clone(), opts.unlinked_stale);
+        tokio::spawn(async move {
+            let (touch, sweep) = (crate::unlinked::touch_every(stale), stale / 2);
+            let mut swept = tokio::time::Instant::now();
+            shared.sweep_unlinked(stale).await;
+            loop {
+                tokio::time::sleep(touch).await;
+                shared.touch_unlinked().await;
+                if swept.elapsed() >= sweep {
+                    swept = tokio::time::Instant::now();
+                    shared.sweep_unlinked(stale).await;
+                }
+            }
+        })
+    };
     tracing::info!(dir = %dir.display(), "mounted");
     tokio::select! {
         () = stop => {
@@ -145,6 +163,7 @@ pub async fn mount(
         _ = &mut done_rx => {}
     }
     flusher.abort();
+    sweeper.abort();
     let r = tokio::task::spawn_blocking(move || runner.join())
         .await
         .map_err(|e| io(std::io::Error::other(e.to_string())))?;
