@@ -54,8 +54,16 @@ impl Shared {
                 },
                 now,
             };
-            if let Err(e) = self.op(&op).await {
-                tracing::warn!(%path, errno = e.code(), "could not keep an unlinked open file fresh");
+            match self.op(&op).await {
+                Ok(_) => {}
+                // Another user's file, opened for reading: its times are not this user's
+                // to set (docs/files.md "Unlinked while open").
+                Err(Errno::EPERM | Errno::EACCES) => {
+                    tracing::debug!(%path, "may not keep an unlinked open file fresh");
+                }
+                Err(e) => {
+                    tracing::warn!(%path, errno = e.code(), "could not keep an unlinked open file fresh");
+                }
             }
         }
     }
