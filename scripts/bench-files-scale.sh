@@ -37,7 +37,7 @@ cd "$WORK"
 "$CAIRN" up --disk-size ${DISK_SIZE:-4g} --no-s3 --no-nbd --mount "$MNT" >"$WORK/up.log" 2>&1 &
 UP_PID=$!
 wait_for_mount "$MNT" "$WORK/up.log"
-master_pid() { for p in $(pgrep -P "$UP_PID"); do tr '\0' ' ' <"/proc/$p/cmdline" | grep -q '^[^ ]* master ' && echo "$p"; done | head -1; }
+master_pid() { master_pids | head -1; }
 rss_mib() { awk '/^VmRSS:/ {print $2 / 1024}' "/proc/$(master_pid)/status"; }
 du_mib() { du -sm "$WORK"/cairn-data/master-* | awk '{s += $1} END {print s}'; }
 echo "machine: $(nproc) cores, $(uname -r); cairn: $("$CAIRN" --version 2>/dev/null || echo "$CAIRN")"

@@ -20,12 +20,19 @@ cluster_cpu() { # seconds of CPU of the children of $UP_PID
     python3 -c "print($t / $TICK)"
 }
 
-master_cpu() { # seconds of CPU of the `cairn master` children of $UP_PID
-    local t=0
+master_pids() { # the `cairn master` children of $UP_PID, one a line
+    local p
     for p in $(pgrep -P "$UP_PID"); do
         if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q '^[^ ]* master '; then
-            t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+            echo "$p"
         fi
+    done
+}
+
+master_cpu() { # seconds of CPU of the `cairn master` children of $UP_PID
+    local t=0 p
+    for p in $(master_pids); do
+        t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
     done
     python3 -c "print($t / $TICK)"
 }
