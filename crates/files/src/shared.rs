@@ -442,7 +442,8 @@ impl Shared {
             None => None,
         };
         let Some((ino, st)) = open else {
-            let child = self.nodes.lock().at(parent, &name);
+            // A directory removed takes its listing with it.
+            let child = dir.then(|| self.nodes.lock().at(parent, &name)).flatten();
             let r = self
                 .op(&FileOp::Remove {
                     path,
@@ -452,7 +453,7 @@ impl Shared {
                 })
                 .await;
             self.gone_from(parent, &name, r.is_ok());
-            if let Some(c) = child.filter(|_| dir) {
+            if let Some(c) = child {
                 self.listed.lock().forget(c);
             }
             r?;
