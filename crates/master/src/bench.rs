@@ -164,6 +164,171 @@ pub async fn objects(
     last.ok_or_else(|| io::Error::other("no objects"))
 }
 
+/// What the `i`th file of [`files`]'s tree is named: 20 files a directory, 20 directories
+/// a level, three levels (a source tree's shape: `/t/a0/b3/c17/f05-…`).
+fn file_path(i: u64) -> (String, String) {
+    let dir = format!("/t/a{}/b{}/c{}", i / 8000, (i / 400) % 20, (i / 20) % 20);
+    let name = format!("f{:02}-{:016x}.c", i % 20, i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    (dir.clone(), format!("{dir}/{name}"))
+}
+
+/// What one phase of [`files`] cost: `ops` commands in `seconds` (and CPU seconds) from the
+/// phase's start.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FileStep {
+    pub phase: &'static str,
+    pub files: u64,
+    pub ops: u64,
+    pub seconds: f64,
+    pub cpu_seconds: f64,
+    pub rss_bytes: u64,
+    pub data_bytes: u64,
+}
+
+/// What an untar then a `rm -rf` of `n` small files cost the state machine alone, as a
+/// mount makes them: per file a `Make` and a `Write` of one extent carrying its
+/// `chmod`/`utimens` (`then`); directories made as the tree reaches them; then each file
+/// removed, in the order made. `batch` commands a transaction (1: a serial
+/// workload's, one Raft write at a time), a snapshot every [`SNAPSHOT_EVERY`]; `step` is
+/// called ten times a phase.
+pub async fn files(
+    dir: &Path,
+    n: u64,
+    cache: usize,
+    store_cache: usize,
+    batch: u64,
+    mut step: impl FnMut(&FileStep),
+) -> io::Result<()> {
+    use cairn_rpc::files::{Extent as FileExtent, FileOp, NewNode, SetAttr, Time};
+    let db = open_db_with(&dir.join("master.redb"), store_cache)?;
+    let mut sm = StateMachine::open(db, dir, cache)?;
+    let batch = batch.max(1);
+    let mut index = 0u64;
+    let mut pending = 0u64;
+    let now = Time::from_ms(1_764_000_000_000);
+    let mut apply = async |sm: &mut StateMachine, op: FileOp| -> io::Result<Option<u64>> {
+        let reply = {
+            let mut a = sm.inner.lock();
+            let r = a
+                .state
+                .apply(&Command::Files(Box::new(op)))
+                .map_err(|e| io::Error::other(format!("{e:?}")))?;
+            index += 1;
+            a.last_applied = Some(openraft::testing::log_id::<TypeConfig>(1, 1, index));
+            r
+        };
+        pending += 1;
+        if pending == batch {
+            commit_batch(&sm.store, &mut sm.inner.lock(), Durability::None)?;
+            pending = 0;
+        }
+        if index % SNAPSHOT_EVERY == 0 {
+            sm.build_snapshot().await?;
+        }
+        Ok(match reply.file {
+            Some(cairn_rpc::files::FileReply::Attr(a)) => Some(a.ino),
+            _ => None,
+        })
+    };
+    let mkdir = |path: String| FileOp::Make {
+        path,
+        node: NewNode::Directory,
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        now,
+    };
+    let mut made = std::collections::HashSet::new();
+    let mut inos = Vec::with_capacity(n as usize);
+    apply(&mut sm, mkdir("/t".into())).await?;
+    let every = (n / 10).max(1);
+    let (mut t0, mut cpu0, mut ops) = (Instant::now(), cpu_seconds(), 0u64);
+    let mut report = |phase, files, ops, t0: Instant, cpu0: f64| {
+        step(&FileStep {
+            phase,
+            files,
+            ops,
+            seconds: t0.elapsed().as_secs_f64(),
+            cpu_seconds: cpu_seconds() - cpu0,
+            rss_bytes: rss_bytes(),
+            data_bytes: du(dir),
+        })
+    };
+    for i in 0..n {
+        let (d, path) = file_path(i);
+        let mut at = String::new();
+        for part in d.split('/').skip(2) {
+            at = format!("{at}/{part}");
+            let full = format!("/t{at}");
+            if made.insert(full.clone()) {
+                apply(&mut sm, mkdir(full)).await?;
+                ops += 1;
+            }
+        }
+        let ino = apply(
+            &mut sm,
+            FileOp::Make {
+                path: path.clone(),
+                node: NewNode::Regular,
+                mode: 0o600,
+                uid: 0,
+                gid: 0,
+                now,
+            },
+        )
+        .await?
+        .ok_or_else(|| io::Error::other("a make answered no attributes"))?;
+        apply(
+            &mut sm,
+            FileOp::Write {
+                path,
+                ino,
+                extents: vec![FileExtent {
+                    offset: 0,
+                    len: 4096,
+                    seg: 1 + i / 1000,
+                    seg_offset: (i % 1000) * 4096,
+                }],
+                size: 4096,
+                then: Some(SetAttr {
+                    mode: Some(0o644),
+                    mtime: Some(now),
+                    atime: Some(now),
+                    ..SetAttr::default()
+                }),
+                now,
+            },
+        )
+        .await?;
+        inos.push(ino);
+        ops += 2;
+        if (i + 1) % every == 0 || i + 1 == n {
+            report("create", i + 1, ops, t0, cpu0);
+        }
+    }
+    commit_batch(&sm.store, &mut sm.inner.lock(), Durability::Immediate)?;
+    (t0, cpu0, ops) = (Instant::now(), cpu_seconds(), 0);
+    for (i, ino) in inos.iter().enumerate() {
+        let i = i as u64;
+        apply(
+            &mut sm,
+            FileOp::Remove {
+                path: file_path(i).1,
+                ino: *ino,
+                dir: false,
+                now,
+            },
+        )
+        .await?;
+        ops += 1;
+        if (i + 1) % every == 0 || i + 1 == n {
+            report("remove", i + 1, ops, t0, cpu0);
+        }
+    }
+    commit_batch(&sm.store, &mut sm.inner.lock(), Durability::Immediate)?;
+    Ok(())
+}
+
 /// The floor: the same keys and encoded records inserted into one redb table of a new
 /// database in `dir`, in the same transactions (a durable commit every [`SNAPSHOT_EVERY`]
 /// and at the end).

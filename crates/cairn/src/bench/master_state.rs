@@ -24,6 +24,15 @@ pub struct Args {
     /// Skip the floor.
     #[arg(long)]
     no_floor: bool,
+    /// Instead of S3 objects: this many small files made (a make and a write each, in a
+    /// tree of 20-entry directories) then removed, as a mount's untar and `rm -rf` send
+    /// them; prints each tenth's cost, to show whether a file costs more as the state grows.
+    #[arg(long)]
+    files: Option<u64>,
+    /// Commands applied a transaction with --files (1: one Raft write at a time, as a
+    /// serial workload such as tar applies them).
+    #[arg(long, default_value_t = 1)]
+    batch: u64,
 }
 
 #[derive(Serialize)]
@@ -51,6 +60,36 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    if let Some(n) = a.files {
+        anyhow::ensure!(n > 0, "--files must be at least 1");
+        let scratch = Scratch::new(&a.dir, "files")?;
+        let mut last: Option<cairn_master::bench::FileStep> = None;
+        rt.block_on(cairn_master::bench::files(
+            scratch.path(),
+            n,
+            a.state_cache_mib << 20,
+            a.store_cache_mib << 20,
+            a.batch,
+            |s| {
+                // Each tenth's own cost: the step's work less the step before's.
+                let (ops0, cpu0, t0) = match &last {
+                    Some(l) if l.phase == s.phase => (l.ops, l.cpu_seconds, l.seconds),
+                    _ => (0, 0.0, 0.0),
+                };
+                let ops = (s.ops - ops0).max(1) as f64;
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "step": s,
+                        "us_per_op": (s.seconds - t0) * 1e6 / ops,
+                        "cpu_us_per_op": (s.cpu_seconds - cpu0) * 1e6 / ops,
+                    })
+                );
+                last = Some(s.clone());
+            },
+        ))?;
+        return Ok(());
+    }
     let scratch = Scratch::new(&a.dir, "state")?;
     let rss0 = cairn_master::bench::rss_bytes();
     let last = rt.block_on(cairn_master::bench::objects(
