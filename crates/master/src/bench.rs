@@ -10,7 +10,7 @@
 
 use crate::kv::codec::{Key, encode_record};
 use crate::state::Command;
-use crate::store::{StateMachine, TypeConfig, commit_batch, open_db_with};
+use crate::store::{StateMachine, TypeConfig, commit_batch, end_batch, open_db_with};
 use cairn_rpc::object::{Extent, ObjectMeta, ObjectOp};
 use openraft::storage::RaftSnapshotBuilder;
 use redb::{Durability, TableDefinition};
@@ -168,7 +168,11 @@ pub async fn objects(
 /// a level, three levels (a source tree's shape: `/t/a0/b3/c17/f05-…`).
 fn file_path(i: u64) -> (String, String) {
     let dir = format!("/t/a{}/b{}/c{}", i / 8000, (i / 400) % 20, (i / 20) % 20);
-    let name = format!("f{:02}-{:016x}.c", i % 20, i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let name = format!(
+        "f{:02}-{:016x}.c",
+        i % 20,
+        i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    );
     (dir.clone(), format!("{dir}/{name}"))
 }
 
@@ -188,15 +192,18 @@ pub struct FileStep {
 /// What an untar then a `rm -rf` of `n` small files cost the state machine alone, as a
 /// mount makes them: per file a `Make` and a `Write` of one extent carrying its
 /// `chmod`/`utimens` (`then`); directories made as the tree reaches them; then each file
-/// removed, in the order made. `batch` commands a transaction (1: a serial
-/// workload's, one Raft write at a time), a snapshot every [`SNAPSHOT_EVERY`]; `step` is
-/// called ten times a phase.
+/// removed, in the order made. `batch` commands applied at a time (1: a serial workload's,
+/// one Raft write at a time), committed once `commit_every` wait
+/// ([`crate::store::COMMIT_EVERY`] in a master), a snapshot every [`SNAPSHOT_EVERY`];
+/// `step` is called ten times a phase.
+#[allow(clippy::too_many_arguments)]
 pub async fn files(
     dir: &Path,
     n: u64,
     cache: usize,
     store_cache: usize,
     batch: u64,
+    commit_every: u64,
     mut step: impl FnMut(&FileStep),
 ) -> io::Result<()> {
     use cairn_rpc::files::{Extent as FileExtent, FileOp, NewNode, SetAttr, Time};
@@ -215,11 +222,12 @@ pub async fn files(
                 .map_err(|e| io::Error::other(format!("{e:?}")))?;
             index += 1;
             a.last_applied = Some(openraft::testing::log_id::<TypeConfig>(1, 1, index));
+            a.uncommitted += 1;
             r
         };
         pending += 1;
         if pending == batch {
-            commit_batch(&sm.store, &mut sm.inner.lock(), Durability::None)?;
+            end_batch(&sm.store, &mut sm.inner.lock(), commit_every)?;
             pending = 0;
         }
         if index % SNAPSHOT_EVERY == 0 {

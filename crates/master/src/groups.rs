@@ -166,6 +166,10 @@ impl Hosted {
     /// would refuse it).
     pub async fn shutdown(self: Arc<Self>, until: Instant) {
         let _ = self.raft.shutdown().await;
+        if let Err(e) = self.machine.commit_all() {
+            // Nothing is lost: the next start applies the log's tail again.
+            tracing::warn!(partition = self.id, "commit at stop: {e}");
+        }
         let (db, log) = (Arc::downgrade(&self.db), self.log.clone());
         // Nothing else holds the node or the store once it is shut down.
         drop(self);

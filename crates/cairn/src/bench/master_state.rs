@@ -33,6 +33,11 @@ pub struct Args {
     /// serial workload such as tar applies them).
     #[arg(long, default_value_t = 1)]
     batch: u64,
+    /// With --files: commit the store once this many commands wait (a master's:
+    /// cairn_master::store::COMMIT_EVERY; 1: after every batch, as masters before session
+    /// 55 did).
+    #[arg(long, default_value_t = cairn_master::store::COMMIT_EVERY)]
+    commit_every: u64,
 }
 
 #[derive(Serialize)]
@@ -70,6 +75,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.state_cache_mib << 20,
             a.store_cache_mib << 20,
             a.batch,
+            a.commit_every.max(1),
             |s| {
                 // Each tenth's own cost: the step's work less the step before's.
                 let (ops0, cpu0, t0) = match &last {
