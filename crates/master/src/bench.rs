@@ -77,13 +77,7 @@ pub async fn objects(
     let mut sm = StateMachine::open(db, dir, cache)?;
     let mut index = 0;
     let apply = |sm: &StateMachine, index: &mut u64, c: Command| -> io::Result<()> {
-        let mut a = sm.inner.lock();
-        a.state
-            .apply(&c)
-            .map_err(|e| io::Error::other(format!("{e:?}")))?;
-        *index += 1;
-        a.last_applied = Some(openraft::testing::log_id::<TypeConfig>(1, 1, *index));
-        Ok(())
+        apply_entry(sm, index, &c).map(drop)
     };
     apply(
         &sm,
@@ -164,6 +158,20 @@ pub async fn objects(
     last.ok_or_else(|| io::Error::other("no objects"))
 }
 
+/// Applies `c` as the log entry after `index` (which it advances), as the state machine's
+/// `apply` does, leaving it uncommitted.
+fn apply_entry(sm: &StateMachine, index: &mut u64, c: &Command) -> io::Result<crate::state::Reply> {
+    let mut a = sm.inner.lock();
+    let r = a
+        .state
+        .apply(c)
+        .map_err(|e| io::Error::other(format!("{e:?}")))?;
+    *index += 1;
+    a.last_applied = Some(openraft::testing::log_id::<TypeConfig>(1, 1, *index));
+    a.uncommitted += 1;
+    Ok(r)
+}
+
 /// What the `i`th file of [`files`]'s tree is named: 20 files a directory, 20 directories
 /// a level, three levels (a source tree's shape: `/t/a0/b3/c17/f05-…`).
 fn file_path(i: u64) -> (String, String) {
@@ -173,7 +181,8 @@ fn file_path(i: u64) -> (String, String) {
         i % 20,
         i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
     );
-    (dir.clone(), format!("{dir}/{name}"))
+    let path = format!("{dir}/{name}");
+    (dir, path)
 }
 
 /// What one phase of [`files`] cost: `ops` commands in `seconds` (and CPU seconds) from the
@@ -214,23 +223,13 @@ pub async fn files(
     let mut pending = 0u64;
     let now = Time::from_ms(1_764_000_000_000);
     let mut apply = async |sm: &mut StateMachine, op: FileOp| -> io::Result<Option<u64>> {
-        let reply = {
-            let mut a = sm.inner.lock();
-            let r = a
-                .state
-                .apply(&Command::Files(Box::new(op)))
-                .map_err(|e| io::Error::other(format!("{e:?}")))?;
-            index += 1;
-            a.last_applied = Some(openraft::testing::log_id::<TypeConfig>(1, 1, index));
-            a.uncommitted += 1;
-            r
-        };
+        let reply = apply_entry(sm, &mut index, &Command::Files(Box::new(op)))?;
         pending += 1;
         if pending == batch {
             end_batch(&sm.store, &mut sm.inner.lock(), commit_every)?;
             pending = 0;
         }
-        if index % SNAPSHOT_EVERY == 0 {
+        if index.is_multiple_of(SNAPSHOT_EVERY) {
             sm.build_snapshot().await?;
         }
         Ok(match reply.file {
@@ -329,7 +328,7 @@ pub async fn files(
         )
         .await?;
         ops += 1;
-        if (i + 1) % every == 0 || i + 1 == n {
+        if (i + 1).is_multiple_of(every) || i + 1 == n {
             report("remove", i + 1, ops, t0, cpu0);
         }
     }

@@ -29,8 +29,8 @@ pub struct Args {
     /// them; prints each tenth's cost, to show whether a file costs more as the state grows.
     #[arg(long)]
     files: Option<u64>,
-    /// Commands applied a transaction with --files (1: one Raft write at a time, as a
-    /// serial workload such as tar applies them).
+    /// Commands applied at a time with --files (1: one Raft write at a time, as a serial
+    /// workload such as tar hands them to the state machine).
     #[arg(long, default_value_t = 1)]
     batch: u64,
     /// With --files: commit the store once this many commands wait (a master's:
