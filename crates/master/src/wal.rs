@@ -634,14 +634,18 @@ mod tests {
             assert!(log.flusher.waiting.lock().is_empty());
         }
         let mut log = LogStore::open(dir.path(), &db, Duration::ZERO).unwrap();
-        let got: Vec<_> = log
-            .try_get_log_entries(0..10)
+        let want: Vec<_> = (0..3).map(|i| log_id(1, i)).collect();
+        assert_eq!(ids(&mut log).await, want);
+    }
+
+    /// The ids of the entries the log holds.
+    async fn ids(log: &mut LogStore) -> Vec<LogIdOf<TypeConfig>> {
+        log.try_get_log_entries(0..100)
             .await
             .unwrap()
             .into_iter()
             .map(|e| e.log_id)
-            .collect();
-        assert_eq!(got, (0..3).map(|i| log_id(1, i)).collect::<Vec<_>>());
+            .collect()
     }
 
     /// The log holds exactly `ids` after `purged`, and `vote`.
@@ -654,14 +658,7 @@ mod tests {
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_purged_log_id, Some(purged));
         assert_eq!(state.last_log_id, ids.last().copied());
-        let got: Vec<_> = log
-            .try_get_log_entries(0..100)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|e| e.log_id)
-            .collect();
-        assert_eq!(got, ids);
+        assert_eq!(self::ids(log).await, ids);
         assert_eq!(log.read_vote().await.unwrap(), Some(vote));
     }
 
