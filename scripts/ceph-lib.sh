@@ -119,6 +119,8 @@ ceph_stop() {
         fusermount3 -u "$CEPH_MNT" 2>/dev/null || umount -l "$CEPH_MNT" 2>/dev/null || true
         CEPH_MNT=
     fi
+    # The client outlives its unmount (it waits for the monitors stopped below).
+    [[ -n $CEPH_DIR ]] && pkill -f "ceph-fuse -c $CEPH_DIR/" 2>/dev/null || true
     local p
     for p in "${CEPH_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     sleep 1
