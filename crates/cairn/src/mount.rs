@@ -17,6 +17,12 @@ pub struct MountArgs {
     /// for this many seconds: those of mounts that died before closing them.
     #[arg(long, default_value_t = cairn_files::UNLINKED_STALE.as_secs(), value_parser = clap::value_parser!(u64).range(4..))]
     unlinked_stale_secs: u64,
+    /// Make every close wait until the file's bytes are committed, as for files made before
+    /// the mount: by default the close of a file made here a moment ago answers at once and
+    /// its flush follows (other mounts still see it whole after the close; a crash of this
+    /// mount may lose it, as an unsynced write).
+    #[arg(long)]
+    sync_close: bool,
 }
 
 /// Mounts and serves until Ctrl-C, SIGTERM or an unmount (`fusermount3 -u DIR`, `umount
@@ -34,6 +40,7 @@ pub fn run(a: MountArgs) -> anyhow::Result<()> {
         let opts = cairn_files::Options {
             allow_other: a.allow_other || root,
             unlinked_stale: std::time::Duration::from_secs(a.unlinked_stale_secs),
+            sync_close: a.sync_close,
         };
         let stop = async {
             let mut term =

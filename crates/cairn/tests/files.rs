@@ -1,6 +1,8 @@
 //! The file service through the kernel (issue 40, docs/files.md): `cairn mount` processes
 //! serving real FUSE mounts, driven with std::fs and libc calls as any program would.
 
+#[path = "files/behind.rs"]
+mod behind;
 #[path = "files/collect.rs"]
 mod collect;
 mod common;
@@ -77,6 +79,19 @@ impl Mount {
         // SAFETY: a signal to our own child.
         unsafe { libc::kill(c.id() as libc::pid_t, sig) };
         c.wait().unwrap()
+    }
+
+    /// SIGSTOP: the mount answers nothing until [`Mount::resume`].
+    fn pause(&mut self) {
+        let c = self.child.as_ref().expect("running");
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGSTOP) };
+    }
+
+    fn resume(&mut self) {
+        let c = self.child.as_ref().expect("running");
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGCONT) };
     }
 
     /// Ctrl-C: flushes, unmounts, exits 0.

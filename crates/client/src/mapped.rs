@@ -7,14 +7,30 @@ use cairn_rpc::files::{Data, FileQuery, FileReply, segment_path};
 impl Client {
     /// Where the file at `path` keeps its bytes, and its size.
     ///
+    /// A file a mount closed a moment ago and still commits (docs/files.md "A close that
+    /// does not wait") is asked for again until the mount's hold ends.
+    ///
     /// # Errors
     /// As the masters' `FileRead`.
     pub async fn file_map(&self, path: &str) -> Result<(Data, u64)> {
         let q = FileQuery::Map {
             path: path.to_owned(),
             ino: 0,
+            mount: String::new(),
         };
-        match self.masters().file_query(&q).await? {
+        let started = std::time::Instant::now();
+        let reply = loop {
+            match self.masters().file_query(&q).await {
+                Err(e)
+                    if e.kind == cairn_rpc::ErrorKind::LeaseHeld
+                        && started.elapsed() < std::time::Duration::from_secs(120) =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                r => break r?,
+            }
+        };
+        match reply {
             FileReply::Map { attr, data, .. } => Ok((data, attr.size)),
             other => Err(Error::Meta(cairn_rpc::MetaError::internal(format!(
                 "a map answered with {other:?}"

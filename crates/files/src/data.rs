@@ -3,7 +3,7 @@
 //! then their extents committed at the masters (docs/files.md "Writes, flushes").
 
 use crate::shared::{DIRTY_FILE_MAX, FileState, Shared, client_errno, errno, time_of};
-use cairn_rpc::files::{Data, FileOp, FileQuery, FileReply};
+use cairn_rpc::files::{Data, FileOp, FileReply};
 use cairn_rpc::{ErrorKind, MetaError};
 use fuser::Errno;
 use std::collections::{BTreeMap, BTreeSet};
@@ -78,7 +78,7 @@ impl Shared {
             return Ok(m.clone());
         }
         let path = self.path(ino)?;
-        match self.query(&FileQuery::Map { path, ino }).await? {
+        match self.query(&self.map_query(path, ino)).await? {
             FileReply::Map { attr, data, .. } => {
                 if st.size.is_none() {
                     st.size = Some(attr.size);
@@ -243,23 +243,23 @@ impl Shared {
         Ok(())
     }
 
-    /// A new file's attribute changes that wait while it has no dirty bytes (a `chmod`
-    /// after a flush that found nothing to write): committed alone.
+    /// A new file's first commit when it has no dirty bytes (a `touch`; a `chmod` after a
+    /// flush that found nothing to write): no bytes, the attribute changes that wait, and
+    /// the end of the masters' hold (`FileOp::Write` with no extents).
     async fn flush_attrs(&self, ino: u64, st: &mut FileState) -> Result<(), Errno> {
-        let Some(f) = st.fresh.as_mut().filter(|f| f.waiting()) else {
+        let Some(f) = st.fresh.as_ref() else {
             return Ok(());
         };
-        let op = FileOp::SetAttr {
+        let op = FileOp::Write {
             path: self.path(ino)?,
             ino,
-            attr: f.changes.clone(),
+            extents: Vec::new(),
+            size: st.size.unwrap_or(0),
+            then: f.waiting().then(|| f.changes.clone()),
             now: time_of(SystemTime::now()),
         };
-        if let FileReply::Attr(a) = self.op(&op).await? {
-            f.attr = a;
-        }
-        f.changes = Default::default();
-        f.ctime = None;
+        self.op(&op).await?;
+        st.fresh = None;
         st.dirty_since = None;
         Ok(())
     }

@@ -54,10 +54,11 @@ fn file_attr(a: &Attr) -> FileAttr {
 }
 
 impl CairnFs {
-    pub fn new(rt: tokio::runtime::Handle, client: Client) -> Self {
+    /// `sync_close`: every close waits for its commit (none answers before its flush).
+    pub fn new(rt: tokio::runtime::Handle, client: Client, sync_close: bool) -> Self {
         Self {
             rt,
-            shared: Arc::new(Shared::new(client)),
+            shared: Arc::new(Shared::new(client, sync_close)),
         }
     }
 
@@ -103,7 +104,12 @@ impl Filesystem for CairnFs {
         self.spawn(async move {
             let r = async {
                 let (path, name) = s.child_path(parent.0, &name)?;
-                match s.query(&FileQuery::Lookup { path }).await? {
+                // A close's flush in flight first: the masters answer what it committed.
+                let known = s.nodes.lock().at(parent.0, &name);
+                if let Some(ino) = known {
+                    s.flushed(ino).await;
+                }
+                match s.query(&s.lookup_query(path)).await? {
                     FileReply::Attr(a) => {
                         s.remember(parent.0, &name, &a);
                         Ok(s.local(a).await)
@@ -185,7 +191,7 @@ impl Filesystem for CairnFs {
         self.spawn(async move {
             let r = async {
                 let path = s.path(ino.0)?;
-                match s.query(&FileQuery::Map { path, ino: ino.0 }).await? {
+                match s.query(&s.map_query(path, ino.0)).await? {
                     FileReply::Map {
                         target: Some(t), ..
                     } => Ok(t),
@@ -306,6 +312,9 @@ impl Filesystem for CairnFs {
             let r = async {
                 let (from, from_name) = s.child_path(parent.0, &name)?;
                 let (to, to_name) = s.child_path(newparent.0, &newname)?;
+                // Its bytes before its new name (and the replaced file's before it goes).
+                s.settle_name(parent.0, &from_name).await?;
+                s.settle_name(newparent.0, &to_name).await?;
                 let r = s
                     .op(&FileOp::Rename {
                         from,
@@ -387,14 +396,18 @@ impl Filesystem for CairnFs {
         let (name, ids) = (name.to_owned(), req_ids(req));
         let perm = (mode & !umask & 0o7777) as u16;
         self.spawn(async move {
-            match s.make(ids, parent.0, &name, NewNode::Regular, perm).await {
+            let sent = std::time::Instant::now();
+            match s.make(ids, parent.0, &name, NewNode::Regular, perm, true).await {
                 Ok(a) => {
                     let st = s.state(a.ino);
                     let mut st = st.lock().await;
                     st.opens += 1;
                     st.size = Some(0);
                     st.map = Some(Data::Extents(Vec::new()));
-                    st.fresh = Some(crate::shared::Fresh::new(a.clone()));
+                    st.fresh = Some(crate::shared::Fresh::new(a.clone(), sent));
+                    // Its first commit ends the masters' hold: the background flush makes
+                    // it if no close or write does.
+                    st.dirty_since = Some(sent);
                     let fh = s.next_handle.fetch_add(1, Ordering::Relaxed);
                     reply.created(
                         &ATTR_TTL,
@@ -469,6 +482,13 @@ impl Filesystem for CairnFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        // A file made a moment ago: the close answers now, its flush follows (docs/files.md
+        // "A close that does not wait").
+        if let Some(permit) = self.shared.close_behind(ino.0) {
+            let s = self.shared.clone();
+            self.spawn(async move { s.flush_behind(ino.0, permit).await });
+            return reply.ok();
+        }
         self.flush_reply(ino, reply);
     }
 
@@ -687,7 +707,7 @@ impl CairnFs {
         let s = self.shared.clone();
         let (name, ids) = (name.to_owned(), req_ids(req));
         self.spawn(async move {
-            match s.make(ids, parent.0, &name, node, perm).await {
+            match s.make(ids, parent.0, &name, node, perm, false).await {
                 Ok(a) => reply.entry(&ATTR_TTL, &file_attr(&a), Generation(0)),
                 Err(e) => reply.error(e),
             }

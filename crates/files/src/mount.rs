@@ -31,6 +31,9 @@ pub struct Options {
     pub allow_other: bool,
     /// Entries of `/.fs/unlinked` no mount kept fresh for this long are removed (unlinked.rs).
     pub unlinked_stale: Duration,
+    /// Every close waits for its file's commit, a new file's too (docs/files.md "A close
+    /// that does not wait").
+    pub sync_close: bool,
 }
 
 /// Whether a mount whose process died is at `dir` (its directory answers "transport endpoint
@@ -96,7 +99,7 @@ pub async fn mount(
     if clear_stale(dir)? {
         tracing::warn!(dir = %dir.display(), "a mount whose process died was here; unmounted it");
     }
-    let fs = CairnFs::new(tokio::runtime::Handle::current(), client);
+    let fs = CairnFs::new(tokio::runtime::Handle::current(), client, opts.sync_close);
     let shared = fs.shared();
     let mut config = Config::default();
     config.mount_options = vec![

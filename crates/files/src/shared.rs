@@ -7,7 +7,7 @@ use crate::nodes::Nodes;
 use crate::segment::GroupWriter;
 use cairn_client::Client;
 use cairn_rpc::files::{
-    Attr, Data, FileOp, FileQuery, FileReply, NewNode, NodeType, SetAttr, Time,
+    Attr, Data, FileOp, FileQuery, FileReply, HOLD_MS, NewNode, NodeType, SetAttr, Time,
 };
 use cairn_rpc::{ErrorKind, MetaError};
 use fuser::{Errno, FileType, INodeNo, ReplyDirectory};
@@ -26,6 +26,12 @@ pub const DIRTY_FILE_MAX: usize = 8 << 20;
 pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// Entries asked of the masters per readdir page.
 const READDIR_PAGE: u32 = 512;
+/// Closes answered before their flush that may be in flight at once; past it a close
+/// waits for its flush (docs/files.md "A close that does not wait").
+pub const CLOSES_BEHIND: usize = 64;
+/// How long a lookup or map of a file another mount holds is retried (the holder renews the
+/// hold while its flush runs; past this the call fails).
+const HELD_WAIT_MAX: Duration = Duration::from_secs(120);
 
 /// A file's state in this mount while it is open or dirty.
 #[derive(Default)]
@@ -55,6 +61,10 @@ pub(crate) struct FileState {
 pub(crate) struct Fresh {
     /// The node as its create answered.
     pub(crate) attr: Attr,
+    /// Until when a close may answer before its flush: the masters hold the file for this
+    /// mount (`FileOp::Make::hold`) for [`HOLD_MS`] from before the create was sent; half
+    /// of it is left for the flush to start and renew the hold.
+    pub(crate) behind_until: Instant,
     /// What the changes set (all `None`: nothing waits).
     pub(crate) changes: SetAttr,
     /// When the last change was taken: the ctime this mount shows.
@@ -62,9 +72,11 @@ pub(crate) struct Fresh {
 }
 
 impl Fresh {
-    pub(crate) fn new(attr: Attr) -> Self {
+    /// A file whose create was sent at `sent`.
+    pub(crate) fn new(attr: Attr, sent: Instant) -> Self {
         Self {
             attr,
+            behind_until: sent + Duration::from_millis(HOLD_MS / 2),
             changes: SetAttr::default(),
             ctime: None,
         }
@@ -109,10 +121,22 @@ impl Fresh {
     }
 }
 
-/// Whether a flush of the file would do anything: dirty bytes, or a new file's attribute
-/// changes.
+/// Whether a flush of the file would do anything: dirty bytes, or a new file's first
+/// commit (which carries its attribute changes and ends its hold).
 fn needs_flush(st: &FileState) -> bool {
-    !st.dirty.is_empty() || st.fresh.as_ref().is_some_and(Fresh::waiting)
+    !st.dirty.is_empty() || st.fresh.is_some()
+}
+
+/// What `stat` shows of a new file whose bytes are not committed yet (its create's answer,
+/// the changes waiting, the size written), or `None`.
+fn fresh_attr(st: &FileState) -> Option<Attr> {
+    let f = st.fresh.as_ref().filter(|_| st.unlinked.is_none())?;
+    let mut a = f.attr.clone();
+    f.overlay(&mut a);
+    if let Some(size) = st.size {
+        a.size = size;
+    }
+    Some(a)
 }
 
 /// Takes a `setattr` of a new file that is open here (not a truncate) into its
@@ -156,6 +180,12 @@ pub(crate) struct Shared {
     pub(crate) xattr_cache: crate::xattrs::XattrCache,
     /// Directories this mount made a moment ago, whose names it knows (negative lookups).
     pub(crate) listed: Mutex<Listed>,
+    /// This mount's name at the masters (its client's id): the holder of the files it made.
+    pub(crate) mount_id: String,
+    /// Permits for closes answered before their flush ([`CLOSES_BEHIND`]).
+    closing: Arc<tokio::sync::Semaphore>,
+    /// Every close waits for its commit (`cairn mount --sync-close`).
+    sync_close: bool,
 }
 
 pub(crate) fn errno(e: &MetaError) -> Errno {
@@ -239,9 +269,12 @@ pub(crate) fn join(dir: &str, name: &str) -> String {
 }
 
 impl Shared {
-    pub(crate) fn new(client: Client) -> Self {
+    pub(crate) fn new(client: Client, sync_close: bool) -> Self {
         Self {
+            sync_close,
             segments: GroupWriter::new(client.clone()),
+            mount_id: client.client_id().to_owned(),
+            closing: Arc::new(tokio::sync::Semaphore::new(CLOSES_BEHIND)),
             client,
             nodes: Mutex::new(Nodes::default()),
             files: Mutex::new(HashMap::new()),
@@ -302,12 +335,46 @@ impl Shared {
             .unwrap_or_default()
     }
 
+    /// A read of the masters. A file another mount holds (it closed the file and commits
+    /// its bytes: docs/files.md "A close that does not wait") is asked again until the hold
+    /// ends, for up to [`HELD_WAIT_MAX`].
     pub(crate) async fn query(&self, q: &FileQuery) -> Result<FileReply, Errno> {
-        self.client
-            .masters()
-            .file_query(q)
-            .await
-            .map_err(|e| errno(&e))
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.client.masters().file_query(q).await {
+                Err(e) if e.kind == ErrorKind::LeaseHeld && started.elapsed() < HELD_WAIT_MAX => {
+                    tracing::debug!(error = %e, "waiting for another mount's commit");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                r => {
+                    return r.map_err(|e| {
+                        if e.kind == ErrorKind::LeaseHeld {
+                            tracing::warn!(error = %e, "another mount's commit did not come");
+                        }
+                        errno(&e)
+                    });
+                }
+            }
+        }
+    }
+
+    /// `Lookup` of `path`, asked as this mount.
+    pub(crate) fn lookup_query(&self, path: String) -> FileQuery {
+        FileQuery::Lookup {
+            path,
+            mount: self.mount_id.clone(),
+        }
+    }
+
+    /// `Map` of `path` (inode `ino`), asked as this mount.
+    pub(crate) fn map_query(&self, path: String, ino: u64) -> FileQuery {
+        FileQuery::Map {
+            path,
+            ino,
+            mount: self.mount_id.clone(),
+        }
     }
 
     pub(crate) async fn op(&self, op: &FileOp) -> Result<FileReply, Errno> {
@@ -324,6 +391,19 @@ impl Shared {
 
     pub(crate) fn state(&self, ino: u64) -> Arc<tokio::sync::Mutex<FileState>> {
         self.files.lock().entry(ino).or_default().clone()
+    }
+
+    /// A file's state, locked, and still the one the mount keeps: a release that forgot the
+    /// state while this call waited for its lock (a close's flush held it) leaves it to no
+    /// one, and an open counted there would be lost (an unlink would not see it open).
+    pub(crate) async fn state_locked(&self, ino: u64) -> tokio::sync::OwnedMutexGuard<FileState> {
+        loop {
+            let st = self.state(ino);
+            let g = st.clone().lock_owned().await;
+            if self.files.lock().get(&ino).is_some_and(|s| Arc::ptr_eq(s, &st)) {
+                return g;
+            }
+        }
     }
 
     /// `attr` with this mount's unflushed size and attribute changes (and no link for a
@@ -364,14 +444,16 @@ impl Shared {
     /// create's answer and the changes waiting (another mount's change to it meanwhile
     /// shows after the close). `None`: it needs [`Shared::getattr`].
     pub(crate) fn getattr_now(&self, ino: u64) -> Option<Attr> {
-        let st = self.state_now(ino)?;
-        let f = st.fresh.as_ref().filter(|_| st.unlinked.is_none())?;
-        let mut a = f.attr.clone();
-        f.overlay(&mut a);
-        if let Some(size) = st.size {
-            a.size = size;
+        fresh_attr(&*self.state_now(ino)?)
+    }
+
+    /// Waits for a flush of `ino` in flight (a close's, behind it): what the masters answer
+    /// after it includes what it committed.
+    pub(crate) async fn flushed(&self, ino: u64) {
+        let st = self.files.lock().get(&ino).cloned();
+        if let Some(st) = st {
+            drop(st.lock().await);
         }
-        Some(a)
     }
 
     /// A close (FUSE flush) with nothing to flush, answered here. `false`: it needs
@@ -381,6 +463,79 @@ impl Shared {
             return true;
         }
         self.state_now(ino).is_some_and(|st| !needs_flush(&st))
+    }
+
+    /// A close (FUSE flush) of a file this mount made a moment ago, which answers before
+    /// its flush: the permit the flush holds ([`Shared::flush_behind`]). `None`: the close
+    /// waits for its flush (an older file, the lock busy, too many closes behind already).
+    pub(crate) fn close_behind(&self, ino: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if self.sync_close {
+            return None;
+        }
+        let st = self.state_now(ino)?;
+        let f = st.fresh.as_ref()?;
+        if st.unlinked.is_some() || Instant::now() >= f.behind_until {
+            return None;
+        }
+        self.closing.clone().try_acquire_owned().ok()
+    }
+
+    /// The flush of a close that answered before it: the file's first commit, which ends
+    /// the masters' hold; the hold is renewed while the flush runs. A failure is logged and
+    /// the flush tried again by the release and the background flush.
+    pub(crate) async fn flush_behind(&self, ino: u64, _permit: tokio::sync::OwnedSemaphorePermit) {
+        let Some(st) = self.files.lock().get(&ino).cloned() else {
+            return;
+        };
+        let flush = async {
+            let mut g = st.lock().await;
+            self.flush_locked(ino, &mut g).await
+        };
+        let renew = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(HOLD_MS / 3)).await;
+                let Ok(path) = self.path(ino) else { continue };
+                let op = FileOp::Hold {
+                    path,
+                    ino,
+                    holder: self.mount_id.clone(),
+                    now: time_of(SystemTime::now()),
+                };
+                if self.op(&op).await.is_err() {
+                    tracing::warn!(ino, "renewing a closed file's hold failed");
+                }
+            }
+        };
+        let r = tokio::select! {
+            r = flush => r,
+            never = renew => never,
+        };
+        if let Err(e) = r {
+            tracing::warn!(ino, errno = ?e, "a flush after its close failed; will try again");
+        }
+    }
+
+    /// Waits for the flush of a close that answered before it, if `ino` has one, or makes it
+    /// now: a rename, link or unlink of the file comes after its bytes (as ext4 commits a
+    /// file's data before a rename over another).
+    pub(crate) async fn settle(&self, ino: u64) -> Result<(), Errno> {
+        let Some(st) = self.files.lock().get(&ino).cloned() else {
+            return Ok(());
+        };
+        let mut g = st.lock().await;
+        if g.fresh.is_some() && g.unlinked.is_none() {
+            self.flush_locked(ino, &mut g).await?;
+        }
+        Ok(())
+    }
+
+    /// [`Shared::settle`] of the node this mount knows as `name` in `parent`, if any.
+    pub(crate) async fn settle_name(&self, parent: u64, name: &str) -> Result<(), Errno> {
+        let ino = self.nodes.lock().at(parent, name);
+        match ino {
+            Some(ino) => self.settle(ino).await,
+            None => Ok(()),
+        }
     }
 
     /// A release with nothing to flush, no segment of the file's own to seal and no set-aside
@@ -413,6 +568,9 @@ impl Shared {
     /// ([`Shared::closed`]).
     pub(crate) async fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> Result<(), Errno> {
         let (path, name) = self.child_path(parent, name)?;
+        if !dir {
+            self.settle_name(parent, &name).await?;
+        }
         let open = if dir {
             None
         } else {
@@ -435,7 +593,7 @@ impl Shared {
         };
         // A file with other names stays reachable by them: only the name goes.
         let open = match open {
-            Some((ino, _)) => match self.query(&FileQuery::Lookup { path: path.clone() }).await {
+            Some((ino, _)) => match self.query(&self.lookup_query(path.clone())).await {
                 Ok(FileReply::Attr(a)) if a.ino == ino && a.nlink > 1 => None,
                 _ => open,
             },
@@ -471,6 +629,7 @@ impl Shared {
                 uid: 0,
                 gid: 0,
                 now: time_of(SystemTime::now()),
+                hold: String::new(),
             };
             match self.op(&make).await {
                 Ok(_) | Err(Errno::EEXIST) => {}
@@ -499,8 +658,7 @@ impl Shared {
     /// flushed) and, for an open that reads, fetched now — an open file stays readable when
     /// another mount unlinks it (its extents are known here; segments are not collected).
     pub(crate) async fn opened(&self, ino: u64, reads: bool) -> Result<(), Errno> {
-        let st = self.state(ino);
-        let mut st = st.lock().await;
+        let mut st = self.state_locked(ino).await;
         if st.dirty.is_empty() && st.unlinked.is_none() {
             st.map = None;
             st.size = None;
@@ -531,8 +689,10 @@ impl Shared {
             g.dirty.clear();
             g.dirty_bytes = 0;
             g.dirty_since = None;
-            drop(g);
+            // Forgotten before the lock goes: an open waiting for it sees the state is no
+            // one's and makes a new one ([`Shared::state_locked`]).
             self.files.lock().remove(&ino);
+            drop(g);
             self.nodes.lock().remove(ino);
             self.segments.release(ino).await;
             self.op(&FileOp::Remove {
@@ -546,16 +706,24 @@ impl Shared {
         }
         let r = self.flush_locked(ino, &mut g).await;
         if g.opens == 0 && !needs_flush(&g) {
-            drop(g);
+            // Forgotten before the lock goes (as above).
             self.files.lock().remove(&ino);
+            drop(g);
             self.segments.release(ino).await;
         }
         r
     }
 
     pub(crate) async fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
+        // After a flush in flight (the lock busy kept it from `getattr_now`).
+        let st = self.files.lock().get(&ino).cloned();
+        if let Some(st) = st
+            && let Some(a) = fresh_attr(&*st.lock().await)
+        {
+            return Ok(a);
+        }
         let path = self.path(ino)?;
-        match self.query(&FileQuery::Lookup { path }).await? {
+        match self.query(&self.lookup_query(path)).await? {
             FileReply::Attr(a) if a.ino == ino => Ok(self.local(a).await),
             FileReply::Attr(_) => Err(Errno::ESTALE),
             _ => Err(Errno::EIO),
@@ -569,6 +737,7 @@ impl Shared {
         name: &OsStr,
         node: NewNode,
         mode: u16,
+        hold: bool,
     ) -> Result<Attr, Errno> {
         let (path, name) = self.child_path(parent, name)?;
         // The service's own directories (segments, the unlinked) get names this mount's
@@ -582,6 +751,11 @@ impl Shared {
             uid: req.0,
             gid: req.1,
             now: time_of(SystemTime::now()),
+            hold: if hold {
+                self.mount_id.clone()
+            } else {
+                String::new()
+            },
         };
         let sent = Instant::now();
         match self.op(&op).await {
@@ -608,6 +782,7 @@ impl Shared {
     pub(crate) async fn link(&self, ino: u64, parent: u64, name: &OsStr) -> Result<Attr, Errno> {
         let from = self.path(ino)?;
         let (to, name) = self.child_path(parent, name)?;
+        self.settle(ino).await?;
         let op = FileOp::Link {
             from,
             ino,
@@ -634,8 +809,9 @@ impl Shared {
         if let Some(a) = defer_attr(&mut st, &attr) {
             return Ok(a);
         }
-        if attr.size.is_some() {
-            // Writes before a truncate land before it.
+        if attr.size.is_some() || st.fresh.is_some() {
+            // Writes before a truncate land before it; a new file's first commit (with the
+            // changes it carries) before a change that would otherwise come before it.
             self.flush_locked(ino, &mut st).await?;
         }
         let path = self.path(ino)?;

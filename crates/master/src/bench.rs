@@ -244,6 +244,7 @@ pub async fn files(
         uid: 0,
         gid: 0,
         now,
+        hold: String::new(),
     };
     let mut made = std::collections::HashSet::new();
     let mut inos = Vec::with_capacity(n as usize);
@@ -281,6 +282,7 @@ pub async fn files(
                 uid: 0,
                 gid: 0,
                 now,
+                hold: String::new(),
             },
         )
         .await?

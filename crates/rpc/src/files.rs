@@ -45,6 +45,11 @@ pub const XATTRS_MAX: usize = 128 << 10;
 /// The extended attribute namespaces a node may hold (`system.` is POSIX ACLs: not kept).
 pub const XATTR_NAMESPACES: [&str; 3] = ["user.", "trusted.", "security."];
 
+/// How long a new file stays held for its creating mount (`FileOp::Make::hold`) when no
+/// write commits: the bound on another mount's wait for a close that answered before its
+/// commit (the mount that made it died, or its flush failed).
+pub const HOLD_MS: u64 = 5_000;
+
 /// The path of segment `seg`.
 pub fn segment_path(seg: u64) -> String {
     format!("{SEGMENTS_DIR}/{seg:016x}")
@@ -195,6 +200,12 @@ pub enum FileOp {
         uid: u32,
         gid: u32,
         now: Time,
+        /// A regular file's creating mount (its id, `Client::client_id`), whose close
+        /// answers before its bytes commit: other mounts' lookups and maps of the file wait
+        /// until its first [`FileOp::Write`] commits, or [`HOLD_MS`] pass (docs/files.md "A
+        /// close that does not wait"). Empty: no hold.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        hold: String,
     },
     /// `unlink` (`dir` false) or `rmdir` (`dir` true) of `path`, inode `ino`.
     Remove {
@@ -232,7 +243,9 @@ pub enum FileOp {
     /// the file's size becomes at least `size` (writes past the end). Then `then`, when
     /// some, applies as a [`FileOp::SetAttr`] would (no size): the `chmod`, `chown` and
     /// `utimens` a mount took while the new file's bytes were not yet committed, in the
-    /// same change (docs/files.md "Attributes of a new file"). Answers the node's
+    /// same change (docs/files.md "Attributes of a new file"). Ends the file's hold
+    /// ([`FileOp::Make`]): with no extents and `size` not past the file's, it changes no
+    /// bytes and no times and only ends the hold (and applies `then`). Answers the node's
     /// attributes.
     Write {
         path: String,
@@ -241,6 +254,15 @@ pub enum FileOp {
         size: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         then: Option<SetAttr>,
+        now: Time,
+    },
+    /// Mount `holder` still commits the new file it holds ([`FileOp::Make::hold`]): the
+    /// hold lasts [`HOLD_MS`] from `now` (a flush slower than the hold renews it). Nothing
+    /// when the file is not held by `holder` any more. Answers [`FileReply::Done`].
+    Hold {
+        path: String,
+        ino: u64,
+        holder: String,
         now: Time,
     },
     /// `fallocate(FALLOC_FL_PUNCH_HOLE)`: the file's bytes `[offset, offset + len)` read as
@@ -277,6 +299,7 @@ impl FileOp {
             FileOp::SetAttr { .. } => "setattr",
             FileOp::Write { .. } => "write",
             FileOp::Punch { .. } => "punch",
+            FileOp::Hold { .. } => "hold",
             FileOp::SetXattr { .. } => "setxattr",
         }
     }
@@ -289,6 +312,7 @@ impl FileOp {
             | FileOp::SetAttr { path, .. }
             | FileOp::Write { path, .. }
             | FileOp::Punch { path, .. }
+            | FileOp::Hold { path, .. }
             | FileOp::SetXattr { path, .. } => path,
             FileOp::Rename { from, .. } | FileOp::Link { from, .. } => from,
         }
@@ -298,8 +322,13 @@ impl FileOp {
 /// A read, answered by the partition that holds its path.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FileQuery {
-    /// The node at `path`.
-    Lookup { path: String },
+    /// The node at `path`. `mount` is the asker (`Client::client_id`): a file another mount
+    /// holds (`FileOp::Make::hold`) answers `LeaseHeld` until its bytes commit.
+    Lookup {
+        path: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        mount: String,
+    },
     /// Up to `limit` entries of directory `path` (inode `ino`) after the name `after`.
     Readdir {
         path: String,
@@ -307,8 +336,13 @@ pub enum FileQuery {
         after: String,
         limit: u32,
     },
-    /// A file's attributes and where its bytes are.
-    Map { path: String, ino: u64 },
+    /// A file's attributes and where its bytes are (`mount` as for `Lookup`).
+    Map {
+        path: String,
+        ino: u64,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        mount: String,
+    },
     /// The file system's size and free space.
     Statfs,
     /// Every extended attribute of `path` (inode `ino`).

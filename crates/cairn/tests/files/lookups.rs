@@ -35,6 +35,7 @@ async fn a_mount_answers_for_the_names_of_a_directory_it_just_made() {
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)
+            .truncate(false)
             .open(a.path(&format!("{d}/x")))
             .expect("an O_CREAT open of a name another mount made");
         f.write_all(b"A").unwrap();

@@ -66,7 +66,7 @@ use common::{Cluster, Proc, bytes, chunks};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use s3client::S3Bucket;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -479,7 +479,7 @@ async fn scenario(
         "  appends {} (errors {}), reads {} (errors {}), lost {lost}, corrupt reads {}, chunks {}; \
          s3 puts {}, deletes {}, gets {} (errors {}, bad {}), keys lost {s3_lost}; \
          nbd writes {}, blocks checked {} (errors {}, bad {}); \
-         files: calls {}, errors {}, synced {}, checked {}, bad {}, linked {}",
+         files: calls {}, errors {}, synced {}, closed behind {}, checked {}, bad {}, linked {}",
         written.iter().map(|w| w.appends).sum::<u64>(),
         written.iter().map(|w| w.errors).sum::<u64>(),
         seen.reads,
@@ -498,6 +498,7 @@ async fn scenario(
         fs_seen.ops,
         fs_seen.errors,
         fs_seen.synced,
+        fs_seen.behind,
         fs_seen.checked,
         fs_seen.bad,
         fs_seen.linked,

@@ -175,6 +175,8 @@ pub(super) struct FsSeen {
     pub(super) errors: u64,
     /// fsyncs, fdatasyncs and closes answered (durable points).
     pub(super) synced: u64,
+    /// Closes of new files answered before their flush (no durable point).
+    pub(super) behind: u64,
     pub(super) checked: u64,
     pub(super) bad: u64,
     /// Renames by hard link whose link was answered.
@@ -272,6 +274,10 @@ pub(super) fn fs_writer(
     let mut rng = StdRng::seed_from_u64(seed);
     let mut seen = FsSeen::default();
     let mut open: BTreeMap<usize, (File, u64)> = BTreeMap::new();
+    // Names whose file this writer made and nothing has committed since (no fsync, truncate,
+    // rename or unlink): a close answers before its flush (docs/files.md "A close that does
+    // not wait"), so it is no durable point.
+    let mut behind: BTreeSet<usize> = BTreeSet::new();
     // A name to unlink before anything else: one of two names of one file (a rename by
     // link whose unlink failed, or a link that may have been made).
     let mut unlink_first: Option<usize> = None;
@@ -349,6 +355,7 @@ pub(super) fn fs_writer(
                         Ok(f) => {
                             names[i].durable(Some(Vec::new()));
                             open.insert(i, (f, g));
+                            behind.insert(i);
                         }
                         Err(_) => {
                             seen.errors += 1;
@@ -421,6 +428,7 @@ pub(super) fn fs_writer(
                         seen.synced += 1;
                         let last = names[i].states.pop().expect("a state");
                         names[i].durable(last);
+                        behind.remove(&i);
                     }
                     Err(_) => seen.errors += 1,
                 }
@@ -431,12 +439,15 @@ pub(super) fn fs_writer(
                 let Some((f, _)) = open.remove(&i) else {
                     continue;
                 };
-                if close(f) {
+                if !close(f) {
+                    seen.errors += 1;
+                } else if behind.contains(&i) {
+                    // Answered before its flush: what it wrote stays pending.
+                    seen.behind += 1;
+                } else {
                     seen.synced += 1;
                     let last = names[i].states.pop().expect("a state");
                     names[i].durable(last);
-                } else {
-                    seen.errors += 1;
                 }
                 trace(&names, i, "close".into());
             }
@@ -450,11 +461,11 @@ pub(super) fn fs_writer(
                 let mut closed = true;
                 for k in [i, j] {
                     if let Some((f, _)) = open.remove(&k) {
-                        if close(f) {
+                        if !close(f) {
+                            closed = false;
+                        } else if !behind.contains(&k) {
                             let last = names[k].states.pop().expect("a state");
                             names[k].durable(last);
-                        } else {
-                            closed = false;
                         }
                     }
                 }
@@ -485,8 +496,12 @@ pub(super) fn fs_writer(
                 }
                 match std::fs::rename(path(i), path(j)) {
                     Ok(()) => {
-                        names[j].states = from;
+                        // The mount commits a file's bytes before its rename: what a
+                        // close left pending is durable now.
+                        names[j].durable(from.last().cloned().expect("a state"));
                         names[i].durable(None);
+                        behind.remove(&i);
+                        behind.remove(&j);
                     }
                     Err(_) => {
                         // Done or not (a retried call may find it done).
@@ -511,7 +526,10 @@ pub(super) fn fs_writer(
                     continue;
                 }
                 match std::fs::remove_file(path(i)) {
-                    Ok(()) => names[i].durable(None),
+                    Ok(()) => {
+                        names[i].durable(None);
+                        behind.remove(&i);
+                    }
                     Err(_) => {
                         seen.errors += 1;
                         names[i].maybe(None);
@@ -535,7 +553,11 @@ pub(super) fn fs_writer(
                         .and_then(|f| f.set_len(size)),
                 };
                 match r {
-                    Ok(()) => names[i].durable(Some(next)),
+                    Ok(()) => {
+                        // Flushed first, then the size committed.
+                        names[i].durable(Some(next));
+                        behind.remove(&i);
+                    }
                     Err(_) => {
                         seen.errors += 1;
                         names[i].maybe(Some(next));

@@ -44,6 +44,7 @@ impl Inner {
             | FileOp::SetAttr { path, now, .. }
             | FileOp::Write { path, now, .. }
             | FileOp::Punch { path, now, .. }
+            | FileOp::Hold { path, now, .. }
             | FileOp::SetXattr { path, now, .. } => {
                 *path = convert::path(path)?;
                 *now = t;
@@ -96,7 +97,7 @@ impl Inner {
                 self.leader_check()?;
                 self.statfs()
             }
-            FileQuery::Lookup { path }
+            FileQuery::Lookup { path, .. }
             | FileQuery::Readdir { path, .. }
             | FileQuery::Map { path, .. }
             | FileQuery::Xattrs { path, .. } => {
@@ -116,7 +117,7 @@ impl Inner {
                     }
                 }
                 let q = match q {
-                    FileQuery::Lookup { .. } => FileQuery::Lookup { path },
+                    FileQuery::Lookup { mount, .. } => FileQuery::Lookup { path, mount },
                     FileQuery::Readdir {
                         ino, after, limit, ..
                     } => FileQuery::Readdir {
@@ -125,11 +126,12 @@ impl Inner {
                         after,
                         limit,
                     },
-                    FileQuery::Map { ino, .. } => FileQuery::Map { path, ino },
+                    FileQuery::Map { ino, mount, .. } => FileQuery::Map { path, ino, mount },
                     FileQuery::Xattrs { ino, .. } => FileQuery::Xattrs { path, ino },
                     FileQuery::Statfs => FileQuery::Statfs,
                 };
-                st.file_query(&q)?
+                // A file another mount closed and still commits: the asker retries.
+                st.file_query_at(&q, Some(now_ms()))?
             }
         };
         Ok(pb::ObjectBytes {

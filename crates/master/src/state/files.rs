@@ -117,7 +117,8 @@ impl State {
                 uid,
                 gid,
                 now,
-            } => self.make_node(path, node, *mode, *uid, *gid, *now)?,
+                hold,
+            } => self.make_node(path, node, (*mode, *uid, *gid), *now, hold)?,
             FileOp::Remove {
                 path,
                 ino,
@@ -170,6 +171,15 @@ impl State {
                 len,
                 now,
             } => self.punch_node(path, *ino, *offset, *len, *now)?,
+            FileOp::Hold {
+                path,
+                ino,
+                holder,
+                now,
+            } => {
+                self.renew_hold(path, *ino, holder, *now)?;
+                FileReply::Done
+            }
             FileOp::SetXattr {
                 path,
                 ino,
@@ -185,14 +195,14 @@ impl State {
         })
     }
 
+    /// `FileOp::Make`: `hold`, when not empty, the mount a new regular file is held for.
     fn make_node(
         &mut self,
         path: &str,
         node: &NewNode,
-        mode: u16,
-        uid: u32,
-        gid: u32,
+        (mode, uid, gid): (u16, u32, u32),
         now: Time,
+        hold: &str,
     ) -> Result<FileReply, MetaError> {
         perm::check_mode(Some(mode))?;
         let name = path.rsplit('/').next().unwrap_or_default();
@@ -225,7 +235,11 @@ impl State {
                 policy: self.inherited_policy(path).unwrap_or_default(),
                 sealed: true,
                 chunks: Vec::new(),
-                lease: None,
+                // The file service's hold (docs/files.md "A close that does not wait").
+                lease: (!hold.is_empty() && kind == NodeType::Regular).then(|| Lease {
+                    holder: hold.to_owned(),
+                    expires_ms: now.as_ms().saturating_add(cairn_rpc::files::HOLD_MS),
+                }),
                 writer_epoch: 0,
             })
         };
@@ -536,7 +550,21 @@ impl State {
         }
         self.check_condemned(path, extents)?;
         self.own_to_extents(node.id);
+        if node.file().is_some_and(|f| f.lease.is_some())
+            && node.posix.as_ref().is_some_and(|p| p.extents.is_some())
+            && let Some(i) = self.inodes.get_mut(&node.id)
+            && let Kind::File(f) = &mut i.kind
+        {
+            // Committed: no mount holds it any more. (A file of its own log keeps its `cairn
+            // fs` writer's lease.)
+            f.lease = None;
+        }
         let p = self.posix_mut(node.id);
+        if extents.is_empty() && size <= p.size {
+            // Nothing written: a held file's close that found no bytes to commit (its
+            // hold ends; its times stay its create's).
+            return Ok(FileReply::Attr(self.node_attr(&self.ino(node.id))));
+        }
         let x = p.extents.as_mut().expect("made above");
         for e in extents {
             overlay(x, *e);
@@ -639,15 +667,51 @@ impl State {
         Ok(FileReply::Attr(self.node_attr(&self.ino(node.id))))
     }
 
-    /// Answers a file service read (all but `Statfs`, which needs the chunkservers).
+    /// `FileOp::Hold`: the hold of `holder` on the file at `path` (inode `ino`) lasts
+    /// [`cairn_rpc::files::HOLD_MS`] from `now`.
+    fn renew_hold(
+        &mut self,
+        path: &str,
+        ino: u64,
+        holder: &str,
+        now: Time,
+    ) -> Result<(), MetaError> {
+        let node = self.node(path, ino)?;
+        if node.file().and_then(|f| f.lease.as_ref()).is_some_and(|l| l.holder == holder)
+            && let Some(i) = self.inodes.get_mut(&node.id)
+            && let Kind::File(f) = &mut i.kind
+            && let Some(l) = &mut f.lease
+        {
+            l.expires_ms = now.as_ms().saturating_add(cairn_rpc::files::HOLD_MS);
+        }
+        Ok(())
+    }
+
+    /// Answers a file service read (all but `Statfs`, which needs the chunkservers), holds
+    /// unchecked.
     ///
     /// # Errors
-    /// The lookup's errors; `not-found` for a stale inode number.
+    /// As [`State::file_query_at`].
     pub fn file_query(&self, q: &FileQuery) -> Result<FileReply, MetaError> {
+        self.file_query_at(q, None)
+    }
+
+    /// Answers a file service read at `now_ms`, the leader's clock: a lookup or map of a
+    /// file another mount holds then answers `lease-held` (`None`: holds unchecked).
+    ///
+    /// # Errors
+    /// The lookup's errors; `not-found` for a stale inode number; `lease-held`.
+    pub fn file_query_at(
+        &self,
+        q: &FileQuery,
+        now_ms: Option<u64>,
+    ) -> Result<FileReply, MetaError> {
         match q {
-            FileQuery::Lookup { path } => Ok(FileReply::Attr(
-                self.node_attr(&self.linked(self.lookup(path)?)),
-            )),
+            FileQuery::Lookup { path, mount } => {
+                let node = self.linked(self.lookup(path)?);
+                check_hold(path, &node, mount, now_ms)?;
+                Ok(FileReply::Attr(self.node_attr(&node)))
+            }
             FileQuery::Readdir {
                 path,
                 ino,
@@ -668,8 +732,9 @@ impl State {
                     more,
                 })
             }
-            FileQuery::Map { path, ino } => {
+            FileQuery::Map { path, ino, mount } => {
                 let node = self.node(path, *ino)?;
+                check_hold(path, &node, mount, now_ms)?;
                 let data = match node.posix.as_ref().and_then(|p| p.extents.clone()) {
                     Some(x) => Data::Extents(x),
                     None => Data::Own,
@@ -735,6 +800,8 @@ impl State {
                 }
             }
             FileOp::Punch { path, .. } => self.check_path(path, user, perm::WRITE).map(|_| ()),
+            // As the write it waits for.
+            FileOp::Hold { path, .. } => self.check_path(path, user, perm::WRITE).map(|_| ()),
             // As the kernel checks user.* (write permission on the node); trusted.* and
             // security.* the kernel keeps to privileged processes, and the masters to the
             // node's owner.
@@ -759,6 +826,33 @@ impl State {
         };
         let dir = self.lookup(parent)?;
         self.check_inode(dir.id, user, perm::WRITE | perm::SEARCH)
+    }
+}
+
+/// Whether `mount` may read `node` (at `path`) at `now_ms`: `lease-held` while another
+/// mount holds it — made it, closed it, and has not committed its bytes yet (docs/files.md
+/// "A close that does not wait"). Only the file service's files are held (a `cairn fs`
+/// writer's lease is not a hold).
+fn check_hold(
+    path: &str,
+    node: &Inode,
+    mount: &str,
+    now_ms: Option<u64>,
+) -> Result<(), MetaError> {
+    let Some(now_ms) = now_ms else { return Ok(()) };
+    if node.posix.as_ref().is_none_or(|p| p.extents.is_none()) {
+        return Ok(());
+    }
+    match node.file().and_then(|f| f.lease.as_ref()) {
+        Some(l) if l.holder != mount && l.expires_ms > now_ms => Err(MetaError::new(
+            ErrorKind::LeaseHeld,
+            format!(
+                "{path}: mount {} closed it and commits its bytes (held {} ms more at most)",
+                l.holder,
+                l.expires_ms - now_ms
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 

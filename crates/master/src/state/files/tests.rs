@@ -21,6 +21,7 @@ pub(super) fn make(s: &mut State, path: &str, node: NewNode) -> Attr {
             uid: 1000,
             gid: 100,
             now: t(5000),
+            hold: String::new(),
         },
     )
     .unwrap()
@@ -44,6 +45,7 @@ pub(super) fn map(s: &State, path: &str) -> (Attr, Data) {
         .file_query(&FileQuery::Map {
             path: path.into(),
             ino: 0,
+            mount: String::new(),
         })
         .unwrap()
     {
@@ -78,6 +80,7 @@ fn nodes_are_made_with_their_posix_attributes() {
         .file_query(&FileQuery::Map {
             path: "/d/l".into(),
             ino: l.ino,
+            mount: String::new(),
         })
         .unwrap()
     {
@@ -118,6 +121,7 @@ fn nodes_are_made_with_their_posix_attributes() {
         uid: 0,
         gid: 0,
         now: t(1),
+        hold: String::new(),
     };
     assert_eq!(kind(apply(&mut s, again)), ErrorKind::AlreadyExists);
     let orphan = FileOp::Make {
@@ -127,6 +131,7 @@ fn nodes_are_made_with_their_posix_attributes() {
         uid: 0,
         gid: 0,
         now: t(1),
+        hold: String::new(),
     };
     assert_eq!(kind(apply(&mut s, orphan)), ErrorKind::NotFound);
     let empty_link = FileOp::Make {
@@ -138,6 +143,7 @@ fn nodes_are_made_with_their_posix_attributes() {
         uid: 0,
         gid: 0,
         now: t(1),
+        hold: String::new(),
     };
     assert_eq!(kind(apply(&mut s, empty_link)), ErrorKind::InvalidArgument);
 }
@@ -615,6 +621,7 @@ fn a_user_changes_only_what_the_bits_let_them() {
         uid: 0,
         gid: 0,
         now: t(1),
+        hold: String::new(),
     };
     as_(&mut s, &admin, mk("/closed", 0o755)).unwrap();
     as_(&mut s, &admin, mk("/open", 0o777)).unwrap();
@@ -738,3 +745,4 @@ fn xattrs_are_set_replaced_removed_and_bounded() {
 }
 
 mod attrs_with_bytes;
+mod holds;

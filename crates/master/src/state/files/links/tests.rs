@@ -28,7 +28,7 @@ fn remove(s: &mut State, path: &str) {
 }
 
 fn lookup(s: &State, path: &str) -> Result<Attr, MetaError> {
-    match s.file_query(&FileQuery::Lookup { path: path.into() })? {
+    match s.file_query(&FileQuery::Lookup { path: path.into(), mount: String::new() })? {
         FileReply::Attr(a) => Ok(a),
         other => panic!("{other:?}"),
     }

@@ -78,6 +78,7 @@ fn a_write_carries_a_new_files_attribute_changes() {
             uid: 0,
             gid: 0,
             now: t(1),
+            hold: String::new(),
         }))),
     })
     .unwrap();
@@ -88,6 +89,7 @@ fn a_write_carries_a_new_files_attribute_changes() {
         uid: 1000,
         gid: 1000,
         now: t(1),
+        hold: String::new(),
     };
     let FileReply::Attr(hers) = as_(&mut s, "alice", mk).unwrap().file.unwrap() else {
         panic!("attributes");
