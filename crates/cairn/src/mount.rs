@@ -23,6 +23,11 @@ pub struct MountArgs {
     /// mount may lose it, as an unsynced write).
     #[arg(long)]
     sync_close: bool,
+    /// The kernel's readahead for the mount, in KiB: a sequential reader's FUSE requests are
+    /// this large, up to 1024 (0: the kernel's own, 128). Setting it needs root; without,
+    /// the mount says so and serves with the kernel's.
+    #[arg(long, default_value_t = cairn_files::READAHEAD_KIB)]
+    readahead_kib: u32,
 }
 
 /// Mounts and serves until Ctrl-C, SIGTERM or an unmount (`fusermount3 -u DIR`, `umount
@@ -41,6 +46,7 @@ pub fn run(a: MountArgs) -> anyhow::Result<()> {
             allow_other: a.allow_other || root,
             unlinked_stale: std::time::Duration::from_secs(a.unlinked_stale_secs),
             sync_close: a.sync_close,
+            readahead_kib: a.readahead_kib,
         };
         let stop = async {
             let mut term =

@@ -226,6 +226,24 @@ mod xattr {
     }
 }
 
+/// The kernel's readahead for the mount at `dir`, in KiB (its backing device's in sysfs).
+fn readahead_kib(dir: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    let dev = fs::metadata(dir).unwrap().dev();
+    let knob = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    fs::read_to_string(&knob).unwrap().trim().parse().unwrap()
+}
+
+/// Whether this process is root (the mount sets its readahead in sysfs only then).
+fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 fn read_all(p: &Path) -> Vec<u8> {
     let mut v = Vec::new();
     File::open(p).unwrap().read_to_end(&mut v).unwrap();
@@ -239,6 +257,11 @@ async fn a_mount_serves_posix_operations_and_its_files_outlive_it() {
     let masters = cl.master_addrs();
     let mnt = dir.path().join("mnt");
     let m = Mount::start(&masters, &mnt);
+    // A sequential reader's requests are 1 MiB (`--readahead-kib`'s default), the 3 MiB
+    // file read back below among them.
+    if root() {
+        assert_eq!(readahead_kib(&mnt), 1024);
+    }
 
     // Directories, files written in pieces, read back whole.
     fs::create_dir_all(m.path("a/b")).unwrap();
@@ -521,7 +544,10 @@ async fn two_mounts_share_one_namespace_close_to_open_and_survive_a_killed_mount
     let cl = Cluster::start(dir.path(), 1, 3).await;
     let masters = cl.master_addrs();
     let a = Mount::start(&masters, &dir.path().join("a"));
-    let b = Mount::start(&masters, &dir.path().join("b"));
+    // B reads with the kernel's own readahead (the reads below in 128 KiB requests).
+    let b = Mount::start_with(&masters, &dir.path().join("b"), &["--readahead-kib", "0"]);
+    // (The kernel's own: VM_READAHEAD_PAGES, 128 KiB.)
+    assert_eq!(readahead_kib(&b.dir), 128);
 
     // Close on one, open on the other: read whole.
     let data = bytes(9, 0, 1 << 20);

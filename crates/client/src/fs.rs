@@ -657,7 +657,7 @@ impl Client {
     async fn read_known(&self, view: &View, offset: u64, len: usize) -> Option<Result<Vec<u8>>> {
         let end = offset + len as u64;
         let last = view.chunks.len().checked_sub(1)?;
-        let mut out = Vec::with_capacity(len);
+        let mut out = Vec::new();
         let mut start = 0u64;
         for (i, c) in view.chunks.iter().enumerate() {
             if c.ec_data > 0 || (!c.sealed && i != last) {
@@ -668,6 +668,8 @@ impl Client {
             let (lo, hi) = (offset.max(start), end.min(stop));
             if lo < hi {
                 match self.read_chunk(c, lo - start, (hi - lo) as usize).await {
+                    // The first chunk's bytes are the answer's start: kept, not copied.
+                    Ok(b) if out.is_empty() => out = b,
                     Ok(b) => out.extend(b),
                     Err(e) => return Some(Err(e)),
                 }

@@ -397,7 +397,10 @@ impl Filesystem for CairnFs {
         let perm = (mode & !umask & 0o7777) as u16;
         self.spawn(async move {
             let sent = std::time::Instant::now();
-            match s.make(ids, parent.0, &name, NewNode::Regular, perm, true).await {
+            match s
+                .make(ids, parent.0, &name, NewNode::Regular, perm, true)
+                .await
+            {
                 Ok(a) => {
                     let st = s.state(a.ino);
                     let mut st = st.lock().await;

@@ -14,7 +14,7 @@ mod xattrs;
 
 pub use fs::CairnFs;
 pub use listed::LISTED_FOR;
-pub use mount::{MountError, Options, clear_stale, mount};
+pub use mount::{MountError, Options, READAHEAD_KIB, clear_stale, mount};
 pub use shared::{ATTR_TTL, DIRTY_FILE_MAX, FLUSH_EVERY};
 pub use unlinked::UNLINKED_STALE;
 

@@ -34,6 +34,38 @@ pub struct Options {
     /// Every close waits for its file's commit, a new file's too (docs/files.md "A close
     /// that does not wait").
     pub sync_close: bool,
+    /// The kernel's readahead for the mount, in KiB ([`READAHEAD_KIB`] by default; 0 leaves
+    /// the kernel's own, 128 KiB).
+    pub readahead_kib: u32,
+}
+
+/// The readahead a mount asks of the kernel, in KiB: one FUSE request's most (256 pages),
+/// so a sequential reader's requests are 1 MiB each, not the kernel's 128 KiB. fio's 1 MiB
+/// sequential reads, 4 jobs: 0.45 of `cairn bench read` at 128 KiB, 0.56–0.70 at 1 MiB, and
+/// less again at 4 MiB (BENCHMARKS.md, session 59).
+pub const READAHEAD_KIB: u32 = 1024;
+
+/// Sets the kernel's readahead for the FUSE mount at `dir` to `kib` KiB: the mount's
+/// backing device's `read_ahead_kb` in sysfs (`/sys/class/bdi/MAJOR:MINOR`, `MAJOR:MINOR`
+/// its `st_dev`), as mergerfs and DAOS's FUSE mounts do; the kernel offers a FUSE mount no
+/// more than 128 KiB at its start. Only after the kernel's `INIT` is answered (the `stat`
+/// of `dir` here waits for it): answering it sets the readahead to the smaller of the two.
+/// `before` is `dir`'s device before the mount: the same device after it means the mount
+/// is not there. Answers the file written. Needs root (sysfs).
+fn set_readahead(dir: &Path, before: u64, kib: u32) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(dir)?.dev();
+    if dev == before {
+        return Err(std::io::Error::other("the mount is not at its directory"));
+    }
+    let knob = PathBuf::from(format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    ));
+    std::fs::write(&knob, kib.to_string())
+        .map(|()| knob.clone())
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", knob.display())))
 }
 
 /// Whether a mount whose process died is at `dir` (its directory answers "transport endpoint
@@ -117,6 +149,10 @@ pub async fn mount(
         path: dir.to_owned(),
         source,
     };
+    let before = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(dir).map_err(io)?.dev()
+    };
     let mut session = Session::new(fs, dir, &config).map_err(io)?;
     let mut unmounter = session.unmount_callable();
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
@@ -153,6 +189,18 @@ pub async fn mount(
             }
         })
     };
+    if opts.readahead_kib > 0 {
+        let (d, kib) = (dir.to_owned(), opts.readahead_kib);
+        match tokio::task::spawn_blocking(move || set_readahead(&d, before, kib)).await {
+            Ok(Ok(knob)) => tracing::debug!(kib, knob = %knob.display(), "readahead set"),
+            Ok(Err(e)) => tracing::warn!(
+                kib,
+                error = %e,
+                "could not set the mount's readahead (sequential reads go in the kernel's 128 KiB requests)"
+            ),
+            Err(e) => tracing::warn!(error = %e, "setting the mount's readahead"),
+        }
+    }
     tracing::info!(dir = %dir.display(), "mounted");
     tokio::select! {
         () = stop => {

@@ -400,7 +400,12 @@ impl Shared {
         loop {
             let st = self.state(ino);
             let g = st.clone().lock_owned().await;
-            if self.files.lock().get(&ino).is_some_and(|s| Arc::ptr_eq(s, &st)) {
+            if self
+                .files
+                .lock()
+                .get(&ino)
+                .is_some_and(|s| Arc::ptr_eq(s, &st))
+            {
                 return g;
             }
         }

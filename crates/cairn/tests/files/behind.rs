@@ -72,7 +72,10 @@ async fn a_close_answers_before_its_flush_and_other_mounts_still_read_it_whole()
     fs::rename(a.path("config.tmp"), a.path("config")).unwrap();
     let adir = a.dir.clone();
     a.kill();
-    assert!(read_all(&b.path("config")) == new, "the renamed file's bytes");
+    assert!(
+        read_all(&b.path("config")) == new,
+        "the renamed file's bytes"
+    );
 
     // A mount killed right after closes that did not wait: the other mount's reads wait out
     // the dead mount's holds, then find each file as committed — whole or empty, never torn.

@@ -677,7 +677,10 @@ impl State {
         now: Time,
     ) -> Result<(), MetaError> {
         let node = self.node(path, ino)?;
-        if node.file().and_then(|f| f.lease.as_ref()).is_some_and(|l| l.holder == holder)
+        if node
+            .file()
+            .and_then(|f| f.lease.as_ref())
+            .is_some_and(|l| l.holder == holder)
             && let Some(i) = self.inodes.get_mut(&node.id)
             && let Kind::File(f) = &mut i.kind
             && let Some(l) = &mut f.lease
@@ -833,12 +836,7 @@ impl State {
 /// mount holds it — made it, closed it, and has not committed its bytes yet (docs/files.md
 /// "A close that does not wait"). Only the file service's files are held (a `cairn fs`
 /// writer's lease is not a hold).
-fn check_hold(
-    path: &str,
-    node: &Inode,
-    mount: &str,
-    now_ms: Option<u64>,
-) -> Result<(), MetaError> {
+fn check_hold(path: &str, node: &Inode, mount: &str, now_ms: Option<u64>) -> Result<(), MetaError> {
     let Some(now_ms) = now_ms else { return Ok(()) };
     if node.posix.as_ref().is_none_or(|p| p.extents.is_none()) {
         return Ok(());

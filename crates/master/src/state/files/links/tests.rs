@@ -28,7 +28,10 @@ fn remove(s: &mut State, path: &str) {
 }
 
 fn lookup(s: &State, path: &str) -> Result<Attr, MetaError> {
-    match s.file_query(&FileQuery::Lookup { path: path.into(), mount: String::new() })? {
+    match s.file_query(&FileQuery::Lookup {
+        path: path.into(),
+        mount: String::new(),
+    })? {
         FileReply::Attr(a) => Ok(a),
         other => panic!("{other:?}"),
     }

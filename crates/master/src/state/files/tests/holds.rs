@@ -77,7 +77,14 @@ fn a_held_file_waits_for_other_mounts_until_its_first_write() {
         assert_eq!(e.kind, ErrorKind::LeaseHeld, "{e}");
     }
     // The first write ends the hold.
-    write(&mut s, "/d/f", f.ino, vec![ext(0, 4096, 7, 0)], 4096, 10_002);
+    write(
+        &mut s,
+        "/d/f",
+        f.ino,
+        vec![ext(0, 4096, 7, 0)],
+        4096,
+        10_002,
+    );
     s.check_hold("/d/f", "mount-b", 10_003).unwrap();
     assert_eq!(map(&s, "/d/f").0.size, 4096);
     // A hold no write ends lapses (its mount died).
@@ -161,5 +168,6 @@ fn a_slow_flush_renews_its_hold_and_no_one_else_can() {
     };
     apply(&mut s, op).unwrap();
     assert!(s.check_hold("/d/f2", "mount-b", 20_000 + hold + 1).is_err());
-    s.check_hold("/d/f2", "mount-b", 20_000 + 2 * hold - 100).unwrap();
+    s.check_hold("/d/f2", "mount-b", 20_000 + 2 * hold - 100)
+        .unwrap();
 }
