@@ -16,6 +16,7 @@
 #   scripts/bench-files.sh     ROUNDS=2 UNTAR_ROUNDS=$ROUNDS FILES=8000 SPACE_FILES=100000
 #                              SECS=10 VOL_SIZE=1g CEPHFS=1 FIO_ROUNDS=$ROUNDS
 #                              SPACE=1 UNTAR_MEMBER= (a path in the tarball: untar only it)
+#                              DISK_SIZE=12g (each chunkserver's)
 #
 # Runs as root (bindfs and the mount). Installs bindfs and linux-source-6.1 (Debian) when
 # missing. Everything it makes is removed at the end (the cluster, both mounts, the floor's
@@ -70,7 +71,10 @@ trap cleanup EXIT
 cleanup
 mkdir -p "$MNT" "$FLOOR" "$BIND"
 cd "$WORK"
-"$CAIRN" up --disk-size ${DISK_SIZE:-4g} --no-zero-fill --no-s3 --nbd-insecure --mount "$MNT" >"$ROOT/target/bench-files-up.log" 2>&1 &
+# 12 GiB a chunkserver (sparse: --no-zero-fill): fio's timed writes rewrite their files, and an
+# overwritten segment's space comes back only after the collection's grace (300 s,
+# docs/files.md "Segment collection"); 4 GiB filled up within two 8-second rounds.
+"$CAIRN" up --disk-size ${DISK_SIZE:-12g} --no-zero-fill --no-s3 --nbd-insecure --mount "$MNT" >"$ROOT/target/bench-files-up.log" 2>&1 &
 UP_PID=$!
 wait_for_mount "$MNT" "$ROOT/target/bench-files-up.log"
 bindfs "$FLOOR" "$BIND"
