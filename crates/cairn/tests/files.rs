@@ -259,8 +259,16 @@ async fn a_mount_serves_posix_operations_and_its_files_outlive_it() {
     let m = Mount::start(&masters, &mnt);
     // A sequential reader's requests are 1 MiB (`--readahead-kib`'s default), the 3 MiB
     // file read back below among them.
+    // (Set beside the serving, a moment after the mount answers.)
     if root() {
-        assert_eq!(readahead_kib(&mnt), 1024);
+        let until = Instant::now() + Duration::from_secs(10);
+        while readahead_kib(&mnt) != 1024 {
+            assert!(
+                Instant::now() < until,
+                "the mount's readahead never became 1 MiB"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     // Directories, files written in pieces, read back whole.

@@ -41,15 +41,16 @@ pub struct Options {
 
 /// The readahead a mount asks of the kernel, in KiB: one FUSE request's most (256 pages),
 /// so a sequential reader's requests are 1 MiB each, not the kernel's 128 KiB. fio's 1 MiB
-/// sequential reads, 4 jobs: 0.45 of `cairn bench read` at 128 KiB, 0.56–0.70 at 1 MiB, and
-/// less again at 4 MiB (BENCHMARKS.md, session 59).
+/// sequential reads, 4 jobs: 0.48 of `cairn bench read` at 128 KiB, 0.74 at 1 MiB (medians
+/// of three), less at 4 MiB (BENCHMARKS.md, session 59).
 pub const READAHEAD_KIB: u32 = 1024;
 
 /// Sets the kernel's readahead for the FUSE mount at `dir` to `kib` KiB: the mount's
 /// backing device's `read_ahead_kb` in sysfs (`/sys/class/bdi/MAJOR:MINOR`, `MAJOR:MINOR`
-/// its `st_dev`), as mergerfs and DAOS's FUSE mounts do; the kernel offers a FUSE mount no
-/// more than 128 KiB at its start. Only after the kernel's `INIT` is answered (the `stat`
-/// of `dir` here waits for it): answering it sets the readahead to the smaller of the two.
+/// its `st_dev`), as mergerfs does (DAOS's and CubeFS's docs tell operators to); the kernel
+/// offers a FUSE mount no more than 128 KiB at its start. Only after the kernel's `INIT` is
+/// answered (the `stat` of `dir` here waits for it): answering it sets the readahead to the
+/// smaller of the two.
 /// `before` is `dir`'s device before the mount: the same device after it means the mount
 /// is not there. Answers the file written. Needs root (sysfs).
 fn set_readahead(dir: &Path, before: u64, kib: u32) -> std::io::Result<PathBuf> {
@@ -190,16 +191,20 @@ pub async fn mount(
         })
     };
     if opts.readahead_kib > 0 {
+        // Beside the serving, not before it: its `stat` waits for the masters' answer about
+        // the root, and Ctrl-C must unmount meanwhile.
         let (d, kib) = (dir.to_owned(), opts.readahead_kib);
-        match tokio::task::spawn_blocking(move || set_readahead(&d, before, kib)).await {
-            Ok(Ok(knob)) => tracing::debug!(kib, knob = %knob.display(), "readahead set"),
-            Ok(Err(e)) => tracing::warn!(
-                kib,
-                error = %e,
-                "could not set the mount's readahead (sequential reads go in the kernel's 128 KiB requests)"
-            ),
-            Err(e) => tracing::warn!(error = %e, "setting the mount's readahead"),
-        }
+        tokio::spawn(async move {
+            match tokio::task::spawn_blocking(move || set_readahead(&d, before, kib)).await {
+                Ok(Ok(knob)) => tracing::debug!(kib, knob = %knob.display(), "readahead set"),
+                Ok(Err(e)) => tracing::warn!(
+                    kib,
+                    error = %e,
+                    "could not set the mount's readahead (sequential reads go in the kernel's 128 KiB requests)"
+                ),
+                Err(e) => tracing::warn!(error = %e, "setting the mount's readahead"),
+            }
+        });
     }
     tracing::info!(dir = %dir.display(), "mounted");
     tokio::select! {
