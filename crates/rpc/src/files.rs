@@ -438,7 +438,12 @@ pub fn overlay(extents: &mut Vec<Extent>, new: Extent) {
     let (range, left, right) = covered(extents, new.offset, new.end());
     let at = range.start + usize::from(left.is_some());
     extents.splice(range, left.into_iter().chain(Some(new)).chain(right));
-    // Join with the one before and after when the bytes continue in the same segment.
+    join_around(extents, at);
+}
+
+/// Joins extent `at` with the one before and after it when the bytes continue in the same
+/// segment.
+fn join_around(extents: &mut Vec<Extent>, at: usize) {
     let joins = |a: &Extent, b: &Extent| {
         a.end() == b.offset && a.seg == b.seg && a.seg_offset + a.len == b.seg_offset
     };
@@ -678,7 +683,7 @@ mod tests {
         *extents = out;
     }
 
-    /// `overlay` as it was, on [`cut_walk`].
+    /// `overlay` as it was, on [`cut_walk`] and a search after it.
     fn overlay_walk(extents: &mut Vec<Extent>, new: Extent) {
         if new.len == 0 {
             return;
@@ -686,17 +691,8 @@ mod tests {
         cut_walk(extents, new.offset, new.end());
         let at = extents.partition_point(|e| e.offset < new.offset);
         extents.insert(at, new);
-        let joins = |a: &Extent, b: &Extent| {
-            a.end() == b.offset && a.seg == b.seg && a.seg_offset + a.len == b.seg_offset
-        };
-        if at + 1 < extents.len() && joins(&extents[at], &extents[at + 1]) {
-            extents[at].len += extents[at + 1].len;
-            extents.remove(at + 1);
-        }
-        if at > 0 && joins(&extents[at - 1], &extents[at]) {
-            extents[at - 1].len += extents[at].len;
-            extents.remove(at);
-        }
+        // (The joins did not change.)
+        join_around(extents, at);
     }
 
     /// The searched `cut` and `overlay` give the very lists the walks gave (the masters'
