@@ -23,6 +23,12 @@ pub struct MountArgs {
     /// mount may lose it, as an unsynced write).
     #[arg(long)]
     sync_close: bool,
+    /// Make every create wait until the masters have made the file: by default a create in
+    /// a directory made here a moment ago answers at once and the masters make the file
+    /// behind it (other mounts wait for it; a crash of this mount may lose it, as an
+    /// unsynced write).
+    #[arg(long)]
+    sync_create: bool,
     /// The kernel's readahead for the mount, in KiB: a sequential reader's FUSE requests are
     /// this large, up to 1024 (0: the kernel's own, 128). Setting it needs root; without,
     /// the mount says so and serves with the kernel's.
@@ -46,6 +52,7 @@ pub fn run(a: MountArgs) -> anyhow::Result<()> {
             allow_other: a.allow_other || root,
             unlinked_stale: std::time::Duration::from_secs(a.unlinked_stale_secs),
             sync_close: a.sync_close,
+            sync_create: a.sync_create,
             readahead_kib: a.readahead_kib,
         };
         let stop = async {

@@ -6,6 +6,7 @@ mod behind;
 #[path = "files/collect.rs"]
 mod collect;
 mod common;
+mod early;
 #[path = "files/fresh.rs"]
 mod fresh;
 #[path = "files/links.rs"]

@@ -211,6 +211,8 @@ impl Shared {
                 }
                 None => Errno::EIO,
             })?;
+            // A create answered early: its make first (early.rs).
+            self.made(ino).await?;
             match self
                 .commit_extents(&path, ino, st.size.unwrap_or(0), &extents, then.clone())
                 .await
@@ -258,6 +260,7 @@ impl Shared {
             then: f.waiting().then(|| f.changes.clone()),
             now: time_of(SystemTime::now()),
         };
+        self.made(ino).await?;
         self.op(&op).await?;
         st.fresh = None;
         st.dirty_since = None;

@@ -54,11 +54,17 @@ fn file_attr(a: &Attr) -> FileAttr {
 }
 
 impl CairnFs {
-    /// `sync_close`: every close waits for its commit (none answers before its flush).
-    pub fn new(rt: tokio::runtime::Handle, client: Client, sync_close: bool) -> Self {
+    /// `sync_close`: every close waits for its commit (none answers before its flush);
+    /// `sync_create`: every create waits for its make (none answers before it).
+    pub fn new(
+        rt: tokio::runtime::Handle,
+        client: Client,
+        sync_close: bool,
+        sync_create: bool,
+    ) -> Self {
         Self {
             rt,
-            shared: Arc::new(Shared::new(client, sync_close)),
+            shared: Arc::new(Shared::new(client, sync_close, sync_create)),
         }
     }
 
@@ -72,6 +78,17 @@ impl CairnFs {
     {
         self.rt.spawn(f);
     }
+}
+
+/// The state of a file this mount made with a create sent at `sent`, open once.
+fn created(st: &mut crate::shared::FileState, a: &Attr, sent: std::time::Instant) {
+    st.opens += 1;
+    st.size = Some(0);
+    st.map = Some(Data::Extents(Vec::new()));
+    st.fresh = Some(crate::fresh::Fresh::new(a.clone(), sent));
+    // Its first commit ends the masters' hold: the background flush makes it if no close or
+    // write does.
+    st.dirty_since = Some(sent);
 }
 
 fn req_ids(req: &Request) -> (u32, u32) {
@@ -322,6 +339,7 @@ impl Filesystem for CairnFs {
                         to,
                         flags,
                         now: time_of(SystemTime::now()),
+                        mount: s.mount_id.clone(),
                     })
                     .await;
                 {
@@ -395,6 +413,43 @@ impl Filesystem for CairnFs {
         let s = self.shared.clone();
         let (name, ids) = (name.to_owned(), req_ids(req));
         let perm = (mode & !umask & 0o7777) as u16;
+        // In a directory this mount made a moment ago: answered here, the make behind it
+        // (early.rs).
+        let early = match s.child_path(parent.0, &name) {
+            Ok((path, n)) => s.create_early(ids, parent.0, &n, path, perm),
+            Err(e) => return reply.error(e),
+        };
+        if let Some((a, make)) = early {
+            let sent = std::time::Instant::now();
+            // A number no node had: its state is new, and no one else's.
+            let st = s.state(a.ino);
+            if let Ok(mut g) = st.try_lock() {
+                created(&mut g, &a, sent);
+                drop(g);
+                self.spawn(make);
+                let fh = s.next_handle.fetch_add(1, Ordering::Relaxed);
+                return reply.created(
+                    &ATTR_TTL,
+                    &file_attr(&a),
+                    Generation(0),
+                    FileHandle(fh),
+                    FopenFlags::empty(),
+                );
+            }
+            let attr = file_attr(&a);
+            self.spawn(async move {
+                created(&mut *st.lock().await, &a, sent);
+                make.await;
+            });
+            let fh = s.next_handle.fetch_add(1, Ordering::Relaxed);
+            return reply.created(
+                &ATTR_TTL,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+            );
+        }
         self.spawn(async move {
             let sent = std::time::Instant::now();
             match s
@@ -402,15 +457,7 @@ impl Filesystem for CairnFs {
                 .await
             {
                 Ok(a) => {
-                    let st = s.state(a.ino);
-                    let mut st = st.lock().await;
-                    st.opens += 1;
-                    st.size = Some(0);
-                    st.map = Some(Data::Extents(Vec::new()));
-                    st.fresh = Some(crate::shared::Fresh::new(a.clone(), sent));
-                    // Its first commit ends the masters' hold: the background flush makes
-                    // it if no close or write does.
-                    st.dirty_since = Some(sent);
+                    created(&mut *s.state(a.ino).lock().await, &a, sent);
                     let fh = s.next_handle.fetch_add(1, Ordering::Relaxed);
                     reply.created(
                         &ATTR_TTL,
@@ -596,13 +643,24 @@ impl Filesystem for CairnFs {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Every directory change is a Raft write, durable when it returned.
-        reply.ok();
+        // Every directory change is a Raft write, durable when it returned — but the makes
+        // behind creates answered early (early.rs), which this waits for.
+        let s = self.shared.clone();
+        self.spawn(async move {
+            let r = match s.path(ino.0) {
+                Ok(path) => s.made_under(&[&path]).await,
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -3,6 +3,8 @@
 //! served to the kernel with FUSE (`cairn mount`).
 
 mod data;
+mod early;
+mod fresh;
 mod fs;
 mod listed;
 pub mod mount;

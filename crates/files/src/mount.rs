@@ -34,6 +34,9 @@ pub struct Options {
     /// Every close waits for its file's commit, a new file's too (docs/files.md "A close
     /// that does not wait").
     pub sync_close: bool,
+    /// Every create waits for the masters to make the file (docs/files.md "A create that
+    /// does not wait").
+    pub sync_create: bool,
     /// The kernel's readahead for the mount, in KiB ([`READAHEAD_KIB`] by default; 0 leaves
     /// the kernel's own, 128 KiB).
     pub readahead_kib: u32,
@@ -132,7 +135,12 @@ pub async fn mount(
     if clear_stale(dir)? {
         tracing::warn!(dir = %dir.display(), "a mount whose process died was here; unmounted it");
     }
-    let fs = CairnFs::new(tokio::runtime::Handle::current(), client, opts.sync_close);
+    let fs = CairnFs::new(
+        tokio::runtime::Handle::current(),
+        client,
+        opts.sync_close,
+        opts.sync_create,
+    );
     let shared = fs.shared();
     let mut config = Config::default();
     config.mount_options = vec![

@@ -2,12 +2,13 @@
 //! dirty ranges and extents, and the namespace calls (`data.rs` has reads, writes and
 //! flushes). `fs.rs` turns the kernel's calls into these.
 
+use crate::fresh::{CLOSES_BEHIND, Fresh, defer_attr, fresh_attr};
 use crate::listed::Listed;
 use crate::nodes::Nodes;
 use crate::segment::GroupWriter;
 use cairn_client::Client;
 use cairn_rpc::files::{
-    Attr, Data, FileOp, FileQuery, FileReply, HOLD_MS, NewNode, NodeType, SetAttr, Time,
+    Attr, Data, FileOp, FileQuery, FileReply, NewNode, NodeType, SetAttr, Time,
 };
 use cairn_rpc::{ErrorKind, MetaError};
 use fuser::{Errno, FileType, INodeNo, ReplyDirectory};
@@ -26,9 +27,6 @@ pub const DIRTY_FILE_MAX: usize = 8 << 20;
 pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// Entries asked of the masters per readdir page.
 const READDIR_PAGE: u32 = 512;
-/// Closes answered before their flush that may be in flight at once; past it a close
-/// waits for its flush (docs/files.md "A close that does not wait").
-pub const CLOSES_BEHIND: usize = 64;
 /// How long a lookup or map of a file another mount holds is retried (the holder renews the
 /// hold while its flush runs; past this the call fails).
 const HELD_WAIT_MAX: Duration = Duration::from_secs(120);
@@ -53,110 +51,10 @@ pub(crate) struct FileState {
     pub(crate) fresh: Option<Fresh>,
 }
 
-/// A file this mount made whose bytes no one can read yet (none committed): its `chmod`,
-/// `chown` and `utimens` wait here and go to the masters in the same change as its first
-/// bytes (`FileOp::Write::then`) — one Raft write where `tar`, `cp -p` and `rsync` would
-/// make four (docs/files.md "Attributes of a new file"). No byte of the file is ever
-/// readable under attributes it did not have.
-pub(crate) struct Fresh {
-    /// The node as its create answered.
-    pub(crate) attr: Attr,
-    /// Until when a close may answer before its flush: the masters hold the file for this
-    /// mount (`FileOp::Make::hold`) for [`HOLD_MS`] from before the create was sent; half
-    /// of it is left for the flush to start and renew the hold.
-    pub(crate) behind_until: Instant,
-    /// What the changes set (all `None`: nothing waits).
-    pub(crate) changes: SetAttr,
-    /// When the last change was taken: the ctime this mount shows.
-    pub(crate) ctime: Option<Time>,
-}
-
-impl Fresh {
-    /// A file whose create was sent at `sent`.
-    pub(crate) fn new(attr: Attr, sent: Instant) -> Self {
-        Self {
-            attr,
-            behind_until: sent + Duration::from_millis(HOLD_MS / 2),
-            changes: SetAttr::default(),
-            ctime: None,
-        }
-    }
-
-    pub(crate) fn waiting(&self) -> bool {
-        self.changes != SetAttr::default()
-    }
-
-    /// Takes a change of attributes (no size) made at `now`.
-    pub(crate) fn take(&mut self, a: &SetAttr, now: Time) {
-        let c = &mut self.changes;
-        c.mode = a.mode.or(c.mode);
-        c.uid = a.uid.or(c.uid);
-        c.gid = a.gid.or(c.gid);
-        c.atime = a.atime.or(c.atime);
-        c.mtime = a.mtime.or(c.mtime);
-        self.ctime = Some(now);
-    }
-
-    /// `attr` with the changes that wait.
-    pub(crate) fn overlay(&self, attr: &mut Attr) {
-        let c = &self.changes;
-        if let Some(m) = c.mode {
-            attr.mode = m;
-        }
-        if let Some(u) = c.uid {
-            attr.uid = u;
-        }
-        if let Some(g) = c.gid {
-            attr.gid = g;
-        }
-        if let Some(t) = c.atime {
-            attr.atime = t;
-        }
-        if let Some(t) = c.mtime {
-            attr.mtime = t;
-        }
-        if let Some(t) = self.ctime {
-            attr.ctime = t;
-        }
-    }
-}
-
 /// Whether a flush of the file would do anything: dirty bytes, or a new file's first
 /// commit (which carries its attribute changes and ends its hold).
-fn needs_flush(st: &FileState) -> bool {
+pub(crate) fn needs_flush(st: &FileState) -> bool {
     !st.dirty.is_empty() || st.fresh.is_some()
-}
-
-/// What `stat` shows of a new file whose bytes are not committed yet (its create's answer,
-/// the changes waiting, the size written), or `None`.
-fn fresh_attr(st: &FileState) -> Option<Attr> {
-    let f = st.fresh.as_ref().filter(|_| st.unlinked.is_none())?;
-    let mut a = f.attr.clone();
-    f.overlay(&mut a);
-    if let Some(size) = st.size {
-        a.size = size;
-    }
-    Some(a)
-}
-
-/// Takes a `setattr` of a new file that is open here (not a truncate) into its
-/// [`Fresh`] changes; the attributes it answers. `None`: not such a file or change.
-fn defer_attr(st: &mut FileState, attr: &SetAttr) -> Option<Attr> {
-    if attr.size.is_some() || st.opens == 0 {
-        return None;
-    }
-    let size = st.size;
-    let f = st.fresh.as_mut()?;
-    // The kernel checked that the caller may; the masters check the mount's user at the
-    // commit.
-    f.take(attr, time_of(SystemTime::now()));
-    let mut a = f.attr.clone();
-    f.overlay(&mut a);
-    if let Some(size) = size {
-        a.size = size;
-    }
-    st.dirty_since.get_or_insert_with(Instant::now);
-    Some(a)
 }
 
 /// Where a file unlinked while this mount has it open waits for its last close (NFS's
@@ -182,10 +80,14 @@ pub(crate) struct Shared {
     pub(crate) listed: Mutex<Listed>,
     /// This mount's name at the masters (its client's id): the holder of the files it made.
     pub(crate) mount_id: String,
+    /// Directories whose creates answer before their make, and those makes (early.rs).
+    pub(crate) early: Mutex<crate::early::Early>,
     /// Permits for closes answered before their flush ([`CLOSES_BEHIND`]).
-    closing: Arc<tokio::sync::Semaphore>,
+    pub(crate) closing: Arc<tokio::sync::Semaphore>,
     /// Every close waits for its commit (`cairn mount --sync-close`).
-    sync_close: bool,
+    pub(crate) sync_close: bool,
+    /// Every create waits for its make (`cairn mount --sync-create`): no directory is held.
+    sync_create: bool,
 }
 
 pub(crate) fn errno(e: &MetaError) -> Errno {
@@ -269,9 +171,10 @@ pub(crate) fn join(dir: &str, name: &str) -> String {
 }
 
 impl Shared {
-    pub(crate) fn new(client: Client, sync_close: bool) -> Self {
+    pub(crate) fn new(client: Client, sync_close: bool, sync_create: bool) -> Self {
         Self {
             sync_close,
+            sync_create,
             segments: GroupWriter::new(client.clone()),
             mount_id: client.client_id().to_owned(),
             closing: Arc::new(tokio::sync::Semaphore::new(CLOSES_BEHIND)),
@@ -282,6 +185,7 @@ impl Shared {
             next_handle: AtomicU64::new(1),
             xattr_cache: Default::default(),
             listed: Mutex::new(Listed::default()),
+            early: Mutex::default(),
         }
     }
 
@@ -339,6 +243,16 @@ impl Shared {
     /// its bytes: docs/files.md "A close that does not wait") is asked again until the hold
     /// ends, for up to [`HELD_WAIT_MAX`].
     pub(crate) async fn query(&self, q: &FileQuery) -> Result<FileReply, Errno> {
+        match q {
+            FileQuery::Lookup { path, .. }
+            | FileQuery::Readdir { path, .. }
+            | FileQuery::Map { path, .. }
+            | FileQuery::Xattrs { path, .. } => {
+                // What failed is the masters' to tell (not found).
+                let _ = self.made_under(&[path]).await;
+            }
+            FileQuery::Statfs => {}
+        }
         let started = Instant::now();
         let mut pause = Duration::from_millis(1);
         loop {
@@ -377,16 +291,33 @@ impl Shared {
         }
     }
 
+    /// A change at the masters, after the makes behind early creates it names (early.rs).
+    /// A directory another mount holds is waited for, as [`Shared::query`] waits.
     pub(crate) async fn op(&self, op: &FileOp) -> Result<FileReply, Errno> {
-        self.client.masters().file_op(op).await.map_err(|e| {
-            let n = errno(&e);
-            if n == Errno::EIO {
-                // No errno says what went wrong: the log does.
-                tracing::warn!(op = op.name(), path = op.path(), error = %e,
-                    "a change failed (EIO)");
+        // What failed is the masters' to tell (not found).
+        let _ = self.made_under(&crate::early::op_paths(op)).await;
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.client.masters().file_op(op).await {
+                Err(e) if e.kind == ErrorKind::LeaseHeld && started.elapsed() < HELD_WAIT_MAX => {
+                    tracing::debug!(error = %e, "waiting for another mount's directory");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                r => {
+                    return r.map_err(|e| {
+                        let n = errno(&e);
+                        if n == Errno::EIO {
+                            // No errno says what went wrong: the log does.
+                            tracing::warn!(op = op.name(), path = op.path(), error = %e,
+                                "a change failed (EIO)");
+                        }
+                        n
+                    });
+                }
             }
-            n
-        })
+        }
     }
 
     pub(crate) fn state(&self, ino: u64) -> Arc<tokio::sync::Mutex<FileState>> {
@@ -434,31 +365,9 @@ impl Shared {
 
     /// A file's state, when it has one and its lock is free: for the calls answered on the
     /// kernel's thread.
-    fn state_now(&self, ino: u64) -> Option<tokio::sync::OwnedMutexGuard<FileState>> {
+    pub(crate) fn state_now(&self, ino: u64) -> Option<tokio::sync::OwnedMutexGuard<FileState>> {
         let st = self.files.lock().get(&ino).cloned()?;
         st.try_lock_owned().ok()
-    }
-
-    /// `setattr` of a new file's mode, owners or times, answered here (docs/files.md
-    /// "Attributes of a new file"). `None`: it needs [`Shared::setattr`].
-    pub(crate) fn setattr_now(&self, ino: u64, attr: &SetAttr) -> Option<Attr> {
-        defer_attr(&mut *self.state_now(ino)?, attr)
-    }
-
-    /// `getattr` of a new file whose bytes are not committed yet: answered here, from its
-    /// create's answer and the changes waiting (another mount's change to it meanwhile
-    /// shows after the close). `None`: it needs [`Shared::getattr`].
-    pub(crate) fn getattr_now(&self, ino: u64) -> Option<Attr> {
-        fresh_attr(&*self.state_now(ino)?)
-    }
-
-    /// Waits for a flush of `ino` in flight (a close's, behind it): what the masters answer
-    /// after it includes what it committed.
-    pub(crate) async fn flushed(&self, ino: u64) {
-        let st = self.files.lock().get(&ino).cloned();
-        if let Some(st) = st {
-            drop(st.lock().await);
-        }
     }
 
     /// A close (FUSE flush) with nothing to flush, answered here. `false`: it needs
@@ -468,79 +377,6 @@ impl Shared {
             return true;
         }
         self.state_now(ino).is_some_and(|st| !needs_flush(&st))
-    }
-
-    /// A close (FUSE flush) of a file this mount made a moment ago, which answers before
-    /// its flush: the permit the flush holds ([`Shared::flush_behind`]). `None`: the close
-    /// waits for its flush (an older file, the lock busy, too many closes behind already).
-    pub(crate) fn close_behind(&self, ino: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        if self.sync_close {
-            return None;
-        }
-        let st = self.state_now(ino)?;
-        let f = st.fresh.as_ref()?;
-        if st.unlinked.is_some() || Instant::now() >= f.behind_until {
-            return None;
-        }
-        self.closing.clone().try_acquire_owned().ok()
-    }
-
-    /// The flush of a close that answered before it: the file's first commit, which ends
-    /// the masters' hold; the hold is renewed while the flush runs. A failure is logged and
-    /// the flush tried again by the release and the background flush.
-    pub(crate) async fn flush_behind(&self, ino: u64, _permit: tokio::sync::OwnedSemaphorePermit) {
-        let Some(st) = self.files.lock().get(&ino).cloned() else {
-            return;
-        };
-        let flush = async {
-            let mut g = st.lock().await;
-            self.flush_locked(ino, &mut g).await
-        };
-        let renew = async {
-            loop {
-                tokio::time::sleep(Duration::from_millis(HOLD_MS / 3)).await;
-                let Ok(path) = self.path(ino) else { continue };
-                let op = FileOp::Hold {
-                    path,
-                    ino,
-                    holder: self.mount_id.clone(),
-                    now: time_of(SystemTime::now()),
-                };
-                if self.op(&op).await.is_err() {
-                    tracing::warn!(ino, "renewing a closed file's hold failed");
-                }
-            }
-        };
-        let r = tokio::select! {
-            r = flush => r,
-            never = renew => never,
-        };
-        if let Err(e) = r {
-            tracing::warn!(ino, errno = ?e, "a flush after its close failed; will try again");
-        }
-    }
-
-    /// Waits for the flush of a close that answered before it, if `ino` has one, or makes it
-    /// now: a rename, link or unlink of the file comes after its bytes (as ext4 commits a
-    /// file's data before a rename over another).
-    pub(crate) async fn settle(&self, ino: u64) -> Result<(), Errno> {
-        let Some(st) = self.files.lock().get(&ino).cloned() else {
-            return Ok(());
-        };
-        let mut g = st.lock().await;
-        if g.fresh.is_some() && g.unlinked.is_none() {
-            self.flush_locked(ino, &mut g).await?;
-        }
-        Ok(())
-    }
-
-    /// [`Shared::settle`] of the node this mount knows as `name` in `parent`, if any.
-    pub(crate) async fn settle_name(&self, parent: u64, name: &str) -> Result<(), Errno> {
-        let ino = self.nodes.lock().at(parent, name);
-        match ino {
-            Some(ino) => self.settle(ino).await,
-            None => Ok(()),
-        }
     }
 
     /// A release with nothing to flush, no segment of the file's own to seal and no set-aside
@@ -613,11 +449,13 @@ impl Shared {
                     ino: 0,
                     dir,
                     now: time_of(SystemTime::now()),
+                    mount: self.mount_id.clone(),
                 })
                 .await;
             self.gone_from(parent, &name, r.is_ok());
             if let Some(c) = child {
                 self.listed.lock().forget(c);
+                self.early.lock().forget(c);
             }
             r?;
             self.name_gone(parent, &name);
@@ -635,6 +473,9 @@ impl Shared {
                 gid: 0,
                 now: time_of(SystemTime::now()),
                 hold: String::new(),
+                mount: String::new(),
+                ino: 0,
+                reserve: 0,
             };
             match self.op(&make).await {
                 Ok(_) | Err(Errno::EEXIST) => {}
@@ -649,6 +490,7 @@ impl Shared {
                 to: to.clone(),
                 flags: cairn_rpc::files::RenameFlags::default(),
                 now: time_of(SystemTime::now()),
+                mount: self.mount_id.clone(),
             })
             .await;
         self.gone_from(parent, &name, r.is_ok());
@@ -705,6 +547,7 @@ impl Shared {
                 ino,
                 dir: false,
                 now: time_of(SystemTime::now()),
+                mount: self.mount_id.clone(),
             })
             .await?;
             return Ok(());
@@ -747,8 +590,9 @@ impl Shared {
         let (path, name) = self.child_path(parent, name)?;
         // The service's own directories (segments, the unlinked) get names this mount's
         // calls do not make: never listed.
-        let list =
-            matches!(node, NewNode::Directory) && path != "/.fs" && !path.starts_with("/.fs/");
+        // Nor held for this mount: every mount makes names there.
+        let service = path == "/.fs" || path.starts_with("/.fs/");
+        let list = matches!(node, NewNode::Directory) && !service;
         let op = FileOp::Make {
             path,
             node,
@@ -761,9 +605,33 @@ impl Shared {
             } else {
                 String::new()
             },
+            mount: if service {
+                String::new()
+            } else {
+                self.mount_id.clone()
+            },
+            ino: 0,
+            // A directory held for this mount: numbers for its early creates (early.rs).
+            reserve: if list && !self.sync_create {
+                crate::early::RESERVE
+            } else {
+                0
+            },
         };
         let sent = Instant::now();
-        match self.op(&op).await {
+        let made = match self.op(&op).await {
+            Ok(FileReply::Made {
+                attr,
+                first,
+                count,
+                policy,
+            }) => {
+                self.early.lock().held(attr.ino, sent, policy, first, count);
+                Ok(FileReply::Attr(attr))
+            }
+            r => r,
+        };
+        match made {
             Ok(FileReply::Attr(a)) => {
                 self.remember(parent, &name, &a);
                 self.xattr_cache.none(a.ino);
@@ -793,6 +661,7 @@ impl Shared {
             ino,
             to,
             now: time_of(SystemTime::now()),
+            mount: self.mount_id.clone(),
         };
         let r = self.op(&op).await;
         match r {
@@ -940,6 +809,7 @@ impl Shared {
                 ino,
                 after,
                 limit: READDIR_PAGE,
+                mount: self.mount_id.clone(),
             };
             match self.query(&q).await {
                 Ok(FileReply::Readdir { entries, more }) => {

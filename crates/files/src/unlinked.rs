@@ -86,6 +86,7 @@ impl Shared {
                 ino: 0,
                 after: after.clone(),
                 limit: cairn_rpc::files::READDIR_MAX,
+                mount: self.mount_id.clone(),
             };
             let (entries, more) = match self.query(&q).await {
                 Ok(FileReply::Readdir { entries, more }) => (entries, more),
@@ -102,6 +103,7 @@ impl Shared {
                     ino: e.attr.ino,
                     dir: e.attr.kind == cairn_rpc::files::NodeType::Directory,
                     now: time_of(SystemTime::now()),
+                    mount: self.mount_id.clone(),
                 };
                 match self.op(&op).await {
                     Ok(_) => {

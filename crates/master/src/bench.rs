@@ -245,6 +245,9 @@ pub async fn files(
         gid: 0,
         now,
         hold: String::new(),
+        mount: String::new(),
+        ino: 0,
+        reserve: 0,
     };
     let mut made = std::collections::HashSet::new();
     let mut inos = Vec::with_capacity(n as usize);
@@ -283,6 +286,9 @@ pub async fn files(
                 gid: 0,
                 now,
                 hold: String::new(),
+                mount: String::new(),
+                ino: 0,
+                reserve: 0,
             },
         )
         .await?
@@ -326,6 +332,7 @@ pub async fn files(
                 ino: *ino,
                 dir: false,
                 now,
+                mount: String::new(),
             },
         )
         .await?;

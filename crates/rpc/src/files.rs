@@ -49,6 +49,22 @@ pub const XATTR_NAMESPACES: [&str; 3] = ["user.", "trusted.", "security."];
 /// write commits: the bound on another mount's wait for a close that answered before its
 /// commit (the mount that made it died, or its flush failed).
 pub const HOLD_MS: u64 = 5_000;
+/// How long a directory a mount made is held for it (`FileOp::Make::hold` of a directory):
+/// other mounts' lookups of names not in it, listings of it and new names in it wait until
+/// then, while the mount's creates in it answer before they reach the masters
+/// (docs/files.md "A create that does not wait"). Renewed only while such a create is
+/// slow to commit.
+pub const DIR_HOLD_MS: u64 = 3_000;
+/// Most inode numbers one `FileOp::Make::reserve` hands out.
+pub const RESERVE_MAX: u32 = 1_024;
+
+/// The directory a normalized path is in (`/` for `/a`, and for `/` itself).
+pub fn parent_of(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &path[..i],
+    }
+}
 
 /// The path of segment `seg`.
 pub fn segment_path(seg: u64) -> String {
@@ -206,6 +222,23 @@ pub enum FileOp {
         /// close that does not wait"). Empty: no hold.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         hold: String,
+        /// The asking mount (empty: not a mount). A directory it makes with a `reserve` is
+        /// held for it for [`DIR_HOLD_MS`]: its creates there may answer before they reach
+        /// the masters (docs/files.md "A create that does not wait"); a name in a directory
+        /// another mount holds is not made until the hold ends.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        mount: String,
+        /// The new node's inode number, from a reservation of this partition's ([`reserve`]
+        /// of an earlier make): a mount's create answered before it reached the masters.
+        /// 0: the masters number it.
+        ///
+        /// [`reserve`]: FileOp::Make::reserve
+        #[serde(default, skip_serializing_if = "is_zero")]
+        ino: u64,
+        /// Inode numbers to reserve for the mount's later makes in this directory's
+        /// partition (at most [`RESERVE_MAX`]); the answer is then [`FileReply::Made`].
+        #[serde(default, skip_serializing_if = "is_zero_u32")]
+        reserve: u32,
     },
     /// `unlink` (`dir` false) or `rmdir` (`dir` true) of `path`, inode `ino`.
     Remove {
@@ -213,6 +246,10 @@ pub enum FileOp {
         ino: u64,
         dir: bool,
         now: Time,
+        /// The asking mount (empty: not a mount): a directory another mount holds is not
+        /// removed until the hold ends ([`DIR_HOLD_MS`]).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        mount: String,
     },
     /// `rename(2)` of `from` (inode `ino`) to `to`, replacing what is there (a file by a
     /// file, an empty directory by a directory) unless `flags` say otherwise.
@@ -222,6 +259,10 @@ pub enum FileOp {
         to: String,
         flags: RenameFlags,
         now: Time,
+        /// The asking mount, as for [`FileOp::Remove`]: nothing is renamed into, or out of
+        /// the place of, a directory another mount holds until the hold ends.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        mount: String,
     },
     /// `link(2)`: `to` (absent; its directory exists) becomes another name of the node at
     /// `from` (inode `ino`), which is not a directory; both in one partition (else
@@ -231,6 +272,9 @@ pub enum FileOp {
         ino: u64,
         to: String,
         now: Time,
+        /// The asking mount, as for [`FileOp::Remove`].
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        mount: String,
     },
     /// `chmod`, `chown`, `truncate`, `utimens`.
     SetAttr {
@@ -304,6 +348,18 @@ impl FileOp {
         }
     }
 
+    /// The mount that asks for the change (empty: not a mount, or a change a directory's
+    /// hold does not stop).
+    pub fn mount(&self) -> &str {
+        match self {
+            FileOp::Make { mount, .. }
+            | FileOp::Remove { mount, .. }
+            | FileOp::Rename { mount, .. }
+            | FileOp::Link { mount, .. } => mount,
+            _ => "",
+        }
+    }
+
     /// The path whose partition applies the change.
     pub fn path(&self) -> &str {
         match self {
@@ -335,6 +391,10 @@ pub enum FileQuery {
         ino: u64,
         after: String,
         limit: u32,
+        /// The asker, as for `Lookup`: a directory another mount holds answers
+        /// `LeaseHeld` until the hold ends.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        mount: String,
     },
     /// A file's attributes and where its bytes are (`mount` as for `Lookup`).
     Map {
@@ -361,6 +421,16 @@ pub struct Entry {
 pub enum FileReply {
     /// Make, SetAttr, Write, Lookup.
     Attr(Attr),
+    /// A make that reserved inode numbers ([`FileOp::Make::reserve`]): the node's
+    /// attributes, `count` numbers from `first` on for the mount's later makes, and the
+    /// policy a regular file made in the new node (a directory) has, as [`Attr::policy`].
+    Made {
+        attr: Attr,
+        first: u64,
+        count: u32,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        policy: String,
+    },
     /// Remove, Rename.
     Done,
     Readdir {
@@ -656,4 +726,12 @@ mod tests {
         };
         assert_eq!(encode(&plain), older.to_vec());
     }
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
 }

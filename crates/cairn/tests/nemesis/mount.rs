@@ -353,7 +353,11 @@ pub(super) fn fs_writer(
                         .open(path(i))
                     {
                         Ok(f) => {
-                            names[i].durable(Some(Vec::new()));
+                            // Made, but not durable yet: in a directory the mount made a
+                            // moment ago the create answers before the masters make the
+                            // file (docs/files.md "A create that does not wait"), so the
+                            // mount killed now may leave no file.
+                            names[i].pending(Some(Vec::new()));
                             open.insert(i, (f, g));
                             behind.insert(i);
                         }

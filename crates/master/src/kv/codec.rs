@@ -308,7 +308,40 @@ mod tests {
             xattrs: [("user.a".to_string(), vec![0, 1, 2])].into(),
             link: 10,
             links: vec![11, 12],
+            hold: Some(crate::state::Lease {
+                holder: "m".into(),
+                expires_ms: 13,
+            }),
         }))));
+        // The tails docs/formats/master-state.md shows: no links and not held; a link entry
+        // 42; a directory held for `m1` until 10 000 ms.
+        let tail = |link, links: Vec<u64>, hold: Option<crate::state::Lease>| {
+            let p = Posix {
+                kind: NodeType::Directory,
+                uid: 0,
+                gid: 0,
+                nlink: 2,
+                size: 0,
+                atime: Time { secs: 0, nanos: 0 },
+                mtime: Time { secs: 0, nanos: 0 },
+                ctime: Time { secs: 0, nanos: 0 },
+                rdev: 0,
+                target: String::new(),
+                extents: None,
+                xattrs: Default::default(),
+                link,
+                links,
+                hold,
+            };
+            postcard::to_allocvec(&ino(Some(Box::new(p)))).unwrap()
+        };
+        assert!(tail(0, vec![], None).ends_with(&[0, 0, 0, 0]));
+        assert!(tail(0, vec![42], None).ends_with(&[0, 0, 1, 0x2a, 0]));
+        let held = Some(crate::state::Lease {
+            holder: "m1".into(),
+            expires_ms: 10_000,
+        });
+        assert!(tail(0, vec![], held).ends_with(&[0, 0, 0, 1, 2, 0x6d, 0x31, 0x90, 0x4e]));
     }
 
     /// The examples of docs/formats/master-state.md.

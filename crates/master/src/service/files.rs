@@ -57,6 +57,9 @@ impl Inner {
         }
         let routed = self.route(op.path()).await?;
         self.check_above(&routed, who)?;
+        // A directory another mount made a moment ago: its creates there may not have
+        // reached the masters yet (docs/files.md "A create that does not wait").
+        routed.h.sm.lock().state.check_dir_holds(&op, now_ms())?;
         if let FileOp::Rename {
             from, to, flags, ..
         } = &op
@@ -76,6 +79,7 @@ impl Inner {
                 };
                 dest.not_top(to, "replaced")?;
                 self.check_above(&dest, who)?;
+                dest.h.sm.lock().state.check_dir_holds(&op, now_ms())?;
                 self.rename_across(who, from.clone(), to.clone(), routed.h.id, dest.h.id)
                     .await?;
                 return Ok(Prepared::Done(FileReply::Done));
@@ -119,12 +123,17 @@ impl Inner {
                 let q = match q {
                     FileQuery::Lookup { mount, .. } => FileQuery::Lookup { path, mount },
                     FileQuery::Readdir {
-                        ino, after, limit, ..
+                        ino,
+                        after,
+                        limit,
+                        mount,
+                        ..
                     } => FileQuery::Readdir {
                         path,
                         ino,
                         after,
                         limit,
+                        mount,
                     },
                     FileQuery::Map { ino, mount, .. } => FileQuery::Map { path, ino, mount },
                     FileQuery::Xattrs { ino, .. } => FileQuery::Xattrs { path, ino },

@@ -15,7 +15,7 @@ pub use old::{inode_from_old, txns_from_old};
 /// Inodes by id (docs/formats/master-state.md). Version 2 added `posix` (the file service's
 /// attributes, docs/files.md), version 3 `posix.xattrs`, version 4 `posix.link` and
 /// `posix.links` (hard links); older records are read as having none.
-pub const INODES: TableDef = TableDef::new("inodes", 4).upgraded_by(inode_from_old);
+pub const INODES: TableDef = TableDef::new("inodes", 5).upgraded_by(inode_from_old);
 /// (parent, name) → child.
 pub const DENTRIES: TableDef = TableDef::new("dentries", 1);
 /// chunk → the file that owns it.
@@ -91,8 +91,8 @@ const MOVE_SHARDS: TableDef = cell("move_shards");
 const HOME: TableDef = cell("home");
 const MOVING: TableDef = cell("moving");
 const LOAD_SEALED: TableDef = cell("load_sealed");
-/// The inode a decision carries is an inode of `INODES`' version: 4 since hard links.
-pub(super) const TXNS: TableDef = TableDef::new("txns", 4).upgraded_by(txns_from_old);
+/// The inode a decision carries is an inode of `INODES`' version: 5 since directory holds.
+pub(super) const TXNS: TableDef = TableDef::new("txns", 5).upgraded_by(txns_from_old);
 const LOCKS: TableDef = cell("locks");
 
 /// Every table of the state, cells included (what a snapshot file holds; `counts` is

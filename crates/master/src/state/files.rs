@@ -90,6 +90,7 @@ impl State {
                 xattrs: Default::default(),
                 link: 0,
                 links: Vec::new(),
+                hold: None,
             }));
         }
         ino.posix.as_mut().expect("just made")
@@ -118,12 +119,22 @@ impl State {
                 gid,
                 now,
                 hold,
-            } => self.make_node(path, node, (*mode, *uid, *gid), *now, hold)?,
+                mount,
+                ino,
+                reserve,
+            } => self.make_node(
+                path,
+                node,
+                (*mode, *uid, *gid),
+                *now,
+                (hold, mount, *ino, *reserve),
+            )?,
             FileOp::Remove {
                 path,
                 ino,
                 dir,
                 now,
+                ..
             } => {
                 self.remove_node(path, *ino, *dir, *now)?;
                 FileReply::Done
@@ -134,11 +145,14 @@ impl State {
                 to,
                 flags,
                 now,
+                ..
             } => {
                 self.rename_node(from, *ino, to, *flags, *now)?;
                 FileReply::Done
             }
-            FileOp::Link { from, ino, to, now } => self.link_node(from, *ino, to, *now)?,
+            FileOp::Link {
+                from, ino, to, now, ..
+            } => self.link_node(from, *ino, to, *now)?,
             FileOp::SetAttr {
                 path,
                 ino,
@@ -156,7 +170,7 @@ impl State {
                 if let Some(then) = then {
                     // Checked before the write changes anything: the change is whole or
                     // not at all.
-                    check_then(path, then)?;
+                    authorize::check_then(path, then)?;
                 }
                 let written = self.write_node(path, *ino, extents, *size, *now)?;
                 match then {
@@ -195,14 +209,16 @@ impl State {
         })
     }
 
-    /// `FileOp::Make`: `hold`, when not empty, the mount a new regular file is held for.
+    /// `FileOp::Make`: `hold`, when not empty, the mount a new regular file is held for;
+    /// `mount`, the one a new directory is when it reserves numbers for its later makes
+    /// (`reserve`); `ino`, when not 0, the number the mount reserved for the node.
     fn make_node(
         &mut self,
         path: &str,
         node: &NewNode,
         (mode, uid, gid): (u16, u32, u32),
         now: Time,
-        hold: &str,
+        (hold, mount, ino, reserve): (&str, &str, u64, u32),
     ) -> Result<FileReply, MetaError> {
         perm::check_mode(Some(mode))?;
         let name = path.rsplit('/').next().unwrap_or_default();
@@ -217,6 +233,19 @@ impl State {
             )));
         }
         let (parent, name) = self.parent_for_new(path, false, now.as_ms())?;
+        if ino != 0 {
+            // Handed out by this partition (a reservation), and not used since: a mount
+            // answered its create with it before the masters made the node.
+            let own = self.home.partition;
+            if super::partitions::partition_of(ino) != own
+                || ino >= *self.next_inode
+                || self.inodes.contains_key(&ino)
+            {
+                return Err(MetaError::invalid(format!(
+                    "{path}: inode {ino} is not one partition {own} reserved and has not used"
+                )));
+            }
+        }
         let (kind, rdev, target, dir) = match node {
             NewNode::Directory => (NodeType::Directory, 0, String::new(), true),
             NewNode::Regular => (NodeType::Regular, 0, String::new(), false),
@@ -243,7 +272,12 @@ impl State {
                 writer_epoch: 0,
             })
         };
-        let id = self.insert(parent, &name, now.as_ms(), ns_kind, Some(mode));
+        let id = if ino != 0 {
+            self.insert_as(ino, parent, &name, now.as_ms(), ns_kind, Some(mode));
+            ino
+        } else {
+            self.insert(parent, &name, now.as_ms(), ns_kind, Some(mode))
+        };
         // A symbolic link's size is its target's bytes.
         let size = cairn_rpc::files::name_bytes(&target).len() as u64;
         let posix = Posix {
@@ -261,10 +295,32 @@ impl State {
             xattrs: Default::default(),
             link: 0,
             links: Vec::new(),
+            // A directory a mount made: its creates there may answer before they commit
+            // (docs/files.md "A create that does not wait").
+            hold: (!mount.is_empty() && dir && reserve > 0).then(|| Lease {
+                holder: mount.to_owned(),
+                expires_ms: now.as_ms().saturating_add(cairn_rpc::files::DIR_HOLD_MS),
+            }),
         };
         self.inodes.get_mut(&id).expect("inserted").posix = Some(Box::new(posix));
         self.touch_dir(parent, now, i32::from(dir));
-        Ok(FileReply::Attr(self.node_attr(&self.ino(id))))
+        let attr = self.node_attr(&self.ino(id));
+        if reserve == 0 {
+            return Ok(FileReply::Attr(attr));
+        }
+        let count = reserve.min(cairn_rpc::files::RESERVE_MAX);
+        let first = *self.next_inode;
+        *self.next_inode += u64::from(count);
+        let policy = match self.inherited_policy(path) {
+            Some(p) if dir && p != Policy::default() => p.text().to_string(),
+            _ => String::new(),
+        };
+        Ok(FileReply::Made {
+            attr,
+            first,
+            count,
+            policy,
+        })
     }
 
     /// Removes inode `id` (a file, or an empty directory) from its directory and the state.
@@ -666,218 +722,11 @@ impl State {
         p.ctime = now;
         Ok(FileReply::Attr(self.node_attr(&self.ino(node.id))))
     }
-
-    /// `FileOp::Hold`: the hold of `holder` on the file at `path` (inode `ino`) lasts
-    /// [`cairn_rpc::files::HOLD_MS`] from `now`.
-    fn renew_hold(
-        &mut self,
-        path: &str,
-        ino: u64,
-        holder: &str,
-        now: Time,
-    ) -> Result<(), MetaError> {
-        let node = self.node(path, ino)?;
-        if node
-            .file()
-            .and_then(|f| f.lease.as_ref())
-            .is_some_and(|l| l.holder == holder)
-            && let Some(i) = self.inodes.get_mut(&node.id)
-            && let Kind::File(f) = &mut i.kind
-            && let Some(l) = &mut f.lease
-        {
-            l.expires_ms = now.as_ms().saturating_add(cairn_rpc::files::HOLD_MS);
-        }
-        Ok(())
-    }
-
-    /// Answers a file service read (all but `Statfs`, which needs the chunkservers), holds
-    /// unchecked.
-    ///
-    /// # Errors
-    /// As [`State::file_query_at`].
-    pub fn file_query(&self, q: &FileQuery) -> Result<FileReply, MetaError> {
-        self.file_query_at(q, None)
-    }
-
-    /// Answers a file service read at `now_ms`, the leader's clock: a lookup or map of a
-    /// file another mount holds then answers `lease-held` (`None`: holds unchecked).
-    ///
-    /// # Errors
-    /// The lookup's errors; `not-found` for a stale inode number; `lease-held`.
-    pub fn file_query_at(
-        &self,
-        q: &FileQuery,
-        now_ms: Option<u64>,
-    ) -> Result<FileReply, MetaError> {
-        match q {
-            FileQuery::Lookup { path, mount } => {
-                let node = self.linked(self.lookup(path)?);
-                check_hold(path, &node, mount, now_ms)?;
-                Ok(FileReply::Attr(self.node_attr(&node)))
-            }
-            FileQuery::Readdir {
-                path,
-                ino,
-                after,
-                limit,
-            } => {
-                self.node(path, *ino)?;
-                let limit = (*limit).clamp(1, cairn_rpc::files::READDIR_MAX) as usize;
-                let (page, more) = self.list_page(path, after, limit)?;
-                Ok(FileReply::Readdir {
-                    entries: page
-                        .iter()
-                        .map(|i| Entry {
-                            name: i.name.clone(),
-                            attr: self.node_attr(&self.linked(i.clone())),
-                        })
-                        .collect(),
-                    more,
-                })
-            }
-            FileQuery::Map { path, ino, mount } => {
-                let node = self.node(path, *ino)?;
-                check_hold(path, &node, mount, now_ms)?;
-                let data = match node.posix.as_ref().and_then(|p| p.extents.clone()) {
-                    Some(x) => Data::Extents(x),
-                    None => Data::Own,
-                };
-                let target = node
-                    .posix
-                    .as_ref()
-                    .filter(|p| p.kind == NodeType::Symlink)
-                    .map(|p| p.target.clone());
-                Ok(FileReply::Map {
-                    attr: self.node_attr(&node),
-                    data,
-                    target,
-                })
-            }
-            FileQuery::Xattrs { path, ino } => {
-                let node = self.node(path, *ino)?;
-                Ok(FileReply::Xattrs(
-                    node.posix
-                        .as_ref()
-                        .map(|p| p.xattrs.clone())
-                        .unwrap_or_default(),
-                ))
-            }
-            FileQuery::Statfs => Err(MetaError::internal("statfs is answered by the service")),
-        }
-    }
-
-    /// Whether `user` may apply `op` (admins are not asked): as `cairn fs` checks the same
-    /// changes (perm.rs), with POSIX's rules for the owner.
-    ///
-    /// # Errors
-    /// `PermissionDenied`, or the lookup's error.
-    pub(super) fn authorize_files(&self, user: &str, op: &FileOp) -> Result<(), MetaError> {
-        match op {
-            FileOp::Make { path, .. } => self.check_new_entry(path, user),
-            FileOp::Remove { path, .. } => {
-                let ino = self.lookup(path)?;
-                self.check_inode(ino.parent, user, perm::WRITE | perm::SEARCH)
-            }
-            FileOp::Rename { from, to, .. } => {
-                let ino = self.lookup(from)?;
-                self.check_inode(ino.parent, user, perm::WRITE | perm::SEARCH)?;
-                self.check_new_entry(to, user)
-            }
-            FileOp::Link { from, to, .. } => {
-                self.check_reach(self.lookup(from)?.id, user)?;
-                self.check_new_entry(to, user)
-            }
-            FileOp::SetAttr { path, attr, .. } => {
-                let entry = self.lookup(path)?;
-                self.check_reach(entry.id, user)?;
-                if attr.size.is_some() {
-                    self.check_inode(entry.id, user, perm::WRITE)?;
-                }
-                check_owner(path, attr, &self.linked(entry), user)
-            }
-            FileOp::Write { path, then, .. } => {
-                let ino = self.linked(self.check_path(path, user, perm::WRITE)?);
-                match then {
-                    Some(then) => check_owner(path, then, &ino, user),
-                    None => Ok(()),
-                }
-            }
-            FileOp::Punch { path, .. } => self.check_path(path, user, perm::WRITE).map(|_| ()),
-            // As the write it waits for.
-            FileOp::Hold { path, .. } => self.check_path(path, user, perm::WRITE).map(|_| ()),
-            // As the kernel checks user.* (write permission on the node); trusted.* and
-            // security.* the kernel keeps to privileged processes, and the masters to the
-            // node's owner.
-            FileOp::SetXattr { path, name, .. } => {
-                let ino = self.check_path(path, user, perm::WRITE)?;
-                if !name.starts_with("user.") && ino.owner != user {
-                    return Err(MetaError::new(
-                        ErrorKind::PermissionDenied,
-                        format!("{path}: only its owner sets {name}"),
-                    ));
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// Write and search on the directory a new entry at `path` goes in.
-    fn check_new_entry(&self, path: &str, user: &str) -> Result<(), MetaError> {
-        let parent = match path.rfind('/') {
-            Some(0) | None => "/",
-            Some(i) => &path[..i],
-        };
-        let dir = self.lookup(parent)?;
-        self.check_inode(dir.id, user, perm::WRITE | perm::SEARCH)
-    }
 }
 
-/// Whether `mount` may read `node` (at `path`) at `now_ms`: `lease-held` while another
-/// mount holds it — made it, closed it, and has not committed its bytes yet (docs/files.md
-/// "A close that does not wait"). Only the file service's files are held (a `cairn fs`
-/// writer's lease is not a hold).
-fn check_hold(path: &str, node: &Inode, mount: &str, now_ms: Option<u64>) -> Result<(), MetaError> {
-    let Some(now_ms) = now_ms else { return Ok(()) };
-    if node.posix.as_ref().is_none_or(|p| p.extents.is_none()) {
-        return Ok(());
-    }
-    match node.file().and_then(|f| f.lease.as_ref()) {
-        Some(l) if l.holder != mount && l.expires_ms > now_ms => Err(MetaError::new(
-            ErrorKind::LeaseHeld,
-            format!(
-                "{path}: mount {} closed it and commits its bytes (held {} ms more at most)",
-                l.holder,
-                l.expires_ms - now_ms
-            ),
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// Only a node's owner changes its mode or owners.
-fn check_owner(path: &str, attr: &SetAttr, node: &Inode, user: &str) -> Result<(), MetaError> {
-    let owner_only = attr.mode.is_some() || attr.uid.is_some() || attr.gid.is_some();
-    if owner_only && node.owner != user {
-        return Err(MetaError::new(
-            ErrorKind::PermissionDenied,
-            format!("{path}: only its owner changes its mode or owners"),
-        ));
-    }
-    Ok(())
-}
-
-/// A write's attribute change: a `setattr` without a size.
-fn check_then(path: &str, then: &SetAttr) -> Result<(), MetaError> {
-    perm::check_mode(then.mode)?;
-    if then.size.is_some() {
-        return Err(MetaError::invalid(format!(
-            "{path}: a write's attribute change has no size (a truncate is a setattr of its own)"
-        )));
-    }
-    Ok(())
-}
-
+mod authorize;
 mod links;
+mod reads;
 pub use links::TIES_CHECK_ROWS;
 
 #[cfg(test)]

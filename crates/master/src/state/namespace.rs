@@ -405,12 +405,27 @@ impl State {
         kind: Kind,
         mode: Option<u16>,
     ) -> InodeId {
+        let id = *self.next_inode;
+        *self.next_inode += 1;
+        self.insert_as(id, parent, name, now_ms, kind, mode);
+        id
+    }
+
+    /// [`State::insert`] under inode number `id`, one this partition handed out before
+    /// (`FileOp::Make::reserve`) and no inode has.
+    pub(super) fn insert_as(
+        &mut self,
+        id: InodeId,
+        parent: InodeId,
+        name: &str,
+        now_ms: u64,
+        kind: Kind,
+        mode: Option<u16>,
+    ) {
         let mode = mode.unwrap_or(match kind {
             Kind::Dir => perm::DEFAULT_DIR_MODE,
             Kind::File(_) => perm::DEFAULT_FILE_MODE,
         });
-        let id = *self.next_inode;
-        *self.next_inode += 1;
         if let Kind::File(f) = &kind {
             for c in &f.chunks {
                 self.chunk_owner.insert(c.id, id);
@@ -434,7 +449,6 @@ impl State {
         if let Some(p) = self.inodes.get_mut(&parent) {
             p.mtime_ms = p.mtime_ms.max(now_ms);
         }
-        id
     }
 
     /// New chunks on `placements`; chunk groups of layout `group` when it is set.

@@ -343,6 +343,12 @@ pub struct Posix {
     /// more). Version 4.
     #[serde(default)]
     pub links: Vec<InodeId>,
+    /// A directory a mount made, held for it ([`cairn_rpc::files::DIR_HOLD_MS`]): other
+    /// mounts' lookups of names not in it, listings of it and new names in it wait while
+    /// the mount's creates in it commit behind their answers (docs/files.md "A create that
+    /// does not wait"). Version 5.
+    #[serde(default)]
+    pub hold: Option<Lease>,
 }
 
 impl Inode {

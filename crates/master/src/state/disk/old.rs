@@ -134,26 +134,77 @@ impl From<InodeV3> for Inode {
                 xattrs: p.xattrs,
                 link: 0,
                 links: Vec::new(),
+                hold: None,
             })
         }))
     }
 }
 
-/// An inode record of an older version (1, 2 or 3), as a current one.
+/// [`Inode`] as version 4 stored it: `posix` without `hold` (a directory's).
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct InodeV4(Head, Option<Box<PosixV4>>);
+
+/// [`crate::state::Posix`] as version 4 of `inodes` stored it: the same fields but `hold`.
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct PosixV4 {
+    kind: cairn_rpc::files::NodeType,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    size: u64,
+    atime: cairn_rpc::files::Time,
+    mtime: cairn_rpc::files::Time,
+    ctime: cairn_rpc::files::Time,
+    rdev: u32,
+    target: String,
+    extents: Option<Vec<cairn_rpc::files::Extent>>,
+    xattrs: std::collections::BTreeMap<String, Vec<u8>>,
+    link: InodeId,
+    links: Vec<InodeId>,
+}
+
+impl From<InodeV4> for Inode {
+    fn from(InodeV4(head, posix): InodeV4) -> Self {
+        head.with(posix.map(|p| {
+            Box::new(crate::state::Posix {
+                kind: p.kind,
+                uid: p.uid,
+                gid: p.gid,
+                nlink: p.nlink,
+                size: p.size,
+                atime: p.atime,
+                mtime: p.mtime,
+                ctime: p.ctime,
+                rdev: p.rdev,
+                target: p.target,
+                extents: p.extents,
+                xattrs: p.xattrs,
+                link: p.link,
+                links: p.links,
+                hold: None,
+            })
+        }))
+    }
+}
+
+/// An inode record of an older version (1 to 4), as a current one.
 fn old_inode(bytes: &[u8]) -> Result<Inode, crate::kv::RecordError> {
     use crate::kv::codec::decode_record;
     Ok(match bytes.first() {
         Some(1) => decode_record::<InodeV1>(INODES.name, 1, bytes)?.into(),
         Some(2) => decode_record::<InodeV2>(INODES.name, 2, bytes)?.into(),
-        _ => decode_record::<InodeV3>(INODES.name, 3, bytes)?.into(),
+        Some(3) => decode_record::<InodeV3>(INODES.name, 3, bytes)?.into(),
+        _ => decode_record::<InodeV4>(INODES.name, 4, bytes)?.into(),
     })
 }
 
-/// A version 1, 2 or 3 record of `inodes` as the current version (see
+/// A record of `inodes` of versions 1 to 4 as the current version (see
 /// [`crate::kv::upgrade`]).
 ///
 /// # Errors
-/// The bytes are not a version 1, 2 or 3 record.
+/// The bytes are not a record of versions 1 to 4.
 pub fn inode_from_old(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
     Ok(crate::kv::codec::encode_record(
         INODES.version,
@@ -161,7 +212,7 @@ pub fn inode_from_old(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
     ))
 }
 
-/// The `txns` cell as versions 1 to 3 stored it: decisions carry inodes of that version.
+/// The `txns` cell as versions 1 to 4 stored it: decisions carry inodes of that version.
 #[derive(serde::Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
 struct TxnsOld<I> {
@@ -215,16 +266,17 @@ impl<I: Into<Inode>> TxnsOld<I> {
     }
 }
 
-/// A version 1, 2 or 3 `txns` cell as the current version.
+/// A `txns` cell of versions 1 to 4 as the current version.
 ///
 /// # Errors
-/// The bytes are not a version 1, 2 or 3 record.
+/// The bytes are not a record of versions 1 to 4.
 pub fn txns_from_old(bytes: &[u8]) -> Result<Vec<u8>, crate::kv::RecordError> {
     use crate::kv::codec::decode_record;
     let txns = match bytes.first() {
         Some(1) => decode_record::<TxnsOld<InodeV1>>(TXNS.name, 1, bytes)?.current(),
         Some(2) => decode_record::<TxnsOld<InodeV2>>(TXNS.name, 2, bytes)?.current(),
-        _ => decode_record::<TxnsOld<InodeV3>>(TXNS.name, 3, bytes)?.current(),
+        Some(3) => decode_record::<TxnsOld<InodeV3>>(TXNS.name, 3, bytes)?.current(),
+        _ => decode_record::<TxnsOld<InodeV4>>(TXNS.name, 4, bytes)?.current(),
     };
     Ok(crate::kv::codec::encode_record(TXNS.version, &txns))
 }
@@ -234,10 +286,11 @@ mod tests {
     use super::*;
 
     /// Version 1 inodes and `txns` (from before the file service), version 2 ones (before
-    /// xattrs) and version 3 ones (before hard links) convert to version 4 with the fields
-    /// they lack empty and the rest the same; version 4 bytes are not converted.
+    /// xattrs), version 3 ones (before hard links) and version 4 ones (before directory
+    /// holds) convert to version 5 with the fields they lack empty and the rest the same;
+    /// version 5 bytes are not converted.
     #[test]
-    fn version_1_2_and_3_inodes_and_txns_convert_to_version_4() {
+    fn inodes_and_txns_of_versions_1_to_4_convert_to_version_5() {
         use crate::kv::codec::{decode_record, encode_record};
         use cairn_rpc::files::{Extent, NodeType, Time};
         let v1 = || InodeV1 {
@@ -251,14 +304,14 @@ mod tests {
             mode: 0o750,
         };
         let bytes = inode_from_old(&encode_record(1, &v1())).unwrap();
-        assert_eq!(bytes[0], 4);
-        let ino: Inode = decode_record("inodes", 4, &bytes).unwrap();
+        assert_eq!(bytes[0], 5);
+        let ino: Inode = decode_record("inodes", 5, &bytes).unwrap();
         assert_eq!(ino, Inode::from(v1()));
         assert_eq!((ino.id, ino.owner.as_str(), ino.mode), (42, "alice", 0o750));
         assert!(ino.posix.is_none());
         assert!(
             inode_from_old(&bytes).is_err(),
-            "version 4 is not converted"
+            "version 5 is not converted"
         );
         let v2 = || {
             let head = Head {
@@ -314,12 +367,36 @@ mod tests {
                 })),
             )
         };
+        let v4 = || {
+            let InodeV3(head, p) = v3();
+            let p = p.unwrap();
+            InodeV4(
+                head,
+                Some(Box::new(PosixV4 {
+                    kind: p.kind,
+                    uid: p.uid,
+                    gid: p.gid,
+                    nlink: 2,
+                    size: p.size,
+                    atime: p.atime,
+                    mtime: p.mtime,
+                    ctime: p.ctime,
+                    rdev: p.rdev,
+                    target: p.target,
+                    extents: p.extents,
+                    xattrs: p.xattrs,
+                    link: 0,
+                    links: vec![44],
+                })),
+            )
+        };
         // The old layouts are today's without the fields added since, each the last: a
-        // version 1 record is a version 4 one without `posix` (`00`: none), a version 2
-        // record one without `xattrs`, `link` and `links` (`00 00 00`: empty, 0, empty), a
-        // version 3 one without `link` and `links` — so these types read what older masters
-        // wrote, not only what they themselves write.
-        let now = |i: Inode| encode_record(4, &i);
+        // version 1 record is a version 5 one without `posix` (`00`: none), a version 2
+        // record one without `xattrs`, `link`, `links` and `hold` (`00 00 00 00`: empty, 0,
+        // empty, none), a version 3 one without `link`, `links` and `hold`, a version 4 one
+        // without `hold` — so these types read what older masters wrote, not only what they
+        // themselves write.
+        let now = |i: Inode| encode_record(5, &i);
         let (old1, new1) = (encode_record(1, &v1()), now(Inode::from(v1())));
         assert_eq!(
             (&old1[1..], new1.last()),
@@ -327,19 +404,30 @@ mod tests {
         );
         let (old2, new2) = (encode_record(2, &v2()), now(Inode::from(v2())));
         assert_eq!(
-            (&old2[1..], &new2[new2.len() - 3..]),
-            (&new2[1..new2.len() - 3], &[0u8, 0, 0][..])
+            (&old2[1..], &new2[new2.len() - 4..]),
+            (&new2[1..new2.len() - 4], &[0u8, 0, 0, 0][..])
         );
         let (old3, new3) = (encode_record(3, &v3()), now(Inode::from(v3())));
         assert_eq!(
-            (&old3[1..], &new3[new3.len() - 2..]),
-            (&new3[1..new3.len() - 2], &[0u8, 0][..])
+            (&old3[1..], &new3[new3.len() - 3..]),
+            (&new3[1..new3.len() - 3], &[0u8, 0, 0][..])
         );
-        let ino: Inode = decode_record("inodes", 4, &inode_from_old(&old3).unwrap()).unwrap();
+        let (old4, new4) = (encode_record(4, &v4()), now(Inode::from(v4())));
+        assert_eq!(
+            (&old4[1..], new4.last()),
+            (&new4[1..new4.len() - 1], Some(&0))
+        );
+        let ino: Inode = decode_record("inodes", 5, &inode_from_old(&old4).unwrap()).unwrap();
+        let p = ino.posix.as_ref().unwrap();
+        assert_eq!(
+            (p.nlink, p.links.as_slice(), p.hold.is_none()),
+            (2, &[44][..], true)
+        );
+        let ino: Inode = decode_record("inodes", 5, &inode_from_old(&old3).unwrap()).unwrap();
         let p = ino.posix.as_ref().unwrap();
         assert_eq!((p.xattrs.len(), p.link, p.links.len()), (1, 0, 0));
         let bytes = inode_from_old(&encode_record(2, &v2())).unwrap();
-        let ino: Inode = decode_record("inodes", 4, &bytes).unwrap();
+        let ino: Inode = decode_record("inodes", 5, &bytes).unwrap();
         assert_eq!(ino, Inode::from(v2()));
         let p = ino.posix.as_ref().unwrap();
         assert_eq!((p.uid, p.gid, p.size, p.mtime.nanos), (7, 8, 9, 4));
@@ -363,7 +451,7 @@ mod tests {
             }
         }
         let decided = |bytes: &[u8]| {
-            let t: crate::state::txn::Txns = decode_record("txns", 4, bytes).unwrap();
+            let t: crate::state::txn::Txns = decode_record("txns", 5, bytes).unwrap();
             assert_eq!(t.next, 9);
             match &t.open[&8].decision {
                 Some(crate::state::txn::Decision::Commit(i)) => (**i).clone(),
@@ -378,7 +466,7 @@ mod tests {
         assert_eq!(decided(&from_3), Inode::from(v3()));
         assert!(
             txns_from_old(&from_3).is_err(),
-            "version 4 is not converted"
+            "version 5 is not converted"
         );
     }
 }

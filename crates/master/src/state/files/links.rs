@@ -134,6 +134,7 @@ impl State {
             xattrs: Default::default(),
             link: node.id,
             links: Vec::new(),
+            hold: None,
         }));
         let p = self.posix_mut(node.id);
         p.links.push(id);

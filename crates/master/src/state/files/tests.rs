@@ -22,6 +22,9 @@ pub(super) fn make(s: &mut State, path: &str, node: NewNode) -> Attr {
             gid: 100,
             now: t(5000),
             hold: String::new(),
+            mount: String::new(),
+            ino: 0,
+            reserve: 0,
         },
     )
     .unwrap()
@@ -102,6 +105,7 @@ fn nodes_are_made_with_their_posix_attributes() {
             ino: d.ino,
             after: String::new(),
             limit: 3,
+            mount: String::new(),
         })
         .unwrap()
     {
@@ -122,6 +126,9 @@ fn nodes_are_made_with_their_posix_attributes() {
         gid: 0,
         now: t(1),
         hold: String::new(),
+        mount: String::new(),
+        ino: 0,
+        reserve: 0,
     };
     assert_eq!(kind(apply(&mut s, again)), ErrorKind::AlreadyExists);
     let orphan = FileOp::Make {
@@ -132,6 +139,9 @@ fn nodes_are_made_with_their_posix_attributes() {
         gid: 0,
         now: t(1),
         hold: String::new(),
+        mount: String::new(),
+        ino: 0,
+        reserve: 0,
     };
     assert_eq!(kind(apply(&mut s, orphan)), ErrorKind::NotFound);
     let empty_link = FileOp::Make {
@@ -144,6 +154,9 @@ fn nodes_are_made_with_their_posix_attributes() {
         gid: 0,
         now: t(1),
         hold: String::new(),
+        mount: String::new(),
+        ino: 0,
+        reserve: 0,
     };
     assert_eq!(kind(apply(&mut s, empty_link)), ErrorKind::InvalidArgument);
 }
@@ -303,6 +316,7 @@ fn segment_tallies_follow_every_change_to_extents() {
         to: "/a".into(),
         flags: RenameFlags::default(),
         now: t(9950),
+        mount: String::new(),
     };
     apply(&mut s, rename).unwrap();
     assert_eq!(tally(&s, 5), [100, 1]);
@@ -312,6 +326,7 @@ fn segment_tallies_follow_every_change_to_extents() {
         ino: b.ino,
         dir: false,
         now: t(9990),
+        mount: String::new(),
     };
     apply(&mut s, unlink).unwrap();
     assert_eq!(tally(&s, 5), [0, 0]);
@@ -465,6 +480,7 @@ fn unlink_and_rmdir_refuse_the_wrong_kind_and_full_directories() {
                 ino,
                 dir,
                 now: t(7000),
+                mount: String::new(),
             },
         )
     };
@@ -504,6 +520,7 @@ fn renames_replace_exchange_and_refuse_as_posix_says() {
                 to: to.into(),
                 flags,
                 now: t(8000),
+                mount: String::new(),
             },
         )
     };
@@ -622,6 +639,9 @@ fn a_user_changes_only_what_the_bits_let_them() {
         gid: 0,
         now: t(1),
         hold: String::new(),
+        mount: String::new(),
+        ino: 0,
+        reserve: 0,
     };
     as_(&mut s, &admin, mk("/closed", 0o755)).unwrap();
     as_(&mut s, &admin, mk("/open", 0o777)).unwrap();
@@ -745,4 +765,5 @@ fn xattrs_are_set_replaced_removed_and_bounded() {
 }
 
 mod attrs_with_bytes;
+mod dir_holds;
 mod holds;

@@ -10,6 +10,7 @@ fn link(s: &mut State, from: &str, ino: u64, to: &str) -> Result<FileReply, Meta
             ino,
             to: to.into(),
             now: t(7000),
+            mount: String::new(),
         },
     )
 }
@@ -22,6 +23,7 @@ fn remove(s: &mut State, path: &str) {
             ino: 0,
             dir: false,
             now: t(8000),
+            mount: String::new(),
         },
     )
     .unwrap();
@@ -112,6 +114,7 @@ fn a_link_is_another_name_of_the_same_node() {
             ino: 0,
             after: String::new(),
             limit: 10,
+            mount: String::new(),
         })
         .unwrap()
     {
@@ -219,6 +222,7 @@ fn renames_move_names_and_a_rename_between_names_of_one_node_does_nothing() {
                 to: to.into(),
                 flags,
                 now: t(9000),
+                mount: String::new(),
             },
         )
     };

@@ -79,6 +79,9 @@ fn a_write_carries_a_new_files_attribute_changes() {
             gid: 0,
             now: t(1),
             hold: String::new(),
+            mount: String::new(),
+            ino: 0,
+            reserve: 0,
         }))),
     })
     .unwrap();
@@ -90,6 +93,9 @@ fn a_write_carries_a_new_files_attribute_changes() {
         gid: 1000,
         now: t(1),
         hold: String::new(),
+        mount: String::new(),
+        ino: 0,
+        reserve: 0,
     };
     let FileReply::Attr(hers) = as_(&mut s, "alice", mk).unwrap().file.unwrap() else {
         panic!("attributes");

@@ -12,6 +12,9 @@ fn held(s: &mut State, path: &str, holder: &str, at: u64) -> Attr {
         gid: 100,
         now: t(at),
         hold: holder.into(),
+        mount: String::new(),
+        ino: 0,
+        reserve: 0,
     };
     match apply(s, made).unwrap() {
         FileReply::Attr(a) => a,
@@ -104,6 +107,9 @@ fn a_held_file_waits_for_other_mounts_until_its_first_write() {
         gid: 100,
         now: t(20_000),
         hold: "mount-a".into(),
+        mount: String::new(),
+        ino: 0,
+        reserve: 0,
     };
     apply(&mut s, dir).unwrap();
     s.check_hold("/d/sub", "mount-b", 20_001).unwrap();
@@ -136,6 +142,7 @@ fn a_hard_linked_held_file_is_held_by_every_name() {
         ino: f.ino,
         to: "/d/g".into(),
         now: t(10_001),
+        mount: String::new(),
     };
     apply(&mut s, link).unwrap();
     assert!(s.check_hold("/d/g", "mount-b", 10_002).is_err());
