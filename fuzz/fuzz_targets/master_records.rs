@@ -3,8 +3,8 @@
 //! decoding never panics; a key that decodes encodes back to the same bytes (the encoding is
 //! canonical, so two byte strings never name one key); a record that decodes encodes to
 //! bytes that decode to the same record; an `objects` record of version 1 converts to one of
-//! version 2 that decodes, or is refused; an `inodes` record of version 1 or 2 (and a `txns`
-//! cell of those versions, whose decisions carry inodes) converts to version 3, or is refused.
+//! version 2 that decodes, or is refused; an `inodes` record of versions 1 to 4 (and a `txns`
+//! cell of those versions, whose decisions carry inodes) converts to version 5, or is refused.
 //! A segments' tally (`tallies`) that decodes encodes back to the same bytes; the condemned
 //! segments' records (`u64`). Cells too: the partition map, homes, moves, renames'
 //! intents and locks, subtrees and hashed directories, bucket placements.
@@ -46,11 +46,11 @@ fuzz_target!(|data: &[u8]| {
         decode_record::<ObjectMeta>("fuzz", 2, &v2).expect("a converted record decodes");
     }
     record::<Inode>(data);
-    if let Ok(v4) = inode_from_old(data) {
-        decode_record::<Inode>("fuzz", 4, &v4).expect("a converted inode decodes");
+    if let Ok(v5) = inode_from_old(data) {
+        decode_record::<Inode>("fuzz", 5, &v5).expect("a converted inode decodes");
     }
-    if let Ok(v4) = txns_from_old(data) {
-        decode_record::<Txns>("fuzz", 4, &v4).expect("converted txns decode");
+    if let Ok(v5) = txns_from_old(data) {
+        decode_record::<Txns>("fuzz", 5, &v5).expect("converted txns decode");
     }
     record::<PartitionMap>(data);
     record::<Home>(data);

@@ -6,6 +6,7 @@ mod behind;
 #[path = "files/collect.rs"]
 mod collect;
 mod common;
+#[path = "files/early.rs"]
 mod early;
 #[path = "files/fresh.rs"]
 mod fresh;

@@ -5,9 +5,11 @@
 //! A directory this mount made was empty when the masters made it; every name this mount
 //! adds, removes or renames in it since is applied here too, so for [`LISTED_FOR`] after
 //! the `mkdir` left this mount the names here are the directory's names, but for those
-//! another mount added meanwhile. That is the bound the kernel's entry cache already has
-//! ("a new name may be missed for up to a second"), and it saves each new file's lookup:
-//! `tar` and `cp -r` look every name up before they create it.
+//! another mount added meanwhile — none while the masters hold the directory for this mount
+//! (early.rs), which they do for longer than that unless `--sync-create`. That is the bound
+//! the kernel's entry cache already has ("a new name may be missed for up to a second"), and
+//! it saves each new file's lookup: `tar` and `cp -r` look every name up before they create
+//! it.
 //!
 //! Anything unexpected — a make answered "exists", a remove of a name not listed, a
 //! rename that failed — drops the directory's listing: from then on the masters answer.
