@@ -288,7 +288,7 @@ impl Shared {
 
 async fn wait(mut d: Done) -> Result<(), Errno> {
     match d.wait_for(Option::is_some).await {
-        Ok(r) => r.clone().unwrap_or(Err(Errno::EIO)),
+        Ok(r) => (*r).unwrap_or(Err(Errno::EIO)),
         // The make's task is gone (the mount is ending): nothing was confirmed.
         Err(_) => Err(Errno::EIO),
     }

@@ -577,6 +577,14 @@ pub fn check_xattr(name: &str, value: Option<&[u8]>) -> Result<(), crate::MetaEr
     Ok(())
 }
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -726,12 +734,4 @@ mod tests {
         };
         assert_eq!(encode(&plain), older.to_vec());
     }
-}
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
-}
-
-fn is_zero_u32(v: &u32) -> bool {
-    *v == 0
 }
