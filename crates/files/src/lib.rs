@@ -2,6 +2,7 @@
 //! namespace and whose bytes are extents of segments, FlatLogFiles the mounts append to,
 //! served to the kernel with FUSE (`cairn mount`).
 
+mod calls;
 mod data;
 mod early;
 mod fresh;

@@ -27,9 +27,6 @@ pub const DIRTY_FILE_MAX: usize = 8 << 20;
 pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// Entries asked of the masters per readdir page.
 const READDIR_PAGE: u32 = 512;
-/// How long a lookup or map of a file another mount holds is retried (the holder renews the
-/// hold while its flush runs; past this the call fails).
-const HELD_WAIT_MAX: Duration = Duration::from_secs(120);
 
 /// A file's state in this mount while it is open or dirty.
 #[derive(Default)]
@@ -237,87 +234,6 @@ impl Shared {
             .get(ino)
             .map(|n| n.policy.clone())
             .unwrap_or_default()
-    }
-
-    /// A read of the masters. A file another mount holds (it closed the file and commits
-    /// its bytes: docs/files.md "A close that does not wait") is asked again until the hold
-    /// ends, for up to [`HELD_WAIT_MAX`].
-    pub(crate) async fn query(&self, q: &FileQuery) -> Result<FileReply, Errno> {
-        match q {
-            FileQuery::Lookup { path, .. }
-            | FileQuery::Readdir { path, .. }
-            | FileQuery::Map { path, .. }
-            | FileQuery::Xattrs { path, .. } => {
-                // What failed is the masters' to tell (not found).
-                let _ = self.made_under(&[path]).await;
-            }
-            FileQuery::Statfs => {}
-        }
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(1);
-        loop {
-            match self.client.masters().file_query(q).await {
-                Err(e) if e.kind == ErrorKind::LeaseHeld && started.elapsed() < HELD_WAIT_MAX => {
-                    tracing::debug!(error = %e, "waiting for another mount's commit");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(50));
-                }
-                r => {
-                    return r.map_err(|e| {
-                        if e.kind == ErrorKind::LeaseHeld {
-                            tracing::warn!(error = %e, "another mount's commit did not come");
-                        }
-                        errno(&e)
-                    });
-                }
-            }
-        }
-    }
-
-    /// `Lookup` of `path`, asked as this mount.
-    pub(crate) fn lookup_query(&self, path: String) -> FileQuery {
-        FileQuery::Lookup {
-            path,
-            mount: self.mount_id.clone(),
-        }
-    }
-
-    /// `Map` of `path` (inode `ino`), asked as this mount.
-    pub(crate) fn map_query(&self, path: String, ino: u64) -> FileQuery {
-        FileQuery::Map {
-            path,
-            ino,
-            mount: self.mount_id.clone(),
-        }
-    }
-
-    /// A change at the masters, after the makes behind early creates it names (early.rs).
-    /// A directory another mount holds is waited for, as [`Shared::query`] waits.
-    pub(crate) async fn op(&self, op: &FileOp) -> Result<FileReply, Errno> {
-        // What failed is the masters' to tell (not found).
-        let _ = self.made_under(&crate::early::op_paths(op)).await;
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(1);
-        loop {
-            match self.client.masters().file_op(op).await {
-                Err(e) if e.kind == ErrorKind::LeaseHeld && started.elapsed() < HELD_WAIT_MAX => {
-                    tracing::debug!(error = %e, "waiting for another mount's directory");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(50));
-                }
-                r => {
-                    return r.map_err(|e| {
-                        let n = errno(&e);
-                        if n == Errno::EIO {
-                            // No errno says what went wrong: the log does.
-                            tracing::warn!(op = op.name(), path = op.path(), error = %e,
-                                "a change failed (EIO)");
-                        }
-                        n
-                    });
-                }
-            }
-        }
     }
 
     pub(crate) fn state(&self, ino: u64) -> Arc<tokio::sync::Mutex<FileState>> {
