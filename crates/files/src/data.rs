@@ -211,8 +211,6 @@ impl Shared {
                 }
                 None => Errno::EIO,
             })?;
-            // A create answered early: its make first (early.rs).
-            self.made(ino).await?;
             match self
                 .commit_extents(&path, ino, st.size.unwrap_or(0), &extents, then.clone())
                 .await
@@ -260,8 +258,20 @@ impl Shared {
             then: f.waiting().then(|| f.changes.clone()),
             now: time_of(SystemTime::now()),
         };
-        self.made(ino).await?;
-        self.op(&op).await?;
+        // A create answered early: its make goes with this (early.rs), or before it.
+        match self.unpark(ino) {
+            Some(p) => {
+                if self.commit_with_make(ino, p, &op).await?.is_err() {
+                    // The make is done; the commit goes again alone (a hold that ended
+                    // is waited for there; any other error is its own again).
+                    self.op(&op).await?;
+                }
+            }
+            None => {
+                self.made(ino).await?;
+                self.op(&op).await?;
+            }
+        }
         st.fresh = None;
         st.dirty_since = None;
         Ok(())
@@ -287,6 +297,25 @@ impl Shared {
                 then: then.clone(),
                 now: time_of(SystemTime::now()),
             };
+            // A create answered early: its make goes with the first part (early.rs), or
+            // before it.
+            if let Some(p) = self.unpark(ino) {
+                let with = self.commit_with_make(ino, p, &op);
+                match crate::warn_if_slow("the masters' make and commit", ino, with).await {
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) if e.kind != ErrorKind::Sealed => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(n) => {
+                        return Err(MetaError::internal(format!(
+                            "{path}: its create failed ({n:?})"
+                        )));
+                    }
+                }
+            } else if let Err(n) = self.made(ino).await {
+                return Err(MetaError::internal(format!(
+                    "{path}: its create failed ({n:?})"
+                )));
+            }
             let commit = self.client.masters().file_op(&op);
             crate::warn_if_slow("the masters' commit of extents", ino, commit).await?;
         }

@@ -7,14 +7,19 @@
 //!
 //! Until the make is committed, the masters know nothing of the name; the hold keeps every
 //! other mount from missing it (their lookups of names not in the directory, its listing and
-//! names they add there wait: `lease-held`), and every call of this mount that names the
-//! file, or a directory above it, waits for the make first ([`Shared::made`],
-//! [`Shared::made_under`]): a file's first commit, its rename, link or unlink, a listing of
-//! its directory, an `fsync` of either. A make that fails (the mount cut off past the hold,
-//! and another mount made the name meanwhile) loses the file, as a local file system's crash
-//! before a sync may: nothing of it had been made durable.
+//! names they add there wait: `lease-held`), and every call of this mount that names the file,
+//! or a directory above it, waits for the make first ([`Shared::made`], [`Shared::made_under`],
+//! which send it now if it still waits): a file's first commit, its rename, link or unlink, a
+//! listing of its directory, an `fsync` of either. A make that fails (the mount cut off past
+//! the hold, and another mount made the name meanwhile) loses the file, as a local file
+//! system's crash before a sync may: nothing of it had been made durable.
+//!
+//! The make waits up to [`PARK_FOR`] for the file's first commit (tar's close comes a moment
+//! after its create) and goes with it, on one call, as one Raft entry
+//! ([`Shared::commit_with_make`]): one Raft write for a small new file where there were two.
 
 use crate::shared::{Shared, errno, time_of};
+use cairn_rpc::MetaError;
 use cairn_rpc::files::{Attr, DIR_HOLD_MS, FileOp, FileReply, NewNode, NodeType};
 use fuser::Errno;
 use std::collections::{HashMap, VecDeque};
@@ -28,12 +33,15 @@ use tokio::sync::watch;
 pub const EARLY_FOR: Duration = Duration::from_millis(DIR_HOLD_MS / 3);
 /// Inode numbers a `mkdir` reserves, and a create asks for when fewer than half are left.
 pub(crate) const RESERVE: u32 = 128;
+/// How long a make waits for its file's first commit to go with; then it goes alone.
+pub const PARK_FOR: Duration = Duration::from_millis(250);
 /// Directories followed at most; a `mkdir` past it makes its files' creates wait.
 const DIRS_MAX: usize = 4096;
 /// Makes behind their creates at most; past it a create waits for its own.
 const BEHIND_MAX: usize = 256;
 
 type Done = watch::Receiver<Option<Result<(), Errno>>>;
+type Tell = watch::Sender<Option<Result<(), Errno>>>;
 
 /// The directories whose creates answer early, and the makes behind them.
 #[derive(Default)]
@@ -74,6 +82,15 @@ impl Held {
 struct Behind {
     path: String,
     done: Done,
+    /// The make, while it waits to go with the file's first commit.
+    parked: Option<Parked>,
+}
+
+/// A make not sent yet, and how to tell its waiters it is done.
+pub(crate) struct Parked {
+    pub(crate) op: FileOp,
+    parent: u64,
+    tell: Tell,
 }
 
 impl Early {
@@ -133,7 +150,8 @@ impl Shared {
         mode: u16,
     ) -> Option<(Attr, impl Future<Output = ()> + Send + 'static)> {
         let sent = Instant::now();
-        let (ino, policy, reserve, done) = {
+        let now = time_of(SystemTime::now());
+        let attr = {
             let mut e = self.early.lock();
             if e.makes.len() >= BEHIND_MAX {
                 return None;
@@ -150,65 +168,75 @@ impl Shared {
             } else {
                 0
             };
-            let policy = h.policy.clone();
-            let (tx, rx) = watch::channel(None);
+            let attr = Attr {
+                ino,
+                kind: NodeType::Regular,
+                mode,
+                uid,
+                gid,
+                nlink: 1,
+                size: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                rdev: 0,
+                owner: String::new(),
+                policy: h.policy.clone(),
+            };
+            let op = FileOp::Make {
+                path: path.clone(),
+                node: NewNode::Regular,
+                mode,
+                uid,
+                gid,
+                now,
+                hold: self.mount_id.clone(),
+                mount: self.mount_id.clone(),
+                ino,
+                reserve,
+            };
+            let (tell, done) = watch::channel(None);
             e.makes.insert(
                 ino,
                 Behind {
-                    path: path.clone(),
-                    done: rx,
+                    path,
+                    done,
+                    parked: Some(Parked { op, parent, tell }),
                 },
             );
-            (ino, policy, reserve, tx)
+            attr
         };
-        let now = time_of(SystemTime::now());
-        let attr = Attr {
-            ino,
-            kind: NodeType::Regular,
-            mode,
-            uid,
-            gid,
-            nlink: 1,
-            size: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            rdev: 0,
-            owner: String::new(),
-            policy,
-        };
+        let ino = attr.ino;
         self.remember(parent, name, &attr);
         self.xattr_cache.none(ino);
-        self.listed.lock().added(parent, name);
-        let op = FileOp::Make {
-            path,
-            node: NewNode::Regular,
-            mode,
-            uid,
-            gid,
-            now,
-            hold: self.mount_id.clone(),
-            mount: self.mount_id.clone(),
-            ino,
-            reserve,
-        };
+        self.listed.lock().created(parent, name, now);
         let s = self.clone();
-        Some((
-            attr,
-            async move { s.make_behind(parent, ino, op, done).await },
-        ))
+        // Past PARK_FOR with no commit to go with, the make goes alone.
+        let alone = async move {
+            tokio::time::sleep(PARK_FOR).await;
+            if let Some(p) = s.unpark(ino) {
+                // A failure is logged, and answered to the file's next call.
+                let _ = s.make_alone(ino, p).await;
+            }
+        };
+        Some((attr, alone))
     }
 
-    /// The make of a create answered early, with the directory's hold renewed while it is
-    /// slow (a third of the hold at a time).
-    async fn make_behind(
-        &self,
-        parent: u64,
-        ino: u64,
-        op: FileOp,
-        done: watch::Sender<Option<Result<(), Errno>>>,
-    ) {
-        let make = self.client.masters().file_op(&op);
+    /// The make of `ino` if it has not gone yet: its sender's from now on.
+    pub(crate) fn unpark(&self, ino: u64) -> Option<Parked> {
+        self.early.lock().makes.get_mut(&ino)?.parked.take()
+    }
+
+    /// A make sent on its own.
+    async fn make_alone(&self, ino: u64, p: Parked) -> Result<(), Errno> {
+        let r = self.send_make(p.parent, &p.op).await;
+        self.make_done(ino, p, r).await
+    }
+
+    /// Sends the make of a create answered early, renewing the directory's hold while it
+    /// is slow (a third of the hold at a time).
+    async fn send_make(&self, parent: u64, op: &FileOp) -> Result<FileReply, MetaError> {
+        let make = self.client.masters().file_op(op);
         let renew = async {
             loop {
                 tokio::time::sleep(Duration::from_millis(DIR_HOLD_MS / 3)).await;
@@ -226,11 +254,33 @@ impl Shared {
                 }
             }
         };
-        let r = tokio::select! {
+        tokio::select! {
             r = make => r,
             never = renew => never,
+        }
+    }
+
+    /// What a make answered (`r`), taken in: the numbers it reserved, its waiters told. A
+    /// make answered `already-exists` whose node is the one it made (a retried call that
+    /// had been applied) succeeded.
+    pub(crate) async fn make_done(
+        &self,
+        ino: u64,
+        p: Parked,
+        r: Result<FileReply, MetaError>,
+    ) -> Result<(), Errno> {
+        let r = match r {
+            Err(e) if e.kind == cairn_rpc::ErrorKind::AlreadyExists => {
+                let q = self.lookup_query(p.op.path().to_owned());
+                match self.client.masters().file_query(&q).await {
+                    Ok(FileReply::Attr(a)) if a.ino == ino => Ok(FileReply::Attr(a)),
+                    _ => Err(e),
+                }
+            }
+            r => r,
         };
-        let reserved = matches!(op, FileOp::Make { reserve, .. } if reserve > 0);
+        let parent = p.parent;
+        let reserved = matches!(p.op, FileOp::Make { reserve, .. } if reserve > 0);
         let result = {
             let mut e = self.early.lock();
             if reserved && let Some(h) = e.dirs.get_mut(&parent) {
@@ -249,36 +299,80 @@ impl Shared {
             // The kernel was told the file exists; it does not. Whatever names it now
             // answers what the masters say (ENOENT), and the directory's listing here is
             // not to be trusted.
-            tracing::warn!(path = op.path(), error = %e, "a create answered early failed");
+            tracing::warn!(path = p.op.path(), error = %e, "a create answered early failed");
             self.listed.lock().forget(parent);
         }
-        let _ = done.send(Some(result));
+        let _ = p.tell.send(Some(result));
+        result
     }
 
-    /// Waits for the make of `ino` if its create was answered early: EIO if it failed.
+    /// Commits `write`, the first commit of file `ino`, with its make (`p`, which had not
+    /// gone): one call, one Raft entry. `Err`: the make failed. When the call fails as a
+    /// whole, the make goes alone (it may have been applied: [`Shared::make_done`]) and the
+    /// commit answers the call's error, for its caller to send again.
+    pub(crate) async fn commit_with_make(
+        &self,
+        ino: u64,
+        p: Parked,
+        write: &FileOp,
+    ) -> Result<Result<FileReply, MetaError>, Errno> {
+        let together = [p.op.clone(), write.clone()];
+        match self.client.masters().file_ops_together(&together).await {
+            Ok(mut answers) => {
+                let w = answers.pop().expect("two answers");
+                let m = answers.pop().expect("two answers");
+                self.make_done(ino, p, m).await?;
+                Ok(w)
+            }
+            Err(e) => {
+                tracing::debug!(ino, error = %e, "a make with its commit failed; the make alone");
+                self.make_alone(ino, p).await?;
+                Ok(Err(e))
+            }
+        }
+    }
+
+    /// Waits for the make of `ino` if its create was answered early (sending it now if it
+    /// still waits): EIO if it failed.
     pub(crate) async fn made(&self, ino: u64) -> Result<(), Errno> {
         let done = self.early.lock().makes.get(&ino).map(|b| b.done.clone());
-        match done {
-            Some(d) => wait(d).await,
-            None => Ok(()),
+        let Some(d) = done else { return Ok(()) };
+        if let Some(p) = self.unpark(ino) {
+            return self.make_alone(ino, p).await;
         }
+        wait(d).await
     }
 
     /// Waits for the makes behind early creates at or below any of `paths` (empty ones
     /// ignored): what the masters answer after them knows those names. EIO if one failed.
     pub(crate) async fn made_under(&self, paths: &[&str]) -> Result<(), Errno> {
-        let waits: Vec<Done> = {
-            let e = self.early.lock();
+        let (waits, parked) = {
+            let mut e = self.early.lock();
             if e.makes.is_empty() {
                 return Ok(());
             }
-            e.makes
-                .values()
-                .filter(|b| paths.iter().any(|p| !p.is_empty() && under(&b.path, p)))
-                .map(|b| b.done.clone())
-                .collect()
+            let mut parked = Vec::new();
+            let waits: Vec<Done> = e
+                .makes
+                .iter_mut()
+                .filter(|(_, b)| paths.iter().any(|p| !p.is_empty() && under(&b.path, p)))
+                .map(|(ino, b)| {
+                    if let Some(p) = b.parked.take() {
+                        parked.push((*ino, p));
+                    }
+                    b.done.clone()
+                })
+                .collect();
+            (waits, parked)
         };
+        // Those still waiting go now, side by side (the client batches them).
         let mut r = Ok(());
+        for done in
+            futures::future::join_all(parked.into_iter().map(|(ino, p)| self.make_alone(ino, p)))
+                .await
+        {
+            r = r.and(done);
+        }
         for d in waits {
             r = r.and(wait(d).await);
         }

@@ -120,8 +120,16 @@ impl Shared {
 
     /// `getattr` of a new file whose bytes are not committed yet: answered here, from its
     /// create's answer and the changes waiting (another mount's change to it meanwhile
-    /// shows after the close). `None`: it needs [`Shared::getattr`].
+    /// shows after the close); or of a directory this mount just made ([`Listed::attr`]).
+    /// `None`: it needs [`Shared::getattr`].
+    ///
+    /// [`Listed::attr`]: crate::listed::Listed::attr
     pub(crate) fn getattr_now(&self, ino: u64) -> Option<Attr> {
+        // A directory this mount made a moment ago that only its early creates changed
+        // (listed.rs).
+        if let Some(a) = self.listed.lock().attr(ino) {
+            return Some(a);
+        }
         fresh_attr(&*self.state_now(ino)?)
     }
 

@@ -13,7 +13,19 @@
 //!
 //! Anything unexpected — a make answered "exists", a remove of a name not listed, a
 //! rename that failed — drops the directory's listing: from then on the masters answer.
+//!
+//! While the only changes to such a directory are this mount's creates answered early
+//! (early.rs), its attributes are known here too — the `mkdir`'s answer, with the time of
+//! the last create — and its `stat` is answered here ([`Listed::attr`]). The kernel asks for
+//! them after every create (a create ends what it knew of its directory's attributes): had
+//! the masters answered, each would wait for the makes behind the creates, and every file
+//! of a `tar -x` would cost a read of the masters and a make of its own. Any other change to
+//! the directory through this mount (a name added otherwise, or removed, its mode, owners,
+//! times or xattrs) sends its `stat` to the masters again. Another mount's change to the
+//! directory's own attributes is missed for as long as the kernel's attribute cache may
+//! miss it anyway ([`LISTED_FOR`]).
 
+use cairn_rpc::files::{Attr, Time};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -33,11 +45,15 @@ struct Listing {
     /// When the `mkdir` that made the directory was sent (before the masters made it).
     since: Instant,
     names: HashSet<String>,
+    /// Its attributes, while only this mount's early creates changed it.
+    attr: Option<Attr>,
 }
 
 impl Listed {
-    /// Directory `ino` was made by this mount, empty, by a call sent at `sent`.
-    pub(crate) fn made(&mut self, ino: u64, sent: Instant) {
+    /// Directory `attr.ino` was made by this mount, empty, by a call sent at `sent`; `attr`
+    /// is what the masters answered.
+    pub(crate) fn made(&mut self, attr: &Attr, sent: Instant) {
+        let ino = attr.ino;
         if self.dirs.len() >= DIRS_MAX {
             let now = Instant::now();
             self.dirs
@@ -51,6 +67,7 @@ impl Listed {
             Listing {
                 since: sent,
                 names: HashSet::new(),
+                attr: Some(attr.clone()),
             },
         );
     }
@@ -67,8 +84,44 @@ impl Listed {
         !l.names.contains(name)
     }
 
+    /// The attributes of directory `dir`, when only this mount's early creates changed it
+    /// since this mount made it (see the module's doc).
+    pub(crate) fn attr(&mut self, dir: u64) -> Option<Attr> {
+        let l = self.dirs.get(&dir)?;
+        if l.since.elapsed() >= LISTED_FOR {
+            self.dirs.remove(&dir);
+            return None;
+        }
+        l.attr.clone()
+    }
+
+    /// This mount made a regular file `name` in `dir` at `now`, answered early (early.rs):
+    /// the masters will apply the directory's change as this does.
+    pub(crate) fn created(&mut self, dir: u64, name: &str, now: Time) {
+        if let Some(l) = self.dirs.get_mut(&dir) {
+            if let Some(a) = &mut l.attr {
+                a.mtime = now;
+                a.ctime = now;
+            }
+            self.insert(dir, name);
+        }
+    }
+
+    /// This mount changed directory `dir`'s own attributes (mode, owners, times, xattrs):
+    /// the masters answer for them from now on.
+    pub(crate) fn changed(&mut self, dir: u64) {
+        if let Some(l) = self.dirs.get_mut(&dir) {
+            l.attr = None;
+        }
+    }
+
     /// This mount added `name` to `dir` (a make, a link, a rename's destination).
     pub(crate) fn added(&mut self, dir: u64, name: &str) {
+        self.changed(dir);
+        self.insert(dir, name);
+    }
+
+    fn insert(&mut self, dir: u64, name: &str) {
         if let Some(l) = self.dirs.get_mut(&dir) {
             l.names.insert(name.to_owned());
             if l.names.len() > NAMES_MAX {
@@ -80,6 +133,7 @@ impl Listed {
     /// This mount removed `name` from `dir` (an unlink, a rmdir, a rename's source). A
     /// name that was not listed was added by someone else: the listing was wrong.
     pub(crate) fn removed(&mut self, dir: u64, name: &str) {
+        self.changed(dir);
         if let Some(l) = self.dirs.get_mut(&dir)
             && !l.names.remove(name)
         {
@@ -114,6 +168,52 @@ impl Listed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_rpc::files::NodeType;
+
+    fn dir(ino: u64) -> Attr {
+        Attr {
+            ino,
+            kind: NodeType::Directory,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            nlink: 2,
+            size: 0,
+            atime: Time::default(),
+            mtime: Time::default(),
+            ctime: Time::default(),
+            rdev: 0,
+            owner: String::new(),
+            policy: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_made_directory_answers_for_its_attributes_while_only_early_creates_change_it() {
+        let mut l = Listed::default();
+        assert_eq!(l.attr(7), None, "not made here");
+        l.made(&dir(7), Instant::now());
+        assert_eq!(l.attr(7), Some(dir(7)));
+        let t = Time { secs: 5, nanos: 6 };
+        l.created(7, "a", t);
+        let a = l.attr(7).expect("still known");
+        assert_eq!((a.mtime, a.ctime, a.nlink), (t, t, 2));
+        assert!(!l.absent(7, "a"), "the name is listed");
+        // Any other change of it: the masters answer (its listing stays).
+        l.added(7, "b");
+        assert_eq!(l.attr(7), None);
+        assert!(l.absent(7, "c"));
+        l.made(&dir(8), Instant::now());
+        l.removed(8, "x");
+        assert_eq!(l.attr(8), None);
+        l.made(&dir(9), Instant::now());
+        l.changed(9);
+        assert_eq!(l.attr(9), None);
+        assert!(l.absent(9, "c"));
+        // Made long enough ago: no longer trusted.
+        l.made(&dir(10), Instant::now() - LISTED_FOR);
+        assert_eq!(l.attr(10), None);
+    }
 
     #[test]
     fn a_made_directory_answers_for_its_names_until_it_expires() {
@@ -122,7 +222,7 @@ mod tests {
             !l.absent(7, "a"),
             "a directory not made here is asked of the masters"
         );
-        l.made(7, Instant::now());
+        l.made(&dir(7), Instant::now());
         assert!(l.absent(7, "a"));
         l.added(7, "a");
         assert!(!l.absent(7, "a"));
@@ -132,10 +232,10 @@ mod tests {
         l.removed(7, "b");
         assert!(!l.absent(7, "c"));
         // Made long enough ago: no longer trusted.
-        l.made(8, Instant::now() - LISTED_FOR);
+        l.made(&dir(8), Instant::now() - LISTED_FOR);
         assert!(!l.absent(8, "a"));
         assert_eq!(l.len(), 0);
-        l.made(9, Instant::now());
+        l.made(&dir(9), Instant::now());
         l.forget(9);
         assert!(!l.absent(9, "a"));
     }
@@ -144,8 +244,8 @@ mod tests {
     fn a_rename_is_followed_only_to_a_name_known_absent() {
         let mut l = Listed::default();
         let now = Instant::now();
-        l.made(1, now);
-        l.made(2, now);
+        l.made(&dir(1), now);
+        l.made(&dir(2), now);
         l.added(1, "a");
         l.renamed(1, "a", 2, "b");
         assert!(l.absent(1, "a") && !l.absent(2, "b"));
@@ -154,7 +254,7 @@ mod tests {
         l.renamed(1, "c", 2, "b");
         assert!(!l.absent(1, "zz") && !l.absent(2, "zz"));
         // Into a directory not listed: whether the name existed is not known.
-        l.made(3, now);
+        l.made(&dir(3), now);
         l.added(3, "x");
         l.renamed(3, "x", 99, "y");
         assert!(!l.absent(3, "x") && !l.absent(3, "zz"));
@@ -165,9 +265,9 @@ mod tests {
         let mut l = Listed::default();
         let now = Instant::now();
         for d in 0..DIRS_MAX as u64 {
-            l.made(d, now);
+            l.made(&dir(d), now);
         }
-        l.made(u64::MAX, now);
+        l.made(&dir(u64::MAX), now);
         assert!(
             !l.absent(u64::MAX, "a"),
             "past the bound a directory is not listed"
@@ -182,9 +282,9 @@ mod tests {
         // Expired listings make room.
         let mut l = Listed::default();
         for d in 0..DIRS_MAX as u64 {
-            l.made(d, now - LISTED_FOR);
+            l.made(&dir(d), now - LISTED_FOR);
         }
-        l.made(u64::MAX, now);
+        l.made(&dir(u64::MAX), now);
         assert!(l.absent(u64::MAX, "a"));
         assert_eq!(l.len(), 1);
     }

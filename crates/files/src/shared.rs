@@ -554,7 +554,7 @@ impl Shared {
                 let mut l = self.listed.lock();
                 l.added(parent, &name);
                 if list {
-                    l.made(a.ino, sent);
+                    l.made(&a, sent);
                 }
                 Ok(a)
             }
@@ -594,6 +594,7 @@ impl Shared {
     }
 
     pub(crate) async fn setattr(&self, ino: u64, attr: SetAttr) -> Result<Attr, Errno> {
+        self.listed.lock().changed(ino);
         let st = self.state(ino);
         let mut st = st.lock().await;
         if let Some(a) = defer_attr(&mut st, &attr) {

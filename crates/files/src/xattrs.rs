@@ -156,6 +156,8 @@ impl Shared {
         value: Option<&[u8]>,
         flags: i32,
     ) -> Result<(), Errno> {
+        // Its ctime changes (listed.rs).
+        self.listed.lock().changed(ino);
         let Some(name) = known(name) else {
             // ext4 answers the same for a namespace it does not keep (system.posix_acl_*
             // without ACLs).

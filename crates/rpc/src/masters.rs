@@ -220,6 +220,48 @@ impl Masters {
         }
     }
 
+    /// File service changes on a call of their own, applied in their order — in one Raft
+    /// entry when they are of one partition (a new file's make and its first commit): an
+    /// answer per change. Retried as any call, so a change may find itself done already
+    /// (a make answered `already-exists`): the caller checks.
+    ///
+    /// # Errors
+    /// The call's, when no change was answered.
+    pub async fn file_ops_together(
+        &self,
+        ops: &[crate::files::FileOp],
+    ) -> Result<Vec<Result<crate::files::FileReply, MetaError>>, MetaError> {
+        let req = pb::BatchRequest {
+            ops: ops
+                .iter()
+                .map(|op| pb::BatchOp {
+                    op: Some(pb::batch_op::Op::Fs(crate::files::encode(op))),
+                })
+                .collect(),
+        };
+        let reply = self
+            .send(req, |mut c, r| async move { c.batch(r).await })
+            .await?;
+        if reply.results.len() != ops.len() {
+            return Err(MetaError::internal(format!(
+                "{} file service changes got {} results",
+                ops.len(),
+                reply.results.len()
+            )));
+        }
+        Ok(reply
+            .results
+            .into_iter()
+            .map(|r| match r.result {
+                Some(pb::batch_result::Result::Fs(b)) => crate::files::decode(&b),
+                Some(pb::batch_result::Result::Error(f)) => Err(MetaError::from(&f)),
+                _ => Err(MetaError::internal(
+                    "a file service change answered without its result",
+                )),
+            })
+            .collect())
+    }
+
     /// A read of the file service's nodes, answered by the leader.
     ///
     /// # Errors

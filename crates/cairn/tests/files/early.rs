@@ -7,7 +7,7 @@ use super::{Mount, errno, read_all};
 use crate::common::{Cluster, bytes};
 use cairn_rpc::files::FileQuery;
 use std::fs::{self, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,6 +47,14 @@ async fn creates_answered_early_are_never_missed_by_another_mount() {
     let mut want: Vec<String> = (0..40).map(|i| format!("f{i}")).collect();
     want.sort();
     assert_eq!(names, want, "B lists every name A made");
+
+    // A answers its own `stat` of a directory it made while only its early creates changed
+    // it (listed.rs); after any other change — a chmod here — the masters answer again.
+    fs::create_dir(a.path("m")).unwrap();
+    fs::set_permissions(a.path("m"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(a.path("m/1"), b"1").unwrap();
+    let mode = fs::metadata(a.path("m")).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "the chmod shows after a create in the directory");
 
     // A stopped right after a create in a new directory: B's listing waits for the hold
     // (its make may not have reached the masters), then has the name.
