@@ -133,7 +133,10 @@ async fn a_large_file_has_segments_of_its_own_that_go_whole_when_it_is_deleted()
     fs::write(a.path("large"), &large).unwrap();
     let both = lengths().await;
     assert_eq!(both.len(), 2, "{both:?}");
-    assert!(both[0] < 1 << 20 && both[1] >= 20 << 20, "{both:?}");
+    // Every flush at DIRTY_FILE_MAX goes to the file's own segment; on a loaded machine the
+    // background flush (FLUSH_EVERY) may take the stream's first few MiB before it reaches
+    // that, and those share the small files' segment (seen under the whole suite).
+    assert!(both[0] < 8 << 20 && both[1] >= 12 << 20, "{both:?}");
     assert!(
         read_all(&a.path("large")) == large,
         "the large file reads whole"
