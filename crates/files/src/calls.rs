@@ -77,9 +77,23 @@ impl Shared {
     pub(crate) async fn op(&self, op: &FileOp) -> Result<FileReply, Errno> {
         // What failed is the masters' to tell (not found).
         let _ = self.made_under(&crate::early::op_paths(op)).await;
-        while_held(|| self.client.masters().file_op(op))
-            .await
-            .map_err(|e| {
+        // A change that may touch files whose attributes are kept here (known.rs) other
+        // than by their own commit: nothing kept holds from before it to after it.
+        let touches = !matches!(
+            op,
+            FileOp::Make { .. } | FileOp::Hold { .. } | FileOp::Write { .. }
+        );
+        if touches {
+            self.known.lock().changing();
+        }
+        let r = while_held(|| self.client.masters().file_op(op)).await;
+        if touches {
+            self.known.lock().changing();
+        } else if let FileOp::Write { ino, .. } = op {
+            // Its caller keeps what the commit answered, if it may.
+            self.known.lock().drop_ino(*ino);
+        }
+        r.map_err(|e| {
                 let n = errno(&e);
                 if n == Errno::EIO {
                     // No errno says what went wrong: the log does.

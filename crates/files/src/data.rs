@@ -3,7 +3,7 @@
 //! then their extents committed at the masters (docs/files.md "Writes, flushes").
 
 use crate::shared::{DIRTY_FILE_MAX, FileState, Shared, client_errno, errno, time_of};
-use cairn_rpc::files::{Data, FileOp, FileReply};
+use cairn_rpc::files::{Attr, Data, FileOp, FileReply};
 use cairn_rpc::{ErrorKind, MetaError};
 use fuser::Errno;
 use std::collections::{BTreeMap, BTreeSet};
@@ -51,6 +51,14 @@ pub(crate) fn add_dirty(dirty: &mut BTreeMap<u64, Vec<u8>>, offset: u64, data: &
 }
 
 /// Where a write of `data` at `offset` ends, if the file may reach it.
+/// The node's attributes a change answered, if it did.
+fn attr_of(r: FileReply) -> Option<Attr> {
+    match r {
+        FileReply::Attr(a) => Some(a),
+        _ => None,
+    }
+}
+
 fn write_end(offset: u64, data: &[u8]) -> Result<u64, Errno> {
     let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
     if end > cairn_rpc::files::MAX_FILE_SIZE {
@@ -192,7 +200,8 @@ impl Shared {
                 0
             };
         let mut tries = 0;
-        let extents = loop {
+        let mut asked;
+        let (extents, answered) = loop {
             let pieces: Vec<(u64, u64, Vec<u8>)> = st
                 .dirty
                 .iter()
@@ -211,11 +220,12 @@ impl Shared {
                 }
                 None => Errno::EIO,
             })?;
+            asked = self.known.lock().asking();
             match self
                 .commit_extents(&path, ino, st.size.unwrap_or(0), &extents, then.clone())
                 .await
             {
-                Ok(()) => break extents,
+                Ok(answered) => break (extents, answered),
                 // The segment is being collected (this mount stalled past its lease): the
                 // bytes go again, to a new segment, once.
                 Err(e) if e.kind == ErrorKind::Sealed && tries == 0 => {
@@ -240,6 +250,9 @@ impl Shared {
         st.dirty_since = None;
         // Its bytes are readable now: later changes go to the masters at once.
         st.fresh = None;
+        if let Some(a) = answered {
+            self.known.lock().learnt(&a, asked);
+        }
         Ok(())
     }
 
@@ -259,21 +272,24 @@ impl Shared {
             now: time_of(SystemTime::now()),
         };
         // A create answered early: its make goes with this (early.rs), or before it.
-        match self.unpark(ino) {
-            Some(p) => {
-                if self.commit_with_make(ino, p, &op).await?.is_err() {
-                    // The make is done; the commit goes again alone (a hold that ended
-                    // is waited for there; any other error is its own again).
-                    self.op(&op).await?;
-                }
-            }
+        let asked = self.known.lock().asking();
+        let answered = match self.unpark(ino) {
+            Some(p) => match self.commit_with_make(ino, p, &op).await? {
+                Ok(r) => r,
+                // The make is done; the commit goes again alone (a hold that ended is
+                // waited for there; any other error is its own again).
+                Err(_) => self.op(&op).await?,
+            },
             None => {
                 self.made(ino).await?;
-                self.op(&op).await?;
+                self.op(&op).await?
             }
-        }
+        };
         st.fresh = None;
         st.dirty_since = None;
+        if let Some(a) = attr_of(answered) {
+            self.known.lock().learnt(&a, asked);
+        }
         Ok(())
     }
 
@@ -287,7 +303,8 @@ impl Shared {
         size: u64,
         extents: &[cairn_rpc::files::Extent],
         then: Option<cairn_rpc::files::SetAttr>,
-    ) -> Result<(), MetaError> {
+    ) -> Result<Option<Attr>, MetaError> {
+        let mut last = None;
         for part in extents.chunks(cairn_rpc::files::MAX_WRITE_EXTENTS) {
             let op = FileOp::Write {
                 path: path.to_owned(),
@@ -302,7 +319,10 @@ impl Shared {
             if let Some(p) = self.unpark(ino) {
                 let with = self.commit_with_make(ino, p, &op);
                 match crate::warn_if_slow("the masters' make and commit", ino, with).await {
-                    Ok(Ok(_)) => continue,
+                    Ok(Ok(r)) => {
+                        last = attr_of(r);
+                        continue;
+                    }
                     Ok(Err(e)) if e.kind != ErrorKind::Sealed => {}
                     Ok(Err(e)) => return Err(e),
                     Err(n) => {
@@ -317,9 +337,9 @@ impl Shared {
                 )));
             }
             let commit = self.client.masters().file_op(&op);
-            crate::warn_if_slow("the masters' commit of extents", ino, commit).await?;
+            last = attr_of(crate::warn_if_slow("the masters' commit of extents", ino, commit).await?);
         }
-        Ok(())
+        Ok(last)
     }
 
     pub(crate) async fn flush(&self, ino: u64) -> Result<(), Errno> {

@@ -133,6 +133,17 @@ impl Shared {
         fresh_attr(&*self.state_now(ino)?)
     }
 
+    /// What a commit of `ino` by this mount answered a moment ago, and how much longer it
+    /// holds (known.rs), while the mount keeps no state of the file (no open, nothing
+    /// dirty, no flush in flight).
+    pub(crate) fn known_attr(&self, ino: u64) -> Option<(Attr, Duration)> {
+        let files = self.files.lock();
+        if files.contains_key(&ino) {
+            return None;
+        }
+        self.known.lock().get(ino)
+    }
+
     /// Waits for a flush of `ino` in flight (a close's, behind it): what the masters answer
     /// after it includes what it committed.
     pub(crate) async fn flushed(&self, ino: u64) {

@@ -150,6 +150,11 @@ impl Filesystem for CairnFs {
         if let Some(a) = self.shared.getattr_now(ino.0) {
             return reply.attr(&ATTR_TTL, &file_attr(&a));
         }
+        // What a commit of this mount's answered a moment ago (known.rs), kept for the rest
+        // of the attribute time.
+        if let Some((a, left)) = self.shared.known_attr(ino.0) {
+            return reply.attr(&left, &file_attr(&a));
+        }
         let s = self.shared.clone();
         self.spawn(async move {
             match s.getattr(ino.0).await {

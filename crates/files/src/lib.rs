@@ -7,6 +7,7 @@ mod data;
 mod early;
 mod fresh;
 mod fs;
+mod known;
 mod listed;
 pub mod mount;
 mod nodes;

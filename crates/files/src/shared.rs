@@ -75,6 +75,8 @@ pub(crate) struct Shared {
     pub(crate) xattr_cache: crate::xattrs::XattrCache,
     /// Directories this mount made a moment ago, whose names it knows (negative lookups).
     pub(crate) listed: Mutex<Listed>,
+    /// What the masters answered a moment ago of the files this mount committed (known.rs).
+    pub(crate) known: Mutex<crate::known::Known>,
     /// This mount's name at the masters (its client's id): the holder of the files it made.
     pub(crate) mount_id: String,
     /// Directories whose creates answer before their make, and those makes (early.rs).
@@ -182,6 +184,7 @@ impl Shared {
             next_handle: AtomicU64::new(1),
             xattr_cache: Default::default(),
             listed: Mutex::new(Listed::default()),
+            known: Mutex::new(crate::known::Known::default()),
             early: Mutex::default(),
         }
     }
@@ -237,7 +240,12 @@ impl Shared {
     }
 
     pub(crate) fn state(&self, ino: u64) -> Arc<tokio::sync::Mutex<FileState>> {
-        self.files.lock().entry(ino).or_default().clone()
+        let mut files = self.files.lock();
+        if !files.contains_key(&ino) {
+            // Open or changing here: what the masters answered of it before is not kept.
+            self.known.lock().drop_ino(ino);
+        }
+        files.entry(ino).or_default().clone()
     }
 
     /// A file's state, locked, and still the one the mount keeps: a release that forgot the

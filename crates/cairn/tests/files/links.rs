@@ -94,6 +94,21 @@ async fn hard_links_name_one_file_on_every_mount_and_stay_in_their_partition() {
     assert_eq!(fs::metadata(a.path("h")).unwrap().nlink(), 1);
     assert_eq!(read_all(&a.path("h")), data);
 
+    // What a commit answered is kept for the next stat a moment (known.rs); a link and a
+    // rename since make it stale, and the stat shows the link's count (canary checked: it
+    // fails when a change leaves what is kept alone).
+    {
+        use std::io::Write as _;
+        let mut k = fs::File::create(a.path("k")).unwrap();
+        k.write_all(b"kept").unwrap();
+        k.sync_all().unwrap();
+    }
+    fs::hard_link(a.path("k"), a.path("k2")).unwrap();
+    fs::rename(a.path("k2"), a.path("k3")).unwrap();
+    assert_eq!(fs::metadata(a.path("k")).unwrap().nlink(), 2, "k after a link");
+    fs::remove_file(a.path("k3")).unwrap();
+    assert_eq!(fs::metadata(a.path("k")).unwrap().nlink(), 1, "k after an unlink");
+
     // Refused as on Linux: a directory (EPERM), an existing name (EEXIST).
     assert_eq!(errno(fs::hard_link(a.path("d"), a.path("d2"))), libc::EPERM);
     assert_eq!(
