@@ -114,25 +114,7 @@ impl Known {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_rpc::files::Time;
-
-    fn attr(ino: u64, kind: NodeType) -> Attr {
-        Attr {
-            ino,
-            kind,
-            mode: 0o644,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            size: 4096,
-            atime: Time::default(),
-            mtime: Time::default(),
-            ctime: Time::default(),
-            rdev: 0,
-            owner: String::new(),
-            policy: String::new(),
-        }
-    }
+    use crate::test_attr as attr;
 
     #[test]
     fn a_files_answer_holds_for_the_rest_of_the_attribute_time() {

@@ -171,21 +171,7 @@ mod tests {
     use cairn_rpc::files::NodeType;
 
     fn dir(ino: u64) -> Attr {
-        Attr {
-            ino,
-            kind: NodeType::Directory,
-            mode: 0o755,
-            uid: 0,
-            gid: 0,
-            nlink: 2,
-            size: 0,
-            atime: Time::default(),
-            mtime: Time::default(),
-            ctime: Time::default(),
-            rdev: 0,
-            owner: String::new(),
-            policy: String::new(),
-        }
+        crate::test_attr(ino, NodeType::Directory)
     }
 
     #[test]
