@@ -94,13 +94,13 @@ impl Shared {
             self.known.lock().drop_ino(*ino);
         }
         r.map_err(|e| {
-                let n = errno(&e);
-                if n == Errno::EIO {
-                    // No errno says what went wrong: the log does.
-                    tracing::warn!(op = op.name(), path = op.path(), error = %e,
+            let n = errno(&e);
+            if n == Errno::EIO {
+                // No errno says what went wrong: the log does.
+                tracing::warn!(op = op.name(), path = op.path(), error = %e,
                         "a change failed (EIO)");
-                }
-                n
-            })
+            }
+            n
+        })
     }
 }

@@ -50,7 +50,6 @@ pub(crate) fn add_dirty(dirty: &mut BTreeMap<u64, Vec<u8>>, offset: u64, data: &
     added as isize - removed as isize
 }
 
-/// Where a write of `data` at `offset` ends, if the file may reach it.
 /// The node's attributes a change answered, if it did.
 fn attr_of(r: FileReply) -> Option<Attr> {
     match r {
@@ -59,6 +58,7 @@ fn attr_of(r: FileReply) -> Option<Attr> {
     }
 }
 
+/// Where a write of `data` at `offset` ends, if the file may reach it.
 fn write_end(offset: u64, data: &[u8]) -> Result<u64, Errno> {
     let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
     if end > cairn_rpc::files::MAX_FILE_SIZE {
@@ -337,7 +337,8 @@ impl Shared {
                 )));
             }
             let commit = self.client.masters().file_op(&op);
-            last = attr_of(crate::warn_if_slow("the masters' commit of extents", ino, commit).await?);
+            last =
+                attr_of(crate::warn_if_slow("the masters' commit of extents", ino, commit).await?);
         }
         Ok(last)
     }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 /// Most files kept; past it the expired ones go, and if none has, all of them.
 const KNOWN_MAX: usize = 1 << 16;
 
-/// A commit's answer: when it was sent, and the changes counter then.
+/// A commit's answer, and when its call was sent.
 struct Entry {
     attr: Attr,
     asked: Instant,
