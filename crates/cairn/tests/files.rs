@@ -8,10 +8,10 @@ mod collect;
 mod common;
 #[path = "files/early.rs"]
 mod early;
-#[path = "files/fsx.rs"]
-mod fsx;
 #[path = "files/fresh.rs"]
 mod fresh;
+#[path = "files/fsx.rs"]
+mod fsx;
 #[path = "files/links.rs"]
 mod links;
 #[path = "files/lookups.rs"]

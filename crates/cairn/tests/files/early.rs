@@ -54,7 +54,10 @@ async fn creates_answered_early_are_never_missed_by_another_mount() {
     fs::set_permissions(a.path("m"), fs::Permissions::from_mode(0o700)).unwrap();
     fs::write(a.path("m/1"), b"1").unwrap();
     let mode = fs::metadata(a.path("m")).unwrap().permissions().mode() & 0o7777;
-    assert_eq!(mode, 0o700, "the chmod shows after a create in the directory");
+    assert_eq!(
+        mode, 0o700,
+        "the chmod shows after a create in the directory"
+    );
 
     // A stopped right after a create in a new directory: B's listing waits for the hold
     // (its make may not have reached the masters), then has the name.

@@ -105,9 +105,17 @@ async fn hard_links_name_one_file_on_every_mount_and_stay_in_their_partition() {
     }
     fs::hard_link(a.path("k"), a.path("k2")).unwrap();
     fs::rename(a.path("k2"), a.path("k3")).unwrap();
-    assert_eq!(fs::metadata(a.path("k")).unwrap().nlink(), 2, "k after a link");
+    assert_eq!(
+        fs::metadata(a.path("k")).unwrap().nlink(),
+        2,
+        "k after a link"
+    );
     fs::remove_file(a.path("k3")).unwrap();
-    assert_eq!(fs::metadata(a.path("k")).unwrap().nlink(), 1, "k after an unlink");
+    assert_eq!(
+        fs::metadata(a.path("k")).unwrap().nlink(),
+        1,
+        "k after an unlink"
+    );
 
     // Refused as on Linux: a directory (EPERM), an existing name (EEXIST).
     assert_eq!(errno(fs::hard_link(a.path("d"), a.path("d2"))), libc::EPERM);
