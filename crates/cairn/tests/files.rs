@@ -82,6 +82,11 @@ impl Mount {
         self.dir.join(p)
     }
 
+    /// The mountpoint itself (no trailing slash: a dead mount's root cannot be looked into).
+    fn dir(&self) -> PathBuf {
+        self.dir.clone()
+    }
+
     fn signal(&mut self, sig: libc::c_int) -> std::process::ExitStatus {
         let mut c = self.child.take().expect("running");
         // SAFETY: a signal to our own child.
@@ -115,16 +120,22 @@ impl Mount {
     }
 }
 
+/// The mount a killed `cairn mount` left at `dir`, detached: for a test that does not mount
+/// there again (a new mount would clear it), so that no dead FUSE mount outlives the test.
+fn detach_dead(dir: &Path) {
+    if let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) {
+        // SAFETY: a NUL-terminated path.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
 /// A test that failed with a mount running: the process and its mount go.
 impl Drop for Mount {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
-            if let Ok(c) = std::ffi::CString::new(self.dir.as_os_str().as_bytes()) {
-                // SAFETY: a NUL-terminated path.
-                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-            }
+            detach_dead(&self.dir);
         }
     }
 }

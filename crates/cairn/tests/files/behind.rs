@@ -84,6 +84,7 @@ async fn a_close_answers_before_its_flush_and_other_mounts_still_read_it_whole()
     for (i, d) in files.iter().enumerate() {
         fs::write(a.path(&format!("k{i}")), d).unwrap();
     }
+    let a_dir = a.dir();
     a.kill();
     let mut whole = 0;
     for (i, d) in files.iter().enumerate() {
@@ -93,4 +94,5 @@ async fn a_close_answers_before_its_flush_and_other_mounts_still_read_it_whole()
     }
     eprintln!("after the kill: {whole} of {} files whole", files.len());
     b.stop();
+    super::detach_dead(&a_dir);
 }

@@ -113,6 +113,7 @@ async fn creates_answered_early_are_never_missed_by_another_mount() {
         fs::File::create(a.path(&format!("h/n{i}"))).unwrap();
     }
     fs::File::open(a.path("h")).unwrap().sync_all().unwrap();
+    let a_dir = a.dir();
     a.kill();
     let until = Instant::now() + Duration::from_secs(30);
     let count = loop {
@@ -126,6 +127,7 @@ async fn creates_answered_early_are_never_missed_by_another_mount() {
     };
     assert_eq!(count, 20, "every name the directory's fsync covered");
     b.stop();
+    super::detach_dead(&a_dir);
 }
 
 /// `--sync-create`: no directory is held, every create waits for its make.

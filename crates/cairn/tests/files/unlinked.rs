@@ -79,7 +79,7 @@ sys.stdin.readline()
     );
 
     // Its mount killed with the file open: b removes the entry.
-    let a_dir = a.path("");
+    let a_dir = a.dir();
     a.kill();
     let _ = holder.kill();
     let _ = holder.wait();
@@ -93,8 +93,5 @@ sys.stdin.readline()
         std::thread::sleep(Duration::from_millis(250));
     }
     drop(b);
-    // The killed mount's directory, detached (nothing remounts it).
-    let c = std::ffi::CString::new(a_dir.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a NUL-terminated path.
-    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    super::detach_dead(&a_dir);
 }
