@@ -200,7 +200,8 @@ impl Shared {
                 0
             };
         let mut tries = 0;
-        let mut asked;
+        // Before the bytes go: an answer is kept only if no other change began since.
+        let asked = self.known.lock().asking();
         let (extents, answered) = loop {
             let pieces: Vec<(u64, u64, Vec<u8>)> = st
                 .dirty
@@ -220,7 +221,6 @@ impl Shared {
                 }
                 None => Errno::EIO,
             })?;
-            asked = self.known.lock().asking();
             match self
                 .commit_extents(&path, ino, st.size.unwrap_or(0), &extents, then.clone())
                 .await

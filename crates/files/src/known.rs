@@ -33,10 +33,8 @@ struct Entry {
 /// The attributes kept (see the module's doc).
 #[derive(Default)]
 pub(crate) struct Known {
-    /// Bumped by every change that may make a kept answer stale.
+    /// Bumped by every change that may make a kept answer stale (which empties the map).
     epoch: u64,
-    /// The epoch the entries are good for: the map is emptied lazily when it moves on.
-    map_epoch: u64,
     map: HashMap<u64, Entry>,
 }
 
@@ -65,7 +63,6 @@ impl Known {
         if asked.at.elapsed() >= ATTR_TTL {
             return;
         }
-        self.settle();
         if self.map.len() >= KNOWN_MAX {
             self.map.retain(|_, e| e.asked.elapsed() < ATTR_TTL);
             if self.map.len() >= KNOWN_MAX {
@@ -82,8 +79,7 @@ impl Known {
     }
 
     /// File `ino`'s kept attributes and how much longer they hold, if they do.
-    pub(crate) fn get(&mut self, ino: u64) -> Option<(Attr, Duration)> {
-        self.settle();
+    pub(crate) fn get(&self, ino: u64) -> Option<(Attr, Duration)> {
         let e = self.map.get(&ino)?;
         let left = ATTR_TTL.checked_sub(e.asked.elapsed())?;
         if left.is_zero() {
@@ -100,14 +96,7 @@ impl Known {
     /// A change that may make any kept answer stale is about to be sent, or has answered.
     pub(crate) fn changing(&mut self) {
         self.epoch += 1;
-    }
-
-    /// Empties the map if a change began since its entries were kept.
-    fn settle(&mut self) {
-        if self.map_epoch != self.epoch {
-            self.map.clear();
-            self.map_epoch = self.epoch;
-        }
+        self.map.clear();
     }
 }
 
